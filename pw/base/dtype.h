@@ -1,0 +1,22 @@
+// Element types. Pure bottom layer.
+#pragma once
+
+#include "absl/strings/string_view.h"
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace pw {
+
+enum class DType { kInvalid = 0, kPred, kS8, kS32, kS64, kU8, kU32, kF16, kBF16, kF32, kF64 };
+
+// Size of one element in bytes; 0 for kInvalid.
+size_t DTypeSize(DType t);
+// Lower-case name as in XLA ("f32", "s32", "pred", ...).
+absl::string_view DTypeName(DType t);
+absl::StatusOr<DType> DTypeFromName(absl::string_view name);
+bool IsFloating(DType t);
+
+}  // namespace pw

@@ -1,0 +1,39 @@
+#include "pw/base/future.h"
+
+#include <cstddef>
+
+namespace pw {
+
+namespace {
+struct JoinState {
+  explicit JoinState(size_t n) : remaining(n), statuses(n) {}
+  std::atomic<size_t> remaining;
+  std::vector<absl::Status> statuses;  // slot i written only by input i's callback.
+  Promise<> promise;
+};
+}  // namespace
+
+Future<> JoinFutures(const std::vector<Future<>>& futures) {
+  if (futures.empty()) return Future<>::Ready(absl::OkStatus());
+  if (futures.size() == 1) return futures[0];
+  auto state = std::make_shared<JoinState>(futures.size());
+  Future<> out = state->promise.future();
+  for (size_t i = 0; i < futures.size(); ++i) {
+    futures[i].OnReady([state, i](const absl::Status& s) {
+      state->statuses[i] = s;
+      if (state->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        absl::Status result;
+        for (const auto& st : state->statuses) {
+          if (!st.ok()) {
+            result = st;
+            break;
+          }
+        }
+        state->promise.Set(result);
+      }
+    });
+  }
+  return out;
+}
+
+}  // namespace pw

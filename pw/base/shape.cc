@@ -1,0 +1,33 @@
+#include "pw/base/shape.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pw {
+
+int64_t Shape::num_elements() const {
+  int64_t n = 1;
+  for (int64_t d : dims_) n *= d;
+  return n;
+}
+
+absl::Status Shape::Validate() const {
+  for (int i = 0; i < rank(); ++i) {
+    if (dims_[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape ", ToString(), " has negative dimension ", i));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string Shape::ToString() const { return absl::StrCat("[", absl::StrJoin(dims_, ","), "]"); }
+
+absl::Status ArraySpec::Validate() const {
+  if (dtype == DType::kInvalid) return absl::InvalidArgumentError("array spec has no dtype");
+  return shape.Validate();
+}
+
+std::string ArraySpec::ToString() const { return absl::StrCat(DTypeName(dtype), shape.ToString()); }
+
+}  // namespace pw

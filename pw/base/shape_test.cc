@@ -1,0 +1,36 @@
+#include "pw/base/shape.h"
+
+#include "gtest/gtest.h"
+#include "pw/base/dtype.h"
+
+namespace pw {
+namespace {
+
+TEST(ShapeTest, ElementsAndStrings) {
+  EXPECT_EQ(Shape().num_elements(), 1);
+  EXPECT_EQ(Shape({2, 3}).num_elements(), 6);
+  EXPECT_EQ(Shape({2, 0}).num_elements(), 0);
+  EXPECT_EQ(Shape({2, 3}).ToString(), "[2,3]");
+  ArraySpec s{DType::kF32, Shape({4})};
+  EXPECT_EQ(s.size_bytes(), 16);
+  EXPECT_EQ(s.ToString(), "f32[4]");
+}
+
+TEST(ShapeTest, ValidateRejectsNegativeAndMissingDtype) {
+  EXPECT_FALSE(Shape({2, -1}).Validate().ok());
+  EXPECT_FALSE((ArraySpec{DType::kInvalid, Shape({1})}.Validate().ok()));
+  EXPECT_TRUE((ArraySpec{DType::kS32, Shape({1})}.Validate().ok()));
+}
+
+TEST(DTypeTest, NamesRoundTrip) {
+  for (DType t : {DType::kPred, DType::kS32, DType::kS64, DType::kF32, DType::kF64, DType::kBF16}) {
+    auto back = DTypeFromName(DTypeName(t));
+    ASSERT_TRUE(back.ok());
+    EXPECT_EQ(*back, t);
+  }
+  EXPECT_FALSE(DTypeFromName("f31").ok());
+  EXPECT_EQ(DTypeSize(DType::kF64), 8u);
+}
+
+}  // namespace
+}  // namespace pw

@@ -1,0 +1,67 @@
+// Collectives: in-process rendezvous of the shards of one launch, for the native backend.
+//
+// Thread-safe. Every shard of a collective calls Run() with the same key and device list; the
+// last to arrive runs `combine` over all shards' inputs and outputs, then every shard returns.
+// Shards block while waiting, as collective kernels occupy accelerators; the island gang
+// scheduler's consistent order is what keeps this deadlock-free.
+//
+// AbortDevice() fails every pending and future rendezvous that includes that device, naming it,
+// so the surviving shards of a slice never wait forever on a removed device.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "pw/base/ids.h"
+
+namespace pw {
+
+// Identifies one collective op: the run, the node in it, and the op's index inside the node's
+// function (a fused function holds many collectives). Identical on every shard.
+struct CollectiveKey {
+  int64_t run = 0;
+  int32_t node = 0;
+  int32_t op = 0;
+  template <typename H>
+  friend H AbslHashValue(H h, const CollectiveKey& k) {
+    return H::combine(std::move(h), k.run, k.node, k.op);
+  }
+  friend bool operator==(const CollectiveKey&, const CollectiveKey&) = default;
+};
+
+class Collectives {
+ public:
+  // Runs once, on the last shard to arrive, with inputs[i]/outputs[i] of shard i.
+  using Combine = std::function<absl::Status(absl::Span<const void* const> inputs,
+                                             absl::Span<void* const> outputs)>;
+
+  absl::Status Run(const CollectiveKey& key, absl::Span<const DeviceId> devices, int rank,
+                   const void* input, void* output, const Combine& combine);
+  void AbortDevice(DeviceId device, const absl::Status& reason);
+  size_t pending() const;
+
+ private:
+  struct Rendezvous {
+    explicit Rendezvous(std::vector<DeviceId> d)
+        : devices(std::move(d)), inputs(devices.size()), outputs(devices.size()) {}
+    const std::vector<DeviceId> devices;
+    absl::Mutex mu;
+    size_t arrived ABSL_GUARDED_BY(mu) = 0;
+    bool done ABSL_GUARDED_BY(mu) = false;
+    absl::Status status ABSL_GUARDED_BY(mu);
+    std::vector<const void*> inputs ABSL_GUARDED_BY(mu);
+    std::vector<void*> outputs ABSL_GUARDED_BY(mu);
+  };
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<CollectiveKey, std::shared_ptr<Rendezvous>> pending_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<DeviceId, absl::Status> dead_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pw

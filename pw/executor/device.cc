@@ -1,0 +1,95 @@
+#include "pw/executor/device.h"
+
+#include <pthread.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace pw {
+
+Device::Device(DeviceId id, HostId host, IslandId island, int64_t memory_bytes)
+    : id_(id), host_(host), island_(island), memory_(id, memory_bytes) {
+  thread_ = std::thread([this] {
+    std::string name = absl::StrCat("pw-dev", id_.value());
+    pthread_setname_np(pthread_self(), name.c_str());
+    Loop();
+  });
+}
+
+Device::~Device() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    if (removed_.ok()) removed_ = absl::CancelledError(absl::StrCat(id_.ToString(), " shut down"));
+  }
+  thread_.join();
+  memory_.Close(absl::CancelledError(absl::StrCat(id_.ToString(), " shut down")));
+}
+
+void Device::Enqueue(std::vector<Future<>> deps, Work work) {
+  absl::Status removed;
+  {
+    absl::MutexLock lock(&mu_);
+    if (removed_.ok()) {
+      queue_.push_back({std::move(deps), std::move(work)});
+      return;
+    }
+    removed = removed_;
+  }
+  std::move(work)(removed);
+}
+
+void Device::Remove(const absl::Status& reason) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!removed_.ok()) return;
+    removed_ = reason;
+  }
+  memory_.Close(reason);
+}
+
+absl::Status Device::health() const {
+  absl::MutexLock lock(&mu_);
+  return removed_;
+}
+
+size_t Device::queue_depth() const {
+  absl::MutexLock lock(&mu_);
+  return queue_.size() + running_;
+}
+
+int64_t Device::executed() const {
+  absl::MutexLock lock(&mu_);
+  return executed_;
+}
+
+void Device::Loop() {
+  while (true) {
+    Item item;
+    absl::Status removed;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &Device::HasWork));
+      if (queue_.empty()) return;
+      item = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = 1;
+      removed = removed_;
+    }
+    absl::Status status = removed;
+    // Like a stream waiting on events: the device blocks until this item's inputs exist.
+    for (const auto& dep : item.deps) {
+      if (!status.ok()) break;
+      status = dep.status();
+    }
+    if (status.ok()) {
+      absl::MutexLock lock(&mu_);
+      status = removed_;  // Removal while waiting wins.
+    }
+    std::move(item.work)(status);
+    absl::MutexLock lock(&mu_);
+    running_ = 0;
+    ++executed_;
+  }
+}
+
+}  // namespace pw

@@ -1,0 +1,70 @@
+// Device: one accelerator's executor queue and memory budget (here: a host-CPU device).
+//
+// Thread-safe. Work runs one item at a time, in the order it was enqueued, on the device's own
+// thread, like non-preemptible kernels on an accelerator stream. An item first waits for its
+// dependencies (input buffers, output memory); the item's function then receives the first
+// dependency error, if any, so it can fail its outputs instead of running.
+//
+// Remove() takes the device out of service: queued and later items receive `reason` and never
+// run; the memory budget fails its waiters.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/synchronization/mutex.h"
+#include "pw/base/future.h"
+#include "pw/base/ids.h"
+#include "pw/executor/device_memory.h"
+
+namespace pw {
+
+class Device {
+ public:
+  using Work = absl::AnyInvocable<void(const absl::Status& deps_status) &&>;
+
+  Device(DeviceId id, HostId host, IslandId island, int64_t memory_bytes);
+  ~Device();  // Drains queued work (items see a Cancelled status if not yet run), joins.
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  DeviceId id() const { return id_; }
+  HostId host() const { return host_; }
+  IslandId island() const { return island_; }
+  DeviceMemory& memory() { return memory_; }
+
+  // Appends one item to the queue.
+  void Enqueue(std::vector<Future<>> deps, Work work);
+  void Remove(const absl::Status& reason);
+  // Non-OK once removed.
+  absl::Status health() const;
+
+  size_t queue_depth() const;
+  int64_t executed() const;
+
+ private:
+  struct Item {
+    std::vector<Future<>> deps;
+    Work work;
+  };
+  void Loop();
+  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); }
+
+  const DeviceId id_;
+  const HostId host_;
+  const IslandId island_;
+  DeviceMemory memory_;
+  mutable absl::Mutex mu_;
+  std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  absl::Status removed_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  size_t running_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t executed_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread thread_;
+};
+
+}  // namespace pw

@@ -1,0 +1,37 @@
+#include "pw/executor/device_buffer.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "pw/base/check.h"
+
+namespace pw {
+
+HostDeviceBuffer::HostDeviceBuffer(const ArraySpec& spec, DeviceId device)
+    : DeviceBuffer(spec, device) {
+  size_t bytes = static_cast<size_t>(size_bytes());
+  size_t rounded = ((bytes + 63) / 64) * 64;
+  data_ = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  PW_CHECK(data_ != nullptr, "out of host memory");
+}
+
+HostDeviceBuffer::~HostDeviceBuffer() { std::free(data_); }
+
+std::shared_ptr<HostDeviceBuffer> HostDeviceBuffer::Create(const ArraySpec& spec,
+                                                           DeviceId device) {
+  return std::shared_ptr<HostDeviceBuffer>(new HostDeviceBuffer(spec, device));
+}
+
+std::shared_ptr<HostDeviceBuffer> HostDeviceBuffer::FromHost(const ArraySpec& spec,
+                                                             DeviceId device, const void* data) {
+  auto b = Create(spec, device);
+  std::memcpy(b->data_, data, static_cast<size_t>(b->size_bytes()));
+  return b;
+}
+
+Future<> HostDeviceBuffer::CopyToHost(void* dst) const {
+  std::memcpy(dst, data_, static_cast<size_t>(size_bytes()));
+  return Future<>::Ready(absl::OkStatus());
+}
+
+}  // namespace pw

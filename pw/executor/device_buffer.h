@@ -1,0 +1,60 @@
+// DeviceBuffer: one shard of an array, resident in one device's memory.
+//
+// Backends own their buffers (the native backend: aligned host memory; a PJRT backend: a
+// PJRT_Buffer). Thread-safe: a buffer is immutable once its producer has completed; until then
+// only the producer writes it.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "pw/base/future.h"
+#include "pw/base/ids.h"
+#include "pw/base/shape.h"
+
+namespace pw {
+
+class DeviceBuffer {
+ public:
+  DeviceBuffer(ArraySpec spec, DeviceId device) : spec_(std::move(spec)), device_(device) {}
+  virtual ~DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  const ArraySpec& spec() const { return spec_; }
+  DeviceId device() const { return device_; }
+  int64_t size_bytes() const { return spec_.size_bytes(); }
+  // Copies the contents into `dst` (size_bytes() bytes); the future completes when done.
+  virtual Future<> CopyToHost(void* dst) const = 0;
+
+ private:
+  const ArraySpec spec_;
+  const DeviceId device_;
+};
+
+using DeviceBufferRef = std::shared_ptr<DeviceBuffer>;
+
+// The native backend's buffer: 64-byte-aligned host memory standing in for device memory.
+class HostDeviceBuffer final : public DeviceBuffer {
+ public:
+  // Uninitialised contents.
+  static std::shared_ptr<HostDeviceBuffer> Create(const ArraySpec& spec, DeviceId device);
+  static std::shared_ptr<HostDeviceBuffer> FromHost(const ArraySpec& spec, DeviceId device,
+                                                    const void* data);
+  ~HostDeviceBuffer() override;
+
+  const void* data() const { return data_; }
+  void* mutable_data() { return data_; }
+  template <typename T>
+  const T* as() const { return static_cast<const T*>(data_); }
+  template <typename T>
+  T* mutable_as() { return static_cast<T*>(data_); }
+  Future<> CopyToHost(void* dst) const override;
+
+ private:
+  HostDeviceBuffer(const ArraySpec& spec, DeviceId device);
+  void* data_ = nullptr;
+};
+
+}  // namespace pw

@@ -1,0 +1,51 @@
+#include "pw/executor/device_memory.h"
+
+#include "gtest/gtest.h"
+
+namespace pw {
+namespace {
+
+TEST(DeviceMemoryTest, GrantsImmediatelyWhenItFits) {
+  DeviceMemory mem(DeviceId(0), 100);
+  auto a = mem.Reserve(60, "a");
+  ASSERT_TRUE(a.IsReady());
+  EXPECT_EQ(mem.in_use(), 60);
+  a = Future<ReservationRef>();  // drop
+}
+
+TEST(DeviceMemoryTest, BackPressureWaitsInFifoOrder) {
+  DeviceMemory mem(DeviceId(0), 100);
+  ReservationRef a = *mem.Reserve(80, "a").Await();
+  auto b = mem.Reserve(50, "b");
+  auto c = mem.Reserve(10, "c");  // Fits, but must not overtake b.
+  EXPECT_FALSE(b.IsReady());
+  EXPECT_FALSE(c.IsReady());
+  EXPECT_EQ(mem.waiting(), 2u);
+  a.reset();
+  ASSERT_TRUE(b.IsReady());
+  ASSERT_TRUE(c.IsReady());
+  EXPECT_EQ(mem.in_use(), 60);
+  EXPECT_EQ(mem.peak_in_use(), 80);
+}
+
+TEST(DeviceMemoryTest, NeverFitsFailsAtOnce) {
+  DeviceMemory mem(DeviceId(3), 100);
+  auto r = mem.Reserve(101, "buffer:7");
+  ASSERT_TRUE(r.IsReady());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(r.status().message().find("buffer:7"), std::string::npos);
+  EXPECT_NE(r.status().message().find("device:3"), std::string::npos);
+}
+
+TEST(DeviceMemoryTest, CloseFailsWaiters) {
+  DeviceMemory mem(DeviceId(0), 10);
+  ReservationRef a = *mem.Reserve(10, "a").Await();
+  auto b = mem.Reserve(5, "b");
+  mem.Close(absl::UnavailableError("device:0 removed"));
+  ASSERT_TRUE(b.IsReady());
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(mem.Reserve(1, "c").status().ok());
+}
+
+}  // namespace
+}  // namespace pw

@@ -1,0 +1,48 @@
+// Executable: a compiled function loaded for a slice shape, run SPMD on every device of a slice.
+//
+// Thread-safe and immutable: one Executable serves every slice of its shape and every launch.
+// Shapes are static: input and output specs are per shard and known before anything runs, which is
+// what lets dispatch allocate outputs and set up receives ahead of execution.
+//
+// Backends: the native host-kernel backend (native_function.h). A PJRT backend implements the
+// same interface with buffers it owns and completion events as the returned future.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "pw/base/future.h"
+#include "pw/base/ids.h"
+#include "pw/base/shape.h"
+#include "pw/executor/collectives.h"
+#include "pw/executor/device_buffer.h"
+
+namespace pw {
+
+// Everything one device needs to run its shard of one launch.
+struct ShardLaunch {
+  CollectiveKey key;                  // `op` is set by the executable per collective.
+  int rank = 0;                       // This device's position in the slice.
+  std::vector<DeviceId> slice_devices;  // Physical devices of the slice, in rank order.
+  DeviceId device;
+  std::vector<DeviceBufferRef> inputs;  // Ready buffers, one per input spec.
+  Collectives* collectives = nullptr;
+};
+
+class Executable {
+ public:
+  virtual ~Executable() = default;
+  virtual const std::string& name() const = 0;
+  // Number of shards (devices) this executable was loaded for.
+  virtual int num_shards() const = 0;
+  virtual const std::vector<ArraySpec>& input_specs() const = 0;
+  virtual const std::vector<ArraySpec>& output_specs() const = 0;
+  // Runs one shard. The future holds the outputs once they are computed; errors name the
+  // function and, where it applies, the op.
+  virtual Future<std::vector<DeviceBufferRef>> ExecuteShard(const ShardLaunch& launch) const = 0;
+};
+
+using ExecutableRef = std::shared_ptr<const Executable>;
+
+}  // namespace pw

@@ -1,0 +1,167 @@
+#include "pw/executor/native_function.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "pw/base/status_macros.h"
+#include "pw/executor/native_kernels.h"
+
+namespace pw {
+
+int NativeFunctionBuilder::Input(ArraySpec spec) {
+  def_.inputs.push_back(std::move(spec));
+  return static_cast<int>(def_.inputs.size()) - 1;
+}
+
+int NativeFunctionBuilder::Op(std::string kernel, std::vector<int> operands,
+                              std::map<std::string, double> attrs) {
+  def_.ops.push_back({std::move(kernel), std::move(operands), std::move(attrs)});
+  return static_cast<int>(def_.inputs.size() + def_.ops.size()) - 1;
+}
+
+NativeFunctionDef NativeFunctionBuilder::Build(std::vector<int> outputs) {
+  def_.outputs = std::move(outputs);
+  return def_;
+}
+
+namespace {
+
+struct CompiledOp {
+  const native::KernelDef* kernel;
+  std::vector<int> operands;
+  native::Attrs attrs;
+  ArraySpec out;
+};
+
+class NativeExecutable final : public Executable {
+ public:
+  NativeExecutable(std::string name, int num_shards, std::vector<ArraySpec> inputs,
+                   std::vector<CompiledOp> ops, std::vector<int> outputs,
+                   std::vector<ArraySpec> output_specs)
+      : name_(std::move(name)),
+        num_shards_(num_shards),
+        inputs_(std::move(inputs)),
+        ops_(std::move(ops)),
+        outputs_(std::move(outputs)),
+        output_specs_(std::move(output_specs)) {}
+
+  const std::string& name() const override { return name_; }
+  int num_shards() const override { return num_shards_; }
+  const std::vector<ArraySpec>& input_specs() const override { return inputs_; }
+  const std::vector<ArraySpec>& output_specs() const override { return output_specs_; }
+
+  Future<std::vector<DeviceBufferRef>> ExecuteShard(const ShardLaunch& launch) const override {
+    return Future<std::vector<DeviceBufferRef>>::Ready(Run(launch));
+  }
+
+ private:
+  absl::StatusOr<std::vector<DeviceBufferRef>> Run(const ShardLaunch& launch) const {
+    if (launch.inputs.size() != inputs_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("function '", name_, "' takes ",
+                                                     inputs_.size(), " inputs, got ",
+                                                     launch.inputs.size()));
+    }
+    std::vector<std::shared_ptr<HostDeviceBuffer>> values;
+    values.reserve(inputs_.size() + ops_.size());
+    for (size_t i = 0; i < inputs_.size(); ++i) {
+      auto host = std::dynamic_pointer_cast<HostDeviceBuffer>(launch.inputs[i]);
+      if (host == nullptr)
+        return absl::InvalidArgumentError(absl::StrCat("function '", name_, "' input ", i,
+                                                       " is not a native host buffer"));
+      const ArraySpec& got = host->spec();
+      if (got.dtype != inputs_[i].dtype || got.num_elements() != inputs_[i].num_elements()) {
+        return absl::InvalidArgumentError(absl::StrCat("function '", name_, "' input ", i,
+                                                       " expects ", inputs_[i].ToString(),
+                                                       ", got ", got.ToString()));
+      }
+      values.push_back(std::move(host));
+    }
+    std::vector<const HostDeviceBuffer*> operands;
+    for (size_t k = 0; k < ops_.size(); ++k) {
+      const CompiledOp& op = ops_[k];
+      operands.clear();
+      for (int v : op.operands) operands.push_back(values[v].get());
+      auto out = HostDeviceBuffer::Create(op.out, launch.device);
+      native::KernelContext ctx{operands, out.get(), op.attrs, launch, static_cast<int>(k)};
+      absl::Status s = op.kernel->run(ctx);
+      if (!s.ok()) {
+        return absl::Status(s.code(), absl::StrCat("function '", name_, "' op ", k, " (",
+                                                   op.kernel->name, ") on ",
+                                                   launch.device.ToString(), ": ", s.message()));
+      }
+      values.push_back(std::move(out));
+    }
+    std::vector<DeviceBufferRef> result;
+    // Buffers are immutable once produced, so an output may share a value's buffer.
+    for (int v : outputs_) result.push_back(values[v]);
+    return result;
+  }
+
+  const std::string name_;
+  const int num_shards_;
+  const std::vector<ArraySpec> inputs_;
+  const std::vector<CompiledOp> ops_;
+  const std::vector<int> outputs_;
+  const std::vector<ArraySpec> output_specs_;
+};
+
+}  // namespace
+
+absl::StatusOr<ExecutableRef> CompileNative(const NativeFunctionDef& def, int num_shards) {
+  const std::string where = absl::StrCat("function '", def.name, "'");
+  if (def.name.empty()) return absl::InvalidArgumentError("function has no name");
+  if (num_shards <= 0)
+    return absl::InvalidArgumentError(absl::StrCat(where, ": num_shards must be positive"));
+  std::vector<ArraySpec> specs;
+  for (size_t i = 0; i < def.inputs.size(); ++i) {
+    absl::Status s = def.inputs[i].Validate();
+    if (!s.ok()) return Annotate(s, absl::StrCat(where, " input ", i));
+    specs.push_back(def.inputs[i]);
+  }
+  std::vector<CompiledOp> ops;
+  for (size_t k = 0; k < def.ops.size(); ++k) {
+    const NativeOpDef& op = def.ops[k];
+    const std::string owhere = absl::StrCat(where, " op ", k, " (", op.kernel, ")");
+    const native::KernelDef* kernel = native::FindKernel(op.kernel);
+    if (kernel == nullptr) {
+      return absl::NotFoundError(absl::StrCat(owhere, ": no native kernel named '", op.kernel,
+                                              "'; known: ",
+                                              absl::StrJoin(native::KernelNames(), ", ")));
+    }
+    if (static_cast<int>(op.operands.size()) != kernel->num_operands) {
+      return absl::InvalidArgumentError(absl::StrCat(owhere, ": takes ", kernel->num_operands,
+                                                     " operands, got ", op.operands.size()));
+    }
+    for (const auto& a : kernel->required_attrs) {
+      if (!op.attrs.contains(a))
+        return absl::InvalidArgumentError(absl::StrCat(owhere, ": missing attribute '", a, "'"));
+    }
+    std::vector<ArraySpec> in;
+    for (int v : op.operands) {
+      if (v < 0 || v >= static_cast<int>(specs.size())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            owhere, ": operand ", v, " is not an earlier value (", specs.size(), " defined)"));
+      }
+      in.push_back(specs[v]);
+    }
+    auto out = kernel->infer(in, op.attrs, num_shards);
+    if (!out.ok()) return Annotate(out.status(), owhere);
+    specs.push_back(*out);
+    ops.push_back({kernel, op.operands, op.attrs, *out});
+  }
+  if (def.outputs.empty())
+    return absl::InvalidArgumentError(absl::StrCat(where, " has no outputs"));
+  std::vector<ArraySpec> out_specs;
+  for (int v : def.outputs) {
+    if (v < 0 || v >= static_cast<int>(specs.size()))
+      return absl::InvalidArgumentError(absl::StrCat(where, ": output refers to value ", v,
+                                                     ", but only ", specs.size(), " exist"));
+    out_specs.push_back(specs[v]);
+  }
+  return ExecutableRef(std::make_shared<NativeExecutable>(def.name, num_shards, def.inputs,
+                                                          std::move(ops), def.outputs,
+                                                          std::move(out_specs)));
+}
+
+std::vector<std::string> NativeKernelNames() { return native::KernelNames(); }
+
+}  // namespace pw

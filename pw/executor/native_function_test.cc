@@ -1,0 +1,176 @@
+#include "pw/executor/native_function.h"
+
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace pw {
+namespace {
+
+std::shared_ptr<HostDeviceBuffer> F32(std::vector<float> v, Shape s, DeviceId d = DeviceId(0)) {
+  return HostDeviceBuffer::FromHost({DType::kF32, s}, d, v.data());
+}
+std::vector<float> Read(const DeviceBufferRef& b) {
+  std::vector<float> v(b->spec().num_elements());
+  b->CopyToHost(v.data()).status().IgnoreError();
+  return v;
+}
+
+ShardLaunch Single(std::vector<DeviceBufferRef> inputs) {
+  ShardLaunch l;
+  l.slice_devices = {DeviceId(0)};
+  l.device = DeviceId(0);
+  l.inputs = std::move(inputs);
+  return l;
+}
+
+TEST(NativeFunctionTest, ElementwiseChain) {
+  NativeFunctionBuilder b("f");
+  int x = b.Input({DType::kF32, Shape({3})});
+  int y = b.Op("mul_scalar", {x}, {{"value", 2.0}});
+  int z = b.Op("add", {y, x});
+  auto exe = CompileNative(b.Build({z, y}), 1);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  EXPECT_EQ((*exe)->output_specs()[0].ToString(), "f32[3]");
+  auto out = (*exe)->ExecuteShard(Single({F32({1, 2, 3}, Shape({3}))})).Await();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(Read((*out)[0]), (std::vector<float>{3, 6, 9}));
+  EXPECT_EQ(Read((*out)[1]), (std::vector<float>{2, 4, 6}));
+}
+
+TEST(NativeFunctionTest, MatmulUsesBlas) {
+  NativeFunctionBuilder b("mm");
+  int a = b.Input({DType::kF32, Shape({2, 3})});
+  int w = b.Input({DType::kF32, Shape({3, 2})});
+  auto exe = CompileNative(b.Build({b.Op("matmul", {a, w})}), 1);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  auto out = (*exe)->ExecuteShard(Single({F32({1, 2, 3, 4, 5, 6}, Shape({2, 3})),
+                                          F32({1, 0, 0, 1, 1, 1}, Shape({3, 2}))}))
+                 .Await();
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(Read((*out)[0]), (std::vector<float>{4, 5, 10, 11}));
+}
+
+TEST(NativeFunctionTest, CompileErrorsNameFunctionOpAndKernel) {
+  {
+    NativeFunctionBuilder b("bad");
+    int x = b.Input({DType::kF32, Shape({2})});
+    auto e = CompileNative(b.Build({b.Op("frobnicate", {x})}), 1);
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.status().message().find("function 'bad' op 0 (frobnicate)"), std::string::npos);
+  }
+  {
+    NativeFunctionBuilder b("bad2");
+    int x = b.Input({DType::kF32, Shape({2})});
+    int y = b.Input({DType::kF32, Shape({3})});
+    auto e = CompileNative(b.Build({b.Op("add", {x, y})}), 1);
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+  {
+    NativeFunctionBuilder b("bad3");
+    int x = b.Input({DType::kF32, Shape({2})});
+    EXPECT_FALSE(CompileNative(b.Build({b.Op("mul_scalar", {x})}), 1).ok());  // no attr
+    EXPECT_FALSE(CompileNative(b.Build({b.Op("neg", {7})}), 1).ok());         // bad operand
+    EXPECT_FALSE(CompileNative(b.Build({42}), 1).ok());                       // bad output
+  }
+  {
+    NativeFunctionBuilder b("rs");
+    int x = b.Input({DType::kF32, Shape({3})});
+    EXPECT_FALSE(CompileNative(b.Build({b.Op("reduce_scatter_sum", {x})}), 2).ok());
+  }
+}
+
+TEST(NativeFunctionTest, WrongInputAtRunTime) {
+  NativeFunctionBuilder b("f");
+  int x = b.Input({DType::kF32, Shape({2})});
+  auto exe = *CompileNative(b.Build({b.Op("neg", {x})}), 1);
+  auto out = exe->ExecuteShard(Single({F32({1, 2, 3}, Shape({3}))})).Await();
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(out.status().message().find("function 'f' input 0"), std::string::npos);
+}
+
+TEST(NativeFunctionTest, IntegerDivisionByZeroIsAnError) {
+  NativeFunctionBuilder b("d");
+  int x = b.Input({DType::kS32, Shape({1})});
+  auto exe = *CompileNative(b.Build({b.Op("div_scalar", {x}, {{"value", 0}})}), 1);
+  int32_t one = 1;
+  ShardLaunch l = Single({HostDeviceBuffer::FromHost({DType::kS32, Shape({1})}, DeviceId(0), &one)});
+  EXPECT_EQ(exe->ExecuteShard(l).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Runs `exe` on n shards concurrently (one thread each, like device threads) and returns outputs.
+std::vector<std::vector<float>> RunSpmd(const ExecutableRef& exe, Collectives& coll,
+                                        std::vector<std::vector<float>> inputs, Shape s) {
+  const int n = static_cast<int>(inputs.size());
+  std::vector<std::vector<float>> outs(n);
+  std::vector<std::thread> ts;
+  std::vector<DeviceId> devs;
+  for (int i = 0; i < n; ++i) devs.push_back(DeviceId(i));
+  for (int i = 0; i < n; ++i) {
+    ts.emplace_back([&, i] {
+      ShardLaunch l;
+      l.key = {1, 0, 0};
+      l.rank = i;
+      l.slice_devices = devs;
+      l.device = devs[i];
+      l.inputs = {F32(inputs[i], s, devs[i])};
+      l.collectives = &coll;
+      auto r = exe->ExecuteShard(l).Await();
+      ASSERT_TRUE(r.ok()) << r.status();
+      outs[i] = Read((*r)[0]);
+    });
+  }
+  for (auto& t : ts) t.join();
+  return outs;
+}
+
+ExecutableRef Collective(const std::string& kernel, Shape s, int n) {
+  NativeFunctionBuilder b(kernel);
+  int x = b.Input({DType::kF32, s});
+  return *CompileNative(b.Build({b.Op(kernel, {x})}), n);
+}
+
+TEST(NativeFunctionTest, Collectives) {
+  Collectives coll;
+  auto ar = RunSpmd(Collective("all_reduce_sum", Shape({2}), 3), coll,
+                    {{1, 2}, {10, 20}, {100, 200}}, Shape({2}));
+  for (auto& o : ar) EXPECT_EQ(o, (std::vector<float>{111, 222}));
+  Collectives coll2;
+  auto ag = RunSpmd(Collective("all_gather", Shape({1}), 3), coll2, {{1}, {2}, {3}}, Shape({1}));
+  for (auto& o : ag) EXPECT_EQ(o, (std::vector<float>{1, 2, 3}));
+  Collectives coll3;
+  auto rs = RunSpmd(Collective("reduce_scatter_sum", Shape({2}), 2), coll3, {{1, 2}, {10, 20}},
+                    Shape({2}));
+  EXPECT_EQ(rs[0], (std::vector<float>{11}));
+  EXPECT_EQ(rs[1], (std::vector<float>{22}));
+  Collectives coll4;
+  auto a2a = RunSpmd(Collective("all_to_all", Shape({2}), 2), coll4, {{1, 2}, {10, 20}},
+                     Shape({2}));
+  EXPECT_EQ(a2a[0], (std::vector<float>{1, 10}));
+  EXPECT_EQ(a2a[1], (std::vector<float>{2, 20}));
+  EXPECT_EQ(coll.pending(), 0u);
+}
+
+TEST(NativeFunctionTest, AbortedDeviceFailsRendezvous) {
+  Collectives coll;
+  auto exe = Collective("all_reduce_sum", Shape({1}), 2);
+  absl::Status seen;
+  std::thread t([&] {
+    ShardLaunch l;
+    l.key = {9, 0, 0};
+    l.rank = 0;
+    l.slice_devices = {DeviceId(0), DeviceId(1)};
+    l.device = DeviceId(0);
+    l.inputs = {F32({1}, Shape({1}))};
+    l.collectives = &coll;
+    seen = exe->ExecuteShard(l).status();
+  });
+  while (coll.pending() == 0) std::this_thread::yield();
+  coll.AbortDevice(DeviceId(1), absl::UnavailableError("device:1 removed"));
+  t.join();
+  EXPECT_EQ(seen.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(seen.message().find("device:1"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pw

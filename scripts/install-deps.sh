@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs what building, testing and running pathways needs on Debian 12:
+# Debian packages with apt-get, Python packages with pip into .venv at the repo root.
+# Idempotent: skips apt-get when every package is already installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEB_PACKAGES=(
+  build-essential cmake ninja-build pkg-config python3 python3-venv
+  libabsl-dev libopenblas-dev nlohmann-json3-dev libcli11-dev
+  libgtest-dev libgmock-dev libbenchmark-dev valgrind
+)
+
+missing=()
+for p in "${DEB_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "install-deps: apt-get install ${missing[*]}" >&2
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >&2
+fi
+
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+if [ -f requirements.txt ]; then
+  .venv/bin/pip install -q -r requirements.txt >&2
+fi
