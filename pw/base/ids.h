@@ -4,8 +4,10 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace pw {
 
@@ -22,10 +24,6 @@ class Id {
     return H::combine(std::move(h), id.value_);
   }
   std::string ToString() const { return absl::StrCat(Tag::kPrefix, value_); }
-  template <typename Sink>
-  friend void AbslStringify(Sink& sink, Id id) {
-    sink.Append(id.ToString());
-  }
   friend std::ostream& operator<<(std::ostream& os, Id id) { return os << id.ToString(); }
 
  private:
@@ -41,6 +39,12 @@ struct BufferTag { static constexpr const char* kPrefix = "buffer:"; };
 struct FunctionTag { static constexpr const char* kPrefix = "function:"; };
 struct ProgramTag { static constexpr const char* kPrefix = "program:"; };
 struct RunTag { static constexpr const char* kPrefix = "run:"; };
+
+// "0,1,5": the numeric values of `ids`, for messages.
+template <typename Tag>
+std::string JoinIds(const std::vector<Id<Tag>>& ids) {
+  return absl::StrJoin(ids, ",", [](std::string* out, Id<Tag> id) { absl::StrAppend(out, id.value()); });
+}
 
 using IslandId = Id<IslandTag>;
 using HostId = Id<HostTag>;

@@ -34,3 +34,19 @@ TEST(DTypeTest, NamesRoundTrip) {
 
 }  // namespace
 }  // namespace pw
+
+#include "pw/base/host_array.h"
+
+namespace pw {
+namespace {
+TEST(HostArrayTest, RendersLikeNumpy) {
+  auto a = HostArray::Of<float>(DType::kF32, Shape({2}), {3.f, 5.f});
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->ToString(), "array([3., 5.])");
+  auto b = HostArray::Of<int32_t>(DType::kS32, Shape({2, 2}), {1, 2, 3, 4});
+  EXPECT_EQ(b->ToString(), "array([[1, 2], [3, 4]])");
+  EXPECT_FALSE(HostArray::Of<float>(DType::kF32, Shape({3}), {1.f}).ok());
+  EXPECT_FALSE(HostArray::Of<double>(DType::kF32, Shape({1}), {1.0}).ok());
+}
+}  // namespace
+}  // namespace pw

@@ -1,0 +1,86 @@
+#include "pw/object_store/buffer_table.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace pw {
+
+BufferId BufferTable::Create(LogicalBuffer buffer, int client_refs, int pins) {
+  absl::MutexLock lock(&mu_);
+  buffer.id = BufferId(next_id_++);
+  BufferId id = buffer.id;
+  entries_.emplace(id, Entry{std::move(buffer), client_refs, pins});
+  return id;
+}
+
+absl::StatusOr<LogicalBuffer> BufferTable::Lookup(ClientId client, BufferId id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.client_refs == 0)
+    return absl::NotFoundError(absl::StrCat(id.ToString(), " does not exist or was released"));
+  if (it->second.buffer.owner != client)
+    return absl::PermissionDeniedError(
+        absl::StrCat(id.ToString(), " belongs to another client"));
+  return it->second.buffer;
+}
+
+void BufferTable::Pin(const std::vector<BufferId>& ids) {
+  absl::MutexLock lock(&mu_);
+  for (BufferId id : ids) {
+    auto it = entries_.find(id);
+    if (it != entries_.end()) it->second.pins++;
+  }
+}
+
+std::vector<LogicalBuffer> BufferTable::Unpin(const std::vector<BufferId>& ids) {
+  std::vector<LogicalBuffer> freed;
+  absl::MutexLock lock(&mu_);
+  for (BufferId id : ids) {
+    auto it = entries_.find(id);
+    if (it == entries_.end()) continue;
+    if (--it->second.pins == 0 && it->second.client_refs == 0) {
+      freed.push_back(std::move(it->second.buffer));
+      entries_.erase(it);
+    }
+  }
+  return freed;
+}
+
+absl::StatusOr<std::vector<LogicalBuffer>> BufferTable::ReleaseHandle(ClientId client,
+                                                                      BufferId id) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.client_refs == 0)
+    return absl::NotFoundError(absl::StrCat(id.ToString(), " does not exist or was released"));
+  if (it->second.buffer.owner != client)
+    return absl::PermissionDeniedError(
+        absl::StrCat(id.ToString(), " belongs to another client"));
+  std::vector<LogicalBuffer> freed;
+  if (--it->second.client_refs == 0 && it->second.pins == 0) {
+    freed.push_back(std::move(it->second.buffer));
+    entries_.erase(it);
+  }
+  return freed;
+}
+
+std::vector<LogicalBuffer> BufferTable::ReleaseClient(ClientId client) {
+  std::vector<LogicalBuffer> freed;
+  absl::MutexLock lock(&mu_);
+  for (auto it = entries_.begin(); it != entries_.end();) {
+    auto& e = it->second;
+    if (e.buffer.owner == client) e.client_refs = 0;
+    if (e.buffer.owner == client && e.pins == 0) {
+      freed.push_back(std::move(e.buffer));
+      entries_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  return freed;
+}
+
+size_t BufferTable::size() const {
+  absl::MutexLock lock(&mu_);
+  return entries_.size();
+}
+
+}  // namespace pw

@@ -1,0 +1,60 @@
+// BufferTable: the controller's index of logical sharded buffers, one reference count each.
+//
+// Thread-safe. A logical buffer is one array sharded over a slice; its shards live in the object
+// stores of the hosts holding its devices. References are of two kinds: client handles (what a
+// client may release) and pins (held by runs that read or produce the buffer). The buffer is
+// freed (Unref returns it, and the caller deletes its shards on their hosts) when both reach zero.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "pw/base/future.h"
+#include "pw/base/ids.h"
+#include "pw/base/shape.h"
+#include "pw/base/sharding.h"
+
+namespace pw {
+
+struct LogicalBuffer {
+  BufferId id;
+  ClientId owner;
+  ArraySpec global;
+  Sharding sharding;
+  SliceId slice;
+  std::vector<DeviceId> devices;  // Shard i lives on devices[i].
+  std::vector<HostId> hosts;      // Host of each shard.
+  Future<> ready;                 // Ready when every shard is computed (or failed).
+};
+
+class BufferTable {
+ public:
+  // Registers a buffer with the given reference counts; assigns and returns its id.
+  BufferId Create(LogicalBuffer buffer, int client_refs, int pins);
+  // The buffer if it exists and `client` owns it; NotFound or PermissionDenied (naming it) if not.
+  absl::StatusOr<LogicalBuffer> Lookup(ClientId client, BufferId id) const;
+  void Pin(const std::vector<BufferId>& ids);
+  // Drops one pin from each; returns buffers that are now unreferenced (removed from the table).
+  std::vector<LogicalBuffer> Unpin(const std::vector<BufferId>& ids);
+  // Drops one client handle; same return as Unpin. Errors for unknown, foreign or already
+  // released handles, leaving the table unchanged.
+  absl::StatusOr<std::vector<LogicalBuffer>> ReleaseHandle(ClientId client, BufferId id);
+  // Drops every handle `client` holds; returns buffers now unreferenced.
+  std::vector<LogicalBuffer> ReleaseClient(ClientId client);
+  size_t size() const;
+
+ private:
+  struct Entry {
+    LogicalBuffer buffer;
+    int client_refs = 0;
+    int pins = 0;
+  };
+  mutable absl::Mutex mu_;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<BufferId, Entry> entries_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pw

@@ -1,0 +1,71 @@
+#include "pw/object_store/object_store.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace pw {
+
+absl::Status ObjectStore::Put(BufferId id, DeviceId device, Shard shard) {
+  absl::MutexLock lock(&mu_);
+  auto& shards = buffers_[id];
+  if (shards.contains(device))
+    return absl::AlreadyExistsError(
+        absl::StrCat(id.ToString(), " already has a shard on ", device.ToString()));
+  bytes_ += shard.bytes;
+  ++shards_;
+  shards.emplace(device, std::move(shard));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Future<DeviceBufferRef>> ObjectStore::Get(BufferId id, DeviceId device) const {
+  absl::MutexLock lock(&mu_);
+  auto it = buffers_.find(id);
+  if (it == buffers_.end())
+    return absl::NotFoundError(absl::StrCat(id.ToString(), " is not in this host's object store"));
+  auto sit = it->second.find(device);
+  if (sit == it->second.end())
+    return absl::NotFoundError(
+        absl::StrCat(id.ToString(), " has no shard on ", device.ToString()));
+  return sit->second.buffer;
+}
+
+int ObjectStore::Delete(BufferId id) {
+  absl::flat_hash_map<DeviceId, Shard> dropped;  // Destroyed after the lock is released.
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = buffers_.find(id);
+    if (it == buffers_.end()) return 0;
+    dropped = std::move(it->second);
+    buffers_.erase(it);
+    for (const auto& [d, s] : dropped) bytes_ -= s.bytes;
+    shards_ -= dropped.size();
+  }
+  return static_cast<int>(dropped.size());
+}
+
+Future<> ObjectStore::Ready(BufferId id) const {
+  std::vector<Future<>> fs;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = buffers_.find(id);
+    if (it == buffers_.end())
+      return Future<>::Ready(
+          absl::NotFoundError(absl::StrCat(id.ToString(), " is not in this host's object store")));
+    for (const auto& [d, s] : it->second) fs.push_back(AsStatusFuture(s.buffer));
+  }
+  return JoinFutures(fs);
+}
+
+size_t ObjectStore::num_buffers() const {
+  absl::MutexLock lock(&mu_);
+  return buffers_.size();
+}
+size_t ObjectStore::num_shards() const {
+  absl::MutexLock lock(&mu_);
+  return shards_;
+}
+int64_t ObjectStore::bytes() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_;
+}
+
+}  // namespace pw

@@ -1,0 +1,49 @@
+// ObjectStore: one host's store of buffer shards, keyed by (logical buffer, device).
+//
+// Thread-safe. An entry is created when dispatch allocates a node's outputs, before the
+// producer has run: it holds the shard's future (ready when the producer completes) and the
+// shard's memory reservation, so memory is accounted from allocation until Delete(). Deleting an
+// entry whose producer has not finished is safe: whoever holds the futures keeps them alive.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "pw/base/future.h"
+#include "pw/base/ids.h"
+#include "pw/executor/device_buffer.h"
+#include "pw/executor/device_memory.h"
+
+namespace pw {
+
+class ObjectStore {
+ public:
+  struct Shard {
+    Future<DeviceBufferRef> buffer;
+    Future<ReservationRef> memory;
+    int64_t bytes = 0;
+  };
+
+  // Fails with AlreadyExists if the shard exists.
+  absl::Status Put(BufferId id, DeviceId device, Shard shard);
+  absl::StatusOr<Future<DeviceBufferRef>> Get(BufferId id, DeviceId device) const;
+  // Removes every shard of `id` on this host; returns how many.
+  int Delete(BufferId id);
+  // Ready when every shard of `id` on this host is ready (NotFound if there is none).
+  Future<> Ready(BufferId id) const;
+
+  size_t num_buffers() const;
+  size_t num_shards() const;
+  int64_t bytes() const;
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<BufferId, absl::flat_hash_map<DeviceId, Shard>> buffers_ ABSL_GUARDED_BY(mu_);
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  size_t shards_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace pw

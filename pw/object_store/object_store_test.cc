@@ -1,0 +1,64 @@
+#include "pw/object_store/object_store.h"
+
+#include "gtest/gtest.h"
+#include "pw/object_store/buffer_table.h"
+
+namespace pw {
+namespace {
+
+TEST(ObjectStoreTest, PutGetDeleteReleasesMemory) {
+  DeviceMemory mem(DeviceId(0), 100);
+  ObjectStore store;
+  Promise<DeviceBufferRef> p;
+  ASSERT_TRUE(store.Put(BufferId(1), DeviceId(0), {p.future(), mem.Reserve(40, "b1"), 40}).ok());
+  EXPECT_EQ(store.Put(BufferId(1), DeviceId(0), {p.future(), mem.Reserve(1, "dup"), 1}).code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(mem.in_use(), 40);  // The refused duplicate and its reservation were dropped.
+  auto got = store.Get(BufferId(1), DeviceId(0));
+  ASSERT_TRUE(got.ok());
+  EXPECT_FALSE(store.Ready(BufferId(1)).IsReady());
+  p.Set(DeviceBufferRef(HostDeviceBuffer::Create({DType::kF32, Shape({10})}, DeviceId(0))));
+  EXPECT_TRUE(store.Ready(BufferId(1)).status().ok());
+  EXPECT_EQ(store.bytes(), 40);
+  EXPECT_EQ(store.Get(BufferId(2), DeviceId(0)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Get(BufferId(1), DeviceId(9)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store.Delete(BufferId(1)), 1);
+  EXPECT_EQ(store.num_buffers(), 0u);
+  EXPECT_EQ(store.bytes(), 0);
+}
+
+TEST(BufferTableTest, RefcountPerLogicalBuffer) {
+  BufferTable t;
+  ClientId a(1), b(2);
+  LogicalBuffer lb;
+  lb.owner = a;
+  BufferId id = t.Create(lb, /*client_refs=*/1, /*pins=*/1);
+  EXPECT_TRUE(t.Lookup(a, id).ok());
+  EXPECT_EQ(t.Lookup(b, id).status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(t.ReleaseHandle(b, id).status().code(), absl::StatusCode::kPermissionDenied);
+  auto freed = t.ReleaseHandle(a, id);
+  ASSERT_TRUE(freed.ok());
+  EXPECT_TRUE(freed->empty());  // Still pinned by a run.
+  EXPECT_EQ(t.ReleaseHandle(a, id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(t.Lookup(a, id).status().code(), absl::StatusCode::kNotFound);
+  auto f2 = t.Unpin({id});
+  ASSERT_EQ(f2.size(), 1u);
+  EXPECT_EQ(f2[0].id, id);
+  EXPECT_EQ(t.size(), 0u);
+}
+
+TEST(BufferTableTest, ReleaseClientFreesUnpinned) {
+  BufferTable t;
+  LogicalBuffer lb;
+  lb.owner = ClientId(1);
+  t.Create(lb, 1, 0);
+  BufferId pinned = t.Create(lb, 1, 1);
+  lb.owner = ClientId(2);
+  t.Create(lb, 1, 0);
+  EXPECT_EQ(t.ReleaseClient(ClientId(1)).size(), 1u);
+  EXPECT_EQ(t.size(), 2u);
+  EXPECT_EQ(t.Unpin({pinned}).size(), 1u);
+}
+
+}  // namespace
+}  // namespace pw

@@ -1,0 +1,88 @@
+// Validation and lowering of a ProgramIr into a sharded dataflow graph with physical placement.
+//
+// The lowered graph has one node per sharded computation: Arg nodes (the arguments, already
+// resident), Compute nodes, Transfer nodes where a value must move between slices or shardings
+// (ICI inside an island, DCN between islands), and a Result node. A->B on N shards each lowers to
+// four nodes: Arg -> Compute(A) -> Compute(B) -> Result.
+//
+// Every invalid program gets an InvalidArgument/NotFound/PermissionDenied/Unavailable status
+// naming the program and the node: unknown functions or slices, released slices, slices of
+// other clients, shape/dtype/sharding mismatches, dangling references, cycles.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "pw/base/ids.h"
+#include "pw/cluster/cluster_spec.h"
+#include "pw/executor/executable.h"
+#include "pw/program/program_ir.h"
+#include "pw/resource_manager/resource_manager.h"
+
+namespace pw {
+
+// Where a value lives: a slice's devices and a sharding over them.
+struct Placement {
+  SliceId slice;
+  std::vector<DeviceId> devices;
+  std::vector<HostId> hosts;
+  std::vector<IslandId> islands;  // Sorted, unique.
+  ArraySpec global;
+  Sharding sharding;
+  int64_t shard_bytes() const;
+  bool SameLayout(const Placement& o) const {
+    return devices == o.devices && sharding == o.sharding;
+  }
+};
+
+struct LoweredValue {
+  Placement placement;
+  int arg = -1;  // Argument index, or -1 for values the program produces.
+};
+
+struct LoweredNode {
+  enum class Kind { kArg, kCompute, kTransfer, kResult };
+  Kind kind;
+  std::string name;
+  // Compute:
+  FunctionId function;
+  ExecutableRef executable;
+  Placement slice;  // The slice it runs on (compute) or the destination (transfer).
+  std::vector<int> inputs;   // Value indices.
+  std::vector<int> outputs;  // Value indices.
+  // Transfer:
+  LinkClass link = LinkClass::kSameDevice;
+};
+
+struct LoweredProgram {
+  std::string name;
+  std::vector<LoweredValue> values;
+  std::vector<LoweredNode> nodes;  // Topological order: Arg, then work, then Result.
+  std::vector<int> outputs;        // Value indices of the program's results.
+  // Bytes each device must hold for the values the program produces.
+  absl::flat_hash_map<DeviceId, int64_t> device_bytes;
+  int num_compute() const;
+  int num_transfers() const;
+  std::string ToString() const;
+};
+
+// What lowering needs from the runtime. Implemented by the controller; fakes in tests.
+class LoweringContext {
+ public:
+  virtual ~LoweringContext() = default;
+  virtual absl::StatusOr<SliceInfo> ResolveSlice(SliceId slice) const = 0;
+  virtual absl::StatusOr<ExecutableRef> LoadExecutable(FunctionId function,
+                                                       int num_shards) const = 0;
+};
+
+// `args` holds the placement of each argument passed to this run.
+absl::StatusOr<LoweredProgram> Lower(const ProgramIr& ir, const std::vector<Placement>& args,
+                                     const LoweringContext& ctx);
+
+// Placement of a binding's input or output on its slice.
+Placement PlacementOn(const SliceInfo& slice, const ArraySpec& global, const Sharding& sharding);
+
+}  // namespace pw

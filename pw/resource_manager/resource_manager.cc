@@ -1,0 +1,212 @@
+#include "pw/resource_manager/resource_manager.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace pw {
+
+ResourceManager::ResourceManager(const ClusterSpec& spec) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& d : spec.devices()) devices_.push_back({d});
+  num_islands_ = static_cast<int>(spec.islands().size());
+  num_hosts_ = static_cast<int>(spec.hosts().size());
+}
+
+absl::StatusOr<SliceInfo> ResourceManager::AllocateSlice(ClientId client,
+                                                         const SliceRequest& request) {
+  const int n = request.num_devices;
+  if (n <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a slice needs at least one device; requested ", n));
+  }
+  std::vector<int64_t> mesh = request.mesh_shape.empty() ? std::vector<int64_t>{n}
+                                                         : request.mesh_shape;
+  int64_t product = 1;
+  for (int64_t m : mesh) {
+    if (m <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("mesh shape [", absl::StrJoin(mesh, ","), "] has a non-positive axis"));
+    }
+    product *= m;
+  }
+  if (product != n) {
+    return absl::InvalidArgumentError(absl::StrCat("mesh shape [", absl::StrJoin(mesh, ","),
+                                                   "] holds ", product, " devices, not ", n));
+  }
+
+  absl::MutexLock lock(&mu_);
+  // Alive devices and load per island.
+  std::vector<int> alive(num_islands_, 0), load(num_islands_, 0);
+  int total_alive = 0;
+  for (const auto& d : devices_) {
+    if (!d.alive) continue;
+    alive[d.spec.island.value()]++;
+    load[d.spec.island.value()] += d.load;
+    total_alive++;
+  }
+  if (n > total_alive) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "requested a slice of ", n, " devices, but the cluster has only ", total_alive,
+        " alive devices (a slice maps each virtual device to a distinct physical one)"));
+  }
+  // Least-loaded island (per device) that fits, if any.
+  int best = -1;
+  double best_load = std::numeric_limits<double>::infinity();
+  for (int i = 0; i < num_islands_; ++i) {
+    if (alive[i] < n) continue;
+    double l = static_cast<double>(load[i]) / alive[i];
+    if (l < best_load) {
+      best_load = l;
+      best = i;
+    }
+  }
+  if (best < 0 && request.single_island) {
+    int largest = *std::max_element(alive.begin(), alive.end());
+    return absl::ResourceExhaustedError(
+        absl::StrCat("requested ", n, " devices in one island, but the largest island has ",
+                     largest, " alive devices"));
+  }
+  // Greedy: least-loaded device, then the host least used by this slice so far, then id.
+  absl::flat_hash_map<int64_t, int> host_use;
+  absl::flat_hash_set<int64_t> chosen;
+  std::vector<DeviceId> picked;
+  for (int k = 0; k < n; ++k) {
+    int pick = -1;
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      const auto& d = devices_[i];
+      if (!d.alive || chosen.contains(i)) continue;
+      if (best >= 0 && d.spec.island.value() != best) continue;
+      if (pick < 0) {
+        pick = static_cast<int>(i);
+        continue;
+      }
+      const auto& p = devices_[pick];
+      auto key = [&](const DeviceState& s) {
+        return std::make_tuple(s.load, host_use[s.spec.host.value()], s.spec.id.value());
+      };
+      if (key(d) < key(p)) pick = static_cast<int>(i);
+    }
+    chosen.insert(pick);
+    host_use[devices_[pick].spec.host.value()]++;
+    picked.push_back(devices_[pick].spec.id);
+  }
+  std::sort(picked.begin(), picked.end());
+  SliceInfo info;
+  info.id = SliceId(next_slice_++);
+  info.owner = client;
+  info.devices = picked;
+  info.mesh_shape = mesh;
+  absl::flat_hash_set<int64_t> islands;
+  for (DeviceId d : picked) {
+    auto& s = devices_[d.value()];
+    s.load++;
+    islands.insert(s.spec.island.value());
+    info.hosts.push_back(s.spec.host);
+  }
+  for (int64_t i : islands) info.islands.push_back(IslandId(i));
+  std::sort(info.islands.begin(), info.islands.end());
+  slices_[info.id] = info;
+  return info;
+}
+
+absl::Status ResourceManager::ReleaseSlice(ClientId client, SliceId slice) {
+  absl::MutexLock lock(&mu_);
+  auto it = slices_.find(slice);
+  if (it == slices_.end())
+    return absl::NotFoundError(absl::StrCat(slice.ToString(), " does not exist or was released"));
+  if (it->second.owner != client)
+    return absl::PermissionDeniedError(
+        absl::StrCat(slice.ToString(), " belongs to another client"));
+  for (DeviceId d : it->second.devices) devices_[d.value()].load--;
+  slices_.erase(it);
+  return absl::OkStatus();
+}
+
+int ResourceManager::ReleaseClient(ClientId client) {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (auto it = slices_.begin(); it != slices_.end();) {
+    if (it->second.owner == client) {
+      for (DeviceId d : it->second.devices) devices_[d.value()].load--;
+      slices_.erase(it++);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  return n;
+}
+
+absl::StatusOr<SliceInfo> ResourceManager::ResolveSlice(ClientId client, SliceId slice) const {
+  absl::MutexLock lock(&mu_);
+  auto it = slices_.find(slice);
+  if (it == slices_.end())
+    return absl::NotFoundError(absl::StrCat(slice.ToString(), " does not exist or was released"));
+  if (it->second.owner != client)
+    return absl::PermissionDeniedError(
+        absl::StrCat(slice.ToString(), " belongs to another client"));
+  for (DeviceId d : it->second.devices) {
+    const auto& s = devices_[d.value()];
+    if (!s.alive) {
+      return absl::UnavailableError(absl::StrCat(slice.ToString(), " uses ", d.ToString(),
+                                                 ", which was removed: ", s.removed_reason));
+    }
+  }
+  return it->second;
+}
+
+absl::StatusOr<HostRegistration> ResourceManager::AddHost(IslandId island, std::string name,
+                                                          int num_devices,
+                                                          int64_t memory_bytes) {
+  if (num_devices <= 0 || memory_bytes <= 0)
+    return absl::InvalidArgumentError(absl::StrCat("host '", name,
+                                                   "' needs at least one device and memory"));
+  absl::MutexLock lock(&mu_);
+  if (!island.valid() || island.value() > num_islands_)
+    return absl::InvalidArgumentError(absl::StrCat(island.ToString(), " does not exist (",
+                                                   num_islands_, " islands)"));
+  if (island.value() == num_islands_) num_islands_++;
+  HostRegistration reg{HostId(num_hosts_++), {}};
+  for (int i = 0; i < num_devices; ++i) {
+    DeviceSpec d{DeviceId(static_cast<int64_t>(devices_.size())), reg.host, island, i,
+                 memory_bytes};
+    devices_.push_back({d});
+    reg.devices.push_back(d);
+  }
+  return reg;
+}
+
+absl::Status ResourceManager::RemoveDevice(DeviceId device, std::string reason) {
+  absl::MutexLock lock(&mu_);
+  if (!device.valid() || device.value() >= static_cast<int64_t>(devices_.size()))
+    return absl::NotFoundError(absl::StrCat(device.ToString(), " does not exist"));
+  auto& d = devices_[device.value()];
+  if (!d.alive)
+    return absl::FailedPreconditionError(absl::StrCat(device.ToString(), " was already removed"));
+  d.alive = false;
+  d.removed_reason = std::move(reason);
+  return absl::OkStatus();
+}
+
+std::vector<DeviceState> ResourceManager::Devices() const {
+  absl::MutexLock lock(&mu_);
+  return devices_;
+}
+
+int ResourceManager::num_islands() const {
+  absl::MutexLock lock(&mu_);
+  return num_islands_;
+}
+
+absl::StatusOr<DeviceSpec> ResourceManager::Device(DeviceId id) const {
+  absl::MutexLock lock(&mu_);
+  if (!id.valid() || id.value() >= static_cast<int64_t>(devices_.size()))
+    return absl::NotFoundError(absl::StrCat(id.ToString(), " does not exist"));
+  return devices_[id.value()].spec;
+}
+
+}  // namespace pw

@@ -1,0 +1,83 @@
+// ResourceManager: owns every device of every island and hands out virtual slices.
+//
+// Thread-safe. A slice maps its virtual devices 1:1 onto distinct physical devices; different
+// slices may share physical devices (that is how clients share an island). Allocation balances
+// load: it prefers the least-loaded island that fits the request, then the least-loaded devices
+// spread across hosts. Hosts (with their devices) can be added and devices removed at run time;
+// a slice that uses a removed device is broken, and resolving it returns an error naming the
+// device.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "pw/base/ids.h"
+#include "pw/cluster/cluster_spec.h"
+
+namespace pw {
+
+struct SliceRequest {
+  int num_devices = 0;
+  std::vector<int64_t> mesh_shape;  // Optional; product must equal num_devices. Default [n].
+  bool single_island = false;       // All devices in one island.
+};
+
+struct SliceInfo {
+  SliceId id;
+  ClientId owner;
+  std::vector<DeviceId> devices;  // Rank order: virtual device i -> devices[i].
+  std::vector<int64_t> mesh_shape;
+  std::vector<IslandId> islands;  // Sorted, unique.
+  std::vector<HostId> hosts;      // Host of each device, in rank order.
+};
+
+struct DeviceState {
+  DeviceSpec spec;
+  bool alive = true;
+  std::string removed_reason;
+  int load = 0;  // Live slices using this device.
+};
+
+struct HostRegistration {
+  HostId host;
+  std::vector<DeviceSpec> devices;
+};
+
+class ResourceManager {
+ public:
+  explicit ResourceManager(const ClusterSpec& spec);
+
+  absl::StatusOr<SliceInfo> AllocateSlice(ClientId client, const SliceRequest& request);
+  absl::Status ReleaseSlice(ClientId client, SliceId slice);
+  // Releases every slice of `client`; returns how many.
+  int ReleaseClient(ClientId client);
+  // The slice if it is live, owned by `client` and every device is alive; otherwise an error
+  // naming the slice and, for a removed device, the device.
+  absl::StatusOr<SliceInfo> ResolveSlice(ClientId client, SliceId slice) const;
+
+  // Adds a host with `num_devices` devices to `island` (a new island if island == islands()).
+  absl::StatusOr<HostRegistration> AddHost(IslandId island, std::string name, int num_devices,
+                                           int64_t memory_bytes);
+  absl::Status RemoveDevice(DeviceId device, std::string reason);
+
+  std::vector<DeviceState> Devices() const;
+  int num_islands() const;
+  absl::StatusOr<DeviceSpec> Device(DeviceId id) const;
+
+ private:
+  struct Slice {
+    SliceInfo info;
+  };
+  mutable absl::Mutex mu_;
+  std::vector<DeviceState> devices_ ABSL_GUARDED_BY(mu_);  // Indexed by DeviceId.
+  int num_islands_ ABSL_GUARDED_BY(mu_) = 0;
+  int num_hosts_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t next_slice_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<SliceId, SliceInfo> slices_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pw

@@ -1,0 +1,76 @@
+#include "pw/resource_manager/resource_manager.h"
+
+#include "gtest/gtest.h"
+
+namespace pw {
+namespace {
+
+ResourceManager Make(int islands, int hosts, int devs) {
+  return ResourceManager(*ClusterSpec::Uniform(islands, hosts, devs, 1 << 20));
+}
+
+TEST(ResourceManagerTest, SpreadsAcrossIslandsAndHosts) {
+  auto rm = Make(2, 2, 2);  // 8 devices: island0 = 0..3 (hosts 0,1), island1 = 4..7.
+  ClientId c(1);
+  auto a = rm.AllocateSlice(c, {.num_devices = 2});
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->islands.size(), 1u);
+  EXPECT_NE(a->hosts[0], a->hosts[1]) << "two devices of a slice should land on two hosts";
+  auto b = rm.AllocateSlice(c, {.num_devices = 2});
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE(a->islands[0], b->islands[0]) << "second slice should go to the idle island";
+  auto whole = rm.AllocateSlice(c, {.num_devices = 8});
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(whole->islands.size(), 2u);
+}
+
+TEST(ResourceManagerTest, RefusesImpossibleRequests) {
+  auto rm = Make(2, 1, 2);
+  ClientId c(1);
+  EXPECT_EQ(rm.AllocateSlice(c, {.num_devices = 0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(rm.AllocateSlice(c, {.num_devices = 5}).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  auto e = rm.AllocateSlice(c, {.num_devices = 3, .single_island = true});
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(e.status().message().find("largest island has 2"), std::string::npos);
+  EXPECT_FALSE(rm.AllocateSlice(c, {.num_devices = 4, .mesh_shape = {3, 2}}).ok());
+  auto m = rm.AllocateSlice(c, {.num_devices = 4, .mesh_shape = {2, 2}});
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->mesh_shape, (std::vector<int64_t>{2, 2}));
+}
+
+TEST(ResourceManagerTest, OwnershipAndRelease) {
+  auto rm = Make(1, 1, 2);
+  auto s = rm.AllocateSlice(ClientId(1), {.num_devices = 1});
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(rm.ResolveSlice(ClientId(2), s->id).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(rm.ReleaseSlice(ClientId(2), s->id).code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(rm.ReleaseSlice(ClientId(1), s->id).ok());
+  EXPECT_EQ(rm.ResolveSlice(ClientId(1), s->id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(rm.ReleaseSlice(ClientId(1), s->id).code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ResourceManagerTest, AddAndRemoveDevicesAtRunTime) {
+  auto rm = Make(1, 1, 2);
+  ClientId c(1);
+  auto s = rm.AllocateSlice(c, {.num_devices = 2});
+  ASSERT_TRUE(s.ok());
+  ASSERT_TRUE(rm.RemoveDevice(DeviceId(1), "test removal").ok());
+  auto r = rm.ResolveSlice(c, s->id);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(r.status().message().find("device:1"), std::string::npos);
+  EXPECT_FALSE(rm.AllocateSlice(c, {.num_devices = 2}).ok());
+  auto host = rm.AddHost(IslandId(0), "late", 2, 1 << 20);
+  ASSERT_TRUE(host.ok());
+  EXPECT_EQ(host->devices[0].id, DeviceId(2));
+  auto s2 = rm.AllocateSlice(c, {.num_devices = 3, .single_island = true});
+  ASSERT_TRUE(s2.ok()) << s2.status();
+  EXPECT_EQ(s2->devices, (std::vector<DeviceId>{DeviceId(0), DeviceId(2), DeviceId(3)}));
+  EXPECT_FALSE(rm.RemoveDevice(DeviceId(99), "x").ok());
+  EXPECT_FALSE(rm.AddHost(IslandId(5), "bad", 1, 1).ok());
+}
+
+}  // namespace
+}  // namespace pw
