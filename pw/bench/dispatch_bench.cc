@@ -1,0 +1,182 @@
+#include "pw/bench/dispatch_bench.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+#include "pw/base/status_macros.h"
+#include "pw/client/client.h"
+#include "pw/embedded/embedded_cluster.h"
+
+namespace pw {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// all_reduce_max keeps the value bounded (x -> max over shards + 1), so the final value checks
+// that every computation ran: start + chain.
+NativeFunctionDef Steps(const std::string& name, int n) {
+  NativeFunctionBuilder b(name);
+  int x = b.Input({DType::kF32, Shape({})});
+  for (int i = 0; i < n; ++i) {
+    x = b.Op("all_reduce_max", {x});
+    x = b.Op("add_scalar", {x}, {{"value", 1.0}});
+  }
+  return b.Build({x});
+}
+
+struct Workload {
+  std::string name;
+  // Runs `chain` computations starting from `in`; returns the output once enqueued.
+  std::function<absl::StatusOr<Array>(const Array& in, DispatchMode mode)> run;
+};
+
+absl::Status Check(const Array& out, float want, const std::string& what) {
+  PW_ASSIGN_OR_RETURN(HostArray h, out.ToHost());
+  for (float v : h.values<float>()) {
+    if (v != want)
+      return absl::InternalError(absl::StrCat(what, ": got ", v, ", expected ", want));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<DispatchBenchResult>> RunDispatchBench(const DispatchBenchOptions& o) {
+  if (o.islands <= 0 || o.hosts <= 0 || o.hosts % o.islands != 0 || o.devices_per_host <= 0 ||
+      o.chain <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dispatch bench needs hosts (", o.hosts, ") divisible by islands (", o.islands,
+        "), devices_per_host > 0 and chain > 0"));
+  }
+  PW_ASSIGN_OR_RETURN(ClusterSpec spec, ClusterSpec::Uniform(o.islands, o.hosts / o.islands,
+                                                             o.devices_per_host));
+  PW_ASSIGN_OR_RETURN(auto cluster, EmbeddedCluster::Create(spec));
+  std::vector<DispatchBenchResult> results;
+  {
+    PW_ASSIGN_OR_RETURN(auto client, Client::Connect(&cluster->controller(), "dispatch-bench"));
+    const int n = o.hosts * o.devices_per_host;
+    PW_ASSIGN_OR_RETURN(Slice slice, client->MakeVirtualDeviceSet().AddSlice({.num_devices = n}));
+    PW_ASSIGN_OR_RETURN(BoundFunction step, client->Pmap(Steps("step", 1), slice));
+    PW_ASSIGN_OR_RETURN(BoundFunction fused, client->Pmap(Steps("fused", o.chain), slice));
+    ArraySpec global{DType::kF32, Shape({n})};
+    PW_ASSIGN_OR_RETURN(Program chained,
+                        client->Trace("chained", {global}, [&](std::vector<Value> v) {
+                          Value x = v[0];
+                          for (int i = 0; i < o.chain; ++i) x = step(x);
+                          return std::vector<Value>{x};
+                        }));
+    std::vector<Workload> workloads = {
+        {"opbyop",
+         [&](const Array& in, DispatchMode mode) -> absl::StatusOr<Array> {
+           Array x = in;
+           for (int i = 0; i < o.chain; ++i) {
+             PW_ASSIGN_OR_RETURN(auto outs, step.Call({x}, mode));
+             x = outs[0];
+           }
+           return x;
+         }},
+        {"chained",
+         [&](const Array& in, DispatchMode mode) -> absl::StatusOr<Array> {
+           PW_ASSIGN_OR_RETURN(auto outs, chained.Run({in}, mode));
+           return outs[0];
+         }},
+        {"fused",
+         [&](const Array& in, DispatchMode mode) -> absl::StatusOr<Array> {
+           PW_ASSIGN_OR_RETURN(auto outs, fused.Call({in}, mode));
+           return outs[0];
+         }},
+    };
+    std::vector<float> zeros(n, 0.f);
+    PW_ASSIGN_OR_RETURN(HostArray h0, HostArray::Of<float>(DType::kF32, Shape({n}), zeros));
+    PW_ASSIGN_OR_RETURN(Array x0, client->Put(h0, slice.info().id, Sharding::Split({n}, 1, 0)));
+    PW_RETURN_IF_ERROR(x0.Ready().status());
+    for (DispatchMode mode : {DispatchMode::kParallel, DispatchMode::kSequential}) {
+      for (const Workload& w : workloads) {
+        const std::string what = absl::StrCat(w.name, "/", DispatchModeName(mode));
+        // Warm up (compiles, plans, caches), and check the result.
+        PW_ASSIGN_OR_RETURN(Array warm, w.run(x0, mode));
+        PW_RETURN_IF_ERROR(Check(warm, static_cast<float>(o.chain), what));
+        int iters = 0;
+        auto start = Clock::now();
+        double elapsed = 0;
+        Array x = x0;
+        while (iters < o.min_iterations || elapsed < o.min_seconds) {
+          PW_ASSIGN_OR_RETURN(x, w.run(x, mode));
+          ++iters;
+          if (iters % 8 == 0 || iters >= o.min_iterations)
+            elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+          if (elapsed >= o.min_seconds && iters >= o.min_iterations) break;
+        }
+        PW_RETURN_IF_ERROR(x.Ready().status());
+        elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+        PW_RETURN_IF_ERROR(Check(x, static_cast<float>(o.chain) * iters, what));
+        DispatchBenchResult r;
+        r.workload = w.name;
+        r.dispatch = std::string(DispatchModeName(mode));
+        r.hosts = o.hosts;
+        r.devices_per_host = o.devices_per_host;
+        r.computations = static_cast<int64_t>(iters) * o.chain;
+        r.seconds = elapsed;
+        r.computations_per_second = r.computations / elapsed;
+        std::fprintf(stderr, "dispatch bench: %-20s %10.0f computations/s (%d x %d in %.2fs)\n",
+                     what.c_str(), r.computations_per_second, iters, o.chain, elapsed);
+        results.push_back(r);
+      }
+    }
+  }
+  // Overhead per node: time per computation beyond Fused's, in the same dispatch mode.
+  for (auto& r : results) {
+    for (const auto& f : results) {
+      if (f.workload == "fused" && f.dispatch == r.dispatch)
+        r.overhead_us_per_node =
+            1e6 / r.computations_per_second - 1e6 / f.computations_per_second;
+    }
+  }
+  return results;
+}
+
+std::string DispatchBenchJson(const DispatchBenchOptions& o,
+                              const std::vector<DispatchBenchResult>& results) {
+  nlohmann::json j;
+  j["results"] = nlohmann::json::array();
+  auto cps = [&](const std::string& w, const std::string& d) {
+    for (const auto& r : results)
+      if (r.workload == w && r.dispatch == d) return r.computations_per_second;
+    return 0.0;
+  };
+  for (const auto& r : results) {
+    j["results"].push_back({{"workload", r.workload},
+                            {"dispatch", r.dispatch},
+                            {"hosts", r.hosts},
+                            {"devices_per_host", r.devices_per_host},
+                            {"computations", r.computations},
+                            {"seconds", r.seconds},
+                            {"computations_per_second", r.computations_per_second},
+                            {"overhead_us_per_node", r.overhead_us_per_node}});
+  }
+  j["summary"] = {
+      {"islands", o.islands},
+      {"chain", o.chain},
+      {"chained_over_fused", cps("chained", "parallel") / cps("fused", "parallel")},
+      {"chained_over_opbyop", cps("chained", "parallel") / cps("opbyop", "parallel")},
+      {"chained_parallel_over_sequential",
+       cps("chained", "parallel") / cps("chained", "sequential")},
+  };
+  return j.dump(2);
+}
+
+std::string DispatchBenchTable(const std::vector<DispatchBenchResult>& results) {
+  std::string s = absl::StrFormat("%-10s %-11s %6s %8s %16s %12s\n", "workload", "dispatch",
+                                  "hosts", "dev/host", "computations/s", "overhead_us");
+  for (const auto& r : results)
+    absl::StrAppend(&s, absl::StrFormat("%-10s %-11s %6d %8d %16.0f %12.2f\n", r.workload,
+                                        r.dispatch, r.hosts, r.devices_per_host,
+                                        r.computations_per_second, r.overhead_us_per_node));
+  return s;
+}
+
+}  // namespace pw

@@ -1,0 +1,43 @@
+// The paper's §5.1 dispatch micro-benchmark on an embedded cluster.
+//
+// Each computation is a scalar all-reduce over the slice followed by a scalar add; each output
+// feeds the next input. OpByOp: one client call per computation (the client waits for each
+// call to be enqueued). Chained: one program, a chain of `chain` nodes. Fused: one node whose
+// function holds `chain` computations. Each runs under parallel and sequential dispatch.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pw {
+
+struct DispatchBenchOptions {
+  int islands = 1;
+  int hosts = 4;             // In all, spread evenly over the islands.
+  int devices_per_host = 2;
+  int chain = 128;
+  double min_seconds = 0.5;  // Per workload and mode.
+  int min_iterations = 3;
+};
+
+struct DispatchBenchResult {
+  std::string workload;  // opbyop | chained | fused
+  std::string dispatch;  // parallel | sequential
+  int hosts = 0;
+  int devices_per_host = 0;
+  int64_t computations = 0;
+  double seconds = 0;
+  double computations_per_second = 0;
+  double overhead_us_per_node = 0;  // Time per computation beyond Fused's, same dispatch mode.
+};
+
+absl::StatusOr<std::vector<DispatchBenchResult>> RunDispatchBench(const DispatchBenchOptions& o);
+
+// {"results": [...], "summary": {...ratios measured in this run...}}
+std::string DispatchBenchJson(const DispatchBenchOptions& o,
+                              const std::vector<DispatchBenchResult>& results);
+std::string DispatchBenchTable(const std::vector<DispatchBenchResult>& results);
+
+}  // namespace pw

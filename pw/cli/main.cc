@@ -1,0 +1,86 @@
+// pw: the pathways command line.
+//
+//   pw example figure2 [--config FILE | --islands I --hosts-per-island H --devices-per-host D]
+//   pw bench dispatch [--islands I] [--hosts H] [--devices-per-host D] [--chain N] [--json]
+//   pw kernels
+//
+// Results go to stdout; progress and logs to stderr.
+#include <cstdio>
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_join.h"
+#include "pw/bench/dispatch_bench.h"
+#include "pw/embedded/embedded_cluster.h"
+#include "pw/examples/figure2.h"
+
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "pw: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"pathways: a single-controller asynchronous distributed dataflow runtime"};
+  app.require_subcommand(1);
+
+  auto* example = app.add_subcommand("example", "Run an example program");
+  example->require_subcommand(1);
+  auto* fig2 = example->add_subcommand("figure2", "The paper's Figure 2 program");
+  std::string config;
+  int islands = 2, hosts_per_island = 2, devices_per_host = 2;
+  bool explain = false;
+  fig2->add_option("--config", config, "Cluster spec (JSON)");
+  fig2->add_option("--islands", islands, "Islands of the embedded cluster");
+  fig2->add_option("--hosts-per-island", hosts_per_island, "Hosts per island");
+  fig2->add_option("--devices-per-host", devices_per_host, "Devices per host");
+  fig2->add_flag("--explain", explain, "Print the traced program's nodes to stderr");
+
+  auto* bench = app.add_subcommand("bench", "Run a benchmark");
+  bench->require_subcommand(1);
+  auto* dispatch = bench->add_subcommand("dispatch", "The paper's §5.1 dispatch benchmark");
+  pw::DispatchBenchOptions bo;
+  bool json = false;
+  dispatch->add_option("--islands", bo.islands, "Islands");
+  dispatch->add_option("--hosts", bo.hosts, "Hosts in all");
+  dispatch->add_option("--devices-per-host", bo.devices_per_host, "Devices per host");
+  dispatch->add_option("--chain", bo.chain, "Computations per chain");
+  dispatch->add_option("--min-seconds", bo.min_seconds, "Minimum time per measurement");
+  dispatch->add_flag("--json", json, "Print one JSON object to stdout");
+
+  auto* kernels = app.add_subcommand("kernels", "List the native host kernels");
+
+  CLI11_PARSE(app, argc, argv);
+
+  if (fig2->parsed()) {
+    auto spec = config.empty()
+                    ? pw::ClusterSpec::Uniform(islands, hosts_per_island, devices_per_host)
+                    : pw::ClusterSpec::FromFile(config);
+    if (!spec.ok()) return Fail(spec.status());
+    auto cluster = pw::EmbeddedCluster::Create(*spec);
+    if (!cluster.ok()) return Fail(cluster.status());
+    auto r = pw::RunFigure2(&(*cluster)->controller());
+    if (!r.ok()) return Fail(r.status());
+    if (explain) std::fprintf(stderr, "%s", r->lowered.c_str());
+    std::printf("%s\n", r->ToString().c_str());
+    return 0;
+  }
+  if (dispatch->parsed()) {
+    auto r = pw::RunDispatchBench(bo);
+    if (!r.ok()) return Fail(r.status());
+    if (json) {
+      std::printf("%s\n", pw::DispatchBenchJson(bo, *r).c_str());
+    } else {
+      std::printf("%s", pw::DispatchBenchTable(*r).c_str());
+    }
+    return 0;
+  }
+  if (kernels->parsed()) {
+    std::printf("%s\n", absl::StrJoin(pw::NativeKernelNames(), "\n").c_str());
+    return 0;
+  }
+  return 0;
+}

@@ -1,0 +1,247 @@
+#include "pw/client/client.h"
+
+#include "absl/strings/str_cat.h"
+#include "pw/base/status_macros.h"
+
+namespace pw {
+
+// ---- Array
+
+Array::Handle::~Handle() { controller->ReleaseArray(client, info.id).IgnoreError(); }
+
+Future<> Array::Ready() const { return h_->controller->ArrayReady(h_->client, h_->info.id); }
+
+Future<HostArray> Array::ToHostAsync() const {
+  return h_->controller->FetchArray(h_->client, h_->info.id);
+}
+
+absl::StatusOr<HostArray> Array::ToHost() const { return ToHostAsync().Await(); }
+
+// ---- Slices
+
+absl::Status Slice::Release() const {
+  return client_->controller()->ReleaseSlice(client_->id(), info_.id);
+}
+
+absl::StatusOr<Slice> VirtualDeviceSet::AddSlice(const SliceRequest& request) {
+  PW_ASSIGN_OR_RETURN(SliceInfo info,
+                      client_->controller()->AllocateSlice(client_->id(), request));
+  slices_.push_back(Slice(client_, info));
+  return slices_.back();
+}
+
+// ---- Client
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ControllerInterface* controller,
+                                                        const std::string& name) {
+  PW_ASSIGN_OR_RETURN(ClientId id, controller->Connect(name));
+  return std::unique_ptr<Client>(new Client(controller, id));
+}
+
+Client::~Client() { controller_->Disconnect(id_).IgnoreError(); }
+
+Array Client::Adopt(const ArrayInfo& info) {
+  return Array(std::shared_ptr<Array::Handle>(new Array::Handle{controller_, id_, info}));
+}
+
+absl::StatusOr<FunctionInfo> Client::Register(const NativeFunctionDef& def) {
+  return controller_->RegisterFunction(id_, def);
+}
+
+absl::StatusOr<BoundFunction> Client::Pmap(const NativeFunctionDef& def, const Slice& slice) {
+  PW_ASSIGN_OR_RETURN(FunctionInfo fn, Register(def));
+  return Pmap(fn, slice);
+}
+
+absl::StatusOr<BoundFunction> Client::Pmap(const FunctionInfo& fn, const Slice& slice) {
+  PW_ASSIGN_OR_RETURN(std::vector<ArraySpec> outs,
+                      controller_->LoadFunction(id_, fn.id, slice.info().id));
+  const int64_t n = slice.num_devices();
+  auto stacked = [n](const std::vector<ArraySpec>& specs, std::vector<ArraySpec>* global,
+                     std::vector<Sharding>* sharding) {
+    for (const auto& s : specs) {
+      std::vector<int64_t> dims{n};
+      dims.insert(dims.end(), s.shape.dims().begin(), s.shape.dims().end());
+      global->push_back({s.dtype, Shape(dims)});
+      sharding->push_back(Sharding::Split({n}, static_cast<int>(dims.size()), 0));
+    }
+  };
+  std::vector<ArraySpec> in_g, out_g;
+  std::vector<Sharding> in_s, out_s;
+  stacked(fn.inputs, &in_g, &in_s);
+  stacked(outs, &out_g, &out_s);
+  return Bind(fn, slice, in_g, in_s, out_g, out_s);
+}
+
+absl::StatusOr<BoundFunction> Client::Bind(const FunctionInfo& fn, const Slice& slice,
+                                           std::vector<ArraySpec> in_global,
+                                           std::vector<Sharding> in_sharding,
+                                           std::vector<ArraySpec> out_global,
+                                           std::vector<Sharding> out_sharding) {
+  auto state = std::make_shared<BoundFunction::State>();
+  state->client = this;
+  state->name = fn.name;
+  state->binding = {fn.id,          slice.info().id,      std::move(in_global),
+                    std::move(in_sharding), std::move(out_global), std::move(out_sharding)};
+  return BoundFunction(std::move(state));
+}
+
+absl::StatusOr<Array> Client::Put(const HostArray& value, SliceId slice, const Sharding& sharding) {
+  PW_ASSIGN_OR_RETURN(ArrayInfo info, controller_->PutArray(id_, slice, sharding, value));
+  return Adopt(info);
+}
+
+// ---- Tracing
+
+void Tracer::Fail(absl::Status s) {
+  if (error_.ok()) error_ = std::move(s);
+}
+
+Value Tracer::Arg(int index) const {
+  return Value(const_cast<Tracer*>(this), {ValueRef::kArgNode, index}, ir_.args[index]);
+}
+
+std::vector<Value> BoundFunction::operator()(const std::vector<Value>& inputs) const {
+  const Binding& b = state_->binding;
+  Tracer* t = inputs.empty() ? nullptr : inputs[0].tracer_;
+  std::vector<Value> outs;
+  if (t == nullptr) return outs;  // Nothing to record into; Trace reports the empty result.
+  std::string name = state_->name;
+  if (int k = t->name_count_[name]++; k > 0) absl::StrAppend(&name, "#", k + 1);
+  ProgramNode node{name, b, {}};
+  if (inputs.size() != b.in_global.size()) {
+    t->Fail(absl::InvalidArgumentError(absl::StrCat("node '", name, "': function '", state_->name,
+                                                    "' takes ", b.in_global.size(),
+                                                    " inputs, got ", inputs.size())));
+  }
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    const Value& v = inputs[j];
+    if (v.tracer_ != t) {
+      t->Fail(absl::InvalidArgumentError(
+          absl::StrCat("node '", name, "' input ", j, " comes from another trace")));
+      continue;
+    }
+    if (j < b.in_global.size() && !(v.spec_ == b.in_global[j])) {
+      t->Fail(absl::InvalidArgumentError(absl::StrCat("node '", name, "' input ", j, " expects ",
+                                                      b.in_global[j].ToString(), ", got ",
+                                                      v.spec_.ToString())));
+    }
+    if (v.ref_.node == ValueRef::kArgNode && j < b.in_sharding.size() &&
+        !t->arg_slices_[v.ref_.index].valid()) {
+      t->arg_slices_[v.ref_.index] = b.slice;
+      t->arg_shardings_[v.ref_.index] = b.in_sharding[j];
+    }
+    node.inputs.push_back(v.ref_);
+  }
+  const int index = static_cast<int>(t->ir_.nodes.size());
+  t->ir_.nodes.push_back(std::move(node));
+  for (size_t k = 0; k < b.out_global.size(); ++k)
+    outs.push_back(Value(t, {index, static_cast<int>(k)}, b.out_global[k]));
+  return outs;
+}
+
+Value BoundFunction::operator()(const Value& input) const {
+  std::vector<Value> outs = (*this)(std::vector<Value>{input});
+  if (outs.size() != 1) {
+    input.tracer_->Fail(absl::InvalidArgumentError(absl::StrCat(
+        "function '", state_->name, "' has ", outs.size(), " outputs; call it with a vector")));
+    return input;
+  }
+  return outs[0];
+}
+
+absl::StatusOr<Program> Client::Trace(const std::string& name, const std::vector<ArraySpec>& args,
+                                      const std::function<std::vector<Value>(std::vector<Value>)>& fn) {
+  Tracer t;
+  t.ir_.name = name;
+  t.ir_.args = args;
+  t.arg_slices_.resize(args.size());
+  t.arg_shardings_.resize(args.size());
+  std::vector<Value> in;
+  for (size_t i = 0; i < args.size(); ++i) in.push_back(t.Arg(static_cast<int>(i)));
+  std::vector<Value> out = fn(in);
+  for (const Value& v : out) {
+    if (v.tracer_ != &t) {
+      t.Fail(absl::InvalidArgumentError(
+          absl::StrCat("program '", name, "' returns a value from another trace")));
+      break;
+    }
+    t.ir_.outputs.push_back(v.ref_);
+  }
+  if (!t.error_.ok()) return Annotate(t.error_, absl::StrCat("tracing program '", name, "'"));
+  PW_ASSIGN_OR_RETURN(ProgramId id, controller_->RegisterProgram(id_, t.ir_));
+  Program p;
+  p.client_ = this;
+  p.id_ = id;
+  p.ir_ = std::move(t.ir_);
+  p.arg_slices_ = std::move(t.arg_slices_);
+  p.arg_shardings_ = std::move(t.arg_shardings_);
+  return p;
+}
+
+// ---- Running
+
+absl::StatusOr<std::pair<std::vector<Array>, Future<>>> Program::RunAsync(
+    const std::vector<Array>& args, DispatchMode mode) const {
+  std::vector<BufferId> ids;
+  for (const Array& a : args) {
+    if (!a.valid()) return absl::InvalidArgumentError("program argument is an empty Array");
+    ids.push_back(a.id());
+  }
+  PW_ASSIGN_OR_RETURN(RunInfo info,
+                      client_->controller()->Submit(client_->id(), id_, ids, mode).Await());
+  std::vector<Array> outs;
+  for (const ArrayInfo& o : info.outputs) outs.push_back(client_->Adopt(o));
+  return std::make_pair(std::move(outs), info.done);
+}
+
+absl::StatusOr<std::vector<Array>> Program::Run(const std::vector<Array>& args,
+                                                DispatchMode mode) const {
+  PW_ASSIGN_OR_RETURN(auto r, RunAsync(args, mode));
+  return std::move(r.first);
+}
+
+absl::StatusOr<std::vector<Array>> Program::Call(const std::vector<HostArray>& args,
+                                                 DispatchMode mode) const {
+  if (args.size() != ir_.args.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("program '", ir_.name, "' takes ",
+                                                   ir_.args.size(), " arguments, got ",
+                                                   args.size()));
+  }
+  std::vector<Array> arrays;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (!(args[i].spec == ir_.args[i])) {
+      return absl::InvalidArgumentError(absl::StrCat("program '", ir_.name, "' argument ", i,
+                                                     " expects ", ir_.args[i].ToString(),
+                                                     ", got ", args[i].spec.ToString()));
+    }
+    PW_ASSIGN_OR_RETURN(Array a, client_->Put(args[i], arg_slices_[i], arg_shardings_[i]));
+    arrays.push_back(std::move(a));
+  }
+  return Run(arrays, mode);
+}
+
+absl::StatusOr<std::vector<Array>> BoundFunction::Call(const std::vector<Array>& inputs,
+                                                       DispatchMode mode) const {
+  Client* c = state_->client;
+  const Binding& b = state_->binding;
+  ProgramId pid;
+  {
+    absl::MutexLock lock(&state_->mu);
+    if (!state_->op_program.valid()) {
+      ProgramIr ir{state_->name, b.in_global, {{state_->name, b, {}}}, {}};
+      for (size_t j = 0; j < b.in_global.size(); ++j)
+        ir.nodes[0].inputs.push_back({ValueRef::kArgNode, static_cast<int>(j)});
+      for (size_t k = 0; k < b.out_global.size(); ++k)
+        ir.outputs.push_back({0, static_cast<int>(k)});
+      PW_ASSIGN_OR_RETURN(state_->op_program, c->controller()->RegisterProgram(c->id(), ir));
+    }
+    pid = state_->op_program;
+  }
+  Program p;
+  p.client_ = c;
+  p.id_ = pid;
+  return p.Run(inputs, mode);
+}
+
+}  // namespace pw

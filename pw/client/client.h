@@ -1,0 +1,201 @@
+// The C++ client: the paper's programming model (Figure 2) over ControllerInterface.
+//
+//   auto client = *Client::Connect(controller, "me");
+//   Slice s = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+//   BoundFunction a = *client->Pmap(times_two, s);        // compiled function bound to a slice
+//   Program f = *client->Trace("f", {{DType::kF32, Shape({2})}},
+//                              [&](std::vector<Value> v) { return a(v); });  // one program
+//   std::vector<Array> out = *f.Call({host_array});
+//
+// Calling a BoundFunction with Values (inside Trace) records a node; calling it with Arrays runs
+// it at once as its own program (op by op). Arrays are opaque handles to sharded buffers:
+// copyable, and the buffer's client reference is dropped when the last copy is destroyed.
+// Thread-safety: Client, Slice, BoundFunction, Program and Array are thread-safe; a Tracer (and
+// the Values it makes) belongs to the thread running Trace. Arrays, functions and programs must
+// not outlive the cluster their client is connected to.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "pw/base/host_array.h"
+#include "pw/transport/controller_interface.h"
+
+namespace pw {
+
+class Client;
+class Tracer;
+
+class Array {
+ public:
+  Array() = default;
+  bool valid() const { return h_ != nullptr; }
+  BufferId id() const { return h_->info.id; }
+  const ArraySpec& spec() const { return h_->info.global; }
+  const Sharding& sharding() const { return h_->info.sharding; }
+  SliceId slice() const { return h_->info.slice; }
+  // Ready when the buffer has been computed (or failed).
+  Future<> Ready() const;
+  Future<HostArray> ToHostAsync() const;
+  absl::StatusOr<HostArray> ToHost() const;
+
+ private:
+  friend class Client;
+  friend class BoundFunction;
+  friend class Program;
+  struct Handle {
+    ControllerInterface* controller;
+    ClientId client;
+    ArrayInfo info;
+    ~Handle();
+  };
+  explicit Array(std::shared_ptr<Handle> h) : h_(std::move(h)) {}
+  std::shared_ptr<Handle> h_;
+};
+
+// A virtual slice (released with the client, or by Release()).
+class Slice {
+ public:
+  const SliceInfo& info() const { return info_; }
+  int num_devices() const { return static_cast<int>(info_.devices.size()); }
+  absl::Status Release() const;
+
+ private:
+  friend class VirtualDeviceSet;
+  friend class Client;
+  Slice(Client* c, SliceInfo info) : client_(c), info_(std::move(info)) {}
+  Client* client_;
+  SliceInfo info_;
+};
+
+class VirtualDeviceSet {
+ public:
+  absl::StatusOr<Slice> AddSlice(const SliceRequest& request);
+  const std::vector<Slice>& slices() const { return slices_; }
+
+ private:
+  friend class Client;
+  explicit VirtualDeviceSet(Client* c) : client_(c) {}
+  Client* client_;
+  std::vector<Slice> slices_;
+};
+
+// A traced value inside Trace.
+class Value {
+ public:
+  const ArraySpec& spec() const { return spec_; }
+
+ private:
+  friend class Tracer;
+  friend class BoundFunction;
+  friend class Client;
+  Value(Tracer* t, ValueRef ref, ArraySpec spec) : tracer_(t), ref_(ref), spec_(std::move(spec)) {}
+  Tracer* tracer_;
+  ValueRef ref_;
+  ArraySpec spec_;
+};
+
+class BoundFunction {
+ public:
+  const Binding& binding() const { return state_->binding; }
+  const std::string& name() const { return state_->name; }
+  // Inside Trace: records one node and returns its outputs.
+  std::vector<Value> operator()(const std::vector<Value>& inputs) const;
+  Value operator()(const Value& input) const;
+  // Outside Trace: runs now as a one-node program; returns once it is enqueued.
+  absl::StatusOr<std::vector<Array>> Call(const std::vector<Array>& inputs,
+                                          DispatchMode mode = DispatchMode::kParallel) const;
+
+ private:
+  friend class Client;
+  struct State {
+    Client* client;
+    std::string name;
+    Binding binding;
+    absl::Mutex mu;
+    ProgramId op_program ABSL_GUARDED_BY(mu);  // One-node program for Call, made on first use.
+  };
+  explicit BoundFunction(std::shared_ptr<State> s) : state_(std::move(s)) {}
+  std::shared_ptr<State> state_;
+};
+
+class Program {
+ public:
+  const ProgramIr& ir() const { return ir_; }
+  ProgramId id() const { return id_; }
+  // Runs with device-resident arguments; returns once the run is enqueued on every device.
+  absl::StatusOr<std::vector<Array>> Run(const std::vector<Array>& args,
+                                         DispatchMode mode = DispatchMode::kParallel) const;
+  // As Run, but also the run's completion future.
+  absl::StatusOr<std::pair<std::vector<Array>, Future<>>> RunAsync(
+      const std::vector<Array>& args, DispatchMode mode = DispatchMode::kParallel) const;
+  // Puts host arguments where the program first uses them, then runs.
+  absl::StatusOr<std::vector<Array>> Call(const std::vector<HostArray>& args,
+                                          DispatchMode mode = DispatchMode::kParallel) const;
+
+ private:
+  friend class Client;
+  friend class BoundFunction;
+  Client* client_ = nullptr;
+  ProgramId id_;
+  ProgramIr ir_;
+  std::vector<SliceId> arg_slices_;
+  std::vector<Sharding> arg_shardings_;
+};
+
+class Tracer {
+ public:
+  // Records an error; Trace returns the first one.
+  void Fail(absl::Status s);
+  Value Arg(int index) const;
+
+ private:
+  friend class Client;
+  friend class BoundFunction;
+  ProgramIr ir_;
+  absl::Status error_;
+  std::vector<SliceId> arg_slices_;
+  std::vector<Sharding> arg_shardings_;
+  absl::flat_hash_map<std::string, int> name_count_;
+};
+
+class Client {
+ public:
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(ControllerInterface* controller,
+                                                         const std::string& name);
+  ~Client();  // Disconnects: the controller releases this client's slices and buffers.
+
+  ControllerInterface* controller() const { return controller_; }
+  ClientId id() const { return id_; }
+
+  VirtualDeviceSet MakeVirtualDeviceSet() { return VirtualDeviceSet(this); }
+  absl::StatusOr<FunctionInfo> Register(const NativeFunctionDef& def);
+  // Binds a registered function to a slice, pmap-style: per-shard spec S is the global array
+  // [n] + S split along dimension 0 over the slice's n devices.
+  absl::StatusOr<BoundFunction> Pmap(const FunctionInfo& fn, const Slice& slice);
+  absl::StatusOr<BoundFunction> Pmap(const NativeFunctionDef& def, const Slice& slice);
+  // Binds with explicit global specs and shardings for every input and output.
+  absl::StatusOr<BoundFunction> Bind(const FunctionInfo& fn, const Slice& slice,
+                                     std::vector<ArraySpec> in_global,
+                                     std::vector<Sharding> in_sharding,
+                                     std::vector<ArraySpec> out_global,
+                                     std::vector<Sharding> out_sharding);
+
+  absl::StatusOr<Array> Put(const HostArray& value, SliceId slice, const Sharding& sharding);
+  absl::StatusOr<Program> Trace(const std::string& name, const std::vector<ArraySpec>& args,
+                                const std::function<std::vector<Value>(std::vector<Value>)>& fn);
+
+ private:
+  friend class Program;
+  friend class BoundFunction;
+  Client(ControllerInterface* c, ClientId id) : controller_(c), id_(id) {}
+  Array Adopt(const ArrayInfo& info);
+  ControllerInterface* controller_;
+  ClientId id_;
+};
+
+}  // namespace pw

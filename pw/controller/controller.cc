@@ -1,0 +1,550 @@
+#include "pw/controller/controller.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "pw/base/status_macros.h"
+
+namespace pw {
+
+// A lowered program plus, per island, the subgraph each host receives. In the templates,
+// BufferId fields hold value indices of `lowered`; Submit maps them to the run's buffers.
+struct Controller::Plan {
+  LoweredProgram lowered;
+  std::vector<SliceId> slices;
+  std::vector<std::pair<IslandId, IslandWork>> islands;  // Ascending island order.
+  std::vector<int> output_refs;                           // Client handles per value.
+};
+
+class Controller::Lowering final : public LoweringContext {
+ public:
+  Lowering(Controller* c, ClientId client) : c_(c), client_(client) {}
+  absl::StatusOr<SliceInfo> ResolveSlice(SliceId slice) const override {
+    return c_->rm_.ResolveSlice(client_, slice);
+  }
+  absl::StatusOr<ExecutableRef> LoadExecutable(FunctionId f, int n) const override {
+    return c_->Executable(client_, f, n);
+  }
+
+ private:
+  Controller* c_;
+  ClientId client_;
+};
+
+namespace {
+std::string LayoutKey(const std::vector<Placement>& args) {
+  std::string key;
+  for (const auto& p : args)
+    absl::StrAppend(&key, p.slice.value(), "/", JoinIds(p.devices), "/", p.global.ToString(), "/",
+                    p.sharding.ToString(), ";");
+  return key;
+}
+}  // namespace
+
+Controller::Controller(const ClusterSpec& spec) : rm_(spec), completions_("pw-ctrl") {
+  absl::MutexLock lock(&mu_);
+  for (const auto& h : spec.hosts()) host_island_[h.id] = h.island;
+  for (const auto& i : spec.islands()) {
+    schedulers_.push_back(std::make_unique<IslandScheduler>(
+        i.id, std::make_unique<FifoPolicy>(), [this](HostId h) { return Worker(h); }));
+  }
+}
+
+Controller::~Controller() { WaitIdle(); }
+
+void Controller::WaitIdle() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](int64_t* n) { return *n == 0; }, &runs_in_flight_));
+}
+
+absl::Status Controller::AttachWorker(HostId host, IslandId island, WorkerInterface* worker) {
+  std::vector<std::pair<FunctionId, NativeFunctionDef>> fns;
+  {
+    absl::MutexLock lock(&mu_);
+    host_island_[host] = island;
+    workers_[host] = worker;
+    while (static_cast<int64_t>(schedulers_.size()) <= island.value()) {
+      schedulers_.push_back(std::make_unique<IslandScheduler>(
+          IslandId(static_cast<int64_t>(schedulers_.size())), std::make_unique<FifoPolicy>(),
+          [this](HostId h) { return Worker(h); }));
+    }
+    for (size_t i = 0; i < functions_.size(); ++i)
+      fns.emplace_back(FunctionId(static_cast<int64_t>(i)), functions_[i].def);
+  }
+  for (const auto& [id, def] : fns) PW_RETURN_IF_ERROR(worker->LoadFunction(id, def));
+  return absl::OkStatus();
+}
+
+WorkerInterface* Controller::Worker(HostId host) const {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(host);
+  return it == workers_.end() ? nullptr : it->second;
+}
+
+IslandScheduler* Controller::Scheduler(IslandId island) const {
+  absl::MutexLock lock(&mu_);
+  return schedulers_[island.value()].get();
+}
+
+absl::Status Controller::RemoveDevice(DeviceId device, const std::string& reason) {
+  PW_ASSIGN_OR_RETURN(DeviceSpec spec, rm_.Device(device));
+  PW_RETURN_IF_ERROR(rm_.RemoveDevice(device, reason));
+  WorkerInterface* w = Worker(spec.host);
+  if (w == nullptr) return absl::OkStatus();
+  return w->RemoveDevice(device, absl::UnavailableError(absl::StrCat(
+                                     device.ToString(), " was removed: ", reason)));
+}
+
+absl::StatusOr<ClientId> Controller::Connect(const std::string& name) {
+  absl::MutexLock lock(&mu_);
+  ClientId id(next_client_++);
+  clients_[id] = name;
+  return id;
+}
+
+absl::Status Controller::CheckClient(ClientId client) const {
+  absl::MutexLock lock(&mu_);
+  if (!clients_.contains(client))
+    return absl::UnauthenticatedError(absl::StrCat(client.ToString(), " is not connected"));
+  return absl::OkStatus();
+}
+
+absl::Status Controller::Disconnect(ClientId client) {
+  PW_RETURN_IF_ERROR(CheckClient(client));
+  rm_.ReleaseClient(client);
+  Free(buffers_.ReleaseClient(client));
+  absl::MutexLock lock(&mu_);
+  for (auto& p : programs_)
+    if (p != nullptr && p->owner == client) p->plans.clear();
+  clients_.erase(client);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SliceInfo> Controller::AllocateSlice(ClientId client, const SliceRequest& request) {
+  PW_RETURN_IF_ERROR(CheckClient(client));
+  return rm_.AllocateSlice(client, request);
+}
+
+absl::Status Controller::ReleaseSlice(ClientId client, SliceId slice) {
+  PW_RETURN_IF_ERROR(CheckClient(client));
+  return rm_.ReleaseSlice(client, slice);
+}
+
+absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
+                                                          const NativeFunctionDef& def) {
+  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_RETURN_IF_ERROR(CompileNative(def, 1).status());  // Kernels and shapes, before anything runs.
+  FunctionId id;
+  std::vector<WorkerInterface*> workers;
+  {
+    absl::MutexLock lock(&mu_);
+    id = FunctionId(static_cast<int64_t>(functions_.size()));
+    functions_.push_back({client, def});
+    for (const auto& [h, w] : workers_) workers.push_back(w);
+  }
+  for (WorkerInterface* w : workers) PW_RETURN_IF_ERROR(w->LoadFunction(id, def));
+  return FunctionInfo{id, def.name, def.inputs};
+}
+
+absl::StatusOr<ExecutableRef> Controller::Executable(ClientId client, FunctionId id,
+                                                     int num_shards) {
+  absl::MutexLock lock(&mu_);
+  if (!id.valid() || id.value() >= static_cast<int64_t>(functions_.size()))
+    return absl::NotFoundError(absl::StrCat(id.ToString(), " is not registered"));
+  const Function& f = functions_[id.value()];
+  if (f.owner != client)
+    return absl::PermissionDeniedError(absl::StrCat(id.ToString(), " ('", f.def.name,
+                                                    "') belongs to another client"));
+  auto key = std::make_pair(id, num_shards);
+  auto it = executables_.find(key);
+  if (it != executables_.end()) return it->second;
+  PW_ASSIGN_OR_RETURN(ExecutableRef exe, CompileNative(f.def, num_shards));
+  executables_.emplace(key, exe);
+  return exe;
+}
+
+absl::StatusOr<std::vector<ArraySpec>> Controller::LoadFunction(ClientId client,
+                                                                FunctionId function,
+                                                                SliceId slice) {
+  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(SliceInfo s, rm_.ResolveSlice(client, slice));
+  PW_ASSIGN_OR_RETURN(ExecutableRef exe,
+                      Executable(client, function, static_cast<int>(s.devices.size())));
+  return exe->output_specs();
+}
+
+absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
+    ClientId client, const ProgramIr& ir, const std::vector<Placement>& args) {
+  Lowering ctx(this, client);
+  PW_ASSIGN_OR_RETURN(LoweredProgram lowered, Lower(ir, args, ctx));
+  for (const auto& [device, bytes] : lowered.device_bytes) {
+    PW_ASSIGN_OR_RETURN(DeviceSpec d, rm_.Device(device));
+    if (bytes > d.memory_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "program '", lowered.name, "' needs ", bytes, " bytes on ", device.ToString(),
+          " for the values it produces, but the device has only ", d.memory_bytes,
+          " bytes; it can never fit"));
+    }
+  }
+  auto plan = std::make_shared<Plan>();
+  absl::flat_hash_map<HostId, IslandId> host_island;
+  {
+    absl::MutexLock lock(&mu_);
+    host_island = host_island_;
+  }
+  std::map<int64_t, IslandWork> islands;
+  std::map<std::pair<int64_t, int64_t>, size_t> host_index;  // (island, host) -> index.
+  auto host_work = [&](HostId host) -> HostWork& {
+    IslandId island = host_island[host];
+    IslandWork& iw = islands[island.value()];
+    auto [it, inserted] = host_index.try_emplace({island.value(), host.value()}, iw.hosts.size());
+    if (inserted) iw.hosts.push_back({host, HostWork{}});
+    return iw.hosts[it->second].second;
+  };
+  absl::flat_hash_map<int64_t, bool> slices;
+  for (size_t i = 0; i < lowered.nodes.size(); ++i) {
+    const LoweredNode& n = lowered.nodes[i];
+    if (n.kind != LoweredNode::Kind::kCompute && n.kind != LoweredNode::Kind::kTransfer) continue;
+    std::map<int64_t, std::vector<int>> ranks_by_host;
+    for (size_t r = 0; r < n.slice.devices.size(); ++r)
+      ranks_by_host[n.slice.hosts[r].value()].push_back(static_cast<int>(r));
+    slices[n.slice.slice.value()] = true;
+    for (const auto& [host, ranks] : ranks_by_host) {
+      NodeWork nw{static_cast<int32_t>(i), n.name, {}};
+      if (n.kind == LoweredNode::Kind::kCompute) {
+        ComputeWork c{n.function, n.slice.devices, ranks, {}, {}};
+        for (int v : n.inputs) c.inputs.push_back(BufferId(v));
+        for (int v : n.outputs) c.outputs.push_back(BufferId(v));
+        nw.work = std::move(c);
+      } else {
+        const Placement& src = lowered.values[n.inputs[0]].placement;
+        const Placement& dst = lowered.values[n.outputs[0]].placement;
+        nw.work = TransferWork{BufferId(n.inputs[0]), BufferId(n.outputs[0]), dst.global,
+                               src.sharding, src.devices, src.hosts, dst.sharding, dst.devices,
+                               ranks, n.link};
+      }
+      host_work(HostId(host)).nodes.push_back(std::move(nw));
+    }
+  }
+  for (auto& [island, iw] : islands) {
+    iw.spans_islands = islands.size() > 1;
+    plan->islands.emplace_back(IslandId(island), std::move(iw));
+  }
+  for (const auto& [s, _] : slices) plan->slices.push_back(SliceId(s));
+  plan->output_refs.assign(lowered.values.size(), 0);
+  for (int v : lowered.outputs) plan->output_refs[v]++;
+  plan->lowered = std::move(lowered);
+  return std::shared_ptr<const Plan>(std::move(plan));
+}
+
+absl::StatusOr<ProgramId> Controller::RegisterProgram(ClientId client, const ProgramIr& ir) {
+  PW_RETURN_IF_ERROR(CheckClient(client));
+  const std::string prog = absl::StrCat("program '", ir.name.empty() ? "program" : ir.name, "'");
+  // Validate with each argument placed where its first consumer wants it.
+  std::vector<Placement> args(ir.args.size());
+  std::vector<bool> placed(ir.args.size(), false);
+  for (const auto& node : ir.nodes) {
+    for (size_t j = 0; j < node.inputs.size(); ++j) {
+      const ValueRef& r = node.inputs[j];
+      if (r.node != ValueRef::kArgNode || r.index < 0 ||
+          r.index >= static_cast<int>(args.size()) || placed[r.index])
+        continue;
+      if (j >= node.binding.in_global.size() || j >= node.binding.in_sharding.size()) continue;
+      auto slice = rm_.ResolveSlice(client, node.binding.slice);
+      if (!slice.ok()) return Annotate(slice.status(), absl::StrCat(prog, " node '", node.name, "'"));
+      args[r.index] = PlacementOn(*slice, ir.args[r.index], node.binding.in_sharding[j]);
+      placed[r.index] = true;
+    }
+  }
+  for (size_t i = 0; i < placed.size(); ++i) {
+    if (!placed[i])
+      return absl::InvalidArgumentError(absl::StrCat(prog, " argument ", i, " is never used"));
+  }
+  PW_ASSIGN_OR_RETURN(auto plan, BuildPlan(client, ir, args));
+  auto program = std::make_unique<Program>();
+  program->owner = client;
+  program->ir = ir;
+  program->plans.emplace(LayoutKey(args), std::move(plan));
+  absl::MutexLock lock(&mu_);
+  ProgramId id(static_cast<int64_t>(programs_.size()));
+  programs_.push_back(std::move(program));
+  return id;
+}
+
+absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::PlanFor(
+    ClientId client, ProgramId id, const std::vector<Placement>& args) {
+  const std::string key = LayoutKey(args);
+  std::shared_ptr<const Plan> cached;
+  ProgramIr ir;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!id.valid() || id.value() >= static_cast<int64_t>(programs_.size()) ||
+        programs_[id.value()] == nullptr)
+      return absl::NotFoundError(absl::StrCat(id.ToString(), " is not registered"));
+    const Program& p = *programs_[id.value()];
+    if (p.owner != client)
+      return absl::PermissionDeniedError(absl::StrCat(id.ToString(), " ('", p.ir.name,
+                                                      "') belongs to another client"));
+    auto it = p.plans.find(key);
+    if (it != p.plans.end()) {
+      cached = it->second;
+    } else {
+      ir = p.ir;
+    }
+  }
+  if (cached != nullptr) {
+    // Lowered before: only check that its slices are still usable (not released, no device
+    // removed since).
+    for (SliceId slice : cached->slices) {
+      absl::Status s = rm_.ResolveSlice(client, slice).status();
+      if (!s.ok()) return Annotate(s, absl::StrCat("program '", cached->lowered.name, "'"));
+    }
+    return cached;
+  }
+  PW_ASSIGN_OR_RETURN(auto plan, BuildPlan(client, ir, args));
+  absl::MutexLock lock(&mu_);
+  programs_[id.value()]->plans.emplace(key, plan);
+  return plan;
+}
+
+Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
+                                   const std::vector<BufferId>& args, DispatchMode mode) {
+  if (absl::Status s = CheckClient(client); !s.ok()) return Future<RunInfo>::Ready(s);
+  std::vector<Placement> placements;
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto lb = buffers_.Lookup(client, args[i]);
+    if (!lb.ok()) {
+      return Future<RunInfo>::Ready(
+          Annotate(lb.status(), absl::StrCat(program.ToString(), " argument ", i)));
+    }
+    auto slice = rm_.ResolveSlice(client, lb->slice);
+    if (!slice.ok()) {
+      return Future<RunInfo>::Ready(
+          Annotate(slice.status(), absl::StrCat(program.ToString(), " argument ", i)));
+    }
+    placements.push_back(PlacementOn(*slice, lb->global, lb->sharding));
+  }
+  auto plan_or = PlanFor(client, program, placements);
+  if (!plan_or.ok()) return Future<RunInfo>::Ready(plan_or.status());
+  const Plan& plan = **plan_or;
+  const LoweredProgram& lp = plan.lowered;
+
+  RunId run;
+  {
+    absl::MutexLock lock(&mu_);
+    run = RunId(next_run_++);
+    ++runs_in_flight_;
+  }
+  // Allocate every buffer the run produces; outputs get client handles, all get a run pin.
+  Promise<> run_done;
+  Future<> run_done_f = run_done.future();
+  std::vector<BufferId> ids(lp.values.size());
+  std::vector<BufferId> unpin;
+  for (size_t v = 0; v < lp.values.size(); ++v) {
+    const LoweredValue& val = lp.values[v];
+    if (val.arg >= 0) {
+      ids[v] = args[val.arg];
+      continue;
+    }
+    LogicalBuffer lb{BufferId(), client, val.placement.global, val.placement.sharding,
+                     val.placement.slice, val.placement.devices, val.placement.hosts, run_done_f};
+    ids[v] = buffers_.Create(std::move(lb), plan.output_refs[v], /*pins=*/1);
+    unpin.push_back(ids[v]);
+  }
+  buffers_.Pin(args);
+  unpin.insert(unpin.end(), args.begin(), args.end());
+
+  RunInfo info;
+  info.run = run;
+  info.done = run_done_f;
+  for (int v : lp.outputs) {
+    const Placement& p = lp.values[v].placement;
+    info.outputs.push_back({ids[v], p.global, p.sharding, p.slice});
+  }
+
+  std::vector<Future<>> enqueued, done;
+  {
+    absl::MutexLock order(&submit_mu_);
+    for (const auto& [island, tmpl] : plan.islands) {
+      IslandWork w = tmpl;
+      w.run = run;
+      w.client = client;
+      w.program = lp.name;
+      w.mode = mode;
+      for (auto& [host, hw] : w.hosts) {
+        hw.run = run;
+        hw.program = lp.name;
+        for (NodeWork& n : hw.nodes) {
+          if (auto* c = std::get_if<ComputeWork>(&n.work)) {
+            for (BufferId& b : c->inputs) b = ids[b.value()];
+            for (BufferId& b : c->outputs) b = ids[b.value()];
+          } else {
+            auto& t = std::get<TransferWork>(n.work);
+            t.src = ids[t.src.value()];
+            t.dst = ids[t.dst.value()];
+          }
+        }
+      }
+      DispatchAck ack = Scheduler(island)->Submit(std::move(w));
+      enqueued.push_back(ack.enqueued);
+      done.push_back(ack.done);
+    }
+  }
+  JoinFutures(done).OnReady([this, unpin = std::move(unpin),
+                             run_done = std::move(run_done)](const absl::Status& s) mutable {
+    completions_.Post([this, unpin = std::move(unpin), run_done = std::move(run_done), s]() mutable {
+      FinishRun(unpin, std::move(run_done), s);
+    });
+  });
+  Promise<RunInfo> accepted;
+  Future<RunInfo> result = accepted.future();
+  JoinFutures(enqueued).OnReady([accepted = std::move(accepted),
+                                 info = std::move(info)](const absl::Status&) mutable {
+    accepted.Set(std::move(info));  // Errors of enqueued work surface through info.done.
+  });
+  return result;
+}
+
+void Controller::FinishRun(const std::vector<BufferId>& unpin, Promise<> run_done,
+                           const absl::Status& s) {
+  Free(buffers_.Unpin(unpin));
+  run_done.Set(s);
+  absl::MutexLock lock(&mu_);
+  --runs_in_flight_;
+  ++runs_completed_;
+}
+
+void Controller::Free(const std::vector<LogicalBuffer>& freed) {
+  if (freed.empty()) return;
+  absl::flat_hash_map<HostId, std::vector<BufferId>> by_host;
+  for (const auto& b : freed) {
+    for (HostId h : b.hosts) {
+      auto& v = by_host[h];
+      if (v.empty() || v.back() != b.id) v.push_back(b.id);
+    }
+  }
+  for (auto& [h, ids] : by_host) {
+    if (WorkerInterface* w = Worker(h)) w->DeleteBuffers(ids);
+  }
+}
+
+absl::StatusOr<ArrayInfo> Controller::PutArray(ClientId client, SliceId slice_id,
+                                               const Sharding& sharding, HostArray value) {
+  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(SliceInfo slice, rm_.ResolveSlice(client, slice_id));
+  PW_RETURN_IF_ERROR(value.spec.Validate());
+  if (static_cast<int64_t>(value.bytes.size()) != value.spec.size_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("array ", value.spec.ToString(), " needs ",
+                                                   value.spec.size_bytes(), " bytes, got ",
+                                                   value.bytes.size()));
+  }
+  PW_RETURN_IF_ERROR(sharding.Validate(value.spec.shape));
+  if (sharding.num_devices() != static_cast<int>(slice.devices.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("sharding ", sharding.ToString(), " covers ",
+                                                   sharding.num_devices(), " devices but ",
+                                                   slice_id.ToString(), " has ",
+                                                   slice.devices.size()));
+  }
+  Promise<> ready;
+  LogicalBuffer lb{BufferId(), client, value.spec, sharding, slice_id,
+                   slice.devices, slice.hosts, ready.future()};
+  BufferId id = buffers_.Create(lb, /*client_refs=*/1, /*pins=*/0);
+  const Box whole{std::vector<int64_t>(value.spec.shape.rank(), 0),
+                  std::vector<int64_t>(value.spec.shape.dims().begin(), value.spec.shape.dims().end())};
+  const ArraySpec shard_spec{value.spec.dtype, sharding.ShardShape(value.spec.shape)};
+  std::vector<Future<>> puts;
+  for (size_t r = 0; r < slice.devices.size(); ++r) {
+    HostArray shard{shard_spec, std::vector<uint8_t>(shard_spec.size_bytes())};
+    CopyBoxIntersection(value.bytes.data(), whole, shard.bytes.data(),
+                        sharding.ShardBox(value.spec.shape, static_cast<int>(r)),
+                        DTypeSize(value.spec.dtype));
+    WorkerInterface* w = Worker(slice.hosts[r]);
+    puts.push_back(w == nullptr ? Future<>::Ready(absl::UnavailableError(absl::StrCat(
+                                      slice.hosts[r].ToString(), " has no worker")))
+                                : w->PutShard(id, slice.devices[r], std::move(shard)));
+  }
+  JoinFutures(puts).OnReady([ready = std::move(ready)](const absl::Status& s) mutable { ready.Set(s); });
+  return ArrayInfo{id, value.spec, sharding, slice_id};
+}
+
+Future<HostArray> Controller::FetchArray(ClientId client, BufferId id) {
+  if (absl::Status s = CheckClient(client); !s.ok()) return Future<HostArray>::Ready(s);
+  auto lb = buffers_.Lookup(client, id);
+  if (!lb.ok()) return Future<HostArray>::Ready(lb.status());
+  Promise<HostArray> p;
+  Future<HostArray> result = p.future();
+  lb->ready.OnReady([this, lb = *lb, p = std::move(p)](const absl::Status& s) mutable {
+    if (!s.ok()) return p.Set(s);
+    // One shard per distinct region (replicated shardings repeat regions).
+    std::vector<int> ranks;
+    std::vector<Box> boxes;
+    for (size_t r = 0; r < lb.devices.size(); ++r) {
+      Box b = lb.sharding.ShardBox(lb.global.shape, static_cast<int>(r));
+      if (std::find(boxes.begin(), boxes.end(), b) != boxes.end()) continue;
+      boxes.push_back(b);
+      ranks.push_back(static_cast<int>(r));
+    }
+    std::vector<Future<DeviceBufferRef>> shards;
+    std::vector<Future<>> deps;
+    for (int r : ranks) {
+      WorkerInterface* w = Worker(lb.hosts[r]);
+      shards.push_back(w == nullptr ? Future<DeviceBufferRef>::Ready(absl::UnavailableError(
+                                          absl::StrCat(lb.hosts[r].ToString(), " has no worker")))
+                                    : w->FetchShard(lb.id, lb.devices[r]));
+      deps.push_back(AsStatusFuture(shards.back()));
+    }
+    JoinFutures(deps).OnReady([lb, boxes = std::move(boxes), shards = std::move(shards),
+                               p = std::move(p)](const absl::Status& s) mutable {
+      if (!s.ok()) return p.Set(s);
+      HostArray out{lb.global, std::vector<uint8_t>(lb.global.size_bytes())};
+      const Box whole{std::vector<int64_t>(lb.global.shape.rank(), 0),
+                      std::vector<int64_t>(lb.global.shape.dims().begin(), lb.global.shape.dims().end())};
+      for (size_t i = 0; i < shards.size(); ++i) {
+        const DeviceBufferRef& b = *shards[i].Await();
+        std::vector<uint8_t> staged(b->size_bytes());
+        absl::Status c = b->CopyToHost(staged.data()).status();
+        if (!c.ok()) return p.Set(c);
+        CopyBoxIntersection(staged.data(), boxes[i], out.bytes.data(), whole,
+                            DTypeSize(lb.global.dtype));
+      }
+      p.Set(std::move(out));
+    });
+  });
+  return result;
+}
+
+Future<> Controller::ArrayReady(ClientId client, BufferId id) {
+  if (absl::Status s = CheckClient(client); !s.ok()) return Future<>::Ready(s);
+  auto lb = buffers_.Lookup(client, id);
+  if (!lb.ok()) return Future<>::Ready(lb.status());
+  return lb->ready;
+}
+
+absl::Status Controller::ReleaseArray(ClientId client, BufferId id) {
+  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(auto freed, buffers_.ReleaseHandle(client, id));
+  Free(freed);
+  return absl::OkStatus();
+}
+
+ClusterStatus Controller::Status() {
+  ClusterStatus s;
+  std::vector<WorkerInterface*> workers;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [h, w] : workers_) workers.push_back(w);
+    s.runs_in_flight = static_cast<size_t>(runs_in_flight_);
+    s.runs_completed = runs_completed_;
+    for (const auto& sched : schedulers_) s.scheduler_queue_depth.push_back(sched->queue_depth());
+  }
+  for (WorkerInterface* w : workers) s.hosts.push_back(w->Status());
+  std::sort(s.hosts.begin(), s.hosts.end(),
+            [](const HostStatus& a, const HostStatus& b) { return a.host < b.host; });
+  s.logical_buffers = buffers_.size();
+  return s;
+}
+
+}  // namespace pw

@@ -1,0 +1,110 @@
+// Controller: the single controller. Owns the resource manager, one gang scheduler per island,
+// the registry of functions and programs, and the table of logical buffers.
+//
+// Thread-safe. Implements ControllerInterface for clients. Submit validates and lowers a program
+// (once per argument layout; the plan is cached), allocates every output and intermediate buffer,
+// splits the sharded dataflow graph into one subgraph per island and one message per host, and
+// hands each island's subgraph to its scheduler as one request. Run completion (on the
+// controller's own thread) unpins buffers and frees the unreferenced ones on their hosts.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "pw/base/work_queue.h"
+#include "pw/cluster/cluster_spec.h"
+#include "pw/object_store/buffer_table.h"
+#include "pw/program/lowering.h"
+#include "pw/resource_manager/resource_manager.h"
+#include "pw/scheduler/island_scheduler.h"
+#include "pw/transport/controller_interface.h"
+#include "pw/transport/worker_interface.h"
+
+namespace pw {
+
+class Controller final : public ControllerInterface {
+ public:
+  explicit Controller(const ClusterSpec& spec);
+  // Waits for runs in flight, then stops the schedulers.
+  ~Controller() override;
+
+  // --- Cluster membership (the embedded cluster or worker registration calls these).
+  // Connects the worker of a host that the resource manager knows; loads every function on it.
+  absl::Status AttachWorker(HostId host, IslandId island, WorkerInterface* worker);
+  ResourceManager& resource_manager() { return rm_; }
+  // Takes a device out of service: new programs on its slices fail naming it; work queued on it
+  // fails; collectives that include it are aborted.
+  absl::Status RemoveDevice(DeviceId device, const std::string& reason);
+  // Blocks until no run is in flight.
+  void WaitIdle();
+
+  // --- ControllerInterface.
+  absl::StatusOr<ClientId> Connect(const std::string& name) override;
+  absl::Status Disconnect(ClientId client) override;
+  absl::StatusOr<SliceInfo> AllocateSlice(ClientId client, const SliceRequest& request) override;
+  absl::Status ReleaseSlice(ClientId client, SliceId slice) override;
+  absl::StatusOr<FunctionInfo> RegisterFunction(ClientId client,
+                                                const NativeFunctionDef& def) override;
+  absl::StatusOr<std::vector<ArraySpec>> LoadFunction(ClientId client, FunctionId function,
+                                                      SliceId slice) override;
+  absl::StatusOr<ProgramId> RegisterProgram(ClientId client, const ProgramIr& ir) override;
+  Future<RunInfo> Submit(ClientId client, ProgramId program, const std::vector<BufferId>& args,
+                         DispatchMode mode) override;
+  absl::StatusOr<ArrayInfo> PutArray(ClientId client, SliceId slice, const Sharding& sharding,
+                                     HostArray value) override;
+  Future<HostArray> FetchArray(ClientId client, BufferId id) override;
+  Future<> ArrayReady(ClientId client, BufferId id) override;
+  absl::Status ReleaseArray(ClientId client, BufferId id) override;
+  ClusterStatus Status() override;
+
+ private:
+  struct Function {
+    ClientId owner;
+    NativeFunctionDef def;
+  };
+  struct Plan;
+  struct Program {
+    ClientId owner;
+    ProgramIr ir;
+    absl::flat_hash_map<std::string, std::shared_ptr<const Plan>> plans;  // By argument layout.
+  };
+  class Lowering;
+
+  absl::Status CheckClient(ClientId client) const;
+  absl::StatusOr<ExecutableRef> Executable(ClientId client, FunctionId id, int num_shards);
+  absl::StatusOr<std::shared_ptr<const Plan>> PlanFor(ClientId client, ProgramId id,
+                                                      const std::vector<Placement>& args);
+  absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(ClientId client, const ProgramIr& ir,
+                                                        const std::vector<Placement>& args);
+  WorkerInterface* Worker(HostId host) const;
+  IslandScheduler* Scheduler(IslandId island) const;
+  // Deletes the shards of `freed` on their hosts.
+  void Free(const std::vector<LogicalBuffer>& freed);
+  void FinishRun(const std::vector<BufferId>& unpin, Promise<> run_done, const absl::Status& s);
+
+  ResourceManager rm_;
+  BufferTable buffers_;
+
+  mutable absl::Mutex mu_;
+  int64_t next_client_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<ClientId, std::string> clients_ ABSL_GUARDED_BY(mu_);
+  std::vector<Function> functions_ ABSL_GUARDED_BY(mu_);  // Indexed by FunctionId.
+  absl::flat_hash_map<std::pair<FunctionId, int>, ExecutableRef> executables_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Program>> programs_ ABSL_GUARDED_BY(mu_);  // By ProgramId.
+  absl::flat_hash_map<HostId, WorkerInterface*> workers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<HostId, IslandId> host_island_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<IslandScheduler>> schedulers_ ABSL_GUARDED_BY(mu_);
+  int64_t next_run_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t runs_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t runs_completed_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Held while handing one run's subgraphs to their islands' schedulers, so that runs spanning
+  // islands reach every scheduler in the same relative order.
+  absl::Mutex submit_mu_;
+  WorkQueue completions_;  // Run completion and buffer freeing; last, so drained first.
+};
+
+}  // namespace pw

@@ -1,0 +1,58 @@
+#include "pw/embedded/embedded_cluster.h"
+
+#include "absl/strings/str_cat.h"
+#include "pw/base/status_macros.h"
+
+namespace pw {
+
+absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Create(const ClusterSpec& spec) {
+  std::unique_ptr<EmbeddedCluster> c(new EmbeddedCluster());
+  c->controller_ = std::make_unique<Controller>(spec);
+  for (const auto& h : spec.hosts()) {
+    std::vector<DeviceSpec> devices;
+    for (DeviceId d : h.devices) devices.push_back(spec.device(d));
+    PW_RETURN_IF_ERROR(c->StartWorker(h.id, h.island, devices));
+  }
+  return c;
+}
+
+EmbeddedCluster::~EmbeddedCluster() {
+  controller_.reset();
+  absl::flat_hash_map<HostId, std::unique_ptr<Worker>> workers;
+  {
+    absl::MutexLock lock(&mu_);
+    workers.swap(workers_);
+  }
+  // Fail outstanding device work everywhere before any worker's threads are joined.
+  workers.clear();
+}
+
+absl::Status EmbeddedCluster::StartWorker(HostId host, IslandId island,
+                                          const std::vector<DeviceSpec>& devices) {
+  auto w = std::make_unique<Worker>(host, island, devices, &collectives_,
+                                    [this](HostId h) -> WorkerInterface* { return worker(h); });
+  Worker* raw = w.get();
+  {
+    absl::MutexLock lock(&mu_);
+    workers_[host] = std::move(w);
+  }
+  return controller_->AttachWorker(host, island, raw);
+}
+
+absl::StatusOr<HostRegistration> EmbeddedCluster::AddHost(IslandId island, int num_devices,
+                                                          int64_t memory_bytes) {
+  PW_ASSIGN_OR_RETURN(HostRegistration reg,
+                      controller_->resource_manager().AddHost(
+                          island, absl::StrCat("added-", island.value()), num_devices,
+                          memory_bytes));
+  PW_RETURN_IF_ERROR(StartWorker(reg.host, island, reg.devices));
+  return reg;
+}
+
+Worker* EmbeddedCluster::worker(HostId host) const {
+  absl::MutexLock lock(&mu_);
+  auto it = workers_.find(host);
+  return it == workers_.end() ? nullptr : it->second.get();
+}
+
+}  // namespace pw

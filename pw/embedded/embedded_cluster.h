@@ -1,0 +1,47 @@
+// EmbeddedCluster: a whole cluster in one process: the controller and one worker per host,
+// joined by the in-process transport (direct calls through the same interfaces a wire transport
+// implements). Devices are host-CPU devices with their own executor threads.
+//
+// Thread-safe. Destroying the cluster waits for runs in flight, then stops the controller and the
+// workers. Clients (and their arrays) must be destroyed first.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "pw/cluster/cluster_spec.h"
+#include "pw/controller/controller.h"
+#include "pw/executor/collectives.h"
+#include "pw/worker/worker.h"
+
+namespace pw {
+
+class EmbeddedCluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<EmbeddedCluster>> Create(const ClusterSpec& spec);
+  ~EmbeddedCluster();
+
+  Controller& controller() { return *controller_; }
+  // Adds a host with `num_devices` devices to `island` (or a new island: island == #islands).
+  absl::StatusOr<HostRegistration> AddHost(IslandId island, int num_devices,
+                                           int64_t memory_bytes = ClusterSpec::kDefaultDeviceMemory);
+  absl::Status RemoveDevice(DeviceId device, const std::string& reason) {
+    return controller_->RemoveDevice(device, reason);
+  }
+  // The worker of `host`, or nullptr.
+  Worker* worker(HostId host) const;
+
+ private:
+  EmbeddedCluster() = default;
+  absl::Status StartWorker(HostId host, IslandId island, const std::vector<DeviceSpec>& devices);
+
+  Collectives collectives_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<HostId, std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Controller> controller_;  // Destroyed first.
+};
+
+}  // namespace pw

@@ -1,0 +1,119 @@
+#include "pw/scheduler/island_scheduler.h"
+
+#include <pthread.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace pw {
+
+IslandScheduler::IslandScheduler(IslandId island, std::unique_ptr<SchedulingPolicy> policy,
+                                 WorkerLookup workers)
+    : island_(island), workers_(std::move(workers)), policy_(std::move(policy)) {
+  thread_ = std::thread([this] {
+    std::string name = absl::StrCat("pw-sched", island_.value());
+    pthread_setname_np(pthread_self(), name.c_str());
+    Loop();
+  });
+}
+
+IslandScheduler::~IslandScheduler() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+DispatchAck IslandScheduler::Submit(IslandWork work) {
+  auto r = std::make_unique<ScheduleRequest>();
+  r->work = std::move(work);
+  DispatchAck ack{r->enqueued.future(), r->done.future()};
+  absl::MutexLock lock(&mu_);
+  policy_->Add(std::move(r));
+  return ack;
+}
+
+size_t IslandScheduler::queue_depth() const {
+  absl::MutexLock lock(&mu_);
+  return policy_->size();
+}
+
+int64_t IslandScheduler::dispatched() const {
+  absl::MutexLock lock(&mu_);
+  return dispatched_;
+}
+
+void IslandScheduler::Loop() {
+  while (true) {
+    std::unique_ptr<ScheduleRequest> r;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(this, &IslandScheduler::HasWork));
+      r = policy_->Next();
+      if (r == nullptr) return;  // Stopping and drained.
+    }
+    DispatchOne(*r);
+    absl::MutexLock lock(&mu_);
+    ++dispatched_;
+  }
+}
+
+void IslandScheduler::DispatchOne(ScheduleRequest& r) {
+  std::vector<Future<>> enqueued, done;
+  auto worker = [&](HostId h) -> WorkerInterface* { return workers_(h); };
+  auto unreachable = [&](HostId h) {
+    absl::Status s = absl::UnavailableError(absl::StrCat(
+        r.work.run.ToString(), " program '", r.work.program, "': ", h.ToString(),
+        " has no worker"));
+    enqueued.push_back(Future<>::Ready(s));
+    done.push_back(Future<>::Ready(s));
+  };
+  if (r.work.mode == DispatchMode::kParallel) {
+    // One message per host with all of its nodes; no waiting.
+    for (auto& [host, hw] : r.work.hosts) {
+      WorkerInterface* w = worker(host);
+      if (w == nullptr) {
+        unreachable(host);
+        continue;
+      }
+      DispatchAck ack = w->Dispatch(std::move(hw));
+      enqueued.push_back(ack.enqueued);
+      done.push_back(ack.done);
+    }
+  } else {
+    // Node by node, in topological (node index) order, each after the previous is enqueued.
+    std::vector<int32_t> order;
+    for (const auto& [host, hw] : r.work.hosts)
+      for (const auto& n : hw.nodes) order.push_back(n.node);
+    std::sort(order.begin(), order.end());
+    order.erase(std::unique(order.begin(), order.end()), order.end());
+    std::vector<size_t> next(r.work.hosts.size(), 0);
+    for (int32_t node : order) {
+      std::vector<Future<>> node_enqueued;
+      for (size_t h = 0; h < r.work.hosts.size(); ++h) {
+        auto& [host, hw] = r.work.hosts[h];
+        if (next[h] >= hw.nodes.size() || hw.nodes[next[h]].node != node) continue;
+        WorkerInterface* w = worker(host);
+        if (w == nullptr) {
+          unreachable(host);
+          ++next[h];
+          continue;
+        }
+        HostWork one{hw.run, hw.program, {std::move(hw.nodes[next[h]++])}};
+        DispatchAck ack = w->Dispatch(std::move(one));
+        node_enqueued.push_back(ack.enqueued);
+        done.push_back(ack.done);
+      }
+      Future<> all = JoinFutures(node_enqueued);
+      all.status().IgnoreError();  // Wait: the next node goes out only after this one is enqueued.
+      enqueued.push_back(all);
+    }
+  }
+  JoinFutures(enqueued).OnReady(
+      [p = std::move(r.enqueued)](const absl::Status& s) mutable { p.Set(s); });
+  JoinFutures(done).OnReady([p = std::move(r.done)](const absl::Status& s) mutable { p.Set(s); });
+}
+
+}  // namespace pw

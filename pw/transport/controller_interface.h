@@ -1,0 +1,82 @@
+// ControllerInterface: what a client asks of the single controller.
+//
+// Implemented in-process by Controller (pw/controller) and, over a wire, by a remote stub, so the
+// embedded cluster and a distributed one run the same client code. Thread-safe.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pw/base/future.h"
+#include "pw/base/host_array.h"
+#include "pw/base/ids.h"
+#include "pw/base/sharding.h"
+#include "pw/executor/native_function.h"
+#include "pw/program/program_ir.h"
+#include "pw/resource_manager/resource_manager.h"
+#include "pw/transport/messages.h"
+
+namespace pw {
+
+struct FunctionInfo {
+  FunctionId id;
+  std::string name;
+  std::vector<ArraySpec> inputs;   // Per shard.
+};
+
+struct ArrayInfo {
+  BufferId id;
+  ArraySpec global;
+  Sharding sharding;
+  SliceId slice;
+};
+
+struct RunInfo {
+  RunId run;
+  std::vector<ArrayInfo> outputs;  // Handles the client now holds (one reference each).
+  Future<> done;                   // Ready when every node has finished; the first error.
+};
+
+struct ClusterStatus {
+  std::vector<HostStatus> hosts;
+  size_t logical_buffers = 0;
+  size_t runs_in_flight = 0;
+  int64_t runs_completed = 0;
+  std::vector<size_t> scheduler_queue_depth;  // Per island.
+};
+
+class ControllerInterface {
+ public:
+  virtual ~ControllerInterface() = default;
+
+  virtual absl::StatusOr<ClientId> Connect(const std::string& name) = 0;
+  // Releases the client's slices and buffers.
+  virtual absl::Status Disconnect(ClientId client) = 0;
+
+  virtual absl::StatusOr<SliceInfo> AllocateSlice(ClientId client, const SliceRequest& request) = 0;
+  virtual absl::Status ReleaseSlice(ClientId client, SliceId slice) = 0;
+
+  virtual absl::StatusOr<FunctionInfo> RegisterFunction(ClientId client,
+                                                        const NativeFunctionDef& def) = 0;
+  // Per-shard output specs of `function` loaded for `slice` (compiles for that slice shape).
+  virtual absl::StatusOr<std::vector<ArraySpec>> LoadFunction(ClientId client, FunctionId function,
+                                                              SliceId slice) = 0;
+
+  // Validates the program now; it is lowered per argument layout on first run.
+  virtual absl::StatusOr<ProgramId> RegisterProgram(ClientId client, const ProgramIr& ir) = 0;
+  // Ready once the run has been validated, lowered, gang-scheduled and enqueued on every device
+  // (what a client waits for per call); RunInfo::done follows when it has executed.
+  virtual Future<RunInfo> Submit(ClientId client, ProgramId program,
+                                 const std::vector<BufferId>& args, DispatchMode mode) = 0;
+
+  virtual absl::StatusOr<ArrayInfo> PutArray(ClientId client, SliceId slice,
+                                             const Sharding& sharding, HostArray value) = 0;
+  virtual Future<HostArray> FetchArray(ClientId client, BufferId id) = 0;
+  virtual Future<> ArrayReady(ClientId client, BufferId id) = 0;
+  virtual absl::Status ReleaseArray(ClientId client, BufferId id) = 0;
+
+  virtual ClusterStatus Status() = 0;
+};
+
+}  // namespace pw

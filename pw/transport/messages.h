@@ -1,0 +1,92 @@
+// Messages between client, controller and workers. Plain structs: the in-process transport
+// passes them as they are; a wire transport maps each to a versioned message.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "pw/base/future.h"
+#include "pw/base/ids.h"
+#include "pw/base/shape.h"
+#include "pw/base/sharding.h"
+#include "pw/cluster/cluster_spec.h"
+
+namespace pw {
+
+// How a program's host-side work reaches the workers.
+enum class DispatchMode {
+  // All nodes' host-side work at once: one message per host for the whole island subgraph.
+  kParallel,
+  // Node by node: each node is dispatched after its predecessors have been enqueued.
+  kSequential,
+};
+absl::string_view DispatchModeName(DispatchMode m);
+
+// One compute node's shards on one host.
+struct ComputeWork {
+  FunctionId function;
+  std::vector<DeviceId> slice_devices;  // All shards, in rank order.
+  std::vector<int> local_ranks;         // The ranks on this host.
+  std::vector<BufferId> inputs;
+  std::vector<BufferId> outputs;
+};
+
+// One transfer node's destination shards on one host: the host receives (pulls) the regions of
+// `src` that its shards of `dst` need.
+struct TransferWork {
+  BufferId src;
+  BufferId dst;
+  ArraySpec global;
+  Sharding src_sharding;
+  std::vector<DeviceId> src_devices;
+  std::vector<HostId> src_hosts;
+  Sharding dst_sharding;
+  std::vector<DeviceId> dst_devices;
+  std::vector<int> local_ranks;  // Destination ranks on this host.
+  LinkClass link = LinkClass::kIci;
+};
+
+struct NodeWork {
+  int32_t node = 0;  // Index in the lowered program.
+  std::string name;
+  std::variant<ComputeWork, TransferWork> work;
+};
+
+// Everything one host does for one island subgraph of one run, in gang order.
+struct HostWork {
+  RunId run;
+  std::string program;
+  std::vector<NodeWork> nodes;
+};
+
+struct DispatchAck {
+  Future<> enqueued;  // Host-side work done: every item is on its device queue.
+  Future<> done;      // Every item has finished; the first error, naming the node, if any.
+};
+
+struct DeviceStatus {
+  DeviceId id;
+  HostId host;
+  IslandId island;
+  bool alive = true;
+  int64_t memory_capacity = 0;
+  int64_t memory_in_use = 0;
+  size_t memory_waiters = 0;
+  size_t queue_depth = 0;
+  int64_t executed = 0;
+};
+
+struct HostStatus {
+  HostId host;
+  IslandId island;
+  std::vector<DeviceStatus> devices;
+  size_t buffers = 0;
+  int64_t buffer_bytes = 0;
+  int64_t ici_bytes_received = 0;
+  int64_t dcn_bytes_received = 0;
+  size_t dispatch_queue_depth = 0;
+};
+
+}  // namespace pw

@@ -1,0 +1,36 @@
+// WorkerInterface: what the controller and peer workers ask of one host's worker.
+//
+// Implemented in-process by Worker (pw/worker) and, over a wire, by a remote stub. All methods are
+// thread-safe and non-blocking: results come back as futures.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "pw/base/future.h"
+#include "pw/base/host_array.h"
+#include "pw/base/ids.h"
+#include "pw/executor/device_buffer.h"
+#include "pw/executor/native_function.h"
+#include "pw/transport/messages.h"
+
+namespace pw {
+
+class WorkerInterface {
+ public:
+  virtual ~WorkerInterface() = default;
+  virtual HostId host() const = 0;
+  // Makes a function known to this host; it is compiled per slice shape on first use.
+  virtual absl::Status LoadFunction(FunctionId id, const NativeFunctionDef& def) = 0;
+  // Queues host-side work; work of successive calls reaches each device in call order.
+  virtual DispatchAck Dispatch(HostWork work) = 0;
+  // Stores one shard from host memory (waits for device memory if it is full).
+  virtual Future<> PutShard(BufferId id, DeviceId device, HostArray shard) = 0;
+  // One shard's buffer once it is ready (the data plane's read side).
+  virtual Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) = 0;
+  virtual void DeleteBuffers(const std::vector<BufferId>& ids) = 0;
+  virtual absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) = 0;
+  virtual HostStatus Status() const = 0;
+};
+
+}  // namespace pw

@@ -1,0 +1,344 @@
+#include "pw/worker/worker.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "pw/base/status_macros.h"
+
+namespace pw {
+
+namespace {
+
+std::string NodeWhere(const HostWork& work, const NodeWork& node, DeviceId device) {
+  return absl::StrCat(work.run.ToString(), " program '", work.program, "' node '", node.name,
+                      "' on ", device.ToString());
+}
+
+// Adds `f` to `deps` unless it is already ready and OK; returns its error if it already failed.
+template <typename T>
+absl::Status AddDep(const Future<T>& f, std::vector<Future<>>* deps) {
+  if (f.IsReady()) return f.status();
+  deps->push_back(AsStatusFuture(f));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Worker::Worker(HostId host, IslandId island, const std::vector<DeviceSpec>& devices,
+               Collectives* collectives, PeerLookup peers)
+    : host_(host),
+      island_(island),
+      collectives_(collectives),
+      peers_(std::move(peers)),
+      data_plane_(absl::StrCat("pw-data", host.value())),
+      dispatch_(absl::StrCat("pw-disp", host.value())) {
+  for (const auto& d : devices)
+    devices_.emplace(d.id, std::make_unique<Device>(d.id, d.host, d.island, d.memory_bytes));
+}
+
+Worker::~Worker() {
+  absl::Status reason = absl::CancelledError(absl::StrCat(host_.ToString(), " shut down"));
+  for (auto& [id, dev] : devices_) {
+    dev->Remove(reason);
+    collectives_->AbortDevice(id, reason);
+  }
+}
+
+absl::Status Worker::LoadFunction(FunctionId id, const NativeFunctionDef& def) {
+  absl::MutexLock lock(&fn_mu_);
+  functions_[id] = def;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ExecutableRef> Worker::LoadExecutable(FunctionId id, int num_shards) {
+  absl::MutexLock lock(&fn_mu_);
+  auto key = std::make_pair(id, num_shards);
+  auto it = executables_.find(key);
+  if (it != executables_.end()) return it->second;
+  auto fit = functions_.find(id);
+  if (fit == functions_.end())
+    return absl::NotFoundError(absl::StrCat(id.ToString(), " was never loaded on ",
+                                            host_.ToString()));
+  PW_ASSIGN_OR_RETURN(ExecutableRef exe, CompileNative(fit->second, num_shards));
+  executables_.emplace(key, exe);
+  return exe;
+}
+
+Device* Worker::FindDevice(DeviceId id) const {
+  auto it = devices_.find(id);
+  return it == devices_.end() ? nullptr : it->second.get();
+}
+
+DispatchAck Worker::Dispatch(HostWork work) {
+  Promise<> enqueued, done;
+  DispatchAck ack{enqueued.future(), done.future()};
+  dispatch_.Post([this, work = std::move(work), enqueued = std::move(enqueued),
+                  done = std::move(done)]() mutable {
+    RunHostWork(work, std::move(enqueued), std::move(done));
+  });
+  return ack;
+}
+
+void Worker::RunHostWork(const HostWork& work, Promise<> enqueued, Promise<> done) {
+  std::vector<Future<>> shard_done;
+  for (const NodeWork& node : work.nodes) {
+    if (const auto* c = std::get_if<ComputeWork>(&node.work)) {
+      DispatchCompute(work, node, *c, &shard_done);
+    } else {
+      DispatchTransfer(work, node, std::get<TransferWork>(node.work), &shard_done);
+    }
+  }
+  enqueued.Set();
+  JoinFutures(shard_done).OnReady(
+      [done = std::move(done)](const absl::Status& s) mutable { done.Set(s); });
+}
+
+void Worker::PutFailed(BufferId id, DeviceId device, const absl::Status& error) {
+  store_.Put(id, device,
+             {Future<DeviceBufferRef>::Ready(error), Future<ReservationRef>::Ready(error), 0})
+      .IgnoreError();
+}
+
+void Worker::DispatchCompute(const HostWork& work, const NodeWork& node, const ComputeWork& c,
+                             std::vector<Future<>>* done) {
+  auto exe = LoadExecutable(c.function, static_cast<int>(c.slice_devices.size()));
+  for (int rank : c.local_ranks) {
+    const DeviceId device_id = c.slice_devices[rank];
+    const std::string where = NodeWhere(work, node, device_id);
+    Device* device = FindDevice(device_id);
+    absl::Status setup = exe.status();
+    if (setup.ok() && device == nullptr)
+      setup = absl::InternalError(absl::StrCat(device_id.ToString(), " is not on ", host_.ToString()));
+    // Inputs: futures of shards already in (or promised to) this host's store.
+    std::vector<Future<DeviceBufferRef>> inputs;
+    std::vector<Future<>> deps;
+    for (BufferId in : c.inputs) {
+      if (!setup.ok()) break;
+      auto f = store_.Get(in, device_id);
+      if (!f.ok()) {
+        setup = f.status();
+        break;
+      }
+      setup = AddDep(*f, &deps);
+      inputs.push_back(*std::move(f));
+    }
+    // Outputs: reserve memory now; the shard is a promise until the computation runs.
+    std::vector<Promise<DeviceBufferRef>> outputs;
+    for (size_t k = 0; k < c.outputs.size(); ++k) {
+      if (!setup.ok()) break;
+      int64_t bytes = (*exe)->output_specs()[k].size_bytes();
+      auto mem = device->memory().Reserve(
+          bytes, absl::StrCat(c.outputs[k].ToString(), " (output ", k, " of ", where, ")"));
+      Promise<DeviceBufferRef> p;
+      setup = store_.Put(c.outputs[k], device_id, {p.future(), mem, bytes});
+      if (setup.ok()) setup = AddDep(mem, &deps);
+      outputs.push_back(std::move(p));
+    }
+    if (!setup.ok()) {
+      absl::Status error = Annotate(setup, where);
+      for (auto& p : outputs) p.Set(error);
+      for (size_t k = outputs.size(); k < c.outputs.size(); ++k)
+        PutFailed(c.outputs[k], device_id, error);
+      done->push_back(Future<>::Ready(error));
+      continue;
+    }
+    Promise<> shard_done;
+    done->push_back(shard_done.future());
+    ShardLaunch launch;
+    launch.key = {work.run.value(), node.node, 0};
+    launch.rank = rank;
+    launch.slice_devices = c.slice_devices;
+    launch.device = device_id;
+    launch.collectives = collectives_;
+    device->Enqueue(
+        std::move(deps),
+        [exe = *exe, launch = std::move(launch), inputs = std::move(inputs),
+         outputs = std::move(outputs), shard_done = std::move(shard_done),
+         where](const absl::Status& ready) mutable {
+          auto fail = [&](const absl::Status& s) {
+            absl::Status error = Annotate(s, where);
+            for (auto& p : outputs) p.Set(error);
+            shard_done.Set(error);
+          };
+          if (!ready.ok()) return fail(ready);
+          for (auto& f : inputs) launch.inputs.push_back(*f.Await());
+          auto result = exe->ExecuteShard(launch);
+          result.OnReady([outputs = std::move(outputs), shard_done = std::move(shard_done),
+                          where](const absl::StatusOr<std::vector<DeviceBufferRef>>& r) mutable {
+            if (!r.ok()) {
+              absl::Status error = Annotate(r.status(), where);
+              for (auto& p : outputs) p.Set(error);
+              shard_done.Set(error);
+              return;
+            }
+            for (size_t k = 0; k < outputs.size(); ++k) outputs[k].Set((*r)[k]);
+            shard_done.Set();
+          });
+        });
+  }
+}
+
+void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,
+                              std::vector<Future<>>* done) {
+  const ArraySpec shard_spec{t.global.dtype, t.dst_sharding.ShardShape(t.global.shape)};
+  const size_t esize = DTypeSize(t.global.dtype);
+  for (int rank : t.local_ranks) {
+    const DeviceId device_id = t.dst_devices[rank];
+    const std::string where = NodeWhere(work, node, device_id);
+    Device* device = FindDevice(device_id);
+    if (device == nullptr) {
+      absl::Status error = absl::InternalError(
+          absl::StrCat(where, ": ", device_id.ToString(), " is not on ", host_.ToString()));
+      PutFailed(t.dst, device_id, error);
+      done->push_back(Future<>::Ready(error));
+      continue;
+    }
+    const Box dst_box = t.dst_sharding.ShardBox(t.global.shape, rank);
+    // One source per distinct source region overlapping ours: same device, then same host.
+    struct Source {
+      Box box;
+      int rank;
+      int score;
+    };
+    std::vector<Source> sources;
+    for (int s = 0; s < static_cast<int>(t.src_devices.size()); ++s) {
+      Box box = t.src_sharding.ShardBox(t.global.shape, s);
+      Box overlap;
+      for (size_t d = 0; d < box.start.size(); ++d) {
+        overlap.start.push_back(std::max(box.start[d], dst_box.start[d]));
+        overlap.limit.push_back(std::min(box.limit[d], dst_box.limit[d]));
+      }
+      if (overlap.num_elements() == 0) continue;
+      int score = t.src_devices[s] == device_id ? 0 : t.src_hosts[s] == host_ ? 1 : 2;
+      auto it = std::find_if(sources.begin(), sources.end(),
+                             [&](const Source& x) { return x.box == box; });
+      if (it == sources.end()) {
+        sources.push_back({box, s, score});
+      } else if (score < it->score) {
+        *it = {box, s, score};
+      }
+    }
+    std::vector<Future<DeviceBufferRef>> fetched;
+    std::vector<Future<>> deps;
+    for (const Source& s : sources) {
+      WorkerInterface* peer = t.src_hosts[s.rank] == host_ ? this : peers_(t.src_hosts[s.rank]);
+      Future<DeviceBufferRef> f =
+          peer == nullptr ? Future<DeviceBufferRef>::Ready(absl::UnavailableError(absl::StrCat(
+                                t.src_hosts[s.rank].ToString(), " is unreachable")))
+                          : peer->FetchShard(t.src, t.src_devices[s.rank]);
+      deps.push_back(AsStatusFuture(f));
+      fetched.push_back(std::move(f));
+    }
+    const int64_t bytes = shard_spec.size_bytes();
+    auto mem = device->memory().Reserve(bytes, absl::StrCat(t.dst.ToString(), " (", where, ")"));
+    deps.push_back(AsStatusFuture(mem));
+    Promise<DeviceBufferRef> out;
+    Promise<> shard_done;
+    done->push_back(shard_done.future());
+    absl::Status put = store_.Put(t.dst, device_id, {out.future(), mem, bytes});
+    if (!put.ok()) {
+      out.Set(Annotate(put, where));
+      shard_done.Set(Annotate(put, where));
+      continue;
+    }
+    std::vector<int> src_ranks;
+    for (const Source& s : sources) src_ranks.push_back(s.rank);
+    JoinFutures(deps).OnReady([this, t, src_ranks, fetched = std::move(fetched), dst_box, shard_spec,
+                               device_id, esize, where, out = std::move(out),
+                               shard_done = std::move(shard_done)](const absl::Status& s) mutable {
+      if (!s.ok()) {
+        out.Set(Annotate(s, where));
+        shard_done.Set(Annotate(s, where));
+        return;
+      }
+      data_plane_.Post([this, t = std::move(t), src_ranks = std::move(src_ranks),
+                        fetched = std::move(fetched), dst_box, shard_spec, device_id, esize, where,
+                        out = std::move(out), shard_done = std::move(shard_done)]() mutable {
+        auto dst = HostDeviceBuffer::Create(shard_spec, device_id);
+        int64_t copied = 0;
+        for (size_t i = 0; i < fetched.size(); ++i) {
+          const DeviceBufferRef& src = *fetched[i].Await();
+          const Box src_box = t.src_sharding.ShardBox(t.global.shape, src_ranks[i]);
+          auto* host_src = dynamic_cast<const HostDeviceBuffer*>(src.get());
+          std::vector<uint8_t> staged;
+          const void* data = host_src ? host_src->data() : nullptr;
+          if (data == nullptr) {
+            staged.resize(src->size_bytes());
+            absl::Status c = src->CopyToHost(staged.data()).status();
+            if (!c.ok()) {
+              out.Set(Annotate(c, where));
+              shard_done.Set(Annotate(c, where));
+              return;
+            }
+            data = staged.data();
+          }
+          copied += CopyBoxIntersection(data, src_box, dst->mutable_data(), dst_box, esize) *
+                    static_cast<int64_t>(esize);
+        }
+        (t.link == LinkClass::kDcn ? dcn_bytes_ : ici_bytes_) += copied;
+        out.Set(DeviceBufferRef(std::move(dst)));
+        shard_done.Set();
+      });
+    });
+  }
+}
+
+Future<> Worker::PutShard(BufferId id, DeviceId device_id, HostArray shard) {
+  Device* device = FindDevice(device_id);
+  if (device == nullptr)
+    return Future<>::Ready(absl::NotFoundError(
+        absl::StrCat(device_id.ToString(), " is not on ", host_.ToString())));
+  absl::Status health = device->health();
+  if (!health.ok()) return Future<>::Ready(health);
+  const int64_t bytes = shard.spec.size_bytes();
+  auto mem = device->memory().Reserve(bytes, id.ToString());
+  Promise<DeviceBufferRef> p;
+  Future<DeviceBufferRef> f = p.future();
+  if (absl::Status s = store_.Put(id, device_id, {f, mem, bytes}); !s.ok()) return Future<>::Ready(s);
+  mem.OnReady([p = std::move(p), shard = std::move(shard),
+               device_id](const absl::StatusOr<ReservationRef>& r) mutable {
+    if (!r.ok()) return p.Set(r.status());
+    p.Set(DeviceBufferRef(HostDeviceBuffer::FromHost(shard.spec, device_id, shard.bytes.data())));
+  });
+  return AsStatusFuture(f);
+}
+
+Future<DeviceBufferRef> Worker::FetchShard(BufferId id, DeviceId device) {
+  auto f = store_.Get(id, device);
+  if (!f.ok()) return Future<DeviceBufferRef>::Ready(f.status());
+  return *f;
+}
+
+void Worker::DeleteBuffers(const std::vector<BufferId>& ids) {
+  for (BufferId id : ids) store_.Delete(id);
+}
+
+absl::Status Worker::RemoveDevice(DeviceId device_id, const absl::Status& reason) {
+  Device* device = FindDevice(device_id);
+  if (device == nullptr)
+    return absl::NotFoundError(absl::StrCat(device_id.ToString(), " is not on ", host_.ToString()));
+  device->Remove(reason);
+  collectives_->AbortDevice(device_id, reason);
+  return absl::OkStatus();
+}
+
+HostStatus Worker::Status() const {
+  HostStatus s;
+  s.host = host_;
+  s.island = island_;
+  for (const auto& [id, d] : devices_) {
+    s.devices.push_back({id, host_, island_, d->health().ok(), d->memory().capacity(),
+                         d->memory().in_use(), d->memory().waiting(), d->queue_depth(),
+                         d->executed()});
+  }
+  std::sort(s.devices.begin(), s.devices.end(),
+            [](const DeviceStatus& a, const DeviceStatus& b) { return a.id < b.id; });
+  s.buffers = store_.num_buffers();
+  s.buffer_bytes = store_.bytes();
+  s.ici_bytes_received = ici_bytes_.load();
+  s.dcn_bytes_received = dcn_bytes_.load();
+  s.dispatch_queue_depth = dispatch_.depth();
+  return s;
+}
+
+}  // namespace pw

@@ -1,0 +1,75 @@
+// Worker: one host's devices, object-store shard and data plane.
+//
+// Thread-safe. Host-side work (Dispatch) runs on the worker's dispatch thread in arrival order:
+// for each node it reserves output memory, creates the output shards in the object store as
+// pending futures, looks up (or sets up receives for) inputs, and enqueues the computation on each
+// local device with the input and memory futures as dependencies. Nothing there waits for data or
+// memory, so a whole subgraph is dispatched before any of it runs. Receives (transfer nodes) pull
+// source shards from their hosts (FetchShard on the peer) and copy on the data-plane thread.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "pw/base/work_queue.h"
+#include "pw/cluster/cluster_spec.h"
+#include "pw/executor/collectives.h"
+#include "pw/executor/device.h"
+#include "pw/object_store/object_store.h"
+#include "pw/transport/worker_interface.h"
+
+namespace pw {
+
+class Worker final : public WorkerInterface {
+ public:
+  // Finds a peer worker by host; returns nullptr for unknown hosts.
+  using PeerLookup = std::function<WorkerInterface*(HostId)>;
+
+  // `collectives` is the communicator the devices' collective kernels use (shared by every
+  // worker of an in-process cluster); it must outlive the worker.
+  Worker(HostId host, IslandId island, const std::vector<DeviceSpec>& devices,
+         Collectives* collectives, PeerLookup peers);
+  // Fails outstanding device work, then drains the dispatch and data-plane threads.
+  ~Worker() override;
+
+  HostId host() const override { return host_; }
+  absl::Status LoadFunction(FunctionId id, const NativeFunctionDef& def) override;
+  DispatchAck Dispatch(HostWork work) override;
+  Future<> PutShard(BufferId id, DeviceId device, HostArray shard) override;
+  Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) override;
+  void DeleteBuffers(const std::vector<BufferId>& ids) override;
+  absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) override;
+  HostStatus Status() const override;
+
+ private:
+  void RunHostWork(const HostWork& work, Promise<> enqueued, Promise<> done);
+  // Each appends the futures of its shards' completion to `done`.
+  void DispatchCompute(const HostWork& work, const NodeWork& node, const ComputeWork& c,
+                       std::vector<Future<>>* done);
+  void DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,
+                        std::vector<Future<>>* done);
+  absl::StatusOr<ExecutableRef> LoadExecutable(FunctionId id, int num_shards);
+  Device* FindDevice(DeviceId id) const;
+  // Registers a failed shard so consumers see `error` too.
+  void PutFailed(BufferId id, DeviceId device, const absl::Status& error);
+
+  const HostId host_;
+  const IslandId island_;
+  Collectives* const collectives_;
+  const PeerLookup peers_;
+  ObjectStore store_;
+  absl::Mutex fn_mu_;
+  absl::flat_hash_map<FunctionId, NativeFunctionDef> functions_ ABSL_GUARDED_BY(fn_mu_);
+  absl::flat_hash_map<std::pair<FunctionId, int>, ExecutableRef> executables_ ABSL_GUARDED_BY(fn_mu_);
+  std::atomic<int64_t> ici_bytes_{0};
+  std::atomic<int64_t> dcn_bytes_{0};
+  WorkQueue data_plane_;
+  absl::flat_hash_map<DeviceId, std::unique_ptr<Device>> devices_;  // Fixed at construction.
+  WorkQueue dispatch_;  // Last: destroyed (drained) first.
+};
+
+}  // namespace pw
