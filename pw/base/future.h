@@ -20,6 +20,7 @@
 
 #include "absl/functional/any_invocable.h"
 #include "pw/base/check.h"
+#include "pw/base/spin_wait.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -71,7 +72,7 @@ class FutureState {
   bool IsReady() const { return ready_.load(std::memory_order_acquire); }
 
   const Value& Await() {
-    if (!IsReady()) {
+    if (!IsReady() && !SpinYieldUntil([this] { return IsReady(); })) {
       mu_.LockWhen(absl::Condition(
           +[](std::atomic<bool>* r) { return r->load(std::memory_order_acquire); }, &ready_));
       mu_.Unlock();

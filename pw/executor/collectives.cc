@@ -1,8 +1,23 @@
 #include "pw/executor/collectives.h"
 
 #include "absl/strings/str_cat.h"
+#include "pw/base/spin_wait.h"
 
 namespace pw {
+
+void Collectives::Rendezvous::Publish(absl::Status s) {
+  status = std::move(s);
+  state.store(kFinished, std::memory_order_release);
+  WakeAll(state);
+}
+
+const absl::Status& Collectives::Rendezvous::Wait() {
+  for (uint32_t s = state.load(std::memory_order_acquire); s != kFinished;
+       s = state.load(std::memory_order_acquire)) {
+    SpinThenWait(state, s);
+  }
+  return status;
+}
 
 absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceId> devices,
                               int rank, const void* input, void* output,
@@ -19,31 +34,23 @@ absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceI
       slot = std::make_shared<Rendezvous>(std::vector<DeviceId>(devices.begin(), devices.end()));
     r = slot;
   }
-  if (r->devices.size() != devices.size()) {
+  if (r->devices.size() != devices.size() || rank < 0 ||
+      rank >= static_cast<int>(devices.size())) {
     return absl::InternalError(absl::StrCat("collective run ", key.run, " node ", key.node,
-                                            " op ", key.op, ": shards disagree on the slice size"));
+                                            " op ", key.op, ": shards disagree on the slice"));
   }
-  bool last = false;
-  {
-    absl::MutexLock lock(&r->mu);
-    if (r->done) return r->status;  // Aborted before we arrived.
-    r->inputs[rank] = input;
-    r->outputs[rank] = output;
-    last = ++r->arrived == r->devices.size();
-    if (last) {
-      r->status = combine(r->inputs, r->outputs);
-      r->done = true;
-    } else {
-      r->mu.Await(absl::Condition(+[](bool* d) { return *d; }, &r->done));
-    }
-  }
-  if (last) {
+  if (r->state.load(std::memory_order_acquire) != Rendezvous::kPending) return r->Wait();
+  r->inputs[rank] = input;
+  r->outputs[rank] = output;
+  if (r->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == r->devices.size()) {
+    // Last to arrive: every slot is written. Claim before touching other shards' buffers, so an
+    // abort that won cannot have let them return.
+    if (r->Claim()) r->Publish(combine(r->inputs, r->outputs));
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(key);
     if (it != pending_.end() && it->second == r) pending_.erase(it);
   }
-  absl::MutexLock lock(&r->mu);
-  return r->status;
+  return r->Wait();
 }
 
 void Collectives::AbortDevice(DeviceId device, const absl::Status& reason) {
@@ -62,13 +69,8 @@ void Collectives::AbortDevice(DeviceId device, const absl::Status& reason) {
       }
     }
   }
-  for (auto& r : aborted) {
-    absl::MutexLock lock(&r->mu);
-    if (!r->done) {
-      r->done = true;
-      r->status = reason;
-    }
-  }
+  for (auto& r : aborted)
+    if (r->Claim()) r->Publish(reason);
 }
 
 size_t Collectives::pending() const {

@@ -9,6 +9,7 @@
 // so the surviving shards of a slice never wait forever on a removed device.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -51,13 +52,21 @@ class Collectives {
   struct Rendezvous {
     explicit Rendezvous(std::vector<DeviceId> d)
         : devices(std::move(d)), inputs(devices.size()), outputs(devices.size()) {}
+    // Claims the right to finish (the last arriver or an abort); exactly one caller wins.
+    bool Claim() {
+      uint32_t pending = kPending;
+      return state.compare_exchange_strong(pending, kFinishing, std::memory_order_acq_rel);
+    }
+    void Publish(absl::Status s);
+    const absl::Status& Wait();
+
+    static constexpr uint32_t kPending = 0, kFinishing = 1, kFinished = 2;
     const std::vector<DeviceId> devices;
-    absl::Mutex mu;
-    size_t arrived ABSL_GUARDED_BY(mu) = 0;
-    bool done ABSL_GUARDED_BY(mu) = false;
-    absl::Status status ABSL_GUARDED_BY(mu);
-    std::vector<const void*> inputs ABSL_GUARDED_BY(mu);
-    std::vector<void*> outputs ABSL_GUARDED_BY(mu);
+    std::vector<const void*> inputs;  // Slot i is written by rank i before it arrives.
+    std::vector<void*> outputs;
+    std::atomic<size_t> arrived{0};
+    std::atomic<uint32_t> state{kPending};
+    absl::Status status;  // Written by the claimant, read after kFinished.
   };
   mutable absl::Mutex mu_;
   absl::flat_hash_map<CollectiveKey, std::shared_ptr<Rendezvous>> pending_ ABSL_GUARDED_BY(mu_);

@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include "absl/strings/str_cat.h"
+#include "pw/base/spin_wait.h"
 
 namespace pw {
 
@@ -31,6 +32,7 @@ void Device::Enqueue(std::vector<Future<>> deps, Work work) {
     absl::MutexLock lock(&mu_);
     if (removed_.ok()) {
       queue_.push_back({std::move(deps), std::move(work)});
+      pending_.fetch_add(1, std::memory_order_release);
       return;
     }
     removed = removed_;
@@ -66,12 +68,15 @@ void Device::Loop() {
   while (true) {
     Item item;
     absl::Status removed;
+    // Work usually arrives within microseconds of the last item; yield before sleeping.
+    SpinYieldUntil([this] { return pending_.load(std::memory_order_acquire) > 0; });
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(this, &Device::HasWork));
       if (queue_.empty()) return;
       item = std::move(queue_.front());
       queue_.pop_front();
+      pending_.fetch_sub(1, std::memory_order_relaxed);
       running_ = 1;
       removed = removed_;
     }

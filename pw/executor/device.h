@@ -9,6 +9,7 @@
 // run; the memory budget fails its waiters.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -60,6 +61,7 @@ class Device {
   DeviceMemory memory_;
   mutable absl::Mutex mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> pending_{0};  // queue_.size(), readable without mu_ for spinning.
   absl::Status removed_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   size_t running_ ABSL_GUARDED_BY(mu_) = 0;

@@ -54,14 +54,14 @@ DeviceMemory::DeviceMemory(DeviceId device, int64_t capacity_bytes)
 
 DeviceMemory::~DeviceMemory() { Close(absl::CancelledError("device memory destroyed")); }
 
-Future<ReservationRef> DeviceMemory::Reserve(int64_t bytes, absl::string_view what) {
+Future<ReservationRef> DeviceMemory::Reserve(int64_t bytes) {
   if (bytes < 0) {
     return Future<ReservationRef>::Ready(absl::InvalidArgumentError(
-        absl::StrCat(what, ": negative reservation of ", bytes, " bytes")));
+        absl::StrCat("negative reservation of ", bytes, " bytes")));
   }
   if (bytes > pool_->capacity) {
     return Future<ReservationRef>::Ready(absl::ResourceExhaustedError(absl::StrCat(
-        what, " needs ", bytes, " bytes but ", pool_->device.ToString(), " has only ",
+        "needs ", bytes, " bytes but ", pool_->device.ToString(), " has only ",
         pool_->capacity, " bytes of memory in all; it can never fit")));
   }
   absl::MutexLock lock(&pool_->mu);

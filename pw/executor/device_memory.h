@@ -42,8 +42,8 @@ class DeviceMemory {
   DeviceMemory(DeviceId device, int64_t capacity_bytes);
   ~DeviceMemory();
 
-  // `what` names the requester in errors ("buffer:12 of node 'b'").
-  Future<ReservationRef> Reserve(int64_t bytes, absl::string_view what);
+  // Callers add who asked to any error.
+  Future<ReservationRef> Reserve(int64_t bytes);
   // Fails every waiting and future request with `reason` (the device was removed).
   void Close(const absl::Status& reason);
 

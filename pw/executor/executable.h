@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "pw/base/future.h"
 #include "pw/base/ids.h"
 #include "pw/base/shape.h"
@@ -24,7 +25,7 @@ namespace pw {
 struct ShardLaunch {
   CollectiveKey key;                  // `op` is set by the executable per collective.
   int rank = 0;                       // This device's position in the slice.
-  std::vector<DeviceId> slice_devices;  // Physical devices of the slice, in rank order.
+  absl::Span<const DeviceId> slice_devices;  // Physical devices of the slice, in rank order.
   DeviceId device;
   std::vector<DeviceBufferRef> inputs;  // Ready buffers, one per input spec.
   Collectives* collectives = nullptr;

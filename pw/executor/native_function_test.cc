@@ -16,9 +16,12 @@ std::vector<float> Read(const DeviceBufferRef& b) {
   return v;
 }
 
+const DeviceId kDevice0[] = {DeviceId(0)};
+const DeviceId kDevices01[] = {DeviceId(0), DeviceId(1)};
+
 ShardLaunch Single(std::vector<DeviceBufferRef> inputs) {
   ShardLaunch l;
-  l.slice_devices = {DeviceId(0)};
+  l.slice_devices = kDevice0;
   l.device = DeviceId(0);
   l.inputs = std::move(inputs);
   return l;
@@ -159,7 +162,7 @@ TEST(NativeFunctionTest, AbortedDeviceFailsRendezvous) {
     ShardLaunch l;
     l.key = {9, 0, 0};
     l.rank = 0;
-    l.slice_devices = {DeviceId(0), DeviceId(1)};
+    l.slice_devices = kDevices01;
     l.device = DeviceId(0);
     l.inputs = {F32({1}, Shape({1}))};
     l.collectives = &coll;

@@ -10,8 +10,8 @@ TEST(ObjectStoreTest, PutGetDeleteReleasesMemory) {
   DeviceMemory mem(DeviceId(0), 100);
   ObjectStore store;
   Promise<DeviceBufferRef> p;
-  ASSERT_TRUE(store.Put(BufferId(1), DeviceId(0), {p.future(), mem.Reserve(40, "b1"), 40}).ok());
-  EXPECT_EQ(store.Put(BufferId(1), DeviceId(0), {p.future(), mem.Reserve(1, "dup"), 1}).code(),
+  ASSERT_TRUE(store.Put(BufferId(1), DeviceId(0), {p.future(), mem.Reserve(40), 40}).ok());
+  EXPECT_EQ(store.Put(BufferId(1), DeviceId(0), {p.future(), mem.Reserve(1), 1}).code(),
             absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(mem.in_use(), 40);  // The refused duplicate and its reservation were dropped.
   auto got = store.Get(BufferId(1), DeviceId(0));

@@ -14,12 +14,10 @@ std::string NodeWhere(const HostWork& work, const NodeWork& node, DeviceId devic
                       "' on ", device.ToString());
 }
 
-// Adds `f` to `deps` unless it is already ready and OK; returns its error if it already failed.
+// The error of `f` if it is already ready with one.
 template <typename T>
-absl::Status AddDep(const Future<T>& f, std::vector<Future<>>* deps) {
-  if (f.IsReady()) return f.status();
-  deps->push_back(AsStatusFuture(f));
-  return absl::OkStatus();
+absl::Status FailedAlready(const Future<T>& f) {
+  return f.IsReady() ? f.status() : absl::OkStatus();
 }
 
 }  // namespace
@@ -72,20 +70,21 @@ Device* Worker::FindDevice(DeviceId id) const {
 DispatchAck Worker::Dispatch(HostWork work) {
   Promise<> enqueued, done;
   DispatchAck ack{enqueued.future(), done.future()};
-  dispatch_.Post([this, work = std::move(work), enqueued = std::move(enqueued),
-                  done = std::move(done)]() mutable {
-    RunHostWork(work, std::move(enqueued), std::move(done));
+  dispatch_.Post([this, work = std::make_shared<const HostWork>(std::move(work)),
+                  enqueued = std::move(enqueued), done = std::move(done)]() mutable {
+    RunHostWork(std::move(work), std::move(enqueued), std::move(done));
   });
   return ack;
 }
 
-void Worker::RunHostWork(const HostWork& work, Promise<> enqueued, Promise<> done) {
+void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued,
+                         Promise<> done) {
   std::vector<Future<>> shard_done;
-  for (const NodeWork& node : work.nodes) {
+  for (const NodeWork& node : work->nodes) {
     if (const auto* c = std::get_if<ComputeWork>(&node.work)) {
       DispatchCompute(work, node, *c, &shard_done);
     } else {
-      DispatchTransfer(work, node, std::get<TransferWork>(node.work), &shard_done);
+      DispatchTransfer(*work, node, std::get<TransferWork>(node.work), &shard_done);
     }
   }
   enqueued.Set();
@@ -99,19 +98,18 @@ void Worker::PutFailed(BufferId id, DeviceId device, const absl::Status& error) 
       .IgnoreError();
 }
 
-void Worker::DispatchCompute(const HostWork& work, const NodeWork& node, const ComputeWork& c,
-                             std::vector<Future<>>* done) {
+void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const NodeWork& node,
+                             const ComputeWork& c, std::vector<Future<>>* done) {
   auto exe = LoadExecutable(c.function, static_cast<int>(c.slice_devices.size()));
   for (int rank : c.local_ranks) {
     const DeviceId device_id = c.slice_devices[rank];
-    const std::string where = NodeWhere(work, node, device_id);
     Device* device = FindDevice(device_id);
     absl::Status setup = exe.status();
     if (setup.ok() && device == nullptr)
       setup = absl::InternalError(absl::StrCat(device_id.ToString(), " is not on ", host_.ToString()));
     // Inputs: futures of shards already in (or promised to) this host's store.
     std::vector<Future<DeviceBufferRef>> inputs;
-    std::vector<Future<>> deps;
+    inputs.reserve(c.inputs.size());
     for (BufferId in : c.inputs) {
       if (!setup.ok()) break;
       auto f = store_.Get(in, device_id);
@@ -119,23 +117,26 @@ void Worker::DispatchCompute(const HostWork& work, const NodeWork& node, const C
         setup = f.status();
         break;
       }
-      setup = AddDep(*f, &deps);
+      setup = FailedAlready(*f);
       inputs.push_back(*std::move(f));
     }
-    // Outputs: reserve memory now; the shard is a promise until the computation runs.
+    // Outputs: reserve memory now; each shard is a promise until the computation runs.
     std::vector<Promise<DeviceBufferRef>> outputs;
+    std::vector<Future<ReservationRef>> memory;
+    outputs.reserve(c.outputs.size());
     for (size_t k = 0; k < c.outputs.size(); ++k) {
       if (!setup.ok()) break;
       int64_t bytes = (*exe)->output_specs()[k].size_bytes();
-      auto mem = device->memory().Reserve(
-          bytes, absl::StrCat(c.outputs[k].ToString(), " (output ", k, " of ", where, ")"));
+      auto mem = device->memory().Reserve(bytes);
       Promise<DeviceBufferRef> p;
       setup = store_.Put(c.outputs[k], device_id, {p.future(), mem, bytes});
-      if (setup.ok()) setup = AddDep(mem, &deps);
+      if (setup.ok()) setup = FailedAlready(mem);
+      if (!setup.ok()) setup = Annotate(setup, absl::StrCat(c.outputs[k].ToString(), " (output ", k, ")"));
+      memory.push_back(std::move(mem));
       outputs.push_back(std::move(p));
     }
     if (!setup.ok()) {
-      absl::Status error = Annotate(setup, where);
+      absl::Status error = Annotate(setup, NodeWhere(*work, node, device_id));
       for (auto& p : outputs) p.Set(error);
       for (size_t k = outputs.size(); k < c.outputs.size(); ++k)
         PutFailed(c.outputs[k], device_id, error);
@@ -144,36 +145,41 @@ void Worker::DispatchCompute(const HostWork& work, const NodeWork& node, const C
     }
     Promise<> shard_done;
     done->push_back(shard_done.future());
-    ShardLaunch launch;
-    launch.key = {work.run.value(), node.node, 0};
-    launch.rank = rank;
-    launch.slice_devices = c.slice_devices;
-    launch.device = device_id;
-    launch.collectives = collectives_;
+    // The device waits for inputs and memory itself, like a stream waiting on events.
     device->Enqueue(
-        std::move(deps),
-        [exe = *exe, launch = std::move(launch), inputs = std::move(inputs),
-         outputs = std::move(outputs), shard_done = std::move(shard_done),
-         where](const absl::Status& ready) mutable {
-          auto fail = [&](const absl::Status& s) {
-            absl::Status error = Annotate(s, where);
-            for (auto& p : outputs) p.Set(error);
-            shard_done.Set(error);
-          };
-          if (!ready.ok()) return fail(ready);
-          for (auto& f : inputs) launch.inputs.push_back(*f.Await());
-          auto result = exe->ExecuteShard(launch);
-          result.OnReady([outputs = std::move(outputs), shard_done = std::move(shard_done),
-                          where](const absl::StatusOr<std::vector<DeviceBufferRef>>& r) mutable {
-            if (!r.ok()) {
-              absl::Status error = Annotate(r.status(), where);
-              for (auto& p : outputs) p.Set(error);
-              shard_done.Set(error);
+        {}, [this, exe = *exe, work, &node, rank, device_id, inputs = std::move(inputs),
+             memory = std::move(memory), outputs = std::move(outputs),
+             shard_done = std::move(shard_done)](const absl::Status& health) mutable {
+          absl::Status s = health;
+          for (size_t k = 0; s.ok() && k < memory.size(); ++k) s = memory[k].status();
+          ShardLaunch launch;
+          launch.inputs.reserve(inputs.size());
+          for (size_t j = 0; s.ok() && j < inputs.size(); ++j) {
+            const auto& v = inputs[j].Await();
+            if (v.ok()) {
+              launch.inputs.push_back(*v);
+            } else {
+              s = v.status();
+            }
+          }
+          if (s.ok()) {
+            launch.key = {work->run.value(), node.node, 0};
+            launch.rank = rank;
+            launch.slice_devices = std::get<ComputeWork>(node.work).slice_devices;
+            launch.device = device_id;
+            launch.collectives = collectives_;
+            auto result = exe->ExecuteShard(launch);
+            const auto& r = result.Await();  // Native kernels are done already.
+            if (r.ok()) {
+              for (size_t k = 0; k < outputs.size(); ++k) outputs[k].Set((*r)[k]);
+              shard_done.Set();
               return;
             }
-            for (size_t k = 0; k < outputs.size(); ++k) outputs[k].Set((*r)[k]);
-            shard_done.Set();
-          });
+            s = r.status();
+          }
+          absl::Status error = Annotate(s, NodeWhere(*work, node, device_id));
+          for (auto& p : outputs) p.Set(error);
+          shard_done.Set(error);
         });
   }
 }
@@ -230,7 +236,7 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
       fetched.push_back(std::move(f));
     }
     const int64_t bytes = shard_spec.size_bytes();
-    auto mem = device->memory().Reserve(bytes, absl::StrCat(t.dst.ToString(), " (", where, ")"));
+    auto mem = device->memory().Reserve(bytes);
     deps.push_back(AsStatusFuture(mem));
     Promise<DeviceBufferRef> out;
     Promise<> shard_done;
@@ -291,7 +297,7 @@ Future<> Worker::PutShard(BufferId id, DeviceId device_id, HostArray shard) {
   absl::Status health = device->health();
   if (!health.ok()) return Future<>::Ready(health);
   const int64_t bytes = shard.spec.size_bytes();
-  auto mem = device->memory().Reserve(bytes, id.ToString());
+  auto mem = device->memory().Reserve(bytes);
   Promise<DeviceBufferRef> p;
   Future<DeviceBufferRef> f = p.future();
   if (absl::Status s = store_.Put(id, device_id, {f, mem, bytes}); !s.ok()) return Future<>::Ready(s);

@@ -46,10 +46,11 @@ class Worker final : public WorkerInterface {
   HostStatus Status() const override;
 
  private:
-  void RunHostWork(const HostWork& work, Promise<> enqueued, Promise<> done);
-  // Each appends the futures of its shards' completion to `done`.
-  void DispatchCompute(const HostWork& work, const NodeWork& node, const ComputeWork& c,
-                       std::vector<Future<>>* done);
+  void RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued, Promise<> done);
+  // Each appends the futures of its shards' completion to `done`. Closures keep `work` alive
+  // (it names the run and node in errors, and holds the slice's device list).
+  void DispatchCompute(const std::shared_ptr<const HostWork>& work, const NodeWork& node,
+                       const ComputeWork& c, std::vector<Future<>>* done);
   void DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,
                         std::vector<Future<>>* done);
   absl::StatusOr<ExecutableRef> LoadExecutable(FunctionId id, int num_shards);

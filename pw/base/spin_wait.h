@@ -1,0 +1,26 @@
+// Waiting for an atomic flag when threads outnumber cores.
+//
+// Device executors, collectives and futures often wait microseconds for another thread of this
+// process. Sleeping in the kernel and being woken costs tens of microseconds when runnable
+// threads outnumber cores; yielding the core a bounded number of times lets the thread we wait
+// for run at once. After the bound, the waiter sleeps on a futex, so idle waits cost nothing.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+namespace pw {
+
+// Yields the core up to a bounded number of times until pred() holds; returns whether it does.
+// Callers fall back to a blocking wait when it returns false.
+bool SpinYieldUntil(bool (*pred)(const void*), const void* arg);
+template <typename F>
+bool SpinYieldUntil(const F& pred) {
+  return SpinYieldUntil(+[](const void* f) { return (*static_cast<const F*>(f))(); }, &pred);
+}
+
+// Waits until `word` != `value`. Pair with WakeAll(word) after every store that changes it.
+void SpinThenWait(const std::atomic<uint32_t>& word, uint32_t value);
+void WakeAll(std::atomic<uint32_t>& word);
+
+}  // namespace pw
