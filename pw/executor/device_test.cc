@@ -57,3 +57,50 @@ TEST(DeviceTest, RemoveFailsQueuedAndLaterWork) {
 
 }  // namespace
 }  // namespace pw
+
+#include "pw/executor/native_function.h"
+
+namespace pw {
+namespace {
+
+// The hazard gang scheduling exists for: two SPMD computations with collectives enqueued in
+// different orders on two devices deadlock. (The island scheduler test suite shows the same
+// programs complete when one scheduler orders them.)
+TEST(DeviceTest, InconsistentOrderOfCollectivesDeadlocks) {
+  Collectives coll;
+  NativeFunctionBuilder b("ar");
+  int x = b.Input({DType::kF32, Shape({1})});
+  ExecutableRef exe = *CompileNative(b.Build({b.Op("all_reduce_sum", {x})}), 2);
+  Device d0(DeviceId(0), HostId(0), IslandId(0), 1 << 20);
+  Device d1(DeviceId(1), HostId(0), IslandId(0), 1 << 20);
+  static const DeviceId kDevs[] = {DeviceId(0), DeviceId(1)};
+  std::vector<Future<>> done;
+  auto enqueue = [&](Device& d, int rank, int64_t run) {
+    Promise<> p;
+    done.push_back(p.future());
+    float one = 1;
+    d.Enqueue({}, [&, rank, run, one, p = std::move(p)](const absl::Status&) mutable {
+      ShardLaunch l;
+      l.key = {run, 0, 0};
+      l.rank = rank;
+      l.slice_devices = kDevs;
+      l.device = kDevs[rank];
+      l.inputs = {HostDeviceBuffer::FromHost({DType::kF32, Shape({1})}, kDevs[rank], &one)};
+      l.collectives = &coll;
+      p.Set(exe->ExecuteShard(l).status());
+    });
+  };
+  enqueue(d0, 0, /*run=*/1);  // device 0: run 1, then run 2
+  enqueue(d0, 0, 2);
+  enqueue(d1, 1, 2);          // device 1: run 2, then run 1
+  enqueue(d1, 1, 1);
+  EXPECT_FALSE(JoinFutures(done).AwaitFor(absl::Milliseconds(300))) << "expected a deadlock";
+  // Unstick: removing a device aborts the collectives waiting on it.
+  coll.AbortDevice(DeviceId(1), absl::CancelledError("test over"));
+  d0.Remove(absl::CancelledError("test over"));
+  d1.Remove(absl::CancelledError("test over"));
+  JoinFutures(done).status().IgnoreError();
+}
+
+}  // namespace
+}  // namespace pw

@@ -5,15 +5,44 @@
 namespace pw {
 
 absl::Status ObjectStore::Put(BufferId id, DeviceId device, Shard shard) {
-  absl::MutexLock lock(&mu_);
-  auto& shards = buffers_[id];
-  if (shards.contains(device))
-    return absl::AlreadyExistsError(
-        absl::StrCat(id.ToString(), " already has a shard on ", device.ToString()));
-  bytes_ += shard.bytes;
-  ++shards_;
-  shards.emplace(device, std::move(shard));
+  std::vector<Promise<DeviceBufferRef>> waiters;
+  Future<DeviceBufferRef> buffer = shard.buffer;
+  {
+    absl::MutexLock lock(&mu_);
+    auto& shards = buffers_[id];
+    if (shards.contains(device))
+      return absl::AlreadyExistsError(
+          absl::StrCat(id.ToString(), " already has a shard on ", device.ToString()));
+    bytes_ += shard.bytes;
+    ++shards_;
+    shards.emplace(device, std::move(shard));
+    if (!waiting_.empty()) {
+      auto it = waiting_.find(std::make_pair(id, device));
+      if (it != waiting_.end()) {
+        waiters = std::move(it->second);
+        waiting_.erase(it);
+      }
+    }
+  }
+  for (auto& w : waiters) {
+    buffer.OnReady([w = std::move(w)](const absl::StatusOr<DeviceBufferRef>& b) mutable {
+      w.Set(b);
+    });
+  }
   return absl::OkStatus();
+}
+
+Future<DeviceBufferRef> ObjectStore::GetWhenCreated(BufferId id, DeviceId device) {
+  absl::MutexLock lock(&mu_);
+  auto it = buffers_.find(id);
+  if (it != buffers_.end()) {
+    auto sit = it->second.find(device);
+    if (sit != it->second.end()) return sit->second.buffer;
+  }
+  Promise<DeviceBufferRef> p;
+  Future<DeviceBufferRef> f = p.future();
+  waiting_[std::make_pair(id, device)].push_back(std::move(p));
+  return f;
 }
 
 absl::StatusOr<Future<DeviceBufferRef>> ObjectStore::Get(BufferId id, DeviceId device) const {

@@ -30,6 +30,9 @@ class ObjectStore {
   // Fails with AlreadyExists if the shard exists.
   absl::Status Put(BufferId id, DeviceId device, Shard shard);
   absl::StatusOr<Future<DeviceBufferRef>> Get(BufferId id, DeviceId device) const;
+  // Like Get, but a shard not created yet is waited for: a peer may ask for a shard before this
+  // host has processed the dispatch that creates it (hosts process their queues independently).
+  Future<DeviceBufferRef> GetWhenCreated(BufferId id, DeviceId device);
   // Removes every shard of `id` on this host; returns how many.
   int Delete(BufferId id);
   // Ready when every shard of `id` on this host is ready (NotFound if there is none).
@@ -42,6 +45,8 @@ class ObjectStore {
  private:
   mutable absl::Mutex mu_;
   absl::flat_hash_map<BufferId, absl::flat_hash_map<DeviceId, Shard>> buffers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::pair<BufferId, DeviceId>, std::vector<Promise<DeviceBufferRef>>>
+      waiting_ ABSL_GUARDED_BY(mu_);
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t shards_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -26,7 +26,8 @@ class WorkerInterface {
   virtual DispatchAck Dispatch(HostWork work) = 0;
   // Stores one shard from host memory (waits for device memory if it is full).
   virtual Future<> PutShard(BufferId id, DeviceId device, HostArray shard) = 0;
-  // One shard's buffer once it is ready (the data plane's read side).
+  // One shard's buffer once it is ready (the data plane's read side). A shard whose producing
+  // dispatch has not reached this host yet is waited for.
   virtual Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) = 0;
   virtual void DeleteBuffers(const std::vector<BufferId>& ids) = 0;
   virtual absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) = 0;

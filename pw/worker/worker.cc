@@ -310,9 +310,10 @@ Future<> Worker::PutShard(BufferId id, DeviceId device_id, HostArray shard) {
 }
 
 Future<DeviceBufferRef> Worker::FetchShard(BufferId id, DeviceId device) {
-  auto f = store_.Get(id, device);
-  if (!f.ok()) return Future<DeviceBufferRef>::Ready(f.status());
-  return *f;
+  if (FindDevice(device) == nullptr)
+    return Future<DeviceBufferRef>::Ready(absl::NotFoundError(
+        absl::StrCat(device.ToString(), " is not on ", host_.ToString())));
+  return store_.GetWhenCreated(id, device);
 }
 
 void Worker::DeleteBuffers(const std::vector<BufferId>& ids) {
