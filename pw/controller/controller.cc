@@ -14,7 +14,9 @@ namespace pw {
 struct Controller::Plan {
   LoweredProgram lowered;
   std::vector<SliceId> slices;
-  std::vector<std::pair<IslandId, IslandWork>> islands;  // Ascending island order.
+  // Per island (ascending), each host's static subgraph.
+  std::vector<std::pair<IslandId, std::vector<std::pair<HostId, std::shared_ptr<const HostProgram>>>>>
+      islands;
   std::vector<int> output_refs;                           // Client handles per value.
 };
 
@@ -195,14 +197,15 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
     absl::MutexLock lock(&mu_);
     host_island = host_island_;
   }
-  std::map<int64_t, IslandWork> islands;
-  std::map<std::pair<int64_t, int64_t>, size_t> host_index;  // (island, host) -> index.
-  auto host_work = [&](HostId host) -> HostWork& {
-    IslandId island = host_island[host];
-    IslandWork& iw = islands[island.value()];
-    auto [it, inserted] = host_index.try_emplace({island.value(), host.value()}, iw.hosts.size());
-    if (inserted) iw.hosts.push_back({host, HostWork{}});
-    return iw.hosts[it->second].second;
+  // island -> host -> that host's nodes, in topological order.
+  std::map<int64_t, std::map<int64_t, std::shared_ptr<HostProgram>>> islands;
+  auto host_program = [&](HostId host) -> HostProgram& {
+    auto& p = islands[host_island[host].value()][host.value()];
+    if (p == nullptr) {
+      p = std::make_shared<HostProgram>();
+      p->program = lowered.name;
+    }
+    return *p;
   };
   absl::flat_hash_map<int64_t, bool> slices;
   for (size_t i = 0; i < lowered.nodes.size(); ++i) {
@@ -215,23 +218,19 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
     for (const auto& [host, ranks] : ranks_by_host) {
       NodeWork nw{static_cast<int32_t>(i), n.name, {}};
       if (n.kind == LoweredNode::Kind::kCompute) {
-        ComputeWork c{n.function, n.slice.devices, ranks, {}, {}};
-        for (int v : n.inputs) c.inputs.push_back(BufferId(v));
-        for (int v : n.outputs) c.outputs.push_back(BufferId(v));
-        nw.work = std::move(c);
+        nw.work = ComputeWork{n.function, n.slice.devices, ranks, n.inputs, n.outputs};
       } else {
-        const Placement& src = lowered.values[n.inputs[0]].placement;
-        const Placement& dst = lowered.values[n.outputs[0]].placement;
-        nw.work = TransferWork{BufferId(n.inputs[0]), BufferId(n.outputs[0]), dst.global,
-                               src.sharding, src.devices, src.hosts, dst.sharding, dst.devices,
-                               ranks, n.link};
+        const Placement& src = *lowered.values[n.inputs[0]].placement;
+        const Placement& dst = *lowered.values[n.outputs[0]].placement;
+        nw.work = TransferWork{n.inputs[0], n.outputs[0], dst.global, src.sharding, src.devices,
+                               src.hosts, dst.sharding, dst.devices, ranks, n.link};
       }
-      host_work(HostId(host)).nodes.push_back(std::move(nw));
+      host_program(HostId(host)).nodes.push_back(std::move(nw));
     }
   }
-  for (auto& [island, iw] : islands) {
-    iw.spans_islands = islands.size() > 1;
-    plan->islands.emplace_back(IslandId(island), std::move(iw));
+  for (auto& [island, hosts] : islands) {
+    auto& entry = plan->islands.emplace_back(IslandId(island), std::vector<std::pair<HostId, std::shared_ptr<const HostProgram>>>{});
+    for (auto& [host, program] : hosts) entry.second.emplace_back(HostId(host), std::move(program));
   }
   for (const auto& [s, _] : slices) plan->slices.push_back(SliceId(s));
   plan->output_refs.assign(lowered.values.size(), 0);
@@ -320,12 +319,12 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
       return Future<RunInfo>::Ready(
           Annotate(lb.status(), absl::StrCat(program.ToString(), " argument ", i)));
     }
-    auto slice = rm_.ResolveSlice(client, lb->slice);
+    auto slice = rm_.ResolveSlice(client, lb->placement->slice);
     if (!slice.ok()) {
       return Future<RunInfo>::Ready(
           Annotate(slice.status(), absl::StrCat(program.ToString(), " argument ", i)));
     }
-    placements.push_back(PlacementOn(*slice, lb->global, lb->sharding));
+    placements.push_back(PlacementOn(*slice, lb->placement->global, lb->placement->sharding));
   }
   auto plan_or = PlanFor(client, program, placements);
   if (!plan_or.ok()) return Future<RunInfo>::Ready(plan_or.status());
@@ -349,9 +348,8 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
       ids[v] = args[val.arg];
       continue;
     }
-    LogicalBuffer lb{BufferId(), client, val.placement.global, val.placement.sharding,
-                     val.placement.slice, val.placement.devices, val.placement.hosts, run_done_f};
-    ids[v] = buffers_.Create(std::move(lb), plan.output_refs[v], /*pins=*/1);
+    ids[v] = buffers_.Create({BufferId(), client, val.placement, run_done_f}, plan.output_refs[v],
+                             /*pins=*/1);
     unpin.push_back(ids[v]);
   }
   buffers_.Pin(args);
@@ -361,33 +359,16 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   info.run = run;
   info.done = run_done_f;
   for (int v : lp.outputs) {
-    const Placement& p = lp.values[v].placement;
+    const Placement& p = *lp.values[v].placement;
     info.outputs.push_back({ids[v], p.global, p.sharding, p.slice});
   }
 
+  auto buffers = std::make_shared<const std::vector<BufferId>>(std::move(ids));
   std::vector<Future<>> enqueued, done;
   {
     absl::MutexLock order(&submit_mu_);
-    for (const auto& [island, tmpl] : plan.islands) {
-      IslandWork w = tmpl;
-      w.run = run;
-      w.client = client;
-      w.program = lp.name;
-      w.mode = mode;
-      for (auto& [host, hw] : w.hosts) {
-        hw.run = run;
-        hw.program = lp.name;
-        for (NodeWork& n : hw.nodes) {
-          if (auto* c = std::get_if<ComputeWork>(&n.work)) {
-            for (BufferId& b : c->inputs) b = ids[b.value()];
-            for (BufferId& b : c->outputs) b = ids[b.value()];
-          } else {
-            auto& t = std::get<TransferWork>(n.work);
-            t.src = ids[t.src.value()];
-            t.dst = ids[t.dst.value()];
-          }
-        }
-      }
+    for (const auto& [island, hosts] : plan.islands) {
+      IslandWork w{run, client, lp.name, mode, plan.islands.size() > 1, buffers, hosts};
       DispatchAck ack = Scheduler(island)->Submit(std::move(w));
       enqueued.push_back(ack.enqueued);
       done.push_back(ack.done);
@@ -421,7 +402,7 @@ void Controller::Free(const std::vector<LogicalBuffer>& freed) {
   if (freed.empty()) return;
   absl::flat_hash_map<HostId, std::vector<BufferId>> by_host;
   for (const auto& b : freed) {
-    for (HostId h : b.hosts) {
+    for (HostId h : b.placement->hosts) {
       auto& v = by_host[h];
       if (v.empty() || v.back() != b.id) v.push_back(b.id);
     }
@@ -449,9 +430,9 @@ absl::StatusOr<ArrayInfo> Controller::PutArray(ClientId client, SliceId slice_id
                                                    slice.devices.size()));
   }
   Promise<> ready;
-  LogicalBuffer lb{BufferId(), client, value.spec, sharding, slice_id,
-                   slice.devices, slice.hosts, ready.future()};
-  BufferId id = buffers_.Create(lb, /*client_refs=*/1, /*pins=*/0);
+  auto placement = std::make_shared<const Placement>(PlacementOn(slice, value.spec, sharding));
+  BufferId id = buffers_.Create({BufferId(), client, placement, ready.future()}, /*client_refs=*/1,
+                                /*pins=*/0);
   const Box whole{std::vector<int64_t>(value.spec.shape.rank(), 0),
                   std::vector<int64_t>(value.spec.shape.dims().begin(), value.spec.shape.dims().end())};
   const ArraySpec shard_spec{value.spec.dtype, sharding.ShardShape(value.spec.shape)};
@@ -476,13 +457,13 @@ Future<HostArray> Controller::FetchArray(ClientId client, BufferId id) {
   if (!lb.ok()) return Future<HostArray>::Ready(lb.status());
   Promise<HostArray> p;
   Future<HostArray> result = p.future();
-  lb->ready.OnReady([this, lb = *lb, p = std::move(p)](const absl::Status& s) mutable {
+  lb->ready.OnReady([this, id, pl = lb->placement, p = std::move(p)](const absl::Status& s) mutable {
     if (!s.ok()) return p.Set(s);
     // One shard per distinct region (replicated shardings repeat regions).
     std::vector<int> ranks;
     std::vector<Box> boxes;
-    for (size_t r = 0; r < lb.devices.size(); ++r) {
-      Box b = lb.sharding.ShardBox(lb.global.shape, static_cast<int>(r));
+    for (size_t r = 0; r < pl->devices.size(); ++r) {
+      Box b = pl->sharding.ShardBox(pl->global.shape, static_cast<int>(r));
       if (std::find(boxes.begin(), boxes.end(), b) != boxes.end()) continue;
       boxes.push_back(b);
       ranks.push_back(static_cast<int>(r));
@@ -490,25 +471,26 @@ Future<HostArray> Controller::FetchArray(ClientId client, BufferId id) {
     std::vector<Future<DeviceBufferRef>> shards;
     std::vector<Future<>> deps;
     for (int r : ranks) {
-      WorkerInterface* w = Worker(lb.hosts[r]);
+      WorkerInterface* w = Worker(pl->hosts[r]);
       shards.push_back(w == nullptr ? Future<DeviceBufferRef>::Ready(absl::UnavailableError(
-                                          absl::StrCat(lb.hosts[r].ToString(), " has no worker")))
-                                    : w->FetchShard(lb.id, lb.devices[r]));
+                                          absl::StrCat(pl->hosts[r].ToString(), " has no worker")))
+                                    : w->FetchShard(id, pl->devices[r]));
       deps.push_back(AsStatusFuture(shards.back()));
     }
-    JoinFutures(deps).OnReady([lb, boxes = std::move(boxes), shards = std::move(shards),
+    JoinFutures(deps).OnReady([pl, boxes = std::move(boxes), shards = std::move(shards),
                                p = std::move(p)](const absl::Status& s) mutable {
       if (!s.ok()) return p.Set(s);
-      HostArray out{lb.global, std::vector<uint8_t>(lb.global.size_bytes())};
-      const Box whole{std::vector<int64_t>(lb.global.shape.rank(), 0),
-                      std::vector<int64_t>(lb.global.shape.dims().begin(), lb.global.shape.dims().end())};
+      const ArraySpec& g = pl->global;
+      HostArray out{g, std::vector<uint8_t>(g.size_bytes())};
+      const Box whole{std::vector<int64_t>(g.shape.rank(), 0),
+                      std::vector<int64_t>(g.shape.dims().begin(), g.shape.dims().end())};
       for (size_t i = 0; i < shards.size(); ++i) {
         const DeviceBufferRef& b = *shards[i].Await();
         std::vector<uint8_t> staged(b->size_bytes());
         absl::Status c = b->CopyToHost(staged.data()).status();
         if (!c.ok()) return p.Set(c);
         CopyBoxIntersection(staged.data(), boxes[i], out.bytes.data(), whole,
-                            DTypeSize(lb.global.dtype));
+                            DTypeSize(g.dtype));
       }
       p.Set(std::move(out));
     });

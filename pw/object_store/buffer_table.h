@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -14,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "pw/base/future.h"
 #include "pw/base/ids.h"
+#include "pw/base/placement.h"
 #include "pw/base/shape.h"
 #include "pw/base/sharding.h"
 
@@ -22,12 +24,8 @@ namespace pw {
 struct LogicalBuffer {
   BufferId id;
   ClientId owner;
-  ArraySpec global;
-  Sharding sharding;
-  SliceId slice;
-  std::vector<DeviceId> devices;  // Shard i lives on devices[i].
-  std::vector<HostId> hosts;      // Host of each shard.
-  Future<> ready;                 // Ready when every shard is computed (or failed).
+  std::shared_ptr<const Placement> placement;  // Shared with every buffer placed alike.
+  Future<> ready;  // Ready when every shard is computed (or failed).
 };
 
 class BufferTable {

@@ -10,10 +10,6 @@
 
 namespace pw {
 
-int64_t Placement::shard_bytes() const {
-  return ArraySpec{global.dtype, sharding.ShardShape(global.shape)}.size_bytes();
-}
-
 Placement PlacementOn(const SliceInfo& slice, const ArraySpec& global, const Sharding& sharding) {
   return Placement{slice.id, slice.devices, slice.hosts, slice.islands, global, sharding};
 }
@@ -160,7 +156,7 @@ absl::StatusOr<LoweredProgram> Lower(const ProgramIr& ir, const std::vector<Plac
                                                      " but the program expects ",
                                                      ir.args[i].ToString()));
     }
-    out.values.push_back({args[i], static_cast<int>(i)});
+    out.values.push_back({std::make_shared<const Placement>(args[i]), static_cast<int>(i)});
     arg_node.outputs.push_back(static_cast<int>(i));
   }
   out.nodes.push_back(std::move(arg_node));
@@ -218,18 +214,18 @@ absl::StatusOr<LoweredProgram> Lower(const ProgramIr& ir, const std::vector<Plac
         v = node_values[r.node][r.index];
         from = absl::StrCat("node '", NodeName(ir, r.node), "' output ", r.index);
       }
-      if (!(out.values[v].placement.global == b.in_global[j])) {
+      if (!(out.values[v].placement->global == b.in_global[j])) {
         return absl::InvalidArgumentError(absl::StrCat(iwhere, " expects ",
                                                        b.in_global[j].ToString(), ", but ", from,
-                                                       " is ", out.values[v].placement.global.ToString()));
+                                                       " is ", out.values[v].placement->global.ToString()));
       }
       Placement want = PlacementOn(*slice, b.in_global[j], b.in_sharding[j]);
-      if (!out.values[v].placement.SameLayout(want)) {
+      if (!out.values[v].placement->SameLayout(want)) {
         std::string key = absl::StrCat(v, "|", JoinIds(want.devices), "|",
                                        want.sharding.ToString());
         auto it = transfers.find(key);
         if (it == transfers.end()) {
-          const Placement& src = out.values[v].placement;
+          const Placement& src = *out.values[v].placement;
           LoweredNode t{LoweredNode::Kind::kTransfer,
                         absl::StrCat("transfer to ", NodeName(ir, i), " input ", j)};
           absl::flat_hash_set<int64_t> islands;
@@ -239,7 +235,7 @@ absl::StatusOr<LoweredProgram> Lower(const ProgramIr& ir, const std::vector<Plac
           t.slice = want;
           t.inputs = {v};
           int nv = static_cast<int>(out.values.size());
-          out.values.push_back({want, -1});
+          out.values.push_back({std::make_shared<const Placement>(want), -1});
           t.outputs = {nv};
           out.nodes.push_back(std::move(t));
           it = transfers.emplace(key, nv).first;
@@ -252,7 +248,8 @@ absl::StatusOr<LoweredProgram> Lower(const ProgramIr& ir, const std::vector<Plac
       const std::string owhere = absl::StrCat(where, " output ", k);
       PW_RETURN_IF_ERROR(CheckLayout(owhere, b.out_global[k], b.out_sharding[k], out_specs[k], *slice));
       int nv = static_cast<int>(out.values.size());
-      out.values.push_back({PlacementOn(*slice, b.out_global[k], b.out_sharding[k]), -1});
+      out.values.push_back(
+          {std::make_shared<const Placement>(PlacementOn(*slice, b.out_global[k], b.out_sharding[k])), -1});
       compute.outputs.push_back(nv);
       node_values[i].push_back(nv);
     }
@@ -283,7 +280,7 @@ absl::StatusOr<LoweredProgram> Lower(const ProgramIr& ir, const std::vector<Plac
   out.nodes.push_back(std::move(result));
   for (const auto& v : out.values) {
     if (v.arg >= 0) continue;
-    for (DeviceId d : v.placement.devices) out.device_bytes[d] += v.placement.shard_bytes();
+    for (DeviceId d : v.placement->devices) out.device_bytes[d] += v.placement->shard_bytes();
   }
   return out;
 }

@@ -11,12 +11,14 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "pw/base/ids.h"
+#include "pw/base/placement.h"
 #include "pw/cluster/cluster_spec.h"
 #include "pw/executor/executable.h"
 #include "pw/program/program_ir.h"
@@ -24,22 +26,8 @@
 
 namespace pw {
 
-// Where a value lives: a slice's devices and a sharding over them.
-struct Placement {
-  SliceId slice;
-  std::vector<DeviceId> devices;
-  std::vector<HostId> hosts;
-  std::vector<IslandId> islands;  // Sorted, unique.
-  ArraySpec global;
-  Sharding sharding;
-  int64_t shard_bytes() const;
-  bool SameLayout(const Placement& o) const {
-    return devices == o.devices && sharding == o.sharding;
-  }
-};
-
 struct LoweredValue {
-  Placement placement;
+  std::shared_ptr<const Placement> placement;
   int arg = -1;  // Argument index, or -1 for values the program produces.
 };
 

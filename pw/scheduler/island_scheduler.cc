@@ -62,7 +62,6 @@ void IslandScheduler::Loop() {
 
 void IslandScheduler::DispatchOne(ScheduleRequest& r) {
   std::vector<Future<>> enqueued, done;
-  auto worker = [&](HostId h) -> WorkerInterface* { return workers_(h); };
   auto unreachable = [&](HostId h) {
     absl::Status s = absl::UnavailableError(absl::StrCat(
         r.work.run.ToString(), " program '", r.work.program, "': ", h.ToString(),
@@ -70,39 +69,39 @@ void IslandScheduler::DispatchOne(ScheduleRequest& r) {
     enqueued.push_back(Future<>::Ready(s));
     done.push_back(Future<>::Ready(s));
   };
-  if (r.work.mode == DispatchMode::kParallel) {
+  const IslandWork& w = r.work;
+  if (w.mode == DispatchMode::kParallel) {
     // One message per host with all of its nodes; no waiting.
-    for (auto& [host, hw] : r.work.hosts) {
-      WorkerInterface* w = worker(host);
-      if (w == nullptr) {
+    for (const auto& [host, program] : w.hosts) {
+      WorkerInterface* worker = workers_(host);
+      if (worker == nullptr) {
         unreachable(host);
         continue;
       }
-      DispatchAck ack = w->Dispatch(std::move(hw));
+      DispatchAck ack = worker->Dispatch({w.run, program, w.buffers, 0, program->nodes.size()});
       enqueued.push_back(ack.enqueued);
       done.push_back(ack.done);
     }
   } else {
     // Node by node, in topological (node index) order, each after the previous is enqueued.
     std::vector<int32_t> order;
-    for (const auto& [host, hw] : r.work.hosts)
-      for (const auto& n : hw.nodes) order.push_back(n.node);
+    for (const auto& [host, program] : w.hosts)
+      for (const auto& n : program->nodes) order.push_back(n.node);
     std::sort(order.begin(), order.end());
     order.erase(std::unique(order.begin(), order.end()), order.end());
-    std::vector<size_t> next(r.work.hosts.size(), 0);
+    std::vector<size_t> next(w.hosts.size(), 0);
     for (int32_t node : order) {
       std::vector<Future<>> node_enqueued;
-      for (size_t h = 0; h < r.work.hosts.size(); ++h) {
-        auto& [host, hw] = r.work.hosts[h];
-        if (next[h] >= hw.nodes.size() || hw.nodes[next[h]].node != node) continue;
-        WorkerInterface* w = worker(host);
-        if (w == nullptr) {
+      for (size_t h = 0; h < w.hosts.size(); ++h) {
+        const auto& [host, program] = w.hosts[h];
+        if (next[h] >= program->nodes.size() || program->nodes[next[h]].node != node) continue;
+        const size_t at = next[h]++;
+        WorkerInterface* worker = workers_(host);
+        if (worker == nullptr) {
           unreachable(host);
-          ++next[h];
           continue;
         }
-        HostWork one{hw.run, hw.program, {std::move(hw.nodes[next[h]++])}};
-        DispatchAck ack = w->Dispatch(std::move(one));
+        DispatchAck ack = worker->Dispatch({w.run, program, w.buffers, at, at + 1});
         node_enqueued.push_back(ack.enqueued);
         done.push_back(ack.done);
       }

@@ -18,7 +18,7 @@ class FakeWorker final : public WorkerInterface {
   DispatchAck Dispatch(HostWork work) override {
     absl::MutexLock lock(&mu_);
     std::vector<int> nodes;
-    for (const auto& n : work.nodes) nodes.push_back(n.node);
+    for (size_t i = work.begin; i < work.end; ++i) nodes.push_back(work.program->nodes[i].node);
     messages_.push_back(nodes);
     acks_.emplace_back();
     return {acks_.back().future(), Future<>::Ready(absl::OkStatus())};
@@ -50,11 +50,10 @@ IslandWork Chain(int nodes, int hosts, DispatchMode mode) {
   IslandWork w;
   w.run = RunId(1);
   w.mode = mode;
-  for (int h = 0; h < hosts; ++h) {
-    HostWork hw;
-    for (int n = 0; n < nodes; ++n) hw.nodes.push_back({n, "n", ComputeWork{}});
-    w.hosts.emplace_back(HostId(h), std::move(hw));
-  }
+  auto program = std::make_shared<HostProgram>();
+  for (int n = 0; n < nodes; ++n) program->nodes.push_back({n, "n", ComputeWork{}});
+  w.buffers = std::make_shared<const std::vector<BufferId>>();
+  for (int h = 0; h < hosts; ++h) w.hosts.emplace_back(HostId(h), program);
   return w;
 }
 

@@ -25,7 +25,8 @@ struct IslandWork {
   std::string program;
   DispatchMode mode = DispatchMode::kParallel;
   bool spans_islands = false;
-  std::vector<std::pair<HostId, HostWork>> hosts;  // Per host, nodes in topological order.
+  std::shared_ptr<const std::vector<BufferId>> buffers;  // The run's buffers by value index.
+  std::vector<std::pair<HostId, std::shared_ptr<const HostProgram>>> hosts;
 };
 
 struct ScheduleRequest {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <variant>
 #include <vector>
@@ -24,20 +25,23 @@ enum class DispatchMode {
 };
 absl::string_view DispatchModeName(DispatchMode m);
 
+// Buffers in host programs are value indices of the lowered program; each run maps them to its
+// own BufferIds (HostWork::buffers).
+
 // One compute node's shards on one host.
 struct ComputeWork {
   FunctionId function;
   std::vector<DeviceId> slice_devices;  // All shards, in rank order.
   std::vector<int> local_ranks;         // The ranks on this host.
-  std::vector<BufferId> inputs;
-  std::vector<BufferId> outputs;
+  std::vector<int> inputs;              // Value indices.
+  std::vector<int> outputs;
 };
 
 // One transfer node's destination shards on one host: the host receives (pulls) the regions of
 // `src` that its shards of `dst` need.
 struct TransferWork {
-  BufferId src;
-  BufferId dst;
+  int src = 0;  // Value indices.
+  int dst = 0;
   ArraySpec global;
   Sharding src_sharding;
   std::vector<DeviceId> src_devices;
@@ -54,11 +58,21 @@ struct NodeWork {
   std::variant<ComputeWork, TransferWork> work;
 };
 
-// Everything one host does for one island subgraph of one run, in gang order.
-struct HostWork {
-  RunId run;
+// One host's part of an island subgraph of a program: a static subgraph, built once when the
+// program is lowered and shared by all of its runs. Nodes are in topological (gang) order.
+struct HostProgram {
   std::string program;
   std::vector<NodeWork> nodes;
+};
+
+// What one host does for one run: nodes [begin, end) of its host program, with the run's buffers.
+struct HostWork {
+  RunId run;
+  std::shared_ptr<const HostProgram> program;
+  std::shared_ptr<const std::vector<BufferId>> buffers;  // Value index -> this run's buffer.
+  size_t begin = 0;
+  size_t end = 0;
+  BufferId buffer(int value) const { return (*buffers)[value]; }
 };
 
 struct DispatchAck {

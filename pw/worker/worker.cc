@@ -10,7 +10,7 @@ namespace pw {
 namespace {
 
 std::string NodeWhere(const HostWork& work, const NodeWork& node, DeviceId device) {
-  return absl::StrCat(work.run.ToString(), " program '", work.program, "' node '", node.name,
+  return absl::StrCat(work.run.ToString(), " program '", work.program->program, "' node '", node.name,
                       "' on ", device.ToString());
 }
 
@@ -80,7 +80,8 @@ DispatchAck Worker::Dispatch(HostWork work) {
 void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued,
                          Promise<> done) {
   std::vector<Future<>> shard_done;
-  for (const NodeWork& node : work->nodes) {
+  for (size_t i = work->begin; i < work->end; ++i) {
+    const NodeWork& node = work->program->nodes[i];
     if (const auto* c = std::get_if<ComputeWork>(&node.work)) {
       DispatchCompute(work, node, *c, &shard_done);
     } else {
@@ -110,9 +111,9 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
     // Inputs: futures of shards already in (or promised to) this host's store.
     std::vector<Future<DeviceBufferRef>> inputs;
     inputs.reserve(c.inputs.size());
-    for (BufferId in : c.inputs) {
+    for (int in : c.inputs) {
       if (!setup.ok()) break;
-      auto f = store_.Get(in, device_id);
+      auto f = store_.Get(work->buffer(in), device_id);
       if (!f.ok()) {
         setup = f.status();
         break;
@@ -129,9 +130,10 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
       int64_t bytes = (*exe)->output_specs()[k].size_bytes();
       auto mem = device->memory().Reserve(bytes);
       Promise<DeviceBufferRef> p;
-      setup = store_.Put(c.outputs[k], device_id, {p.future(), mem, bytes});
+      const BufferId out = work->buffer(c.outputs[k]);
+      setup = store_.Put(out, device_id, {p.future(), mem, bytes});
       if (setup.ok()) setup = FailedAlready(mem);
-      if (!setup.ok()) setup = Annotate(setup, absl::StrCat(c.outputs[k].ToString(), " (output ", k, ")"));
+      if (!setup.ok()) setup = Annotate(setup, absl::StrCat(out.ToString(), " (output ", k, ")"));
       memory.push_back(std::move(mem));
       outputs.push_back(std::move(p));
     }
@@ -139,7 +141,7 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
       absl::Status error = Annotate(setup, NodeWhere(*work, node, device_id));
       for (auto& p : outputs) p.Set(error);
       for (size_t k = outputs.size(); k < c.outputs.size(); ++k)
-        PutFailed(c.outputs[k], device_id, error);
+        PutFailed(work->buffer(c.outputs[k]), device_id, error);
       done->push_back(Future<>::Ready(error));
       continue;
     }
@@ -195,7 +197,7 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
     if (device == nullptr) {
       absl::Status error = absl::InternalError(
           absl::StrCat(where, ": ", device_id.ToString(), " is not on ", host_.ToString()));
-      PutFailed(t.dst, device_id, error);
+      PutFailed(work.buffer(t.dst), device_id, error);
       done->push_back(Future<>::Ready(error));
       continue;
     }
@@ -231,7 +233,7 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
       Future<DeviceBufferRef> f =
           peer == nullptr ? Future<DeviceBufferRef>::Ready(absl::UnavailableError(absl::StrCat(
                                 t.src_hosts[s.rank].ToString(), " is unreachable")))
-                          : peer->FetchShard(t.src, t.src_devices[s.rank]);
+                          : peer->FetchShard(work.buffer(t.src), t.src_devices[s.rank]);
       deps.push_back(AsStatusFuture(f));
       fetched.push_back(std::move(f));
     }
@@ -241,7 +243,7 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
     Promise<DeviceBufferRef> out;
     Promise<> shard_done;
     done->push_back(shard_done.future());
-    absl::Status put = store_.Put(t.dst, device_id, {out.future(), mem, bytes});
+    absl::Status put = store_.Put(work.buffer(t.dst), device_id, {out.future(), mem, bytes});
     if (!put.ok()) {
       out.Set(Annotate(put, where));
       shard_done.Set(Annotate(put, where));
