@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 DEB_PACKAGES=(
   build-essential cmake ninja-build pkg-config python3 python3-venv
   libabsl-dev libopenblas-dev nlohmann-json3-dev libcli11-dev
-  libgtest-dev libgmock-dev libbenchmark-dev valgrind
+  libgtest-dev libgmock-dev libbenchmark-dev libgoogle-perftools-dev valgrind
 )
 
 missing=()

@@ -97,6 +97,7 @@ absl::StatusOr<std::vector<DispatchBenchResult>> RunDispatchBench(const Dispatch
     PW_RETURN_IF_ERROR(x0.Ready().status());
     for (DispatchMode mode : {DispatchMode::kParallel, DispatchMode::kSequential}) {
       for (const Workload& w : workloads) {
+        if (!o.only.empty() && w.name != o.only) continue;
         const std::string what = absl::StrCat(w.name, "/", DispatchModeName(mode));
         // Warm up (compiles, plans, caches), and check the result.
         PW_ASSIGN_OR_RETURN(Array warm, w.run(x0, mode));

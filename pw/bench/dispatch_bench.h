@@ -20,6 +20,7 @@ struct DispatchBenchOptions {
   int chain = 128;
   double min_seconds = 0.5;  // Per workload and mode.
   int min_iterations = 3;
+  std::string only;  // Run just this workload (opbyop | chained | fused); all when empty.
 };
 
 struct DispatchBenchResult {

@@ -31,7 +31,7 @@ absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceI
     }
     auto& slot = pending_[key];
     if (slot == nullptr)
-      slot = std::make_shared<Rendezvous>(std::vector<DeviceId>(devices.begin(), devices.end()));
+      slot = std::make_shared<Rendezvous>(devices);
     r = slot;
   }
   if (r->devices.size() != devices.size() || rank < 0 ||
@@ -45,7 +45,7 @@ absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceI
   if (r->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == r->devices.size()) {
     // Last to arrive: every slot is written. Claim before touching other shards' buffers, so an
     // abort that won cannot have let them return.
-    if (r->Claim()) r->Publish(combine(r->inputs, r->outputs));
+    if (r->Claim()) r->Publish(combine(absl::MakeConstSpan(r->inputs), absl::MakeConstSpan(r->outputs)));
     absl::MutexLock lock(&mu_);
     auto it = pending_.find(key);
     if (it != pending_.end() && it->second == r) pending_.erase(it);

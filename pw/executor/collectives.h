@@ -17,6 +17,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
@@ -50,8 +51,8 @@ class Collectives {
 
  private:
   struct Rendezvous {
-    explicit Rendezvous(std::vector<DeviceId> d)
-        : devices(std::move(d)), inputs(devices.size()), outputs(devices.size()) {}
+    explicit Rendezvous(absl::Span<const DeviceId> d)
+        : devices(d.begin(), d.end()), inputs(d.size()), outputs(d.size()) {}
     // Claims the right to finish (the last arriver or an abort); exactly one caller wins.
     bool Claim() {
       uint32_t pending = kPending;
@@ -61,9 +62,9 @@ class Collectives {
     const absl::Status& Wait();
 
     static constexpr uint32_t kPending = 0, kFinishing = 1, kFinished = 2;
-    const std::vector<DeviceId> devices;
-    std::vector<const void*> inputs;  // Slot i is written by rank i before it arrives.
-    std::vector<void*> outputs;
+    const absl::InlinedVector<DeviceId, 8> devices;
+    absl::InlinedVector<const void*, 8> inputs;  // Slot i is written by rank i before it arrives.
+    absl::InlinedVector<void*, 8> outputs;
     std::atomic<size_t> arrived{0};
     std::atomic<uint32_t> state{kPending};
     absl::Status status;  // Written by the claimant, read after kFinished.

@@ -7,19 +7,29 @@
 
 namespace pw {
 
+struct HostDeviceBuffer::Enabler : HostDeviceBuffer {
+  Enabler(const ArraySpec& spec, DeviceId device) : HostDeviceBuffer(spec, device) {}
+};
+
 HostDeviceBuffer::HostDeviceBuffer(const ArraySpec& spec, DeviceId device)
     : DeviceBuffer(spec, device) {
   size_t bytes = static_cast<size_t>(size_bytes());
+  if (bytes <= kInlineBytes) {
+    data_ = inline_;
+    return;
+  }
   size_t rounded = ((bytes + 63) / 64) * 64;
-  data_ = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
+  data_ = std::aligned_alloc(64, rounded);
   PW_CHECK(data_ != nullptr, "out of host memory");
 }
 
-HostDeviceBuffer::~HostDeviceBuffer() { std::free(data_); }
+HostDeviceBuffer::~HostDeviceBuffer() {
+  if (data_ != inline_) std::free(data_);
+}
 
 std::shared_ptr<HostDeviceBuffer> HostDeviceBuffer::Create(const ArraySpec& spec,
                                                            DeviceId device) {
-  return std::shared_ptr<HostDeviceBuffer>(new HostDeviceBuffer(spec, device));
+  return std::make_shared<Enabler>(spec, device);  // One allocation for small shards.
 }
 
 std::shared_ptr<HostDeviceBuffer> HostDeviceBuffer::FromHost(const ArraySpec& spec,

@@ -35,8 +35,9 @@ class DeviceBuffer {
 
 using DeviceBufferRef = std::shared_ptr<DeviceBuffer>;
 
-// The native backend's buffer: 64-byte-aligned host memory standing in for device memory.
-class HostDeviceBuffer final : public DeviceBuffer {
+// The native backend's buffer: host memory standing in for device memory (64-byte aligned,
+// 16-byte aligned for shards of at most 64 bytes, which live inside the object).
+class HostDeviceBuffer : public DeviceBuffer {
  public:
   // Uninitialised contents.
   static std::shared_ptr<HostDeviceBuffer> Create(const ArraySpec& spec, DeviceId device);
@@ -53,8 +54,11 @@ class HostDeviceBuffer final : public DeviceBuffer {
   Future<> CopyToHost(void* dst) const override;
 
  private:
+  static constexpr size_t kInlineBytes = 64;  // Small shards live inside the object.
+  struct Enabler;
   HostDeviceBuffer(const ArraySpec& spec, DeviceId device);
   void* data_ = nullptr;
+  alignas(16) unsigned char inline_[kInlineBytes];  // 16: plain malloc, not memalign.
 };
 
 }  // namespace pw

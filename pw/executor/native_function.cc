@@ -1,5 +1,6 @@
 #include "pw/executor/native_function.h"
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "pw/base/status_macros.h"
@@ -60,7 +61,7 @@ class NativeExecutable final : public Executable {
                                                      inputs_.size(), " inputs, got ",
                                                      launch.inputs.size()));
     }
-    std::vector<std::shared_ptr<HostDeviceBuffer>> values;
+    absl::InlinedVector<std::shared_ptr<HostDeviceBuffer>, 8> values;
     values.reserve(inputs_.size() + ops_.size());
     for (size_t i = 0; i < inputs_.size(); ++i) {
       auto host = std::dynamic_pointer_cast<HostDeviceBuffer>(launch.inputs[i]);
@@ -75,7 +76,7 @@ class NativeExecutable final : public Executable {
       }
       values.push_back(std::move(host));
     }
-    std::vector<const HostDeviceBuffer*> operands;
+    absl::InlinedVector<const HostDeviceBuffer*, 4> operands;
     for (size_t k = 0; k < ops_.size(); ++k) {
       const CompiledOp& op = ops_[k];
       operands.clear();

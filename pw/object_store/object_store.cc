@@ -10,12 +10,14 @@ absl::Status ObjectStore::Put(BufferId id, DeviceId device, Shard shard) {
   {
     absl::MutexLock lock(&mu_);
     auto& shards = buffers_[id];
-    if (shards.contains(device))
-      return absl::AlreadyExistsError(
-          absl::StrCat(id.ToString(), " already has a shard on ", device.ToString()));
+    for (const auto& [d, _] : shards) {
+      if (d == device)
+        return absl::AlreadyExistsError(
+            absl::StrCat(id.ToString(), " already has a shard on ", device.ToString()));
+    }
     bytes_ += shard.bytes;
     ++shards_;
-    shards.emplace(device, std::move(shard));
+    shards.emplace_back(device, std::move(shard));
     if (!waiting_.empty()) {
       auto it = waiting_.find(std::make_pair(id, device));
       if (it != waiting_.end()) {
@@ -36,8 +38,8 @@ Future<DeviceBufferRef> ObjectStore::GetWhenCreated(BufferId id, DeviceId device
   absl::MutexLock lock(&mu_);
   auto it = buffers_.find(id);
   if (it != buffers_.end()) {
-    auto sit = it->second.find(device);
-    if (sit != it->second.end()) return sit->second.buffer;
+    for (const auto& [d, shard] : it->second)
+      if (d == device) return shard.buffer;
   }
   Promise<DeviceBufferRef> p;
   Future<DeviceBufferRef> f = p.future();
@@ -50,15 +52,13 @@ absl::StatusOr<Future<DeviceBufferRef>> ObjectStore::Get(BufferId id, DeviceId d
   auto it = buffers_.find(id);
   if (it == buffers_.end())
     return absl::NotFoundError(absl::StrCat(id.ToString(), " is not in this host's object store"));
-  auto sit = it->second.find(device);
-  if (sit == it->second.end())
-    return absl::NotFoundError(
-        absl::StrCat(id.ToString(), " has no shard on ", device.ToString()));
-  return sit->second.buffer;
+  for (const auto& [d, shard] : it->second)
+    if (d == device) return shard.buffer;
+  return absl::NotFoundError(absl::StrCat(id.ToString(), " has no shard on ", device.ToString()));
 }
 
 int ObjectStore::Delete(BufferId id) {
-  absl::flat_hash_map<DeviceId, Shard> dropped;  // Destroyed after the lock is released.
+  Shards dropped;  // Destroyed after the lock is released.
   {
     absl::MutexLock lock(&mu_);
     auto it = buffers_.find(id);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "pw/base/future.h"
@@ -44,7 +45,9 @@ class ObjectStore {
 
  private:
   mutable absl::Mutex mu_;
-  absl::flat_hash_map<BufferId, absl::flat_hash_map<DeviceId, Shard>> buffers_ ABSL_GUARDED_BY(mu_);
+  // A host holds one shard per local device of a buffer: a few, kept inline.
+  using Shards = absl::InlinedVector<std::pair<DeviceId, Shard>, 2>;
+  absl::flat_hash_map<BufferId, Shards> buffers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<BufferId, DeviceId>, std::vector<Promise<DeviceBufferRef>>>
       waiting_ ABSL_GUARDED_BY(mu_);
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;

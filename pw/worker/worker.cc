@@ -79,17 +79,18 @@ DispatchAck Worker::Dispatch(HostWork work) {
 
 void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued,
                          Promise<> done) {
-  std::vector<Future<>> shard_done;
+  auto shard_done = std::make_shared<Countdown>();
   for (size_t i = work->begin; i < work->end; ++i) {
     const NodeWork& node = work->program->nodes[i];
     if (const auto* c = std::get_if<ComputeWork>(&node.work)) {
-      DispatchCompute(work, node, *c, &shard_done);
+      DispatchCompute(work, node, *c, shard_done);
     } else {
-      DispatchTransfer(*work, node, std::get<TransferWork>(node.work), &shard_done);
+      DispatchTransfer(*work, node, std::get<TransferWork>(node.work), shard_done);
     }
   }
   enqueued.Set();
-  JoinFutures(shard_done).OnReady(
+  shard_done->Done();  // Everything is added.
+  shard_done->future().OnReady(
       [done = std::move(done)](const absl::Status& s) mutable { done.Set(s); });
 }
 
@@ -100,7 +101,7 @@ void Worker::PutFailed(BufferId id, DeviceId device, const absl::Status& error) 
 }
 
 void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const NodeWork& node,
-                             const ComputeWork& c, std::vector<Future<>>* done) {
+                             const ComputeWork& c, const std::shared_ptr<Countdown>& done) {
   auto exe = LoadExecutable(c.function, static_cast<int>(c.slice_devices.size()));
   for (int rank : c.local_ranks) {
     const DeviceId device_id = c.slice_devices[rank];
@@ -142,16 +143,16 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
       for (auto& p : outputs) p.Set(error);
       for (size_t k = outputs.size(); k < c.outputs.size(); ++k)
         PutFailed(work->buffer(c.outputs[k]), device_id, error);
-      done->push_back(Future<>::Ready(error));
+      done->Add();
+      done->Done(error);
       continue;
     }
-    Promise<> shard_done;
-    done->push_back(shard_done.future());
+    done->Add();
     // The device waits for inputs and memory itself, like a stream waiting on events.
     device->Enqueue(
         {}, [this, exe = *exe, work, &node, rank, device_id, inputs = std::move(inputs),
              memory = std::move(memory), outputs = std::move(outputs),
-             shard_done = std::move(shard_done)](const absl::Status& health) mutable {
+             shard_done = done](const absl::Status& health) mutable {
           absl::Status s = health;
           for (size_t k = 0; s.ok() && k < memory.size(); ++k) s = memory[k].status();
           ShardLaunch launch;
@@ -174,20 +175,20 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
             const auto& r = result.Await();  // Native kernels are done already.
             if (r.ok()) {
               for (size_t k = 0; k < outputs.size(); ++k) outputs[k].Set((*r)[k]);
-              shard_done.Set();
+              shard_done->Done();
               return;
             }
             s = r.status();
           }
           absl::Status error = Annotate(s, NodeWhere(*work, node, device_id));
           for (auto& p : outputs) p.Set(error);
-          shard_done.Set(error);
+          shard_done->Done(error);
         });
   }
 }
 
 void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,
-                              std::vector<Future<>>* done) {
+                              const std::shared_ptr<Countdown>& done) {
   const ArraySpec shard_spec{t.global.dtype, t.dst_sharding.ShardShape(t.global.shape)};
   const size_t esize = DTypeSize(t.global.dtype);
   for (int rank : t.local_ranks) {
@@ -198,7 +199,8 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
       absl::Status error = absl::InternalError(
           absl::StrCat(where, ": ", device_id.ToString(), " is not on ", host_.ToString()));
       PutFailed(work.buffer(t.dst), device_id, error);
-      done->push_back(Future<>::Ready(error));
+      done->Add();
+      done->Done(error);
       continue;
     }
     const Box dst_box = t.dst_sharding.ShardBox(t.global.shape, rank);
@@ -241,27 +243,27 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
     auto mem = device->memory().Reserve(bytes);
     deps.push_back(AsStatusFuture(mem));
     Promise<DeviceBufferRef> out;
-    Promise<> shard_done;
-    done->push_back(shard_done.future());
+    done->Add();
+    std::shared_ptr<Countdown> shard_done = done;
     absl::Status put = store_.Put(work.buffer(t.dst), device_id, {out.future(), mem, bytes});
     if (!put.ok()) {
       out.Set(Annotate(put, where));
-      shard_done.Set(Annotate(put, where));
+      shard_done->Done(Annotate(put, where));
       continue;
     }
     std::vector<int> src_ranks;
     for (const Source& s : sources) src_ranks.push_back(s.rank);
     JoinFutures(deps).OnReady([this, t, src_ranks, fetched = std::move(fetched), dst_box, shard_spec,
                                device_id, esize, where, out = std::move(out),
-                               shard_done = std::move(shard_done)](const absl::Status& s) mutable {
+                               shard_done](const absl::Status& s) mutable {
       if (!s.ok()) {
         out.Set(Annotate(s, where));
-        shard_done.Set(Annotate(s, where));
+        shard_done->Done(Annotate(s, where));
         return;
       }
       data_plane_.Post([this, t = std::move(t), src_ranks = std::move(src_ranks),
                         fetched = std::move(fetched), dst_box, shard_spec, device_id, esize, where,
-                        out = std::move(out), shard_done = std::move(shard_done)]() mutable {
+                        out = std::move(out), shard_done]() mutable {
         auto dst = HostDeviceBuffer::Create(shard_spec, device_id);
         int64_t copied = 0;
         for (size_t i = 0; i < fetched.size(); ++i) {
@@ -275,7 +277,7 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
             absl::Status c = src->CopyToHost(staged.data()).status();
             if (!c.ok()) {
               out.Set(Annotate(c, where));
-              shard_done.Set(Annotate(c, where));
+              shard_done->Done(Annotate(c, where));
               return;
             }
             data = staged.data();
@@ -285,7 +287,7 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
         }
         (t.link == LinkClass::kDcn ? dcn_bytes_ : ici_bytes_) += copied;
         out.Set(DeviceBufferRef(std::move(dst)));
-        shard_done.Set();
+        shard_done->Done();
       });
     });
   }

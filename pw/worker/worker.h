@@ -15,6 +15,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "pw/base/countdown.h"
 #include "pw/base/work_queue.h"
 #include "pw/cluster/cluster_spec.h"
 #include "pw/executor/collectives.h"
@@ -47,12 +48,12 @@ class Worker final : public WorkerInterface {
 
  private:
   void RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued, Promise<> done);
-  // Each appends the futures of its shards' completion to `done`. Closures keep `work` alive
-  // (it names the run and node in errors, and holds the slice's device list).
+  // Each adds its shards to `done` and finishes them when they complete. Closures keep `work`
+  // alive (it names the run and node in errors, and holds the slice's device list).
   void DispatchCompute(const std::shared_ptr<const HostWork>& work, const NodeWork& node,
-                       const ComputeWork& c, std::vector<Future<>>* done);
+                       const ComputeWork& c, const std::shared_ptr<Countdown>& done);
   void DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,
-                        std::vector<Future<>>* done);
+                        const std::shared_ptr<Countdown>& done);
   absl::StatusOr<ExecutableRef> LoadExecutable(FunctionId id, int num_shards);
   Device* FindDevice(DeviceId id) const;
   // Registers a failed shard so consumers see `error` too.
