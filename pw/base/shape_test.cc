@@ -30,6 +30,9 @@ TEST(DTypeTest, NamesRoundTrip) {
   }
   EXPECT_FALSE(DTypeFromName("f31").ok());
   EXPECT_EQ(DTypeSize(DType::kF64), 8u);
+  for (DType t : {DType::kPred, DType::kS8, DType::kS32, DType::kS64, DType::kU8, DType::kU32,
+                  DType::kF16, DType::kBF16, DType::kF32, DType::kF64})
+    EXPECT_GT(DTypeSize(t), 0u) << DTypeName(t);
 }
 
 }  // namespace

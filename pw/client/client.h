@@ -38,7 +38,7 @@ class Array {
   const ArraySpec& spec() const { return h_->info.global; }
   const Sharding& sharding() const { return h_->info.sharding; }
   SliceId slice() const { return h_->info.slice; }
-  // Ready when the buffer has been computed (or failed).
+  // Ready when the run that produces the buffer has finished (or failed), or once it is stored.
   Future<> Ready() const;
   Future<HostArray> ToHostAsync() const;
   absl::StatusOr<HostArray> ToHost() const;

@@ -368,7 +368,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   {
     absl::MutexLock order(&submit_mu_);
     for (const auto& [island, hosts] : plan.islands) {
-      IslandWork w{run, client, lp.name, mode, plan.islands.size() > 1, buffers, hosts};
+      IslandWork w{run, client, lp.name, mode, buffers, hosts};
       DispatchAck ack = Scheduler(island)->Submit(std::move(w));
       enqueued.push_back(ack.enqueued);
       done.push_back(ack.done);

@@ -26,12 +26,12 @@ Device::~Device() {
   memory_.Close(absl::CancelledError(absl::StrCat(id_.ToString(), " shut down")));
 }
 
-void Device::Enqueue(std::vector<Future<>> deps, Work work) {
+void Device::Enqueue(Work work) {
   absl::Status removed;
   {
     absl::MutexLock lock(&mu_);
     if (removed_.ok()) {
-      queue_.push_back({std::move(deps), std::move(work)});
+      queue_.push_back(std::move(work));
       pending_.fetch_add(1, std::memory_order_release);
       return;
     }
@@ -80,17 +80,7 @@ void Device::Loop() {
       running_ = 1;
       removed = removed_;
     }
-    absl::Status status = removed;
-    // Like a stream waiting on events: the device blocks until this item's inputs exist.
-    for (const auto& dep : item.deps) {
-      if (!status.ok()) break;
-      status = dep.status();
-    }
-    if (status.ok()) {
-      absl::MutexLock lock(&mu_);
-      status = removed_;  // Removal while waiting wins.
-    }
-    std::move(item.work)(status);
+    std::move(item)(removed);
     absl::MutexLock lock(&mu_);
     running_ = 0;
     ++executed_;

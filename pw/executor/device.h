@@ -1,9 +1,9 @@
 // Device: one accelerator's executor queue and memory budget (here: a host-CPU device).
 //
 // Thread-safe. Work runs one item at a time, in the order it was enqueued, on the device's own
-// thread, like non-preemptible kernels on an accelerator stream. An item first waits for its
-// dependencies (input buffers, output memory); the item's function then receives the first
-// dependency error, if any, so it can fail its outputs instead of running.
+// thread, like non-preemptible kernels on an accelerator stream. An item waits for its own inputs
+// (futures) when it runs, blocking the device as a stream waits on events. Each item receives the
+// device's health: an error once the device is removed, so it fails its outputs instead of running.
 //
 // Remove() takes the device out of service: queued and later items receive `reason` and never
 // run; the memory budget fails its waiters.
@@ -26,7 +26,7 @@ namespace pw {
 
 class Device {
  public:
-  using Work = absl::AnyInvocable<void(const absl::Status& deps_status) &&>;
+  using Work = absl::AnyInvocable<void(const absl::Status& health) &&>;
 
   Device(DeviceId id, HostId host, IslandId island, int64_t memory_bytes);
   ~Device();  // Drains queued work (items see a Cancelled status if not yet run), joins.
@@ -38,8 +38,8 @@ class Device {
   IslandId island() const { return island_; }
   DeviceMemory& memory() { return memory_; }
 
-  // Appends one item to the queue.
-  void Enqueue(std::vector<Future<>> deps, Work work);
+  // Appends one item to the queue (or runs it at once with the error if the device is removed).
+  void Enqueue(Work work);
   void Remove(const absl::Status& reason);
   // Non-OK once removed.
   absl::Status health() const;
@@ -48,10 +48,7 @@ class Device {
   int64_t executed() const;
 
  private:
-  struct Item {
-    std::vector<Future<>> deps;
-    Work work;
-  };
+  using Item = Work;
   void Loop();
   bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); }
 

@@ -8,15 +8,20 @@
 namespace pw {
 namespace {
 
-TEST(DeviceTest, RunsInOrderAfterDeps) {
+TEST(DeviceTest, RunsInOrderOneAtATime) {
   Device dev(DeviceId(0), HostId(0), IslandId(0), 1 << 20);
   std::vector<int> order;
   Promise<> gate;
+  Future<> gate_f = gate.future();
   Promise<> done;
   Future<> done_f = done.future();
-  dev.Enqueue({gate.future()}, [&](const absl::Status& s) { order.push_back(1); });
-  dev.Enqueue({}, [&](const absl::Status& s) { order.push_back(2); });
-  dev.Enqueue({}, [&, done = std::move(done)](const absl::Status& s) mutable {
+  // The first item blocks the device (as a stream waits on an event); the others queue behind.
+  dev.Enqueue([&](const absl::Status&) {
+    gate_f.status().IgnoreError();
+    order.push_back(1);
+  });
+  dev.Enqueue([&](const absl::Status&) { order.push_back(2); });
+  dev.Enqueue([&, done = std::move(done)](const absl::Status&) mutable {
     order.push_back(3);
     done.Set();
   });
@@ -24,32 +29,26 @@ TEST(DeviceTest, RunsInOrderAfterDeps) {
   gate.Set();
   ASSERT_TRUE(done_f.status().ok());
   EXPECT_EQ(order, (std::vector<int>{1, 2, 3}));
-}
-
-TEST(DeviceTest, DependencyErrorReachesWork) {
-  Device dev(DeviceId(0), HostId(0), IslandId(0), 1 << 20);
-  Promise<absl::Status> seen;
-  auto f = seen.future();
-  dev.Enqueue({Future<>::Ready(absl::DataLossError("input gone"))},
-              [p = std::move(seen)](const absl::Status& s) mutable { p.Set(s); });
-  EXPECT_EQ(f.Await()->code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(dev.executed() >= 2, true);
 }
 
 TEST(DeviceTest, RemoveFailsQueuedAndLaterWork) {
   Device dev(DeviceId(5), HostId(0), IslandId(0), 1 << 20);
   Promise<> gate;
+  Future<> gate_f = gate.future();
   std::atomic<int> failed{0};
-  Promise<> first_done;
-  auto first = first_done.future();
-  dev.Enqueue({gate.future()}, [&, p = std::move(first_done)](const absl::Status& s) mutable {
+  Promise<> second_done;
+  auto second = second_done.future();
+  dev.Enqueue([&](const absl::Status&) { gate_f.status().IgnoreError(); });
+  dev.Enqueue([&, p = std::move(second_done)](const absl::Status& s) mutable {
     if (!s.ok()) failed++;
     p.Set();
   });
   dev.Remove(absl::UnavailableError("device:5 removed"));
   gate.Set();
-  first.status().IgnoreError();
+  second.status().IgnoreError();
   absl::Status later;
-  dev.Enqueue({}, [&](const absl::Status& s) { later = s; });
+  dev.Enqueue([&](const absl::Status& s) { later = s; });
   EXPECT_EQ(failed.load(), 1);
   EXPECT_EQ(later.code(), absl::StatusCode::kUnavailable);
   EXPECT_FALSE(dev.health().ok());
@@ -79,7 +78,7 @@ TEST(DeviceTest, InconsistentOrderOfCollectivesDeadlocks) {
     Promise<> p;
     done.push_back(p.future());
     float one = 1;
-    d.Enqueue({}, [&, rank, run, one, p = std::move(p)](const absl::Status&) mutable {
+    d.Enqueue([&, rank, run, one, p = std::move(p)](const absl::Status&) mutable {
       ShardLaunch l;
       l.key = {run, 0, 0};
       l.rank = rank;

@@ -25,7 +25,9 @@ struct LogicalBuffer {
   BufferId id;
   ClientId owner;
   std::shared_ptr<const Placement> placement;  // Shared with every buffer placed alike.
-  Future<> ready;  // Ready when every shard is computed (or failed).
+  // Ready when the buffer's producer is done: for a buffer a run produces, when that whole run
+  // has finished (with the run's first error if it failed); for a put, when every shard is stored.
+  Future<> ready;
 };
 
 class BufferTable {

@@ -59,8 +59,18 @@ absl::StatusOr<Future<DeviceBufferRef>> ObjectStore::Get(BufferId id, DeviceId d
 
 int ObjectStore::Delete(BufferId id) {
   Shards dropped;  // Destroyed after the lock is released.
+  std::vector<Promise<DeviceBufferRef>> orphans;
   {
     absl::MutexLock lock(&mu_);
+    // Peers waiting for a shard of `id` that was never created here will not get one.
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      if (it->first.first == id) {
+        for (auto& p : it->second) orphans.push_back(std::move(p));
+        waiting_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
     auto it = buffers_.find(id);
     if (it == buffers_.end()) return 0;
     dropped = std::move(it->second);
@@ -68,6 +78,8 @@ int ObjectStore::Delete(BufferId id) {
     for (const auto& [d, s] : dropped) bytes_ -= s.bytes;
     shards_ -= dropped.size();
   }
+  for (auto& p : orphans)
+    p.Set(absl::NotFoundError(absl::StrCat(id.ToString(), " was deleted before it was created")));
   return static_cast<int>(dropped.size());
 }
 

@@ -62,3 +62,26 @@ TEST(BufferTableTest, ReleaseClientFreesUnpinned) {
 
 }  // namespace
 }  // namespace pw
+
+namespace pw {
+namespace {
+
+TEST(ObjectStoreTest, PeersWaitForShardsNotCreatedYet) {
+  DeviceMemory mem(DeviceId(0), 100);
+  ObjectStore store;
+  Future<DeviceBufferRef> early = store.GetWhenCreated(BufferId(4), DeviceId(0));
+  Future<DeviceBufferRef> orphan = store.GetWhenCreated(BufferId(5), DeviceId(0));
+  EXPECT_FALSE(early.IsReady());
+  Promise<DeviceBufferRef> p;
+  ASSERT_TRUE(store.Put(BufferId(4), DeviceId(0), {p.future(), mem.Reserve(4), 4}).ok());
+  EXPECT_FALSE(early.IsReady());  // Created, not yet computed.
+  p.Set(DeviceBufferRef(HostDeviceBuffer::Create({DType::kF32, Shape({1})}, DeviceId(0))));
+  ASSERT_TRUE(early.IsReady());
+  EXPECT_TRUE(early.status().ok());
+  store.Delete(BufferId(5));
+  ASSERT_TRUE(orphan.IsReady());
+  EXPECT_EQ(orphan.status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace pw

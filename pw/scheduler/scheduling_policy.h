@@ -24,7 +24,6 @@ struct IslandWork {
   ClientId client;
   std::string program;
   DispatchMode mode = DispatchMode::kParallel;
-  bool spans_islands = false;
   std::shared_ptr<const std::vector<BufferId>> buffers;  // The run's buffers by value index.
   std::vector<std::pair<HostId, std::shared_ptr<const HostProgram>>> hosts;
 };

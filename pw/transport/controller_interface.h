@@ -63,7 +63,8 @@ class ControllerInterface {
   virtual absl::StatusOr<std::vector<ArraySpec>> LoadFunction(ClientId client, FunctionId function,
                                                               SliceId slice) = 0;
 
-  // Validates the program now; it is lowered per argument layout on first run.
+  // Validates and lowers the program now, with each argument placed where its first consumer
+  // wants it; runs with arguments laid out differently are lowered (once per layout) when run.
   virtual absl::StatusOr<ProgramId> RegisterProgram(ClientId client, const ProgramIr& ir) = 0;
   // Ready once the run has been validated, lowered, gang-scheduled and enqueued on every device
   // (what a client waits for per call); RunInfo::done follows when it has executed.

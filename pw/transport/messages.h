@@ -20,7 +20,8 @@ namespace pw {
 enum class DispatchMode {
   // All nodes' host-side work at once: one message per host for the whole island subgraph.
   kParallel,
-  // Node by node: each node is dispatched after its predecessors have been enqueued.
+  // Node by node: each node of an island's subgraph is dispatched after the previous one (in
+  // topological order, so after its predecessors) has been enqueued on all of its hosts.
   kSequential,
 };
 absl::string_view DispatchModeName(DispatchMode m);

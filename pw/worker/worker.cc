@@ -150,7 +150,7 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
     done->Add();
     // The device waits for inputs and memory itself, like a stream waiting on events.
     device->Enqueue(
-        {}, [this, exe = *exe, work, &node, rank, device_id, inputs = std::move(inputs),
+        [this, exe = *exe, work, &node, rank, device_id, inputs = std::move(inputs),
              memory = std::move(memory), outputs = std::move(outputs),
              shard_done = done](const absl::Status& health) mutable {
           absl::Status s = health;

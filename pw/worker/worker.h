@@ -3,8 +3,9 @@
 // Thread-safe. Host-side work (Dispatch) runs on the worker's dispatch thread in arrival order:
 // for each node it reserves output memory, creates the output shards in the object store as
 // pending futures, looks up (or sets up receives for) inputs, and enqueues the computation on each
-// local device with the input and memory futures as dependencies. Nothing there waits for data or
-// memory, so a whole subgraph is dispatched before any of it runs. Receives (transfer nodes) pull
+// local device. Nothing there waits for data or memory, so a whole subgraph is dispatched before
+// any of it runs; the device thread waits for the item's inputs and memory when it reaches it,
+// like a stream waiting on events. Receives (transfer nodes) pull
 // source shards from their hosts (FetchShard on the peer) and copy on the data-plane thread.
 #pragma once
 
