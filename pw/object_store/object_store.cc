@@ -72,11 +72,12 @@ int ObjectStore::Delete(BufferId id) {
       }
     }
     auto it = buffers_.find(id);
-    if (it == buffers_.end()) return 0;
-    dropped = std::move(it->second);
-    buffers_.erase(it);
-    for (const auto& [d, s] : dropped) bytes_ -= s.bytes;
-    shards_ -= dropped.size();
+    if (it != buffers_.end()) {
+      dropped = std::move(it->second);
+      buffers_.erase(it);
+      for (const auto& [d, s] : dropped) bytes_ -= s.bytes;
+      shards_ -= dropped.size();
+    }
   }
   for (auto& p : orphans)
     p.Set(absl::NotFoundError(absl::StrCat(id.ToString(), " was deleted before it was created")));
