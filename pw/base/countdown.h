@@ -7,7 +7,7 @@
 
 #include <atomic>
 
-#include "absl/synchronization/mutex.h"
+#include "pw/base/mutex.h"
 #include "pw/base/future.h"
 
 namespace pw {
@@ -20,13 +20,13 @@ class Countdown {
   void Add(int parts = 1) { remaining_.fetch_add(parts, std::memory_order_relaxed); }
   void Done(const absl::Status& status = absl::OkStatus()) {
     if (!status.ok()) {
-      absl::MutexLock lock(&mu_);
+      pw::MutexLock lock(&mu_);
       if (error_.ok()) error_ = status;
     }
     if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       absl::Status result;
       {
-        absl::MutexLock lock(&mu_);
+        pw::MutexLock lock(&mu_);
         result = error_;
       }
       promise_.Set(result);
@@ -35,7 +35,7 @@ class Countdown {
 
  private:
   std::atomic<int64_t> remaining_{1};
-  absl::Mutex mu_;
+  pw::Mutex mu_;
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   Promise<> promise_;
   const Future<> promise_future_ = promise_.future();

@@ -23,7 +23,7 @@
 #include "pw/base/spin_wait.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "pw/base/mutex.h"
 #include "absl/time/time.h"
 
 namespace pw {
@@ -60,7 +60,7 @@ class FutureState {
   void Set(Value v) {
     std::vector<Callback> callbacks;
     {
-      absl::MutexLock lock(&mu_);
+      pw::MutexLock lock(&mu_);
       PW_CHECK(!ready_.load(std::memory_order_relaxed), "promise set twice");
       value_.emplace(std::move(v));
       ready_.store(true, std::memory_order_release);
@@ -73,8 +73,7 @@ class FutureState {
 
   const Value& Await() {
     if (!IsReady() && !SpinYieldUntil([this] { return IsReady(); })) {
-      mu_.LockWhen(absl::Condition(
-          +[](std::atomic<bool>* r) { return r->load(std::memory_order_acquire); }, &ready_));
+      mu_.LockWhen([this] { return IsReady(); });
       mu_.Unlock();
     }
     return *value_;
@@ -83,17 +82,14 @@ class FutureState {
   // Returns false if the deadline passed first.
   bool AwaitWithTimeout(absl::Duration timeout) {
     if (IsReady()) return true;
-    bool ok = mu_.LockWhenWithTimeout(
-        absl::Condition(
-            +[](std::atomic<bool>* r) { return r->load(std::memory_order_acquire); }, &ready_),
-        timeout);
+    bool ok = mu_.LockWhenWithTimeout([this] { return IsReady(); }, timeout);
     mu_.Unlock();
     return ok;
   }
 
   void OnReady(Callback cb) {
     if (!IsReady()) {
-      absl::MutexLock lock(&mu_);
+      pw::MutexLock lock(&mu_);
       if (!ready_.load(std::memory_order_relaxed)) {
         callbacks_.push_back(std::move(cb));
         return;
@@ -103,7 +99,7 @@ class FutureState {
   }
 
  private:
-  absl::Mutex mu_;
+  pw::Mutex mu_;
   std::atomic<bool> ready_{false};
   std::optional<Value> value_;  // written once under mu_ before ready_ is released.
   std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);

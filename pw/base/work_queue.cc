@@ -13,19 +13,19 @@ WorkQueue::WorkQueue(std::string name) : name_(std::move(name)) {
 
 WorkQueue::~WorkQueue() {
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     stopping_ = true;
   }
   thread_.join();
 }
 
 void WorkQueue::Post(absl::AnyInvocable<void() &&> fn) {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   queue_.push_back(std::move(fn));
 }
 
 size_t WorkQueue::depth() const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   return queue_.size() + running_;
 }
 
@@ -33,15 +33,15 @@ void WorkQueue::Loop() {
   while (true) {
     absl::AnyInvocable<void() &&> fn;
     {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(this, &WorkQueue::HasWorkOrStopping));
+      pw::MutexLock lock(&mu_);
+      mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return HasWorkOrStopping(); });
       if (queue_.empty()) return;  // stopping_ and drained.
       fn = std::move(queue_.front());
       queue_.pop_front();
       running_ = 1;
     }
     std::move(fn)();
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     running_ = 0;
   }
 }

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "absl/functional/any_invocable.h"
-#include "absl/synchronization/mutex.h"
+#include "pw/base/mutex.h"
 
 namespace pw {
 
@@ -32,7 +32,7 @@ class WorkQueue {
     return stopping_ || !queue_.empty();
   }
   const std::string name_;
-  mutable absl::Mutex mu_;
+  mutable pw::Mutex mu_;
   std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
   size_t running_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -10,7 +10,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
+#include "pw/base/mutex.h"
 #include "pw/bench/dispatch_bench.h"
 #include "pw/embedded/embedded_cluster.h"
 #include "pw/examples/figure2.h"

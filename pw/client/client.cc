@@ -227,7 +227,7 @@ absl::StatusOr<std::vector<Array>> BoundFunction::Call(const std::vector<Array>&
   const Binding& b = state_->binding;
   ProgramId pid;
   {
-    absl::MutexLock lock(&state_->mu);
+    pw::MutexLock lock(&state_->mu);
     if (!state_->op_program.valid()) {
       ProgramIr ir{state_->name, b.in_global, {{state_->name, b, {}}}, {}};
       for (size_t j = 0; j < b.in_global.size(); ++j)

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "pw/base/mutex.h"
 #include "pw/base/host_array.h"
 #include "pw/transport/controller_interface.h"
 
@@ -116,7 +116,7 @@ class BoundFunction {
     Client* client;
     std::string name;
     Binding binding;
-    absl::Mutex mu;
+    pw::Mutex mu;
     ProgramId op_program ABSL_GUARDED_BY(mu);  // One-node program for Call, made on first use.
   };
   explicit BoundFunction(std::shared_ptr<State> s) : state_(std::move(s)) {}

@@ -46,7 +46,7 @@ std::string LayoutKey(const std::vector<Placement>& args) {
 }  // namespace
 
 Controller::Controller(const ClusterSpec& spec) : rm_(spec), completions_("pw-ctrl") {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   for (const auto& h : spec.hosts()) host_island_[h.id] = h.island;
   for (const auto& i : spec.islands()) {
     schedulers_.push_back(std::make_unique<IslandScheduler>(
@@ -57,15 +57,14 @@ Controller::Controller(const ClusterSpec& spec) : rm_(spec), completions_("pw-ct
 Controller::~Controller() { WaitIdle(); }
 
 void Controller::WaitIdle() {
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](int64_t* n) { return *n == 0; }, &runs_in_flight_));
+  pw::MutexLock lock(&mu_);
+  mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return runs_in_flight_ == 0; });
 }
 
 absl::Status Controller::AttachWorker(HostId host, IslandId island, WorkerInterface* worker) {
   std::vector<std::pair<FunctionId, NativeFunctionDef>> fns;
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     host_island_[host] = island;
     workers_[host] = worker;
     while (static_cast<int64_t>(schedulers_.size()) <= island.value()) {
@@ -81,13 +80,13 @@ absl::Status Controller::AttachWorker(HostId host, IslandId island, WorkerInterf
 }
 
 WorkerInterface* Controller::Worker(HostId host) const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   auto it = workers_.find(host);
   return it == workers_.end() ? nullptr : it->second;
 }
 
 IslandScheduler* Controller::Scheduler(IslandId island) const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   return schedulers_[island.value()].get();
 }
 
@@ -101,14 +100,14 @@ absl::Status Controller::RemoveDevice(DeviceId device, const std::string& reason
 }
 
 absl::StatusOr<ClientId> Controller::Connect(const std::string& name) {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   ClientId id(next_client_++);
   clients_[id] = name;
   return id;
 }
 
 absl::Status Controller::CheckClient(ClientId client) const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   if (!clients_.contains(client))
     return absl::UnauthenticatedError(absl::StrCat(client.ToString(), " is not connected"));
   return absl::OkStatus();
@@ -118,7 +117,7 @@ absl::Status Controller::Disconnect(ClientId client) {
   PW_RETURN_IF_ERROR(CheckClient(client));
   rm_.ReleaseClient(client);
   Free(buffers_.ReleaseClient(client));
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   for (auto& p : programs_)
     if (p != nullptr && p->owner == client) p->plans.clear();
   clients_.erase(client);
@@ -142,7 +141,7 @@ absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
   FunctionId id;
   std::vector<WorkerInterface*> workers;
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     id = FunctionId(static_cast<int64_t>(functions_.size()));
     functions_.push_back({client, def});
     for (const auto& [h, w] : workers_) workers.push_back(w);
@@ -153,7 +152,7 @@ absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
 
 absl::StatusOr<ExecutableRef> Controller::Executable(ClientId client, FunctionId id,
                                                      int num_shards) {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   if (!id.valid() || id.value() >= static_cast<int64_t>(functions_.size()))
     return absl::NotFoundError(absl::StrCat(id.ToString(), " is not registered"));
   const Function& f = functions_[id.value()];
@@ -194,7 +193,7 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
   auto plan = std::make_shared<Plan>();
   absl::flat_hash_map<HostId, IslandId> host_island;
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     host_island = host_island_;
   }
   // island -> host -> that host's nodes, in topological order.
@@ -267,7 +266,7 @@ absl::StatusOr<ProgramId> Controller::RegisterProgram(ClientId client, const Pro
   program->owner = client;
   program->ir = ir;
   program->plans.emplace(LayoutKey(args), std::move(plan));
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   ProgramId id(static_cast<int64_t>(programs_.size()));
   programs_.push_back(std::move(program));
   return id;
@@ -279,7 +278,7 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::PlanFor(
   std::shared_ptr<const Plan> cached;
   ProgramIr ir;
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     if (!id.valid() || id.value() >= static_cast<int64_t>(programs_.size()) ||
         programs_[id.value()] == nullptr)
       return absl::NotFoundError(absl::StrCat(id.ToString(), " is not registered"));
@@ -304,7 +303,7 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::PlanFor(
     return cached;
   }
   PW_ASSIGN_OR_RETURN(auto plan, BuildPlan(client, ir, args));
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   programs_[id.value()]->plans.emplace(key, plan);
   return plan;
 }
@@ -333,7 +332,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
 
   RunId run;
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     run = RunId(next_run_++);
     ++runs_in_flight_;
   }
@@ -366,7 +365,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   auto buffers = std::make_shared<const std::vector<BufferId>>(std::move(ids));
   std::vector<Future<>> enqueued, done;
   {
-    absl::MutexLock order(&submit_mu_);
+    pw::MutexLock order(&submit_mu_);
     for (const auto& [island, hosts] : plan.islands) {
       IslandWork w{run, client, lp.name, mode, buffers, hosts};
       DispatchAck ack = Scheduler(island)->Submit(std::move(w));
@@ -393,7 +392,7 @@ void Controller::FinishRun(const std::vector<BufferId>& unpin, Promise<> run_don
                            const absl::Status& s) {
   Free(buffers_.Unpin(unpin));
   run_done.Set(s);
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   --runs_in_flight_;
   ++runs_completed_;
 }
@@ -516,7 +515,7 @@ ClusterStatus Controller::Status() {
   ClusterStatus s;
   std::vector<WorkerInterface*> workers;
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     for (const auto& [h, w] : workers_) workers.push_back(w);
     s.runs_in_flight = static_cast<size_t>(runs_in_flight_);
     s.runs_completed = runs_completed_;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
+#include "pw/base/mutex.h"
 #include "pw/base/work_queue.h"
 #include "pw/cluster/cluster_spec.h"
 #include "pw/object_store/buffer_table.h"
@@ -88,7 +88,7 @@ class Controller final : public ControllerInterface {
   ResourceManager rm_;
   BufferTable buffers_;
 
-  mutable absl::Mutex mu_;
+  mutable pw::Mutex mu_;
   int64_t next_client_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<ClientId, std::string> clients_ ABSL_GUARDED_BY(mu_);
   std::vector<Function> functions_ ABSL_GUARDED_BY(mu_);  // Indexed by FunctionId.
@@ -103,7 +103,7 @@ class Controller final : public ControllerInterface {
 
   // Held while handing one run's subgraphs to their islands' schedulers, so that runs spanning
   // islands reach every scheduler in the same relative order.
-  absl::Mutex submit_mu_;
+  pw::Mutex submit_mu_;
   WorkQueue completions_;  // Run completion and buffer freeing; last, so drained first.
 };
 

@@ -20,7 +20,7 @@ EmbeddedCluster::~EmbeddedCluster() {
   controller_.reset();
   absl::flat_hash_map<HostId, std::unique_ptr<Worker>> workers;
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     workers.swap(workers_);
   }
   // Fail outstanding device work everywhere before any worker's threads are joined.
@@ -33,7 +33,7 @@ absl::Status EmbeddedCluster::StartWorker(HostId host, IslandId island,
                                     [this](HostId h) -> WorkerInterface* { return worker(h); });
   Worker* raw = w.get();
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     workers_[host] = std::move(w);
   }
   return controller_->AttachWorker(host, island, raw);
@@ -50,7 +50,7 @@ absl::StatusOr<HostRegistration> EmbeddedCluster::AddHost(IslandId island, int n
 }
 
 Worker* EmbeddedCluster::worker(HostId host) const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   auto it = workers_.find(host);
   return it == workers_.end() ? nullptr : it->second.get();
 }

@@ -11,7 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "pw/base/mutex.h"
 #include "pw/cluster/cluster_spec.h"
 #include "pw/controller/controller.h"
 #include "pw/executor/collectives.h"
@@ -39,7 +39,7 @@ class EmbeddedCluster {
   absl::Status StartWorker(HostId host, IslandId island, const std::vector<DeviceSpec>& devices);
 
   Collectives collectives_;
-  mutable absl::Mutex mu_;
+  mutable pw::Mutex mu_;
   absl::flat_hash_map<HostId, std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Controller> controller_;  // Destroyed first.
 };

@@ -24,7 +24,7 @@ absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceI
                               const Combine& combine) {
   std::shared_ptr<Rendezvous> r;
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     for (DeviceId d : devices) {
       auto it = dead_.find(d);
       if (it != dead_.end()) return it->second;
@@ -46,7 +46,7 @@ absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceI
     // Last to arrive: every slot is written. Claim before touching other shards' buffers, so an
     // abort that won cannot have let them return.
     if (r->Claim()) r->Publish(combine(absl::MakeConstSpan(r->inputs), absl::MakeConstSpan(r->outputs)));
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     auto it = pending_.find(key);
     if (it != pending_.end() && it->second == r) pending_.erase(it);
   }
@@ -56,7 +56,7 @@ absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceI
 void Collectives::AbortDevice(DeviceId device, const absl::Status& reason) {
   std::vector<std::shared_ptr<Rendezvous>> aborted;
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     dead_[device] = reason;
     for (auto it = pending_.begin(); it != pending_.end();) {
       bool involved = false;
@@ -74,7 +74,7 @@ void Collectives::AbortDevice(DeviceId device, const absl::Status& reason) {
 }
 
 size_t Collectives::pending() const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   return pending_.size();
 }
 

@@ -19,7 +19,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
+#include "pw/base/mutex.h"
 #include "absl/types/span.h"
 #include "pw/base/ids.h"
 
@@ -69,7 +69,7 @@ class Collectives {
     std::atomic<uint32_t> state{kPending};
     absl::Status status;  // Written by the claimant, read after kFinished.
   };
-  mutable absl::Mutex mu_;
+  mutable pw::Mutex mu_;
   absl::flat_hash_map<CollectiveKey, std::shared_ptr<Rendezvous>> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<DeviceId, absl::Status> dead_ ABSL_GUARDED_BY(mu_);
 };

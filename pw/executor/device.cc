@@ -18,7 +18,7 @@ Device::Device(DeviceId id, HostId host, IslandId island, int64_t memory_bytes)
 
 Device::~Device() {
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     stopping_ = true;
     if (removed_.ok()) removed_ = absl::CancelledError(absl::StrCat(id_.ToString(), " shut down"));
   }
@@ -29,7 +29,7 @@ Device::~Device() {
 void Device::Enqueue(Work work) {
   absl::Status removed;
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     if (removed_.ok()) {
       queue_.push_back(std::move(work));
       pending_.fetch_add(1, std::memory_order_release);
@@ -42,7 +42,7 @@ void Device::Enqueue(Work work) {
 
 void Device::Remove(const absl::Status& reason) {
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     if (!removed_.ok()) return;
     removed_ = reason;
   }
@@ -50,17 +50,17 @@ void Device::Remove(const absl::Status& reason) {
 }
 
 absl::Status Device::health() const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   return removed_;
 }
 
 size_t Device::queue_depth() const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   return queue_.size() + running_;
 }
 
 int64_t Device::executed() const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   return executed_;
 }
 
@@ -71,8 +71,8 @@ void Device::Loop() {
     // Work usually arrives within microseconds of the last item; yield before sleeping.
     SpinYieldUntil([this] { return pending_.load(std::memory_order_acquire) > 0; });
     {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(this, &Device::HasWork));
+      pw::MutexLock lock(&mu_);
+      mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return HasWork(); });
       if (queue_.empty()) return;
       item = std::move(queue_.front());
       queue_.pop_front();
@@ -81,7 +81,7 @@ void Device::Loop() {
       removed = removed_;
     }
     std::move(item)(removed);
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     running_ = 0;
     ++executed_;
   }

@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
-#include "absl/synchronization/mutex.h"
+#include "pw/base/mutex.h"
 #include "pw/base/future.h"
 #include "pw/base/ids.h"
 #include "pw/executor/device_memory.h"
@@ -56,7 +56,7 @@ class Device {
   const HostId host_;
   const IslandId island_;
   DeviceMemory memory_;
-  mutable absl::Mutex mu_;
+  mutable pw::Mutex mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
   std::atomic<int64_t> pending_{0};  // queue_.size(), readable without mu_ for spinning.
   absl::Status removed_ ABSL_GUARDED_BY(mu_);

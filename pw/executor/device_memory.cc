@@ -15,7 +15,7 @@ struct MemoryReservation::Pool {
   };
   DeviceId device;
   int64_t capacity = 0;
-  absl::Mutex mu;
+  pw::Mutex mu;
   int64_t in_use ABSL_GUARDED_BY(mu) = 0;
   int64_t peak ABSL_GUARDED_BY(mu) = 0;
   absl::Status closed ABSL_GUARDED_BY(mu);
@@ -38,7 +38,7 @@ struct MemoryReservation::Pool {
 MemoryReservation::~MemoryReservation() {
   std::vector<std::pair<Promise<ReservationRef>, int64_t>> granted;
   {
-    absl::MutexLock lock(&pool_->mu);
+    pw::MutexLock lock(&pool_->mu);
     pool_->in_use -= bytes_;
     granted = pool_->GrantLocked(pool_);
   }
@@ -64,7 +64,7 @@ Future<ReservationRef> DeviceMemory::Reserve(int64_t bytes) {
         "needs ", bytes, " bytes but ", pool_->device.ToString(), " has only ",
         pool_->capacity, " bytes of memory in all; it can never fit")));
   }
-  absl::MutexLock lock(&pool_->mu);
+  pw::MutexLock lock(&pool_->mu);
   if (!pool_->closed.ok()) return Future<ReservationRef>::Ready(pool_->closed);
   if (pool_->waiters.empty() && pool_->in_use + bytes <= pool_->capacity) {
     pool_->in_use += bytes;
@@ -80,7 +80,7 @@ Future<ReservationRef> DeviceMemory::Reserve(int64_t bytes) {
 void DeviceMemory::Close(const absl::Status& reason) {
   std::deque<MemoryReservation::Pool::Waiter> waiters;
   {
-    absl::MutexLock lock(&pool_->mu);
+    pw::MutexLock lock(&pool_->mu);
     if (pool_->closed.ok()) pool_->closed = reason;
     waiters.swap(pool_->waiters);
   }
@@ -89,15 +89,15 @@ void DeviceMemory::Close(const absl::Status& reason) {
 
 int64_t DeviceMemory::capacity() const { return pool_->capacity; }
 int64_t DeviceMemory::in_use() const {
-  absl::MutexLock lock(&pool_->mu);
+  pw::MutexLock lock(&pool_->mu);
   return pool_->in_use;
 }
 int64_t DeviceMemory::peak_in_use() const {
-  absl::MutexLock lock(&pool_->mu);
+  pw::MutexLock lock(&pool_->mu);
   return pool_->peak;
 }
 size_t DeviceMemory::waiting() const {
-  absl::MutexLock lock(&pool_->mu);
+  pw::MutexLock lock(&pool_->mu);
   return pool_->waiters.size();
 }
 

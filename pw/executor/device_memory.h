@@ -12,7 +12,7 @@
 #include <memory>
 #include <string>
 
-#include "absl/synchronization/mutex.h"
+#include "pw/base/mutex.h"
 #include "pw/base/future.h"
 #include "pw/base/ids.h"
 

@@ -5,7 +5,7 @@
 namespace pw {
 
 BufferId BufferTable::Create(LogicalBuffer buffer, int client_refs, int pins) {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   buffer.id = BufferId(next_id_++);
   BufferId id = buffer.id;
   entries_.emplace(id, Entry{std::move(buffer), client_refs, pins});
@@ -13,7 +13,7 @@ BufferId BufferTable::Create(LogicalBuffer buffer, int client_refs, int pins) {
 }
 
 absl::StatusOr<LogicalBuffer> BufferTable::Lookup(ClientId client, BufferId id) const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end() || it->second.client_refs == 0)
     return absl::NotFoundError(absl::StrCat(id.ToString(), " does not exist or was released"));
@@ -24,7 +24,7 @@ absl::StatusOr<LogicalBuffer> BufferTable::Lookup(ClientId client, BufferId id) 
 }
 
 void BufferTable::Pin(const std::vector<BufferId>& ids) {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   for (BufferId id : ids) {
     auto it = entries_.find(id);
     if (it != entries_.end()) it->second.pins++;
@@ -33,7 +33,7 @@ void BufferTable::Pin(const std::vector<BufferId>& ids) {
 
 std::vector<LogicalBuffer> BufferTable::Unpin(const std::vector<BufferId>& ids) {
   std::vector<LogicalBuffer> freed;
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   for (BufferId id : ids) {
     auto it = entries_.find(id);
     if (it == entries_.end()) continue;
@@ -47,7 +47,7 @@ std::vector<LogicalBuffer> BufferTable::Unpin(const std::vector<BufferId>& ids) 
 
 absl::StatusOr<std::vector<LogicalBuffer>> BufferTable::ReleaseHandle(ClientId client,
                                                                       BufferId id) {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   auto it = entries_.find(id);
   if (it == entries_.end() || it->second.client_refs == 0)
     return absl::NotFoundError(absl::StrCat(id.ToString(), " does not exist or was released"));
@@ -64,7 +64,7 @@ absl::StatusOr<std::vector<LogicalBuffer>> BufferTable::ReleaseHandle(ClientId c
 
 std::vector<LogicalBuffer> BufferTable::ReleaseClient(ClientId client) {
   std::vector<LogicalBuffer> freed;
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   for (auto it = entries_.begin(); it != entries_.end();) {
     auto& e = it->second;
     if (e.buffer.owner == client) e.client_refs = 0;
@@ -79,7 +79,7 @@ std::vector<LogicalBuffer> BufferTable::ReleaseClient(ClientId client) {
 }
 
 size_t BufferTable::size() const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   return entries_.size();
 }
 

@@ -12,7 +12,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "pw/base/mutex.h"
 #include "pw/base/future.h"
 #include "pw/base/ids.h"
 #include "pw/base/placement.h"
@@ -52,7 +52,7 @@ class BufferTable {
     int client_refs = 0;
     int pins = 0;
   };
-  mutable absl::Mutex mu_;
+  mutable pw::Mutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<BufferId, Entry> entries_ ABSL_GUARDED_BY(mu_);
 };

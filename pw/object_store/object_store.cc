@@ -8,7 +8,7 @@ absl::Status ObjectStore::Put(BufferId id, DeviceId device, Shard shard) {
   std::vector<Promise<DeviceBufferRef>> waiters;
   Future<DeviceBufferRef> buffer = shard.buffer;
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     auto& shards = buffers_[id];
     for (const auto& [d, _] : shards) {
       if (d == device)
@@ -35,7 +35,7 @@ absl::Status ObjectStore::Put(BufferId id, DeviceId device, Shard shard) {
 }
 
 Future<DeviceBufferRef> ObjectStore::GetWhenCreated(BufferId id, DeviceId device) {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   auto it = buffers_.find(id);
   if (it != buffers_.end()) {
     for (const auto& [d, shard] : it->second)
@@ -48,7 +48,7 @@ Future<DeviceBufferRef> ObjectStore::GetWhenCreated(BufferId id, DeviceId device
 }
 
 absl::StatusOr<Future<DeviceBufferRef>> ObjectStore::Get(BufferId id, DeviceId device) const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   auto it = buffers_.find(id);
   if (it == buffers_.end())
     return absl::NotFoundError(absl::StrCat(id.ToString(), " is not in this host's object store"));
@@ -61,7 +61,7 @@ int ObjectStore::Delete(BufferId id) {
   Shards dropped;  // Destroyed after the lock is released.
   std::vector<Promise<DeviceBufferRef>> orphans;
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     // Peers waiting for a shard of `id` that was never created here will not get one.
     for (auto it = waiting_.begin(); it != waiting_.end();) {
       if (it->first.first == id) {
@@ -87,7 +87,7 @@ int ObjectStore::Delete(BufferId id) {
 Future<> ObjectStore::Ready(BufferId id) const {
   std::vector<Future<>> fs;
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     auto it = buffers_.find(id);
     if (it == buffers_.end())
       return Future<>::Ready(
@@ -98,15 +98,15 @@ Future<> ObjectStore::Ready(BufferId id) const {
 }
 
 size_t ObjectStore::num_buffers() const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   return buffers_.size();
 }
 size_t ObjectStore::num_shards() const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   return shards_;
 }
 int64_t ObjectStore::bytes() const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   return bytes_;
 }
 

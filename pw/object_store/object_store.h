@@ -12,7 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "pw/base/mutex.h"
 #include "pw/base/future.h"
 #include "pw/base/ids.h"
 #include "pw/executor/device_buffer.h"
@@ -44,7 +44,7 @@ class ObjectStore {
   int64_t bytes() const;
 
  private:
-  mutable absl::Mutex mu_;
+  mutable pw::Mutex mu_;
   // A host holds one shard per local device of a buffer: a few, kept inline.
   using Shards = absl::InlinedVector<std::pair<DeviceId, Shard>, 2>;
   absl::flat_hash_map<BufferId, Shards> buffers_ ABSL_GUARDED_BY(mu_);

@@ -10,7 +10,7 @@
 namespace pw {
 
 ResourceManager::ResourceManager(const ClusterSpec& spec) {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   for (const auto& d : spec.devices()) devices_.push_back({d});
   num_islands_ = static_cast<int>(spec.islands().size());
   num_hosts_ = static_cast<int>(spec.hosts().size());
@@ -38,7 +38,7 @@ absl::StatusOr<SliceInfo> ResourceManager::AllocateSlice(ClientId client,
                                                    "] holds ", product, " devices, not ", n));
   }
 
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   // Alive devices and load per island.
   std::vector<int> alive(num_islands_, 0), load(num_islands_, 0);
   int total_alive = 0;
@@ -114,7 +114,7 @@ absl::StatusOr<SliceInfo> ResourceManager::AllocateSlice(ClientId client,
 }
 
 absl::Status ResourceManager::ReleaseSlice(ClientId client, SliceId slice) {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   auto it = slices_.find(slice);
   if (it == slices_.end())
     return absl::NotFoundError(absl::StrCat(slice.ToString(), " does not exist or was released"));
@@ -127,7 +127,7 @@ absl::Status ResourceManager::ReleaseSlice(ClientId client, SliceId slice) {
 }
 
 int ResourceManager::ReleaseClient(ClientId client) {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   int n = 0;
   for (auto it = slices_.begin(); it != slices_.end();) {
     if (it->second.owner == client) {
@@ -142,7 +142,7 @@ int ResourceManager::ReleaseClient(ClientId client) {
 }
 
 absl::StatusOr<SliceInfo> ResourceManager::ResolveSlice(ClientId client, SliceId slice) const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   auto it = slices_.find(slice);
   if (it == slices_.end())
     return absl::NotFoundError(absl::StrCat(slice.ToString(), " does not exist or was released"));
@@ -165,7 +165,7 @@ absl::StatusOr<HostRegistration> ResourceManager::AddHost(IslandId island, std::
   if (num_devices <= 0 || memory_bytes <= 0)
     return absl::InvalidArgumentError(absl::StrCat("host '", name,
                                                    "' needs at least one device and memory"));
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   if (!island.valid() || island.value() > num_islands_)
     return absl::InvalidArgumentError(absl::StrCat(island.ToString(), " does not exist (",
                                                    num_islands_, " islands)"));
@@ -181,7 +181,7 @@ absl::StatusOr<HostRegistration> ResourceManager::AddHost(IslandId island, std::
 }
 
 absl::Status ResourceManager::RemoveDevice(DeviceId device, std::string reason) {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   if (!device.valid() || device.value() >= static_cast<int64_t>(devices_.size()))
     return absl::NotFoundError(absl::StrCat(device.ToString(), " does not exist"));
   auto& d = devices_[device.value()];
@@ -193,17 +193,17 @@ absl::Status ResourceManager::RemoveDevice(DeviceId device, std::string reason) 
 }
 
 std::vector<DeviceState> ResourceManager::Devices() const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   return devices_;
 }
 
 int ResourceManager::num_islands() const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   return num_islands_;
 }
 
 absl::StatusOr<DeviceSpec> ResourceManager::Device(DeviceId id) const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   if (!id.valid() || id.value() >= static_cast<int64_t>(devices_.size()))
     return absl::NotFoundError(absl::StrCat(id.ToString(), " does not exist"));
   return devices_[id.value()].spec;

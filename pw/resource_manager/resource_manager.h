@@ -14,7 +14,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "pw/base/mutex.h"
 #include "pw/base/ids.h"
 #include "pw/cluster/cluster_spec.h"
 
@@ -72,7 +72,7 @@ class ResourceManager {
   struct Slice {
     SliceInfo info;
   };
-  mutable absl::Mutex mu_;
+  mutable pw::Mutex mu_;
   std::vector<DeviceState> devices_ ABSL_GUARDED_BY(mu_);  // Indexed by DeviceId.
   int num_islands_ ABSL_GUARDED_BY(mu_) = 0;
   int num_hosts_ ABSL_GUARDED_BY(mu_) = 0;

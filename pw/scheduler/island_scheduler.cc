@@ -20,7 +20,7 @@ IslandScheduler::IslandScheduler(IslandId island, std::unique_ptr<SchedulingPoli
 
 IslandScheduler::~IslandScheduler() {
   {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     stopping_ = true;
   }
   thread_.join();
@@ -30,18 +30,18 @@ DispatchAck IslandScheduler::Submit(IslandWork work) {
   auto r = std::make_unique<ScheduleRequest>();
   r->work = std::move(work);
   DispatchAck ack{r->enqueued.future(), r->done.future()};
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   policy_->Add(std::move(r));
   return ack;
 }
 
 size_t IslandScheduler::queue_depth() const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   return policy_->size();
 }
 
 int64_t IslandScheduler::dispatched() const {
-  absl::MutexLock lock(&mu_);
+  pw::MutexLock lock(&mu_);
   return dispatched_;
 }
 
@@ -49,13 +49,13 @@ void IslandScheduler::Loop() {
   while (true) {
     std::unique_ptr<ScheduleRequest> r;
     {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(this, &IslandScheduler::HasWork));
+      pw::MutexLock lock(&mu_);
+      mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return HasWork(); });
       r = policy_->Next();
       if (r == nullptr) return;  // Stopping and drained.
     }
     DispatchOne(*r);
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     ++dispatched_;
   }
 }

@@ -15,7 +15,7 @@
 #include <memory>
 #include <thread>
 
-#include "absl/synchronization/mutex.h"
+#include "pw/base/mutex.h"
 #include "pw/scheduler/scheduling_policy.h"
 #include "pw/transport/worker_interface.h"
 
@@ -46,7 +46,7 @@ class IslandScheduler {
 
   const IslandId island_;
   const WorkerLookup workers_;
-  mutable absl::Mutex mu_;
+  mutable pw::Mutex mu_;
   std::unique_ptr<SchedulingPolicy> policy_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t dispatched_ ABSL_GUARDED_BY(mu_) = 0;

@@ -16,7 +16,7 @@ class FakeWorker final : public WorkerInterface {
     return absl::OkStatus();
   }
   DispatchAck Dispatch(HostWork work) override {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     std::vector<int> nodes;
     for (size_t i = work.begin; i < work.end; ++i) nodes.push_back(work.program->nodes[i].node);
     messages_.push_back(nodes);
@@ -30,18 +30,18 @@ class FakeWorker final : public WorkerInterface {
   HostStatus Status() const override { return {}; }
 
   std::vector<std::vector<int>> messages() {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     return messages_;
   }
   void AckAll() {
-    absl::MutexLock lock(&mu_);
+    pw::MutexLock lock(&mu_);
     for (auto& a : acks_)
       if (a.valid()) a.Set();
   }
 
  private:
   HostId host_;
-  absl::Mutex mu_;
+  pw::Mutex mu_;
   std::vector<std::vector<int>> messages_ ABSL_GUARDED_BY(mu_);
   std::vector<Promise<>> acks_ ABSL_GUARDED_BY(mu_);
 };

@@ -43,13 +43,13 @@ Worker::~Worker() {
 }
 
 absl::Status Worker::LoadFunction(FunctionId id, const NativeFunctionDef& def) {
-  absl::MutexLock lock(&fn_mu_);
+  pw::MutexLock lock(&fn_mu_);
   functions_[id] = def;
   return absl::OkStatus();
 }
 
 absl::StatusOr<ExecutableRef> Worker::LoadExecutable(FunctionId id, int num_shards) {
-  absl::MutexLock lock(&fn_mu_);
+  pw::MutexLock lock(&fn_mu_);
   auto key = std::make_pair(id, num_shards);
   auto it = executables_.find(key);
   if (it != executables_.end()) return it->second;

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
+#include "pw/base/mutex.h"
 #include "pw/base/countdown.h"
 #include "pw/base/work_queue.h"
 #include "pw/cluster/cluster_spec.h"
@@ -65,7 +65,7 @@ class Worker final : public WorkerInterface {
   Collectives* const collectives_;
   const PeerLookup peers_;
   ObjectStore store_;
-  absl::Mutex fn_mu_;
+  pw::Mutex fn_mu_;
   absl::flat_hash_map<FunctionId, NativeFunctionDef> functions_ ABSL_GUARDED_BY(fn_mu_);
   absl::flat_hash_map<std::pair<FunctionId, int>, ExecutableRef> executables_ ABSL_GUARDED_BY(fn_mu_);
   std::atomic<int64_t> ici_bytes_{0};
