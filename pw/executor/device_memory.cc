@@ -35,6 +35,15 @@ struct MemoryReservation::Pool {
   }
 };
 
+struct MemoryReservation::Enabler : MemoryReservation {
+  Enabler(std::shared_ptr<Pool> pool, int64_t bytes) : MemoryReservation(std::move(pool), bytes) {}
+};
+
+std::shared_ptr<MemoryReservation> MemoryReservation::Make(std::shared_ptr<Pool> pool,
+                                                           int64_t bytes) {
+  return std::make_shared<Enabler>(std::move(pool), bytes);  // One allocation.
+}
+
 MemoryReservation::~MemoryReservation() {
   std::vector<std::pair<Promise<ReservationRef>, int64_t>> granted;
   {
@@ -43,7 +52,7 @@ MemoryReservation::~MemoryReservation() {
     granted = pool_->GrantLocked(pool_);
   }
   for (auto& [p, bytes] : granted)
-    p.Set(ReservationRef(new MemoryReservation(pool_, bytes)));
+    p.Set(MemoryReservation::Make(pool_, bytes));
 }
 
 DeviceMemory::DeviceMemory(DeviceId device, int64_t capacity_bytes)
@@ -69,7 +78,7 @@ Future<ReservationRef> DeviceMemory::Reserve(int64_t bytes) {
   if (pool_->waiters.empty() && pool_->in_use + bytes <= pool_->capacity) {
     pool_->in_use += bytes;
     pool_->peak = std::max(pool_->peak, pool_->in_use);
-    return Future<ReservationRef>::Ready(ReservationRef(new MemoryReservation(pool_, bytes)));
+    return Future<ReservationRef>::Ready(MemoryReservation::Make(pool_, bytes));
   }
   Promise<ReservationRef> p;
   Future<ReservationRef> f = p.future();

@@ -30,6 +30,8 @@ class MemoryReservation {
  private:
   friend class DeviceMemory;
   struct Pool;
+  struct Enabler;
+  static std::shared_ptr<MemoryReservation> Make(std::shared_ptr<Pool> pool, int64_t bytes);
   MemoryReservation(std::shared_ptr<Pool> pool, int64_t bytes) : pool_(std::move(pool)), bytes_(bytes) {}
   std::shared_ptr<Pool> pool_;
   int64_t bytes_;

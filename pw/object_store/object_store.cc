@@ -58,30 +58,40 @@ absl::StatusOr<Future<DeviceBufferRef>> ObjectStore::Get(BufferId id, DeviceId d
 }
 
 int ObjectStore::Delete(BufferId id) {
-  Shards dropped;  // Destroyed after the lock is released.
-  std::vector<Promise<DeviceBufferRef>> orphans;
+  const BufferId ids[] = {id};
+  return DeleteAll(ids);
+}
+
+void ObjectStore::DeleteMany(absl::Span<const BufferId> ids) { DeleteAll(ids); }
+
+int ObjectStore::DeleteAll(absl::Span<const BufferId> ids) {
+  std::vector<Shards> dropped;  // Destroyed (memory released) after the lock is released.
+  std::vector<std::pair<BufferId, Promise<DeviceBufferRef>>> orphans;
+  int count = 0;
   {
     pw::MutexLock lock(&mu_);
-    // Peers waiting for a shard of `id` that was never created here will not get one.
-    for (auto it = waiting_.begin(); it != waiting_.end();) {
-      if (it->first.first == id) {
-        for (auto& p : it->second) orphans.push_back(std::move(p));
-        waiting_.erase(it++);
-      } else {
-        ++it;
+    for (BufferId id : ids) {
+      // Peers waiting for a shard of `id` that was never created here will not get one.
+      for (auto it = waiting_.begin(); it != waiting_.end();) {
+        if (it->first.first == id) {
+          for (auto& p : it->second) orphans.emplace_back(id, std::move(p));
+          waiting_.erase(it++);
+        } else {
+          ++it;
+        }
       }
-    }
-    auto it = buffers_.find(id);
-    if (it != buffers_.end()) {
-      dropped = std::move(it->second);
+      auto it = buffers_.find(id);
+      if (it == buffers_.end()) continue;
+      for (const auto& [d, s] : it->second) bytes_ -= s.bytes;
+      shards_ -= it->second.size();
+      count += static_cast<int>(it->second.size());
+      dropped.push_back(std::move(it->second));
       buffers_.erase(it);
-      for (const auto& [d, s] : dropped) bytes_ -= s.bytes;
-      shards_ -= dropped.size();
     }
   }
-  for (auto& p : orphans)
+  for (auto& [id, p] : orphans)
     p.Set(absl::NotFoundError(absl::StrCat(id.ToString(), " was deleted before it was created")));
-  return static_cast<int>(dropped.size());
+  return count;
 }
 
 Future<> ObjectStore::Ready(BufferId id) const {

@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "pw/base/mutex.h"
 #include "pw/base/future.h"
 #include "pw/base/ids.h"
@@ -36,6 +37,8 @@ class ObjectStore {
   Future<DeviceBufferRef> GetWhenCreated(BufferId id, DeviceId device);
   // Removes every shard of `id` on this host; returns how many.
   int Delete(BufferId id);
+  // Delete for many buffers under one lock.
+  void DeleteMany(absl::Span<const BufferId> ids);
   // Ready when every shard of `id` on this host is ready (NotFound if there is none).
   Future<> Ready(BufferId id) const;
 
@@ -44,6 +47,7 @@ class ObjectStore {
   int64_t bytes() const;
 
  private:
+  int DeleteAll(absl::Span<const BufferId> ids);
   mutable pw::Mutex mu_;
   // A host holds one shard per local device of a buffer: a few, kept inline.
   using Shards = absl::InlinedVector<std::pair<DeviceId, Shard>, 2>;

@@ -321,7 +321,7 @@ Future<DeviceBufferRef> Worker::FetchShard(BufferId id, DeviceId device) {
 }
 
 void Worker::DeleteBuffers(const std::vector<BufferId>& ids) {
-  for (BufferId id : ids) store_.Delete(id);
+  store_.DeleteMany(ids);
 }
 
 absl::Status Worker::RemoveDevice(DeviceId device_id, const absl::Status& reason) {
