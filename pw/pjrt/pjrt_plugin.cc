@@ -1,0 +1,343 @@
+#include "pw/pjrt/pjrt_plugin.h"
+
+#include <dlfcn.h>
+
+#include "absl/strings/str_cat.h"
+#include "pw/base/status_macros.h"
+
+namespace pw::pjrt {
+
+namespace {
+
+// Zero-initialized PJRT argument struct with its struct_size set (our header's size: the plugin
+// reads only the fields it knows of our version).
+template <typename T>
+T Args(size_t size) {
+  T a{};
+  a.struct_size = size;
+  return a;
+}
+#define PW_PJRT_ARGS(T) Args<T>(T##_STRUCT_SIZE)
+
+absl::StatusCode CodeOf(PJRT_Error_Code c) {
+  // PJRT_Error_Code mirrors absl::StatusCode's values.
+  int v = static_cast<int>(c);
+  return v >= 0 && v <= 16 ? static_cast<absl::StatusCode>(v) : absl::StatusCode::kUnknown;
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const PjrtPlugin>> PjrtPlugin::Load(const std::string& path) {
+  // RTLD_LOCAL: plugins bundle their own copies of XLA's dependencies.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* e = dlerror();
+    return absl::NotFoundError(absl::StrCat("cannot load PJRT plugin '", path,
+                                            "': ", e ? e : "dlopen failed"));
+  }
+  using GetApiFn = const PJRT_Api* (*)();
+  auto get_api = reinterpret_cast<GetApiFn>(dlsym(handle, "GetPjrtApi"));
+  if (get_api == nullptr) {
+    dlclose(handle);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", path, "' is not a PJRT plugin: it does not export the symbol GetPjrtApi"));
+  }
+  const PJRT_Api* api = get_api();
+  if (api == nullptr)
+    return absl::InternalError(absl::StrCat("PJRT plugin '", path, "': GetPjrtApi returned null"));
+  const int major = api->pjrt_api_version.major_version;
+  const int minor = api->pjrt_api_version.minor_version;
+  if (major != PJRT_API_MAJOR || api->struct_size < PJRT_Api_STRUCT_SIZE) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PJRT plugin '", path, "' implements C API ", major, ".", minor, " (", api->struct_size,
+        "-byte function table); pathways is built against ", PJRT_API_MAJOR, ".", PJRT_API_MINOR,
+        " and needs the same major version and a table of at least ", PJRT_Api_STRUCT_SIZE,
+        " bytes"));
+  }
+  // Plugins are never unloaded: their static state outlives any one client.
+  std::shared_ptr<const PjrtPlugin> plugin(new PjrtPlugin(path, api));
+  auto init = PW_PJRT_ARGS(PJRT_Plugin_Initialize_Args);
+  PW_RETURN_IF_ERROR(plugin->Consume(api->PJRT_Plugin_Initialize(&init),
+                                     absl::StrCat("initializing PJRT plugin '", path, "'")));
+  return plugin;
+}
+
+absl::Status PjrtPlugin::Consume(PJRT_Error* error, absl::string_view what) const {
+  if (error == nullptr) return absl::OkStatus();
+  auto msg = PW_PJRT_ARGS(PJRT_Error_Message_Args);
+  msg.error = error;
+  api_->PJRT_Error_Message(&msg);
+  auto code = PW_PJRT_ARGS(PJRT_Error_GetCode_Args);
+  code.error = error;
+  absl::StatusCode c = absl::StatusCode::kUnknown;
+  if (api_->PJRT_Error_GetCode(&code) == nullptr) c = CodeOf(code.code);
+  if (c == absl::StatusCode::kOk) c = absl::StatusCode::kUnknown;
+  absl::Status s(c, absl::StrCat(what, ": ", absl::string_view(msg.message, msg.message_size)));
+  auto destroy = PW_PJRT_ARGS(PJRT_Error_Destroy_Args);
+  destroy.error = error;
+  api_->PJRT_Error_Destroy(&destroy);
+  return s;
+}
+
+namespace {
+struct EventWaiter {
+  const PjrtPlugin* plugin;
+  PJRT_Event* event;
+  std::string what;
+  Promise<> promise;
+};
+}  // namespace
+
+Future<> PjrtPlugin::Await(PJRT_Event* event, std::string what) const {
+  if (event == nullptr) return Future<>::Ready(absl::OkStatus());
+  auto* w = new EventWaiter{this, event, std::move(what), Promise<>()};
+  Future<> f = w->promise.future();
+  auto args = PW_PJRT_ARGS(PJRT_Event_OnReady_Args);
+  args.event = event;
+  args.user_arg = w;
+  // Runs on a plugin thread (or at once): fulfil, then destroy the event.
+  args.callback = [](PJRT_Error* error, void* arg) {
+    auto* w = static_cast<EventWaiter*>(arg);
+    absl::Status s = w->plugin->Consume(error, w->what);
+    auto destroy = Args<PJRT_Event_Destroy_Args>(PJRT_Event_Destroy_Args_STRUCT_SIZE);
+    destroy.event = w->event;
+    w->plugin->Consume(w->plugin->api()->PJRT_Event_Destroy(&destroy), "destroying event")
+        .IgnoreError();
+    Promise<> p = std::move(w->promise);
+    delete w;
+    p.Set(s);
+  };
+  absl::Status s = Consume(api_->PJRT_Event_OnReady(&args), w->what);
+  if (!s.ok()) {
+    w->promise.Set(s);
+    delete w;
+  }
+  return f;
+}
+
+// ---- Types
+
+absl::StatusOr<PJRT_Buffer_Type> ToPjrtType(DType t) {
+  switch (t) {
+    case DType::kPred: return PJRT_Buffer_Type_PRED;
+    case DType::kS8: return PJRT_Buffer_Type_S8;
+    case DType::kS32: return PJRT_Buffer_Type_S32;
+    case DType::kS64: return PJRT_Buffer_Type_S64;
+    case DType::kU8: return PJRT_Buffer_Type_U8;
+    case DType::kU32: return PJRT_Buffer_Type_U32;
+    case DType::kF16: return PJRT_Buffer_Type_F16;
+    case DType::kBF16: return PJRT_Buffer_Type_BF16;
+    case DType::kF32: return PJRT_Buffer_Type_F32;
+    case DType::kF64: return PJRT_Buffer_Type_F64;
+    case DType::kInvalid: break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("dtype ", DTypeName(t), " has no PJRT type"));
+}
+
+absl::StatusOr<DType> FromPjrtType(PJRT_Buffer_Type t) {
+  for (DType d : {DType::kPred, DType::kS8, DType::kS32, DType::kS64, DType::kU8, DType::kU32,
+                  DType::kF16, DType::kBF16, DType::kF32, DType::kF64}) {
+    if (*ToPjrtType(d) == t) return d;
+  }
+  return absl::UnimplementedError(absl::StrCat("PJRT element type ", static_cast<int>(t),
+                                               " is not supported"));
+}
+
+// ---- Buffers
+
+PjrtBuffer::PjrtBuffer(std::shared_ptr<const PjrtPlugin> plugin, PJRT_Buffer* buffer,
+                       ArraySpec spec, DeviceId device)
+    : DeviceBuffer(std::move(spec), device), plugin_(std::move(plugin)), buffer_(buffer) {}
+
+PjrtBuffer::~PjrtBuffer() {
+  auto args = PW_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
+  args.buffer = buffer_;
+  plugin_->Consume(plugin_->api()->PJRT_Buffer_Destroy(&args), "destroying PJRT buffer")
+      .IgnoreError();
+}
+
+Future<> PjrtBuffer::CopyToHost(void* dst) const {
+  auto args = PW_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
+  args.src = buffer_;
+  args.dst = dst;
+  args.dst_size = static_cast<size_t>(size_bytes());
+  absl::Status s =
+      plugin_->Consume(plugin_->api()->PJRT_Buffer_ToHostBuffer(&args), "copying buffer to host");
+  if (!s.ok()) return Future<>::Ready(s);
+  return plugin_->Await(args.event, "copying buffer to host");
+}
+
+// ---- Client
+
+PjrtClient::PjrtClient(std::shared_ptr<const PjrtPlugin> plugin, PJRT_Client* client)
+    : plugin_(std::move(plugin)), client_(client) {}
+
+absl::StatusOr<std::unique_ptr<PjrtClient>> PjrtClient::Create(
+    std::shared_ptr<const PjrtPlugin> plugin) {
+  const PJRT_Api* api = plugin->api();
+  auto create = PW_PJRT_ARGS(PJRT_Client_Create_Args);
+  PW_RETURN_IF_ERROR(plugin->Consume(api->PJRT_Client_Create(&create),
+                                     absl::StrCat("creating a client of '", plugin->path(), "'")));
+  std::unique_ptr<PjrtClient> c(new PjrtClient(plugin, create.client));
+  auto devices = PW_PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
+  devices.client = create.client;
+  PW_RETURN_IF_ERROR(
+      plugin->Consume(api->PJRT_Client_AddressableDevices(&devices), "listing devices"));
+  c->devices_.assign(devices.addressable_devices,
+                     devices.addressable_devices + devices.num_addressable_devices);
+  if (c->devices_.empty())
+    return absl::FailedPreconditionError(
+        absl::StrCat("PJRT plugin '", plugin->path(), "' has no addressable devices"));
+  return c;
+}
+
+PjrtClient::~PjrtClient() {
+  auto args = PW_PJRT_ARGS(PJRT_Client_Destroy_Args);
+  args.client = client_;
+  plugin_->Consume(plugin_->api()->PJRT_Client_Destroy(&args), "destroying PJRT client")
+      .IgnoreError();
+}
+
+std::string PjrtClient::platform_name() const {
+  auto args = PW_PJRT_ARGS(PJRT_Client_PlatformName_Args);
+  args.client = client_;
+  if (!plugin_->Consume(plugin_->api()->PJRT_Client_PlatformName(&args), "platform name").ok())
+    return "?";
+  return std::string(args.platform_name, args.platform_name_size);
+}
+
+absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtClient::Compile(
+    const std::string& name, absl::string_view stablehlo, std::vector<ArraySpec> inputs) const {
+  const std::string where = absl::StrCat("compiling function '", name, "'");
+  if (stablehlo.empty()) return absl::InvalidArgumentError(absl::StrCat(where, ": empty module"));
+  const PJRT_Api* api = plugin_->api();
+  std::string code(stablehlo);
+  auto program = PW_PJRT_ARGS(PJRT_Program);
+  program.code = code.data();
+  program.code_size = code.size();
+  static constexpr char kFormat[] = "mlir";
+  program.format = kFormat;
+  program.format_size = sizeof(kFormat) - 1;
+  // xla.CompileOptionsProto{executable_build_options{num_replicas: 1, num_partitions: 1}}:
+  // the plugin aborts on options without a replica count.
+  static constexpr char kOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01};
+  auto args = PW_PJRT_ARGS(PJRT_Client_Compile_Args);
+  args.client = client_;
+  args.program = &program;
+  args.compile_options = kOptions;
+  args.compile_options_size = sizeof(kOptions);
+  PW_RETURN_IF_ERROR(plugin_->Consume(api->PJRT_Client_Compile(&args), where));
+  auto get = PW_PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+  get.loaded_executable = args.executable;
+  size_t num_outputs = 0;
+  absl::Status s = plugin_->Consume(api->PJRT_LoadedExecutable_GetExecutable(&get), where);
+  if (s.ok()) {
+    auto outs = PW_PJRT_ARGS(PJRT_Executable_NumOutputs_Args);
+    outs.executable = get.executable;
+    s = plugin_->Consume(api->PJRT_Executable_NumOutputs(&outs), where);
+    num_outputs = outs.num_outputs;
+    auto destroy = PW_PJRT_ARGS(PJRT_Executable_Destroy_Args);
+    destroy.executable = get.executable;
+    plugin_->Consume(api->PJRT_Executable_Destroy(&destroy), where).IgnoreError();
+  }
+  std::unique_ptr<PjrtExecutable> exe(
+      new PjrtExecutable(plugin_, name, args.executable, std::move(inputs), num_outputs));
+  PW_RETURN_IF_ERROR(s);
+  return exe;
+}
+
+absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtClient::BufferFromHost(const HostArray& value,
+                                                                       int device_index) const {
+  if (device_index < 0 || device_index >= num_devices())
+    return absl::InvalidArgumentError(absl::StrCat("PJRT device ", device_index,
+                                                   " does not exist (", num_devices(), ")"));
+  if (static_cast<int64_t>(value.bytes.size()) != value.spec.size_bytes())
+    return absl::InvalidArgumentError(absl::StrCat("array ", value.spec.ToString(), " needs ",
+                                                   value.spec.size_bytes(), " bytes, got ",
+                                                   value.bytes.size()));
+  PW_ASSIGN_OR_RETURN(PJRT_Buffer_Type type, ToPjrtType(value.spec.dtype));
+  auto args = PW_PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  args.client = client_;
+  args.data = value.bytes.data();
+  args.type = type;
+  args.dims = value.spec.shape.dims().data();
+  args.num_dims = value.spec.shape.dims().size();
+  args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
+  args.device = devices_[device_index];
+  PW_RETURN_IF_ERROR(plugin_->Consume(plugin_->api()->PJRT_Client_BufferFromHostBuffer(&args),
+                                      "copying an array to a PJRT device"));
+  auto buffer = std::make_shared<PjrtBuffer>(plugin_, args.buffer, value.spec,
+                                             DeviceId(device_index));
+  // The host data must stay valid until the transfer is done.
+  PW_RETURN_IF_ERROR(plugin_->Await(args.done_with_host_buffer, "copying to device").status());
+  return buffer;
+}
+
+// ---- Executables
+
+PjrtExecutable::~PjrtExecutable() {
+  auto args = PW_PJRT_ARGS(PJRT_LoadedExecutable_Destroy_Args);
+  args.executable = exe_;
+  plugin_->Consume(plugin_->api()->PJRT_LoadedExecutable_Destroy(&args), "destroying executable")
+      .IgnoreError();
+}
+
+Future<std::vector<std::shared_ptr<PjrtBuffer>>> PjrtExecutable::Execute(
+    absl::Span<const std::shared_ptr<PjrtBuffer>> inputs) const {
+  using Result = Future<std::vector<std::shared_ptr<PjrtBuffer>>>;
+  const std::string where = absl::StrCat("function '", name_, "'");
+  if (inputs.size() != inputs_.size()) {
+    return Result::Ready(absl::InvalidArgumentError(absl::StrCat(
+        where, " takes ", inputs_.size(), " inputs, got ", inputs.size())));
+  }
+  std::vector<PJRT_Buffer*> args;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!(inputs[i]->spec() == inputs_[i])) {
+      return Result::Ready(absl::InvalidArgumentError(absl::StrCat(
+          where, " input ", i, " expects ", inputs_[i].ToString(), ", got ",
+          inputs[i]->spec().ToString())));
+    }
+    args.push_back(inputs[i]->get());
+  }
+  const PJRT_Api* api = plugin_->api();
+  std::vector<PJRT_Buffer*> outputs(num_outputs_, nullptr);
+  PJRT_Buffer* const* arg_lists[] = {args.data()};
+  PJRT_Buffer** output_lists[] = {outputs.data()};
+  PJRT_Event* done[] = {nullptr};
+  auto options = PW_PJRT_ARGS(PJRT_ExecuteOptions);
+  auto exec = PW_PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
+  exec.executable = exe_;
+  exec.options = &options;
+  exec.argument_lists = arg_lists;
+  exec.num_devices = 1;
+  exec.num_args = args.size();
+  exec.output_lists = output_lists;
+  exec.device_complete_events = done;
+  absl::Status s = plugin_->Consume(api->PJRT_LoadedExecutable_Execute(&exec), where);
+  if (!s.ok()) return Result::Ready(s);
+  std::vector<std::shared_ptr<PjrtBuffer>> result;
+  for (PJRT_Buffer* b : outputs) {
+    auto type = PW_PJRT_ARGS(PJRT_Buffer_ElementType_Args);
+    type.buffer = b;
+    auto dims = PW_PJRT_ARGS(PJRT_Buffer_Dimensions_Args);
+    dims.buffer = b;
+    absl::Status ts = plugin_->Consume(api->PJRT_Buffer_ElementType(&type), where);
+    if (ts.ok()) ts = plugin_->Consume(api->PJRT_Buffer_Dimensions(&dims), where);
+    absl::StatusOr<DType> dtype = ts.ok() ? FromPjrtType(type.type) : absl::StatusOr<DType>(ts);
+    ArraySpec spec{dtype.ok() ? *dtype : DType::kInvalid,
+                   Shape(std::vector<int64_t>(dims.dims, dims.dims + dims.num_dims))};
+    result.push_back(std::make_shared<PjrtBuffer>(plugin_, b, std::move(spec), DeviceId(0)));
+    if (!dtype.ok() && s.ok()) s = Annotate(dtype.status(), where);
+  }
+  if (!s.ok()) return Result::Ready(s);
+  Promise<std::vector<std::shared_ptr<PjrtBuffer>>> p;
+  Result f = p.future();
+  plugin_->Await(done[0], where).OnReady(
+      [p = std::move(p), result = std::move(result)](const absl::Status& s) mutable {
+        if (!s.ok()) return p.Set(s);
+        p.Set(std::move(result));
+      });
+  return f;
+}
+
+}  // namespace pw::pjrt

@@ -1,0 +1,118 @@
+// PJRT backend: XLA compiled functions through a PJRT C API plugin loaded at run time.
+//
+// PjrtPlugin loads a plugin (dlopen + GetPjrtApi), checks its C API version against the header we
+// build with (pjrt_c_api.h from the installed xla-cpu-pjrt wheel: the plugin's major version must
+// match and its function table must cover ours) and initializes it. PjrtClient wraps one
+// PJRT_Client: its devices, compiling StableHLO into PjrtExecutables, and moving arrays in and out
+// of PJRT buffers. Buffers are owned by the backend (PjrtBuffer is a DeviceBuffer over a
+// PJRT_Buffer) and completion is a PJRT event, surfaced as a pw::Future.
+//
+// Thread-safety: all classes are thread-safe (PJRT clients, executables and buffers are).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "pw/base/future.h"
+#include "pw/base/host_array.h"
+#include "pw/executor/device_buffer.h"
+#include "pjrt_c_api.h"  // From the installed xla-cpu-pjrt wheel (see CMakeLists.txt).
+
+namespace pw::pjrt {
+
+class PjrtPlugin {
+ public:
+  // Errors: NotFound if `path` cannot be opened (with the loader's message), InvalidArgument if it
+  // does not export GetPjrtApi or its API version is incompatible, or the plugin's own error.
+  static absl::StatusOr<std::shared_ptr<const PjrtPlugin>> Load(const std::string& path);
+
+  const PJRT_Api* api() const { return api_; }
+  const std::string& path() const { return path_; }
+  int major_version() const { return api_->pjrt_api_version.major_version; }
+  int minor_version() const { return api_->pjrt_api_version.minor_version; }
+  // Converts a PJRT error into a Status prefixed with `what` and destroys it; OK for nullptr.
+  absl::Status Consume(PJRT_Error* error, absl::string_view what) const;
+  // A future for `event` (which it takes over and destroys once ready).
+  Future<> Await(PJRT_Event* event, std::string what) const;
+
+ private:
+  PjrtPlugin(std::string path, const PJRT_Api* api) : path_(std::move(path)), api_(api) {}
+  const std::string path_;
+  const PJRT_Api* const api_;
+};
+
+class PjrtExecutable;
+
+// One shard in a PJRT buffer.
+class PjrtBuffer final : public DeviceBuffer {
+ public:
+  PjrtBuffer(std::shared_ptr<const PjrtPlugin> plugin, PJRT_Buffer* buffer, ArraySpec spec,
+             DeviceId device);
+  ~PjrtBuffer() override;
+  PJRT_Buffer* get() const { return buffer_; }
+  Future<> CopyToHost(void* dst) const override;
+
+ private:
+  const std::shared_ptr<const PjrtPlugin> plugin_;
+  PJRT_Buffer* const buffer_;
+};
+
+class PjrtClient {
+ public:
+  static absl::StatusOr<std::unique_ptr<PjrtClient>> Create(
+      std::shared_ptr<const PjrtPlugin> plugin);
+  ~PjrtClient();
+
+  const std::shared_ptr<const PjrtPlugin>& plugin() const { return plugin_; }
+  std::string platform_name() const;
+  int num_devices() const { return static_cast<int>(devices_.size()); }
+
+  // Compiles a StableHLO module (portable artifact bytecode or MLIR text) for one device.
+  // `inputs` are the function's static input specs, checked at every call. Errors name `name`.
+  absl::StatusOr<std::unique_ptr<PjrtExecutable>> Compile(const std::string& name,
+                                                          absl::string_view stablehlo,
+                                                          std::vector<ArraySpec> inputs) const;
+  // Copies `value` into a new buffer on device `device_index`.
+  absl::StatusOr<std::shared_ptr<PjrtBuffer>> BufferFromHost(const HostArray& value,
+                                                             int device_index) const;
+
+ private:
+  PjrtClient(std::shared_ptr<const PjrtPlugin> plugin, PJRT_Client* client);
+  const std::shared_ptr<const PjrtPlugin> plugin_;
+  PJRT_Client* const client_;
+  std::vector<PJRT_Device*> devices_;
+};
+
+class PjrtExecutable {
+ public:
+  ~PjrtExecutable();
+  const std::string& name() const { return name_; }
+  const std::vector<ArraySpec>& input_specs() const { return inputs_; }
+  size_t num_outputs() const { return num_outputs_; }
+  // Runs on the executable's device; the future holds the outputs once computed. Inputs must
+  // match the declared specs (InvalidArgument naming the function and input otherwise).
+  Future<std::vector<std::shared_ptr<PjrtBuffer>>> Execute(
+      absl::Span<const std::shared_ptr<PjrtBuffer>> inputs) const;
+
+ private:
+  friend class PjrtClient;
+  PjrtExecutable(std::shared_ptr<const PjrtPlugin> plugin, std::string name,
+                 PJRT_LoadedExecutable* exe, std::vector<ArraySpec> inputs, size_t num_outputs)
+      : plugin_(std::move(plugin)), name_(std::move(name)), exe_(exe),
+        inputs_(std::move(inputs)), num_outputs_(num_outputs) {}
+  const std::shared_ptr<const PjrtPlugin> plugin_;
+  const std::string name_;
+  PJRT_LoadedExecutable* const exe_;
+  const std::vector<ArraySpec> inputs_;
+  const size_t num_outputs_;
+};
+
+// PJRT element type <-> DType.
+absl::StatusOr<PJRT_Buffer_Type> ToPjrtType(DType t);
+absl::StatusOr<DType> FromPjrtType(PJRT_Buffer_Type t);
+
+}  // namespace pw::pjrt

@@ -1,0 +1,115 @@
+#include "pw/pjrt/pjrt_plugin.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "gtest/gtest.h"
+
+namespace pw::pjrt {
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+class PjrtTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    auto plugin = PjrtPlugin::Load(PW_PJRT_CPU_PLUGIN);
+    ASSERT_TRUE(plugin.ok()) << plugin.status();
+    auto client = PjrtClient::Create(*plugin);
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = client->release();
+  }
+  static void TearDownTestSuite() { delete client_; }
+  static PjrtClient* client_;
+};
+PjrtClient* PjrtTest::client_ = nullptr;
+
+TEST(PjrtPluginTest, MissingFileIsNotFoundNamingThePath) {
+  auto p = PjrtPlugin::Load("/nonexistent/libpjrt_nothing.so");
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(p.status().message().find("/nonexistent/libpjrt_nothing.so"), std::string::npos);
+}
+
+TEST(PjrtPluginTest, LibraryWithoutGetPjrtApiIsRejected) {
+  auto p = PjrtPlugin::Load("libm.so.6");
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(p.status().message().find("GetPjrtApi"), std::string::npos) << p.status();
+}
+
+TEST_F(PjrtTest, PluginReportsCompatibleVersionAndCpuDevices) {
+  EXPECT_EQ(client_->plugin()->major_version(), PJRT_API_MAJOR);
+  EXPECT_GE(client_->plugin()->minor_version(), PJRT_API_MINOR);
+  EXPECT_EQ(client_->platform_name(), "cpu");
+  EXPECT_GE(client_->num_devices(), 1);
+}
+
+// What the pinned JAX exports compiles and runs on the pinned plugin.
+TEST_F(PjrtTest, JaxExportCompilesAndRuns) {
+  ArraySpec f32_2{DType::kF32, Shape({2})};
+  auto exe = client_->Compile("times_two",
+                              ReadFile(std::string(PW_STABLEHLO_TESTDATA) + "/times_two.mlirbc"),
+                              {f32_2});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  EXPECT_EQ((*exe)->num_outputs(), 1u);
+  auto x = client_->BufferFromHost(*HostArray::Of<float>(DType::kF32, Shape({2}), {1.f, 2.f}), 0);
+  ASSERT_TRUE(x.ok()) << x.status();
+  auto out = (*exe)->Execute({*x}).Await();
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_EQ(out->size(), 1u);
+  EXPECT_EQ((*out)[0]->spec(), f32_2);
+  std::vector<float> y(2);
+  ASSERT_TRUE((*out)[0]->CopyToHost(y.data()).status().ok());
+  EXPECT_EQ(y, (std::vector<float>{2.f, 4.f}));
+}
+
+TEST_F(PjrtTest, MatmulTanhMatchesHostMath) {
+  auto exe = client_->Compile(
+      "affine", ReadFile(std::string(PW_STABLEHLO_TESTDATA) + "/affine.mlirbc"),
+      {{DType::kF32, Shape({4, 3})}, {DType::kF32, Shape({3, 2})}, {DType::kF32, Shape({2})}});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  std::vector<float> x = {1, 0, 0, 0, 1, 0, 0, 0, 1, 1, 1, 1};
+  std::vector<float> w = {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f};
+  std::vector<float> b = {0.01f, -0.01f};
+  auto bx = *client_->BufferFromHost(*HostArray::Of<float>(DType::kF32, Shape({4, 3}), x), 0);
+  auto bw = *client_->BufferFromHost(*HostArray::Of<float>(DType::kF32, Shape({3, 2}), w), 0);
+  auto bb = *client_->BufferFromHost(*HostArray::Of<float>(DType::kF32, Shape({2}), b), 0);
+  auto out = (*exe)->Execute({bx, bw, bb}).Await();
+  ASSERT_TRUE(out.ok()) << out.status();
+  std::vector<float> y(8);
+  ASSERT_TRUE((*out)[0]->CopyToHost(y.data()).status().ok());
+  for (int i = 0; i < 4; ++i)
+    for (int j = 0; j < 2; ++j) {
+      float acc = b[j];
+      for (int k = 0; k < 3; ++k) acc += x[i * 3 + k] * w[k * 2 + j];
+      EXPECT_NEAR(y[i * 2 + j], std::tanh(acc), 1e-5) << i << "," << j;
+    }
+}
+
+TEST_F(PjrtTest, MalformedStableHloIsAnErrorNamingTheFunction) {
+  auto exe = client_->Compile("broken", "this is not StableHLO", {});
+  ASSERT_FALSE(exe.ok());
+  EXPECT_NE(exe.status().message().find("compiling function 'broken'"), std::string::npos)
+      << exe.status();
+  EXPECT_FALSE(client_->Compile("empty", "", {}).ok());
+}
+
+TEST_F(PjrtTest, ShapeMismatchAtCallTimeIsAnError) {
+  auto exe = *client_->Compile(
+      "times_two", ReadFile(std::string(PW_STABLEHLO_TESTDATA) + "/times_two.mlirbc"),
+      {{DType::kF32, Shape({2})}});
+  auto x3 = *client_->BufferFromHost(*HostArray::Of<float>(DType::kF32, Shape({3}), {1, 2, 3}), 0);
+  auto r = exe->Execute({x3}).Await();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("function 'times_two' input 0 expects f32[2], got f32[3]"),
+            std::string::npos) << r.status();
+  EXPECT_FALSE(exe->Execute({}).Await().ok());
+  EXPECT_FALSE(client_->BufferFromHost(*HostArray::Of<float>(DType::kF32, Shape({1}), {1}), 99).ok());
+}
+
+}  // namespace
+}  // namespace pw::pjrt
