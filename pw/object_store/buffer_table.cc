@@ -1,6 +1,7 @@
 #include "pw/object_store/buffer_table.h"
 
 #include "absl/strings/str_cat.h"
+#include "pw/base/status_macros.h"
 
 namespace pw {
 
@@ -12,15 +13,20 @@ BufferId BufferTable::Create(LogicalBuffer buffer, int client_refs, int pins) {
   return id;
 }
 
-absl::StatusOr<LogicalBuffer> BufferTable::Lookup(ClientId client, BufferId id) const {
-  pw::MutexLock lock(&mu_);
+absl::StatusOr<BufferTable::Entry*> BufferTable::FindHandle(ClientId client, BufferId id) const {
   auto it = entries_.find(id);
   if (it == entries_.end() || it->second.client_refs == 0)
     return absl::NotFoundError(absl::StrCat(id.ToString(), " does not exist or was released"));
   if (it->second.buffer.owner != client)
     return absl::PermissionDeniedError(
         absl::StrCat(id.ToString(), " belongs to another client"));
-  return it->second.buffer;
+  return const_cast<Entry*>(&it->second);
+}
+
+absl::StatusOr<LogicalBuffer> BufferTable::Lookup(ClientId client, BufferId id) const {
+  pw::MutexLock lock(&mu_);
+  PW_ASSIGN_OR_RETURN(Entry * e, FindHandle(client, id));
+  return e->buffer;
 }
 
 void BufferTable::Pin(const std::vector<BufferId>& ids) {
@@ -48,16 +54,11 @@ std::vector<LogicalBuffer> BufferTable::Unpin(const std::vector<BufferId>& ids) 
 absl::StatusOr<std::vector<LogicalBuffer>> BufferTable::ReleaseHandle(ClientId client,
                                                                       BufferId id) {
   pw::MutexLock lock(&mu_);
-  auto it = entries_.find(id);
-  if (it == entries_.end() || it->second.client_refs == 0)
-    return absl::NotFoundError(absl::StrCat(id.ToString(), " does not exist or was released"));
-  if (it->second.buffer.owner != client)
-    return absl::PermissionDeniedError(
-        absl::StrCat(id.ToString(), " belongs to another client"));
+  PW_ASSIGN_OR_RETURN(Entry * e, FindHandle(client, id));
   std::vector<LogicalBuffer> freed;
-  if (--it->second.client_refs == 0 && it->second.pins == 0) {
-    freed.push_back(std::move(it->second.buffer));
-    entries_.erase(it);
+  if (--e->client_refs == 0 && e->pins == 0) {
+    freed.push_back(std::move(e->buffer));
+    entries_.erase(id);
   }
   return freed;
 }

@@ -52,6 +52,9 @@ class BufferTable {
     int client_refs = 0;
     int pins = 0;
   };
+  // The entry of a handle `client` holds, or NotFound / PermissionDenied naming the buffer.
+  absl::StatusOr<Entry*> FindHandle(ClientId client, BufferId id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable pw::Mutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<BufferId, Entry> entries_ ABSL_GUARDED_BY(mu_);

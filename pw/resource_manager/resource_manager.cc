@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "pw/base/status_macros.h"
 
 namespace pw {
 
@@ -113,16 +114,21 @@ absl::StatusOr<SliceInfo> ResourceManager::AllocateSlice(ClientId client,
   return info;
 }
 
-absl::Status ResourceManager::ReleaseSlice(ClientId client, SliceId slice) {
-  pw::MutexLock lock(&mu_);
+absl::StatusOr<const SliceInfo*> ResourceManager::FindOwned(ClientId client, SliceId slice) const {
   auto it = slices_.find(slice);
   if (it == slices_.end())
     return absl::NotFoundError(absl::StrCat(slice.ToString(), " does not exist or was released"));
   if (it->second.owner != client)
     return absl::PermissionDeniedError(
         absl::StrCat(slice.ToString(), " belongs to another client"));
-  for (DeviceId d : it->second.devices) devices_[d.value()].load--;
-  slices_.erase(it);
+  return &it->second;
+}
+
+absl::Status ResourceManager::ReleaseSlice(ClientId client, SliceId slice) {
+  pw::MutexLock lock(&mu_);
+  PW_ASSIGN_OR_RETURN(const SliceInfo* info, FindOwned(client, slice));
+  for (DeviceId d : info->devices) devices_[d.value()].load--;
+  slices_.erase(slice);
   return absl::OkStatus();
 }
 
@@ -143,20 +149,15 @@ int ResourceManager::ReleaseClient(ClientId client) {
 
 absl::StatusOr<SliceInfo> ResourceManager::ResolveSlice(ClientId client, SliceId slice) const {
   pw::MutexLock lock(&mu_);
-  auto it = slices_.find(slice);
-  if (it == slices_.end())
-    return absl::NotFoundError(absl::StrCat(slice.ToString(), " does not exist or was released"));
-  if (it->second.owner != client)
-    return absl::PermissionDeniedError(
-        absl::StrCat(slice.ToString(), " belongs to another client"));
-  for (DeviceId d : it->second.devices) {
+  PW_ASSIGN_OR_RETURN(const SliceInfo* info, FindOwned(client, slice));
+  for (DeviceId d : info->devices) {
     const auto& s = devices_[d.value()];
     if (!s.alive) {
       return absl::UnavailableError(absl::StrCat(slice.ToString(), " uses ", d.ToString(),
                                                  ", which was removed: ", s.removed_reason));
     }
   }
-  return it->second;
+  return *info;
 }
 
 absl::StatusOr<HostRegistration> ResourceManager::AddHost(IslandId island, std::string name,

@@ -69,9 +69,9 @@ class ResourceManager {
   absl::StatusOr<DeviceSpec> Device(DeviceId id) const;
 
  private:
-  struct Slice {
-    SliceInfo info;
-  };
+  // The slice if it exists and `client` owns it; NotFound / PermissionDenied naming it otherwise.
+  absl::StatusOr<const SliceInfo*> FindOwned(ClientId client, SliceId slice) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable pw::Mutex mu_;
   std::vector<DeviceState> devices_ ABSL_GUARDED_BY(mu_);  // Indexed by DeviceId.
   int num_islands_ ABSL_GUARDED_BY(mu_) = 0;
