@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   fig2->add_option("--islands", islands, "Islands of the embedded cluster");
   fig2->add_option("--hosts-per-island", hosts_per_island, "Hosts per island");
   fig2->add_option("--devices-per-host", devices_per_host, "Devices per host");
-  fig2->add_flag("--explain", explain, "Print the traced program's nodes to stderr");
+  fig2->add_flag("--explain", explain, "Print the program's sharded dataflow graph to stderr");
 
   auto* bench = app.add_subcommand("bench", "Run a benchmark");
   bench->require_subcommand(1);

@@ -195,6 +195,10 @@ absl::StatusOr<std::pair<std::vector<Array>, Future<>>> Program::RunAsync(
   return std::make_pair(std::move(outs), info.done);
 }
 
+absl::StatusOr<std::string> Program::Explain() const {
+  return client_->controller()->ExplainProgram(client_->id(), id_);
+}
+
 absl::StatusOr<std::vector<Array>> Program::Run(const std::vector<Array>& args,
                                                 DispatchMode mode) const {
   PW_ASSIGN_OR_RETURN(auto r, RunAsync(args, mode));

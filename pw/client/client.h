@@ -127,6 +127,8 @@ class Program {
  public:
   const ProgramIr& ir() const { return ir_; }
   ProgramId id() const { return id_; }
+  // The sharded dataflow graph the controller lowered this program to.
+  absl::StatusOr<std::string> Explain() const;
   // Runs with device-resident arguments; returns once the run is enqueued on every device.
   absl::StatusOr<std::vector<Array>> Run(const std::vector<Array>& args,
                                          DispatchMode mode = DispatchMode::kParallel) const;

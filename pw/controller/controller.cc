@@ -308,6 +308,18 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::PlanFor(
   return plan;
 }
 
+absl::StatusOr<std::string> Controller::ExplainProgram(ClientId client, ProgramId id) {
+  PW_RETURN_IF_ERROR(CheckClient(client));
+  pw::MutexLock lock(&mu_);
+  if (!id.valid() || id.value() >= static_cast<int64_t>(programs_.size()) ||
+      programs_[id.value()] == nullptr || programs_[id.value()]->plans.empty())
+    return absl::NotFoundError(absl::StrCat(id.ToString(), " is not registered"));
+  const Program& p = *programs_[id.value()];
+  if (p.owner != client)
+    return absl::PermissionDeniedError(absl::StrCat(id.ToString(), " belongs to another client"));
+  return p.plans.begin()->second->lowered.ToString();
+}
+
 Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
                                    const std::vector<BufferId>& args, DispatchMode mode) {
   if (absl::Status s = CheckClient(client); !s.ok()) return Future<RunInfo>::Ready(s);

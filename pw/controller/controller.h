@@ -51,6 +51,7 @@ class Controller final : public ControllerInterface {
   absl::StatusOr<std::vector<ArraySpec>> LoadFunction(ClientId client, FunctionId function,
                                                       SliceId slice) override;
   absl::StatusOr<ProgramId> RegisterProgram(ClientId client, const ProgramIr& ir) override;
+  absl::StatusOr<std::string> ExplainProgram(ClientId client, ProgramId program) override;
   Future<RunInfo> Submit(ClientId client, ProgramId program, const std::vector<BufferId>& args,
                          DispatchMode mode) override;
   absl::StatusOr<ArrayInfo> PutArray(ClientId client, SliceId slice, const Sharding& sharding,

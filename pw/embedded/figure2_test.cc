@@ -12,6 +12,10 @@ void ExpectFigure2(const ClusterSpec& spec) {
   auto r = RunFigure2(&(*cluster)->controller());
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->ToString(), "(array([3., 5.]), array([2., 4.]))");
+  // One node per sharded computation: Arg, a, b, c, a#2, Result, plus any transfers.
+  EXPECT_NE(r->lowered.find("Compute 'a#2'"), std::string::npos) << r->lowered;
+  EXPECT_NE(r->lowered.find(" Arg "), std::string::npos);
+  EXPECT_NE(r->lowered.find(" Result "), std::string::npos);
 }
 
 TEST(Figure2Test, TwoIslands) { ExpectFigure2(*ClusterSpec::Uniform(2, 2, 2)); }
@@ -31,6 +35,8 @@ TEST(Figure2Test, CrossIslandTransfersAreCountedAsDcn) {
   }
   // a, b, c land on islands 0, 1, 0: x moves a->b (DCN), a->c is on island 0's devices again.
   EXPECT_GT(dcn, 0);
+  auto r = RunFigure2(&cluster->controller());
+  EXPECT_NE(r->lowered.find("Transfer (dcn)"), std::string::npos) << r->lowered;
   EXPECT_GE(ici, 0);
 }
 

@@ -42,8 +42,7 @@ absl::StatusOr<Figure2Result> RunFigure2(ControllerInterface* controller) {
   Figure2Result r;
   PW_ASSIGN_OR_RETURN(r.y, out[0].ToHost());
   PW_ASSIGN_OR_RETURN(r.z, out[1].ToHost());
-  for (const auto& n : f.ir().nodes)
-    absl::StrAppend(&r.lowered, n.name, " on ", n.binding.slice.ToString(), "\n");
+  PW_ASSIGN_OR_RETURN(r.lowered, f.Explain());
   return r;
 }
 

@@ -21,7 +21,7 @@ namespace pw {
 struct Figure2Result {
   HostArray y;
   HostArray z;
-  std::string lowered;  // The traced program's nodes and their slices, for --explain.
+  std::string lowered;  // The sharded dataflow graph the program lowered to, for --explain.
   std::string ToString() const;  // "(array([3., 5.]), array([2., 4.]))"
 };
 

@@ -66,6 +66,8 @@ class ControllerInterface {
   // Validates and lowers the program now, with each argument placed where its first consumer
   // wants it; runs with arguments laid out differently are lowered (once per layout) when run.
   virtual absl::StatusOr<ProgramId> RegisterProgram(ClientId client, const ProgramIr& ir) = 0;
+  // The program's sharded dataflow graph (as lowered for its first argument layout), for people.
+  virtual absl::StatusOr<std::string> ExplainProgram(ClientId client, ProgramId program) = 0;
   // Ready once the run has been validated, lowered, gang-scheduled and enqueued on every device
   // (what a client waits for per call); RunInfo::done follows when it has executed.
   virtual Future<RunInfo> Submit(ClientId client, ProgramId program,
