@@ -171,14 +171,21 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
             launch.slice_devices = std::get<ComputeWork>(node.work).slice_devices;
             launch.device = device_id;
             launch.collectives = collectives_;
-            auto result = exe->ExecuteShard(launch);
-            const auto& r = result.Await();  // Native kernels are done already.
-            if (r.ok()) {
-              for (size_t k = 0; k < outputs.size(); ++k) outputs[k].Set((*r)[k]);
-              shard_done->Done();
-              return;
-            }
-            s = r.status();
+            // Native kernels complete before returning; a backend with completion events
+            // completes later, and the device moves on to its next item meanwhile.
+            exe->ExecuteShard(launch).OnReady(
+                [work, &node, device_id, outputs = std::move(outputs), shard_done](
+                    const absl::StatusOr<std::vector<DeviceBufferRef>>& r) mutable {
+                  if (r.ok()) {
+                    for (size_t k = 0; k < outputs.size(); ++k) outputs[k].Set((*r)[k]);
+                    shard_done->Done();
+                    return;
+                  }
+                  absl::Status error = Annotate(r.status(), NodeWhere(*work, node, device_id));
+                  for (auto& p : outputs) p.Set(error);
+                  shard_done->Done(error);
+                });
+            return;
           }
           absl::Status error = Annotate(s, NodeWhere(*work, node, device_id));
           for (auto& p : outputs) p.Set(error);

@@ -5,7 +5,8 @@
 // pending futures, looks up (or sets up receives for) inputs, and enqueues the computation on each
 // local device. Nothing there waits for data or memory, so a whole subgraph is dispatched before
 // any of it runs; the device thread waits for the item's inputs and memory when it reaches it,
-// like a stream waiting on events. Receives (transfer nodes) pull
+// like a stream waiting on events, then launches it; outputs are fulfilled when the executable's
+// completion future is ready. Receives (transfer nodes) pull
 // source shards from their hosts (FetchShard on the peer) and copy on the data-plane thread.
 #pragma once
 
