@@ -173,9 +173,23 @@ PjrtClient::PjrtClient(std::shared_ptr<const PjrtPlugin> plugin, PJRT_Client* cl
     : plugin_(std::move(plugin)), client_(client) {}
 
 absl::StatusOr<std::unique_ptr<PjrtClient>> PjrtClient::Create(
-    std::shared_ptr<const PjrtPlugin> plugin) {
+    std::shared_ptr<const PjrtPlugin> plugin, int cpu_device_count) {
   const PJRT_Api* api = plugin->api();
   auto create = PW_PJRT_ARGS(PJRT_Client_Create_Args);
+  static constexpr char kDeviceCount[] = "cpu_device_count";
+  auto option = PW_PJRT_ARGS(PJRT_NamedValue);
+  if (cpu_device_count < 0)
+    return absl::InvalidArgumentError(absl::StrCat("cpu_device_count must be >= 0, got ",
+                                                   cpu_device_count));
+  if (cpu_device_count > 0) {
+    option.name = kDeviceCount;
+    option.name_size = sizeof(kDeviceCount) - 1;
+    option.type = PJRT_NamedValue_kInt64;
+    option.int64_value = cpu_device_count;
+    option.value_size = 1;
+    create.create_options = &option;
+    create.num_options = 1;
+  }
   PW_RETURN_IF_ERROR(plugin->Consume(api->PJRT_Client_Create(&create),
                                      absl::StrCat("creating a client of '", plugin->path(), "'")));
   std::unique_ptr<PjrtClient> c(new PjrtClient(plugin, create.client));

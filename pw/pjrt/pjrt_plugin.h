@@ -63,8 +63,10 @@ class PjrtBuffer final : public DeviceBuffer {
 
 class PjrtClient {
  public:
+  // `cpu_device_count` > 0 asks a CPU plugin for that many devices (its "cpu_device_count"
+  // create option; one host's devices of a slice); 0 keeps the plugin's default.
   static absl::StatusOr<std::unique_ptr<PjrtClient>> Create(
-      std::shared_ptr<const PjrtPlugin> plugin);
+      std::shared_ptr<const PjrtPlugin> plugin, int cpu_device_count = 0);
   ~PjrtClient();
 
   const std::shared_ptr<const PjrtPlugin>& plugin() const { return plugin_; }

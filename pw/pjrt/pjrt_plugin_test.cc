@@ -49,6 +49,20 @@ TEST_F(PjrtTest, PluginReportsCompatibleVersionAndCpuDevices) {
 }
 
 // What the pinned JAX exports compiles and runs on the pinned plugin.
+TEST_F(PjrtTest, CpuClientWithOneDevicePerSliceShard) {
+  auto plugin = PjrtPlugin::Load(PW_PJRT_CPU_PLUGIN);
+  ASSERT_TRUE(plugin.ok());
+  auto four = PjrtClient::Create(*plugin, /*cpu_device_count=*/4);
+  ASSERT_TRUE(four.ok()) << four.status();
+  EXPECT_EQ((*four)->num_devices(), 4);
+  auto b = (*four)->BufferFromHost(*HostArray::Of<float>(DType::kF32, Shape({1}), {7.f}), 3);
+  ASSERT_TRUE(b.ok()) << b.status();
+  float back = 0;
+  ASSERT_TRUE((*b)->CopyToHost(&back).status().ok());
+  EXPECT_EQ(back, 7.f);
+  EXPECT_FALSE(PjrtClient::Create(*plugin, -1).ok());
+}
+
 TEST_F(PjrtTest, JaxExportCompilesAndRuns) {
   ArraySpec f32_2{DType::kF32, Shape({2})};
   auto exe = client_->Compile("times_two",
