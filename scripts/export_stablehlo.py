@@ -9,8 +9,14 @@ import sys
 import jax
 import jax.numpy as jnp
 
+SCALAR = jax.ShapeDtypeStruct((), jnp.float32)
+
 FUNCTIONS = {
     # name: (function, input shapes/dtypes)
+    # The paper's Figure 2 functions, per shard (pmap maps one element to each device).
+    "mul2": (lambda x: x * 2.0, [SCALAR]),
+    "add1": (lambda x: x + 1.0, [SCALAR]),
+    "div2": (lambda x: x / 2.0, [SCALAR]),
     "times_two": (lambda x: x * 2.0, [jax.ShapeDtypeStruct((2,), jnp.float32)]),
     "affine": (lambda x, w, b: jnp.tanh(x @ w + b),
                [jax.ShapeDtypeStruct((4, 3), jnp.float32),

@@ -44,11 +44,11 @@ Array Client::Adopt(const ArrayInfo& info) {
   return Array(std::shared_ptr<Array::Handle>(new Array::Handle{controller_, id_, info}));
 }
 
-absl::StatusOr<FunctionInfo> Client::Register(const NativeFunctionDef& def) {
+absl::StatusOr<FunctionInfo> Client::Register(const FunctionDef& def) {
   return controller_->RegisterFunction(id_, def);
 }
 
-absl::StatusOr<BoundFunction> Client::Pmap(const NativeFunctionDef& def, const Slice& slice) {
+absl::StatusOr<BoundFunction> Client::Pmap(const FunctionDef& def, const Slice& slice) {
   PW_ASSIGN_OR_RETURN(FunctionInfo fn, Register(def));
   return Pmap(fn, slice);
 }

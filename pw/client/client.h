@@ -175,11 +175,11 @@ class Client {
   ClientId id() const { return id_; }
 
   VirtualDeviceSet MakeVirtualDeviceSet() { return VirtualDeviceSet(this); }
-  absl::StatusOr<FunctionInfo> Register(const NativeFunctionDef& def);
+  absl::StatusOr<FunctionInfo> Register(const FunctionDef& def);
   // Binds a registered function to a slice, pmap-style: per-shard spec S is the global array
   // [n] + S split along dimension 0 over the slice's n devices.
   absl::StatusOr<BoundFunction> Pmap(const FunctionInfo& fn, const Slice& slice);
-  absl::StatusOr<BoundFunction> Pmap(const NativeFunctionDef& def, const Slice& slice);
+  absl::StatusOr<BoundFunction> Pmap(const FunctionDef& def, const Slice& slice);
   // Binds with explicit global specs and shardings for every input and output.
   absl::StatusOr<BoundFunction> Bind(const FunctionInfo& fn, const Slice& slice,
                                      std::vector<ArraySpec> in_global,

@@ -26,8 +26,8 @@ class Controller::Lowering final : public LoweringContext {
   absl::StatusOr<SliceInfo> ResolveSlice(SliceId slice) const override {
     return c_->rm_.ResolveSlice(client_, slice);
   }
-  absl::StatusOr<ExecutableRef> LoadExecutable(FunctionId f, int n) const override {
-    return c_->Executable(client_, f, n);
+  absl::StatusOr<FunctionSignature> LoadSignature(FunctionId f, int n) const override {
+    return c_->Signature(client_, f, n);
   }
 
  private:
@@ -62,7 +62,7 @@ void Controller::WaitIdle() {
 }
 
 absl::Status Controller::AttachWorker(HostId host, IslandId island, WorkerInterface* worker) {
-  std::vector<std::pair<FunctionId, NativeFunctionDef>> fns;
+  std::vector<std::pair<FunctionId, FunctionDef>> fns;
   {
     pw::MutexLock lock(&mu_);
     host_island_[host] = island;
@@ -135,9 +135,10 @@ absl::Status Controller::ReleaseSlice(ClientId client, SliceId slice) {
 }
 
 absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
-                                                          const NativeFunctionDef& def) {
+                                                          const FunctionDef& def) {
   PW_RETURN_IF_ERROR(CheckClient(client));
-  PW_RETURN_IF_ERROR(CompileNative(def, 1).status());  // Kernels and shapes, before anything runs.
+  // Kernels and shapes, before anything runs.
+  PW_ASSIGN_OR_RETURN(FunctionSignature sig, SignatureOf(def, 1));
   FunctionId id;
   std::vector<WorkerInterface*> workers;
   {
@@ -147,24 +148,24 @@ absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
     for (const auto& [h, w] : workers_) workers.push_back(w);
   }
   for (WorkerInterface* w : workers) PW_RETURN_IF_ERROR(w->LoadFunction(id, def));
-  return FunctionInfo{id, def.name, def.inputs};
+  return FunctionInfo{id, sig.name, sig.inputs};
 }
 
-absl::StatusOr<ExecutableRef> Controller::Executable(ClientId client, FunctionId id,
-                                                     int num_shards) {
+absl::StatusOr<FunctionSignature> Controller::Signature(ClientId client, FunctionId id,
+                                                       int num_shards) {
   pw::MutexLock lock(&mu_);
   if (!id.valid() || id.value() >= static_cast<int64_t>(functions_.size()))
     return absl::NotFoundError(absl::StrCat(id.ToString(), " is not registered"));
   const Function& f = functions_[id.value()];
   if (f.owner != client)
-    return absl::PermissionDeniedError(absl::StrCat(id.ToString(), " ('", f.def.name,
+    return absl::PermissionDeniedError(absl::StrCat(id.ToString(), " ('", FunctionName(f.def),
                                                     "') belongs to another client"));
   auto key = std::make_pair(id, num_shards);
-  auto it = executables_.find(key);
-  if (it != executables_.end()) return it->second;
-  PW_ASSIGN_OR_RETURN(ExecutableRef exe, CompileNative(f.def, num_shards));
-  executables_.emplace(key, exe);
-  return exe;
+  auto it = signatures_.find(key);
+  if (it != signatures_.end()) return it->second;
+  PW_ASSIGN_OR_RETURN(FunctionSignature sig, SignatureOf(f.def, num_shards));
+  signatures_.emplace(key, sig);
+  return sig;
 }
 
 absl::StatusOr<std::vector<ArraySpec>> Controller::LoadFunction(ClientId client,
@@ -172,9 +173,9 @@ absl::StatusOr<std::vector<ArraySpec>> Controller::LoadFunction(ClientId client,
                                                                 SliceId slice) {
   PW_RETURN_IF_ERROR(CheckClient(client));
   PW_ASSIGN_OR_RETURN(SliceInfo s, rm_.ResolveSlice(client, slice));
-  PW_ASSIGN_OR_RETURN(ExecutableRef exe,
-                      Executable(client, function, static_cast<int>(s.devices.size())));
-  return exe->output_specs();
+  PW_ASSIGN_OR_RETURN(FunctionSignature sig,
+                      Signature(client, function, static_cast<int>(s.devices.size())));
+  return sig.outputs;
 }
 
 absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(

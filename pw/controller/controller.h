@@ -47,7 +47,7 @@ class Controller final : public ControllerInterface {
   absl::StatusOr<SliceInfo> AllocateSlice(ClientId client, const SliceRequest& request) override;
   absl::Status ReleaseSlice(ClientId client, SliceId slice) override;
   absl::StatusOr<FunctionInfo> RegisterFunction(ClientId client,
-                                                const NativeFunctionDef& def) override;
+                                                const FunctionDef& def) override;
   absl::StatusOr<std::vector<ArraySpec>> LoadFunction(ClientId client, FunctionId function,
                                                       SliceId slice) override;
   absl::StatusOr<ProgramId> RegisterProgram(ClientId client, const ProgramIr& ir) override;
@@ -64,7 +64,7 @@ class Controller final : public ControllerInterface {
  private:
   struct Function {
     ClientId owner;
-    NativeFunctionDef def;
+    FunctionDef def;
   };
   struct Plan;
   struct Program {
@@ -75,7 +75,7 @@ class Controller final : public ControllerInterface {
   class Lowering;
 
   absl::Status CheckClient(ClientId client) const;
-  absl::StatusOr<ExecutableRef> Executable(ClientId client, FunctionId id, int num_shards);
+  absl::StatusOr<FunctionSignature> Signature(ClientId client, FunctionId id, int num_shards);
   absl::StatusOr<std::shared_ptr<const Plan>> PlanFor(ClientId client, ProgramId id,
                                                       const std::vector<Placement>& args);
   absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(ClientId client, const ProgramIr& ir,
@@ -93,7 +93,8 @@ class Controller final : public ControllerInterface {
   int64_t next_client_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<ClientId, std::string> clients_ ABSL_GUARDED_BY(mu_);
   std::vector<Function> functions_ ABSL_GUARDED_BY(mu_);  // Indexed by FunctionId.
-  absl::flat_hash_map<std::pair<FunctionId, int>, ExecutableRef> executables_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::pair<FunctionId, int>, FunctionSignature> signatures_
+      ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Program>> programs_ ABSL_GUARDED_BY(mu_);  // By ProgramId.
   absl::flat_hash_map<HostId, WorkerInterface*> workers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<HostId, IslandId> host_island_ ABSL_GUARDED_BY(mu_);

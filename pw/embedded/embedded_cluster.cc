@@ -5,8 +5,9 @@
 
 namespace pw {
 
-absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Create(const ClusterSpec& spec) {
-  std::unique_ptr<EmbeddedCluster> c(new EmbeddedCluster());
+absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Create(const ClusterSpec& spec,
+                                                                         Options options) {
+  std::unique_ptr<EmbeddedCluster> c(new EmbeddedCluster(std::move(options)));
   c->controller_ = std::make_unique<Controller>(spec);
   for (const auto& h : spec.hosts()) {
     std::vector<DeviceSpec> devices;
@@ -30,7 +31,8 @@ EmbeddedCluster::~EmbeddedCluster() {
 absl::Status EmbeddedCluster::StartWorker(HostId host, IslandId island,
                                           const std::vector<DeviceSpec>& devices) {
   auto w = std::make_unique<Worker>(host, island, devices, &collectives_,
-                                    [this](HostId h) -> WorkerInterface* { return worker(h); });
+                                    [this](HostId h) -> WorkerInterface* { return worker(h); },
+                                    options_.pjrt_plugin);
   Worker* raw = w.get();
   {
     pw::MutexLock lock(&mu_);

@@ -21,7 +21,15 @@ namespace pw {
 
 class EmbeddedCluster {
  public:
-  static absl::StatusOr<std::unique_ptr<EmbeddedCluster>> Create(const ClusterSpec& spec);
+  struct Options {
+    // PJRT plugin for StableHLO functions, loaded by each worker on first use.
+    std::string pjrt_plugin = pjrt::DefaultCpuPluginPath();
+  };
+  static absl::StatusOr<std::unique_ptr<EmbeddedCluster>> Create(const ClusterSpec& spec,
+                                                                 Options options);
+  static absl::StatusOr<std::unique_ptr<EmbeddedCluster>> Create(const ClusterSpec& spec) {
+    return Create(spec, Options());
+  }
   ~EmbeddedCluster();
 
   Controller& controller() { return *controller_; }
@@ -35,9 +43,10 @@ class EmbeddedCluster {
   Worker* worker(HostId host) const;
 
  private:
-  EmbeddedCluster() = default;
+  explicit EmbeddedCluster(Options options) : options_(std::move(options)) {}
   absl::Status StartWorker(HostId host, IslandId island, const std::vector<DeviceSpec>& devices);
 
+  const Options options_;
   Collectives collectives_;
   mutable pw::Mutex mu_;
   absl::flat_hash_map<HostId, std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);

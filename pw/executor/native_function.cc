@@ -65,14 +65,17 @@ class NativeExecutable final : public Executable {
     values.reserve(inputs_.size() + ops_.size());
     for (size_t i = 0; i < inputs_.size(); ++i) {
       auto host = std::dynamic_pointer_cast<HostDeviceBuffer>(launch.inputs[i]);
-      if (host == nullptr)
-        return absl::InvalidArgumentError(absl::StrCat("function '", name_, "' input ", i,
-                                                       " is not a native host buffer"));
-      const ArraySpec& got = host->spec();
+      const ArraySpec& got = launch.inputs[i]->spec();
       if (got.dtype != inputs_[i].dtype || got.num_elements() != inputs_[i].num_elements()) {
         return absl::InvalidArgumentError(absl::StrCat("function '", name_, "' input ", i,
                                                        " expects ", inputs_[i].ToString(),
                                                        ", got ", got.ToString()));
+      }
+      if (host == nullptr) {
+        // Another backend's buffer (e.g. a PJRT output): read it into host memory.
+        host = HostDeviceBuffer::Create(got, launch.device);
+        absl::Status s = launch.inputs[i]->CopyToHost(host->mutable_data()).status();
+        if (!s.ok()) return Annotate(s, absl::StrCat("function '", name_, "' input ", i));
       }
       values.push_back(std::move(host));
     }

@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
+
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
 
@@ -115,6 +117,11 @@ Future<> PjrtPlugin::Await(PJRT_Event* event, std::string what) const {
   return f;
 }
 
+std::string DefaultCpuPluginPath() {
+  if (const char* env = std::getenv("PW_PJRT_PLUGIN"); env != nullptr && *env != '\0') return env;
+  return PW_DEFAULT_PJRT_CPU_PLUGIN;
+}
+
 // ---- Types
 
 absl::StatusOr<PJRT_Buffer_Type> ToPjrtType(DType t) {
@@ -146,8 +153,11 @@ absl::StatusOr<DType> FromPjrtType(PJRT_Buffer_Type t) {
 // ---- Buffers
 
 PjrtBuffer::PjrtBuffer(std::shared_ptr<const PjrtPlugin> plugin, PJRT_Buffer* buffer,
-                       ArraySpec spec, DeviceId device)
-    : DeviceBuffer(std::move(spec), device), plugin_(std::move(plugin)), buffer_(buffer) {}
+                       ArraySpec spec, DeviceId device, int device_index)
+    : DeviceBuffer(std::move(spec), device),
+      plugin_(std::move(plugin)),
+      buffer_(buffer),
+      device_index_(device_index) {}
 
 PjrtBuffer::~PjrtBuffer() {
   auto args = PW_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
@@ -232,9 +242,10 @@ absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtClient::Compile(
   static constexpr char kFormat[] = "mlir";
   program.format = kFormat;
   program.format_size = sizeof(kFormat) - 1;
-  // xla.CompileOptionsProto{executable_build_options{num_replicas: 1, num_partitions: 1}}:
-  // the plugin aborts on options without a replica count.
-  static constexpr char kOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01};
+  // xla.CompileOptionsProto{executable_build_options{num_replicas: 1, num_partitions: 1},
+  // compile_portable_executable: true}: the plugin aborts on options without a replica count,
+  // and a portable executable runs on whichever device Execute names.
+  static constexpr char kOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01};
   auto args = PW_PJRT_ARGS(PJRT_Client_Compile_Args);
   args.client = client_;
   args.program = &program;
@@ -255,13 +266,14 @@ absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtClient::Compile(
     plugin_->Consume(api->PJRT_Executable_Destroy(&destroy), where).IgnoreError();
   }
   std::unique_ptr<PjrtExecutable> exe(
-      new PjrtExecutable(plugin_, name, args.executable, std::move(inputs), num_outputs));
+      new PjrtExecutable(plugin_, name, args.executable, std::move(inputs), num_outputs, devices_));
   PW_RETURN_IF_ERROR(s);
   return exe;
 }
 
 absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtClient::BufferFromHost(const HostArray& value,
-                                                                       int device_index) const {
+                                                                       int device_index,
+                                                                       DeviceId device) const {
   if (device_index < 0 || device_index >= num_devices())
     return absl::InvalidArgumentError(absl::StrCat("PJRT device ", device_index,
                                                    " does not exist (", num_devices(), ")"));
@@ -280,8 +292,8 @@ absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtClient::BufferFromHost(const Hos
   args.device = devices_[device_index];
   PW_RETURN_IF_ERROR(plugin_->Consume(plugin_->api()->PJRT_Client_BufferFromHostBuffer(&args),
                                       "copying an array to a PJRT device"));
-  auto buffer = std::make_shared<PjrtBuffer>(plugin_, args.buffer, value.spec,
-                                             DeviceId(device_index));
+  auto buffer = std::make_shared<PjrtBuffer>(plugin_, args.buffer, value.spec, device,
+                                             device_index);
   // The host data must stay valid until the transfer is done.
   PW_RETURN_IF_ERROR(plugin_->Await(args.done_with_host_buffer, "copying to device").status());
   return buffer;
@@ -297,15 +309,25 @@ PjrtExecutable::~PjrtExecutable() {
 }
 
 Future<std::vector<std::shared_ptr<PjrtBuffer>>> PjrtExecutable::Execute(
-    absl::Span<const std::shared_ptr<PjrtBuffer>> inputs) const {
+    absl::Span<const std::shared_ptr<PjrtBuffer>> inputs, int device_index,
+    DeviceId device) const {
   using Result = Future<std::vector<std::shared_ptr<PjrtBuffer>>>;
   const std::string where = absl::StrCat("function '", name_, "'");
   if (inputs.size() != inputs_.size()) {
     return Result::Ready(absl::InvalidArgumentError(absl::StrCat(
         where, " takes ", inputs_.size(), " inputs, got ", inputs.size())));
   }
+  if (device_index < 0 || device_index >= static_cast<int>(devices_.size())) {
+    return Result::Ready(absl::InvalidArgumentError(absl::StrCat(
+        where, ": PJRT device ", device_index, " does not exist (", devices_.size(), ")")));
+  }
   std::vector<PJRT_Buffer*> args;
   for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i]->device_index() != device_index) {
+      return Result::Ready(absl::InvalidArgumentError(absl::StrCat(
+          where, " input ", i, " is on PJRT device ", inputs[i]->device_index(),
+          ", not on device ", device_index)));
+    }
     if (!(inputs[i]->spec() == inputs_[i])) {
       return Result::Ready(absl::InvalidArgumentError(absl::StrCat(
           where, " input ", i, " expects ", inputs_[i].ToString(), ", got ",
@@ -327,6 +349,7 @@ Future<std::vector<std::shared_ptr<PjrtBuffer>>> PjrtExecutable::Execute(
   exec.num_args = args.size();
   exec.output_lists = output_lists;
   exec.device_complete_events = done;
+  exec.execute_device = devices_[device_index];
   absl::Status s = plugin_->Consume(api->PJRT_LoadedExecutable_Execute(&exec), where);
   if (!s.ok()) return Result::Ready(s);
   std::vector<std::shared_ptr<PjrtBuffer>> result;
@@ -340,7 +363,7 @@ Future<std::vector<std::shared_ptr<PjrtBuffer>>> PjrtExecutable::Execute(
     absl::StatusOr<DType> dtype = ts.ok() ? FromPjrtType(type.type) : absl::StatusOr<DType>(ts);
     ArraySpec spec{dtype.ok() ? *dtype : DType::kInvalid,
                    Shape(std::vector<int64_t>(dims.dims, dims.dims + dims.num_dims))};
-    result.push_back(std::make_shared<PjrtBuffer>(plugin_, b, std::move(spec), DeviceId(0)));
+    result.push_back(std::make_shared<PjrtBuffer>(plugin_, b, std::move(spec), device, device_index));
     if (!dtype.ok() && s.ok()) s = Annotate(dtype.status(), where);
   }
   if (!s.ok()) return Result::Ready(s);

@@ -51,14 +51,17 @@ class PjrtExecutable;
 class PjrtBuffer final : public DeviceBuffer {
  public:
   PjrtBuffer(std::shared_ptr<const PjrtPlugin> plugin, PJRT_Buffer* buffer, ArraySpec spec,
-             DeviceId device);
+             DeviceId device, int device_index);
   ~PjrtBuffer() override;
   PJRT_Buffer* get() const { return buffer_; }
+  // Index of the client device holding the buffer.
+  int device_index() const { return device_index_; }
   Future<> CopyToHost(void* dst) const override;
 
  private:
   const std::shared_ptr<const PjrtPlugin> plugin_;
   PJRT_Buffer* const buffer_;
+  const int device_index_;
 };
 
 class PjrtClient {
@@ -73,14 +76,16 @@ class PjrtClient {
   std::string platform_name() const;
   int num_devices() const { return static_cast<int>(devices_.size()); }
 
-  // Compiles a StableHLO module (portable artifact bytecode or MLIR text) for one device.
-  // `inputs` are the function's static input specs, checked at every call. Errors name `name`.
+  // Compiles a StableHLO module (portable artifact bytecode or MLIR text) for one device, as a
+  // portable executable that can run on any of the client's devices. `inputs` are the function's
+  // static input specs, checked at every call. Errors name `name`.
   absl::StatusOr<std::unique_ptr<PjrtExecutable>> Compile(const std::string& name,
                                                           absl::string_view stablehlo,
                                                           std::vector<ArraySpec> inputs) const;
-  // Copies `value` into a new buffer on device `device_index`.
+  // Copies `value` into a new buffer on device `device_index`, labelled `device`.
   absl::StatusOr<std::shared_ptr<PjrtBuffer>> BufferFromHost(const HostArray& value,
-                                                             int device_index) const;
+                                                             int device_index,
+                                                             DeviceId device = DeviceId()) const;
 
  private:
   PjrtClient(std::shared_ptr<const PjrtPlugin> plugin, PJRT_Client* client);
@@ -95,23 +100,31 @@ class PjrtExecutable {
   const std::string& name() const { return name_; }
   const std::vector<ArraySpec>& input_specs() const { return inputs_; }
   size_t num_outputs() const { return num_outputs_; }
-  // Runs on the executable's device; the future holds the outputs once computed. Inputs must
-  // match the declared specs (InvalidArgument naming the function and input otherwise).
+  // Runs on the client's device `device_index`; the future holds the outputs (labelled with
+  // `device`) once computed. Inputs must be on that device and match the declared specs
+  // (InvalidArgument naming the function and input otherwise).
   Future<std::vector<std::shared_ptr<PjrtBuffer>>> Execute(
-      absl::Span<const std::shared_ptr<PjrtBuffer>> inputs) const;
+      absl::Span<const std::shared_ptr<PjrtBuffer>> inputs, int device_index = 0,
+      DeviceId device = DeviceId(0)) const;
 
  private:
   friend class PjrtClient;
   PjrtExecutable(std::shared_ptr<const PjrtPlugin> plugin, std::string name,
-                 PJRT_LoadedExecutable* exe, std::vector<ArraySpec> inputs, size_t num_outputs)
+                 PJRT_LoadedExecutable* exe, std::vector<ArraySpec> inputs, size_t num_outputs,
+                 std::vector<PJRT_Device*> devices)
       : plugin_(std::move(plugin)), name_(std::move(name)), exe_(exe),
-        inputs_(std::move(inputs)), num_outputs_(num_outputs) {}
+        inputs_(std::move(inputs)), num_outputs_(num_outputs), devices_(std::move(devices)) {}
   const std::shared_ptr<const PjrtPlugin> plugin_;
   const std::string name_;
   PJRT_LoadedExecutable* const exe_;
   const std::vector<ArraySpec> inputs_;
   const size_t num_outputs_;
+  const std::vector<PJRT_Device*> devices_;
 };
+
+// The CPU plugin to use when none is configured: $PW_PJRT_PLUGIN if set, else the one installed
+// in the repository's .venv when this was built.
+std::string DefaultCpuPluginPath();
 
 // PJRT element type <-> DType.
 absl::StatusOr<PJRT_Buffer_Type> ToPjrtType(DType t);

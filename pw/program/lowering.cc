@@ -172,26 +172,25 @@ absl::StatusOr<LoweredProgram> Lower(const ProgramIr& ir, const std::vector<Plac
     const std::string where = absl::StrCat(prog, " node '", NodeName(ir, i), "'");
     auto slice = ctx.ResolveSlice(b.slice);
     if (!slice.ok()) return Annotate(slice.status(), where);
-    auto exe = ctx.LoadExecutable(b.function, static_cast<int>(slice->devices.size()));
-    if (!exe.ok()) return Annotate(exe.status(), where);
-    const auto& in_specs = (*exe)->input_specs();
-    const auto& out_specs = (*exe)->output_specs();
+    auto sig = ctx.LoadSignature(b.function, static_cast<int>(slice->devices.size()));
+    if (!sig.ok()) return Annotate(sig.status(), where);
+    const auto& in_specs = sig->inputs;
+    const auto& out_specs = sig->outputs;
     if (b.in_global.size() != in_specs.size() || b.in_sharding.size() != in_specs.size() ||
         node.inputs.size() != in_specs.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          where, ": function '", (*exe)->name(), "' takes ", in_specs.size(),
+          where, ": function '", sig->name, "' takes ", in_specs.size(),
           " inputs; the node has ", node.inputs.size(), " inputs and ", b.in_global.size(),
           " input layouts"));
     }
     if (b.out_global.size() != out_specs.size() || b.out_sharding.size() != out_specs.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ": function '", (*exe)->name(),
+      return absl::InvalidArgumentError(absl::StrCat(where, ": function '", sig->name,
                                                      "' has ", out_specs.size(),
                                                      " outputs; the node declares ",
                                                      b.out_global.size()));
     }
     LoweredNode compute{LoweredNode::Kind::kCompute, NodeName(ir, i)};
     compute.function = b.function;
-    compute.executable = *exe;
     compute.slice = PlacementOn(*slice, {}, Sharding());
     for (size_t j = 0; j < node.inputs.size(); ++j) {
       const std::string iwhere = absl::StrCat(where, " input ", j);

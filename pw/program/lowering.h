@@ -20,7 +20,7 @@
 #include "pw/base/ids.h"
 #include "pw/base/placement.h"
 #include "pw/cluster/cluster_spec.h"
-#include "pw/executor/executable.h"
+#include "pw/executor/function_def.h"
 #include "pw/program/program_ir.h"
 #include "pw/resource_manager/resource_manager.h"
 
@@ -37,7 +37,6 @@ struct LoweredNode {
   std::string name;
   // Compute:
   FunctionId function;
-  ExecutableRef executable;
   Placement slice;  // The slice it runs on (compute) or the destination (transfer).
   std::vector<int> inputs;   // Value indices.
   std::vector<int> outputs;  // Value indices.
@@ -62,8 +61,9 @@ class LoweringContext {
  public:
   virtual ~LoweringContext() = default;
   virtual absl::StatusOr<SliceInfo> ResolveSlice(SliceId slice) const = 0;
-  virtual absl::StatusOr<ExecutableRef> LoadExecutable(FunctionId function,
-                                                       int num_shards) const = 0;
+  // The function's signature for a slice of `num_shards` devices.
+  virtual absl::StatusOr<FunctionSignature> LoadSignature(FunctionId function,
+                                                          int num_shards) const = 0;
 };
 
 // `args` holds the placement of each argument passed to this run.

@@ -13,10 +13,10 @@ class TestContext : public LoweringContext {
   absl::StatusOr<SliceInfo> ResolveSlice(SliceId s) const override {
     return rm_.ResolveSlice(client_, s);
   }
-  absl::StatusOr<ExecutableRef> LoadExecutable(FunctionId f, int n) const override {
+  absl::StatusOr<FunctionSignature> LoadSignature(FunctionId f, int n) const override {
     if (!f.valid() || f.value() >= static_cast<int64_t>(fns_.size()))
       return absl::NotFoundError(absl::StrCat(f.ToString(), " is not registered"));
-    return CompileNative(fns_[f.value()], n);
+    return SignatureOf(fns_[f.value()], n);
   }
   FunctionId Add(NativeFunctionDef d) {
     fns_.push_back(std::move(d));

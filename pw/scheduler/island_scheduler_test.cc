@@ -12,7 +12,7 @@ class FakeWorker final : public WorkerInterface {
  public:
   explicit FakeWorker(HostId h) : host_(h) {}
   HostId host() const override { return host_; }
-  absl::Status LoadFunction(FunctionId, const NativeFunctionDef&) override {
+  absl::Status LoadFunction(FunctionId, const FunctionDef&) override {
     return absl::OkStatus();
   }
   DispatchAck Dispatch(HostWork work) override {

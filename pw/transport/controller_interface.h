@@ -12,7 +12,7 @@
 #include "pw/base/host_array.h"
 #include "pw/base/ids.h"
 #include "pw/base/sharding.h"
-#include "pw/executor/native_function.h"
+#include "pw/executor/function_def.h"
 #include "pw/program/program_ir.h"
 #include "pw/resource_manager/resource_manager.h"
 #include "pw/transport/messages.h"
@@ -58,7 +58,7 @@ class ControllerInterface {
   virtual absl::Status ReleaseSlice(ClientId client, SliceId slice) = 0;
 
   virtual absl::StatusOr<FunctionInfo> RegisterFunction(ClientId client,
-                                                        const NativeFunctionDef& def) = 0;
+                                                        const FunctionDef& def) = 0;
   // Per-shard output specs of `function` loaded for `slice` (compiles for that slice shape).
   virtual absl::StatusOr<std::vector<ArraySpec>> LoadFunction(ClientId client, FunctionId function,
                                                               SliceId slice) = 0;

@@ -11,7 +11,7 @@
 #include "pw/base/host_array.h"
 #include "pw/base/ids.h"
 #include "pw/executor/device_buffer.h"
-#include "pw/executor/native_function.h"
+#include "pw/executor/function_def.h"
 #include "pw/transport/messages.h"
 
 namespace pw {
@@ -21,7 +21,7 @@ class WorkerInterface {
   virtual ~WorkerInterface() = default;
   virtual HostId host() const = 0;
   // Makes a function known to this host; it is compiled per slice shape on first use.
-  virtual absl::Status LoadFunction(FunctionId id, const NativeFunctionDef& def) = 0;
+  virtual absl::Status LoadFunction(FunctionId id, const FunctionDef& def) = 0;
   // Queues host-side work; work of successive calls reaches each device in call order.
   virtual DispatchAck Dispatch(HostWork work) = 0;
   // Stores one shard from host memory (waits for device memory if it is full).

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
+#include "pw/pjrt/shard_executable.h"
 
 namespace pw {
 
@@ -23,15 +24,19 @@ absl::Status FailedAlready(const Future<T>& f) {
 }  // namespace
 
 Worker::Worker(HostId host, IslandId island, const std::vector<DeviceSpec>& devices,
-               Collectives* collectives, PeerLookup peers)
+               Collectives* collectives, PeerLookup peers, std::string pjrt_plugin)
     : host_(host),
       island_(island),
       collectives_(collectives),
       peers_(std::move(peers)),
+      pjrt_plugin_(std::move(pjrt_plugin)),
       data_plane_(absl::StrCat("pw-data", host.value())),
       dispatch_(absl::StrCat("pw-disp", host.value())) {
-  for (const auto& d : devices)
+  for (size_t i = 0; i < devices.size(); ++i) {
+    const DeviceSpec& d = devices[i];
     devices_.emplace(d.id, std::make_unique<Device>(d.id, d.host, d.island, d.memory_bytes));
+    pjrt_index_[d.id] = static_cast<int>(i);
+  }
 }
 
 Worker::~Worker() {
@@ -42,7 +47,7 @@ Worker::~Worker() {
   }
 }
 
-absl::Status Worker::LoadFunction(FunctionId id, const NativeFunctionDef& def) {
+absl::Status Worker::LoadFunction(FunctionId id, const FunctionDef& def) {
   pw::MutexLock lock(&fn_mu_);
   functions_[id] = def;
   return absl::OkStatus();
@@ -57,9 +62,29 @@ absl::StatusOr<ExecutableRef> Worker::LoadExecutable(FunctionId id, int num_shar
   if (fit == functions_.end())
     return absl::NotFoundError(absl::StrCat(id.ToString(), " was never loaded on ",
                                             host_.ToString()));
-  PW_ASSIGN_OR_RETURN(ExecutableRef exe, CompileNative(fit->second, num_shards));
+  ExecutableRef exe;
+  if (const auto* native = std::get_if<NativeFunctionDef>(&fit->second)) {
+    PW_ASSIGN_OR_RETURN(exe, CompileNative(*native, num_shards));
+  } else {
+    PW_ASSIGN_OR_RETURN(auto client, PjrtClientLocked());
+    PW_ASSIGN_OR_RETURN(exe, pjrt::PjrtShardExecutable::Compile(
+                                 client, std::get<StableHloFunctionDef>(fit->second), num_shards,
+                                 pjrt_index_));
+  }
   executables_.emplace(key, exe);
   return exe;
+}
+
+absl::StatusOr<std::shared_ptr<const pjrt::PjrtClient>> Worker::PjrtClientLocked() {
+  if (pjrt_ != nullptr) return pjrt_;
+  if (pjrt_plugin_.empty())
+    return absl::FailedPreconditionError(
+        absl::StrCat(host_.ToString(), " has no PJRT plugin configured for StableHLO functions"));
+  PW_ASSIGN_OR_RETURN(auto plugin, pjrt::PjrtPlugin::Load(pjrt_plugin_));
+  PW_ASSIGN_OR_RETURN(auto client,
+                      pjrt::PjrtClient::Create(plugin, static_cast<int>(devices_.size())));
+  pjrt_ = std::move(client);
+  return pjrt_;
 }
 
 Device* Worker::FindDevice(DeviceId id) const {

@@ -23,6 +23,7 @@
 #include "pw/executor/collectives.h"
 #include "pw/executor/device.h"
 #include "pw/object_store/object_store.h"
+#include "pw/pjrt/pjrt_plugin.h"
 #include "pw/transport/worker_interface.h"
 
 namespace pw {
@@ -34,13 +35,14 @@ class Worker final : public WorkerInterface {
 
   // `collectives` is the communicator the devices' collective kernels use (shared by every
   // worker of an in-process cluster); it must outlive the worker.
+  // `pjrt_plugin` is the PJRT plugin for StableHLO functions (loaded on first use; empty: none).
   Worker(HostId host, IslandId island, const std::vector<DeviceSpec>& devices,
-         Collectives* collectives, PeerLookup peers);
+         Collectives* collectives, PeerLookup peers, std::string pjrt_plugin = "");
   // Fails outstanding device work, then drains the dispatch and data-plane threads.
   ~Worker() override;
 
   HostId host() const override { return host_; }
-  absl::Status LoadFunction(FunctionId id, const NativeFunctionDef& def) override;
+  absl::Status LoadFunction(FunctionId id, const FunctionDef& def) override;
   DispatchAck Dispatch(HostWork work) override;
   Future<> PutShard(BufferId id, DeviceId device, HostArray shard) override;
   Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) override;
@@ -67,7 +69,12 @@ class Worker final : public WorkerInterface {
   const PeerLookup peers_;
   ObjectStore store_;
   pw::Mutex fn_mu_;
-  absl::flat_hash_map<FunctionId, NativeFunctionDef> functions_ ABSL_GUARDED_BY(fn_mu_);
+  absl::StatusOr<std::shared_ptr<const pjrt::PjrtClient>> PjrtClientLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(fn_mu_);
+  const std::string pjrt_plugin_;
+  absl::flat_hash_map<DeviceId, int> pjrt_index_;  // Local device -> PJRT device index.
+  std::shared_ptr<const pjrt::PjrtClient> pjrt_ ABSL_GUARDED_BY(fn_mu_);
+  absl::flat_hash_map<FunctionId, FunctionDef> functions_ ABSL_GUARDED_BY(fn_mu_);
   absl::flat_hash_map<std::pair<FunctionId, int>, ExecutableRef> executables_ ABSL_GUARDED_BY(fn_mu_);
   std::atomic<int64_t> ici_bytes_{0};
   std::atomic<int64_t> dcn_bytes_{0};

@@ -1,0 +1,114 @@
+// XLA compiled functions (StableHLO exported by the pinned JAX, run by the PJRT CPU plugin) in
+// the runtime: bound to slices, traced into programs, mixed with native kernels.
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "pw/client/client.h"
+#include "pw/embedded/embedded_cluster.h"
+
+namespace pw {
+namespace {
+
+StableHloFunctionDef Load(const std::string& name, std::vector<ArraySpec> in,
+                          std::vector<ArraySpec> out) {
+  std::ifstream f(std::string(PW_STABLEHLO_TESTDATA) + "/" + name + ".mlirbc", std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return {name, ss.str(), std::move(in), std::move(out)};
+}
+
+const ArraySpec kScalar{DType::kF32, Shape({})};
+
+class XlaFunctionsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cluster_ = *EmbeddedCluster::Create(*ClusterSpec::Uniform(2, 1, 2));
+    client_ = *Client::Connect(&cluster_->controller(), "xla");
+  }
+  void TearDown() override { client_.reset(); }
+  Slice NewSlice() {
+    return *client_->MakeVirtualDeviceSet().AddSlice({.num_devices = 2, .single_island = true});
+  }
+  std::unique_ptr<EmbeddedCluster> cluster_;
+  std::unique_ptr<Client> client_;
+};
+
+// The paper's Figure 2 with its functions compiled by XLA.
+TEST_F(XlaFunctionsTest, Figure2WithXlaFunctions) {
+  Slice sa = NewSlice(), sb = NewSlice(), sc = NewSlice();
+  auto a = client_->Pmap(Load("mul2", {kScalar}, {kScalar}), sa);
+  auto b = client_->Pmap(Load("add1", {kScalar}, {kScalar}), sb);
+  auto c = client_->Pmap(Load("div2", {kScalar}, {kScalar}), sc);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << a.status() << b.status() << c.status();
+  auto f = client_->Trace("f", {{DType::kF32, Shape({2})}}, [&](std::vector<Value> v) {
+    Value x = (*a)(v[0]);
+    return std::vector<Value>{(*b)(x), (*a)((*c)(x))};
+  });
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto out = f->Call({*HostArray::Of<float>(DType::kF32, Shape({2}), {1.f, 2.f})});
+  ASSERT_TRUE(out.ok()) << out.status();
+  auto y = (*out)[0].ToHost();
+  auto z = (*out)[1].ToHost();
+  ASSERT_TRUE(y.ok() && z.ok()) << y.status() << z.status();
+  EXPECT_EQ(absl::StrCat("(", y->ToString(), ", ", z->ToString(), ")"),
+            "(array([3., 5.]), array([2., 4.]))");
+}
+
+TEST_F(XlaFunctionsTest, XlaAndNativeFunctionsFeedEachOther) {
+  Slice s = NewSlice();
+  auto xla = client_->Pmap(Load("mul2", {kScalar}, {kScalar}), s);
+  NativeFunctionBuilder nb("native_add1");
+  int x = nb.Input(kScalar);
+  auto native = client_->Pmap(nb.Build({nb.Op("add_scalar", {x}, {{"value", 1.0}})}), s);
+  ASSERT_TRUE(xla.ok() && native.ok());
+  auto f = client_->Trace("mixed", {{DType::kF32, Shape({2})}}, [&](std::vector<Value> v) {
+    return std::vector<Value>{(*xla)((*native)((*xla)(v[0])))};
+  });
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto out = f->Call({*HostArray::Of<float>(DType::kF32, Shape({2}), {1.f, 2.f})});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].ToHost()->values<float>(), (std::vector<float>{6.f, 10.f}));  // (2x+1)*2
+}
+
+TEST_F(XlaFunctionsTest, CompiledOnceAndSharedByTwoSlices) {
+  FunctionInfo fn = *client_->Register(Load("add1", {kScalar}, {kScalar}));
+  Slice s0 = NewSlice(), s1 = NewSlice();
+  auto on0 = client_->Pmap(fn, s0);
+  auto on1 = client_->Pmap(fn, s1);
+  ASSERT_TRUE(on0.ok() && on1.ok());
+  auto f = client_->Trace("twice", {{DType::kF32, Shape({2})}}, [&](std::vector<Value> v) {
+    return std::vector<Value>{(*on1)((*on0)(v[0]))};
+  });
+  auto out = f->Call({*HostArray::Of<float>(DType::kF32, Shape({2}), {1.f, 2.f})});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].ToHost()->values<float>(), (std::vector<float>{3.f, 4.f}));
+}
+
+TEST_F(XlaFunctionsTest, BadModulesFailTheRunNamingTheFunction) {
+  Slice s = NewSlice();
+  auto broken = client_->Pmap(StableHloFunctionDef{"broken", "not stablehlo", {kScalar}, {kScalar}}, s);
+  ASSERT_TRUE(broken.ok()) << broken.status();  // Declared specs are fine; XLA compiles on workers.
+  Array x = *client_->Put(*HostArray::Of<float>(DType::kF32, Shape({2}), {1.f, 2.f}),
+                          s.info().id, Sharding::Split({2}, 1, 0));
+  auto r = broken->Call({x});
+  ASSERT_TRUE(r.ok()) << r.status();
+  absl::Status st = (*r)[0].Ready().status();
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("compiling function 'broken'"), std::string::npos) << st;
+  // A module whose real input shape differs from the declared one fails at run time too.
+  auto lying = client_->Pmap(Load("times_two", {kScalar}, {kScalar}), s);  // Really f32[2].
+  ASSERT_TRUE(lying.ok());
+  auto r2 = lying->Call({x});
+  ASSERT_TRUE(r2.ok());
+  EXPECT_FALSE((*r2)[0].Ready().status().ok());
+  // Empty modules are refused when registered.
+  EXPECT_FALSE(client_->Register(StableHloFunctionDef{"empty", "", {kScalar}, {kScalar}}).ok());
+  // And the runtime keeps serving.
+  auto good = client_->Pmap(Load("add1", {kScalar}, {kScalar}), s);
+  EXPECT_EQ((*good->Call({x}))[0].ToHost()->values<float>(), (std::vector<float>{2.f, 3.f}));
+}
+
+}  // namespace
+}  // namespace pw

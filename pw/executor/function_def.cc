@@ -1,0 +1,30 @@
+#include "pw/executor/function_def.h"
+
+#include "absl/strings/str_cat.h"
+#include "pw/base/status_macros.h"
+
+namespace pw {
+
+const std::string& FunctionName(const FunctionDef& def) {
+  return std::visit([](const auto& d) -> const std::string& { return d.name; }, def);
+}
+
+absl::StatusOr<FunctionSignature> SignatureOf(const FunctionDef& def, int num_shards) {
+  if (const auto* native = std::get_if<NativeFunctionDef>(&def)) {
+    PW_ASSIGN_OR_RETURN(ExecutableRef exe, CompileNative(*native, num_shards));
+    return FunctionSignature{exe->name(), exe->input_specs(), exe->output_specs()};
+  }
+  const auto& hlo = std::get<StableHloFunctionDef>(def);
+  const std::string where = absl::StrCat("function '", hlo.name, "'");
+  if (hlo.name.empty()) return absl::InvalidArgumentError("function has no name");
+  if (hlo.module.empty())
+    return absl::InvalidArgumentError(absl::StrCat(where, " has an empty StableHLO module"));
+  if (hlo.outputs.empty()) return absl::InvalidArgumentError(absl::StrCat(where, " has no outputs"));
+  for (size_t i = 0; i < hlo.inputs.size(); ++i)
+    PW_RETURN_IF_ERROR(Annotate(hlo.inputs[i].Validate(), absl::StrCat(where, " input ", i)));
+  for (size_t i = 0; i < hlo.outputs.size(); ++i)
+    PW_RETURN_IF_ERROR(Annotate(hlo.outputs[i].Validate(), absl::StrCat(where, " output ", i)));
+  return FunctionSignature{hlo.name, hlo.inputs, hlo.outputs};
+}
+
+}  // namespace pw

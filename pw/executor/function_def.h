@@ -1,0 +1,39 @@
+// Compiled function definitions, one kind per backend. Plain data: registered with the controller
+// and sent to every worker, which compiles them once per slice shape.
+#pragma once
+
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pw/base/shape.h"
+#include "pw/executor/native_function.h"
+
+namespace pw {
+
+// An XLA computation as serialized StableHLO (a portable artifact from jax.export, or MLIR text)
+// with its static per-shard input and output specs. Run by a PJRT plugin.
+struct StableHloFunctionDef {
+  std::string name;
+  std::string module;
+  std::vector<ArraySpec> inputs;
+  std::vector<ArraySpec> outputs;
+};
+
+using FunctionDef = std::variant<NativeFunctionDef, StableHloFunctionDef>;
+
+// What lowering needs of a function loaded for a slice: its name and per-shard specs.
+struct FunctionSignature {
+  std::string name;
+  std::vector<ArraySpec> inputs;
+  std::vector<ArraySpec> outputs;
+};
+
+const std::string& FunctionName(const FunctionDef& def);
+// Checks `def` for a slice of `num_shards` devices and returns its signature. Native functions are
+// compiled against the kernel registry; StableHLO ones are checked for a module and valid specs
+// (XLA compiles them on the workers).
+absl::StatusOr<FunctionSignature> SignatureOf(const FunctionDef& def, int num_shards);
+
+}  // namespace pw
