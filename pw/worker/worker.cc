@@ -180,6 +180,9 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
              shard_done = done](const absl::Status& health) mutable {
           absl::Status s = health;
           for (size_t k = 0; s.ok() && k < memory.size(); ++k) s = memory[k].status();
+          // The store entries hold the reservations from here on; dropping ours now means the
+          // memory is free as soon as the run deletes its buffers, not when this closure dies.
+          memory.clear();
           ShardLaunch launch;
           launch.inputs.reserve(inputs.size());
           for (size_t j = 0; s.ok() && j < inputs.size(); ++j) {
