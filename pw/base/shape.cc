@@ -12,10 +12,14 @@ int64_t Shape::num_elements() const {
 }
 
 absl::Status Shape::Validate() const {
+  int64_t n = 1;
   for (int i = 0; i < rank(); ++i) {
     if (dims_[i] < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("shape ", ToString(), " has negative dimension ", i));
+    }
+    if (__builtin_mul_overflow(n, dims_[i], &n) || n > kMaxElements) {
+      return absl::InvalidArgumentError(absl::StrCat("shape ", ToString(), " has more than 2^48 elements"));
     }
   }
   return absl::OkStatus();
@@ -25,7 +29,7 @@ std::string Shape::ToString() const { return absl::StrCat("[", absl::StrJoin(dim
 
 absl::Status ArraySpec::Validate() const {
   if (dtype == DType::kInvalid) return absl::InvalidArgumentError("array spec has no dtype");
-  return shape.Validate();
+  return shape.Validate();  // 2^48 elements of at most 8 bytes fit in int64.
 }
 
 std::string ArraySpec::ToString() const { return absl::StrCat(DTypeName(dtype), shape.ToString()); }

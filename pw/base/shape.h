@@ -22,8 +22,9 @@ class Shape {
   int64_t dim(int i) const { return dims_[i]; }
   absl::Span<const int64_t> dims() const { return dims_; }
   int64_t num_elements() const;
-  // Checks every dimension is >= 0.
+  // Checks every dimension is >= 0 and the element count is at most kMaxElements.
   absl::Status Validate() const;
+  static constexpr int64_t kMaxElements = int64_t{1} << 48;
   std::string ToString() const;  // "[2,3]", "[]" for a scalar.
   friend bool operator==(const Shape&, const Shape&) = default;
 
@@ -38,6 +39,7 @@ struct ArraySpec {
 
   int64_t num_elements() const { return shape.num_elements(); }
   int64_t size_bytes() const { return num_elements() * static_cast<int64_t>(DTypeSize(dtype)); }
+  // Checks the dtype and shape, and that the size in bytes fits in int64.
   absl::Status Validate() const;
   std::string ToString() const;  // "f32[2,3]"
   friend bool operator==(const ArraySpec&, const ArraySpec&) = default;

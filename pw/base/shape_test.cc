@@ -18,6 +18,8 @@ TEST(ShapeTest, ElementsAndStrings) {
 
 TEST(ShapeTest, ValidateRejectsNegativeAndMissingDtype) {
   EXPECT_FALSE(Shape({2, -1}).Validate().ok());
+  EXPECT_FALSE(Shape({int64_t{1} << 62, 4}).Validate().ok());  // Element count overflows.
+  EXPECT_FALSE(Shape({int64_t{1} << 40, int64_t{1} << 10}).Validate().ok());
   EXPECT_FALSE((ArraySpec{DType::kInvalid, Shape({1})}.Validate().ok()));
   EXPECT_TRUE((ArraySpec{DType::kS32, Shape({1})}.Validate().ok()));
 }

@@ -36,8 +36,11 @@ bool Sharding::IsReplicated() const {
 
 absl::Status Sharding::Validate(const Shape& global) const {
   if (mesh_shape_.empty()) return absl::InvalidArgumentError("sharding has an empty mesh");
+  int64_t devices = 1;
   for (int64_t m : mesh_shape_) {
     if (m <= 0) return absl::InvalidArgumentError(absl::StrCat("sharding ", ToString(), " has a non-positive mesh axis"));
+    if (__builtin_mul_overflow(devices, m, &devices) || devices > (int64_t{1} << 30))
+      return absl::InvalidArgumentError(absl::StrCat("sharding ", ToString(), " has too many devices"));
   }
   if (static_cast<int>(dim_to_axis_.size()) != global.rank()) {
     return absl::InvalidArgumentError(absl::StrCat("sharding ", ToString(), " has rank ",

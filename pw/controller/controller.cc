@@ -87,6 +87,7 @@ WorkerInterface* Controller::Worker(HostId host) const {
 
 IslandScheduler* Controller::Scheduler(IslandId island) const {
   pw::MutexLock lock(&mu_);
+  if (!island.valid() || island.value() >= static_cast<int64_t>(schedulers_.size())) return nullptr;
   return schedulers_[island.value()].get();
 }
 
@@ -196,6 +197,15 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
   {
     pw::MutexLock lock(&mu_);
     host_island = host_island_;
+  }
+  // Every host the plan touches must have joined (a host the resource manager knows may not have
+  // attached its worker yet).
+  for (const LoweredNode& n : lowered.nodes) {
+    for (HostId h : n.slice.hosts) {
+      if (!host_island.contains(h))
+        return absl::UnavailableError(absl::StrCat("program '", lowered.name, "' node '", n.name,
+                                                   "': ", h.ToString(), " has not joined yet"));
+    }
   }
   // island -> host -> that host's nodes, in topological order.
   std::map<int64_t, std::map<int64_t, std::shared_ptr<HostProgram>>> islands;
@@ -324,22 +334,26 @@ absl::StatusOr<std::string> Controller::ExplainProgram(ClientId client, ProgramI
 Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
                                    const std::vector<BufferId>& args, DispatchMode mode) {
   if (absl::Status s = CheckClient(client); !s.ok()) return Future<RunInfo>::Ready(s);
+  // Arguments are pinned as they are looked up, so a concurrent release cannot free them before
+  // the run is dispatched; the run unpins them when it finishes.
   std::vector<Placement> placements;
+  std::vector<BufferId> pinned;
+  auto fail = [&](const absl::Status& s) {
+    Free(buffers_.Unpin(pinned));
+    return Future<RunInfo>::Ready(s);
+  };
   for (size_t i = 0; i < args.size(); ++i) {
-    auto lb = buffers_.Lookup(client, args[i]);
-    if (!lb.ok()) {
-      return Future<RunInfo>::Ready(
-          Annotate(lb.status(), absl::StrCat(program.ToString(), " argument ", i)));
-    }
+    auto lb = buffers_.LookupAndPin(client, args[i]);
+    if (!lb.ok())
+      return fail(Annotate(lb.status(), absl::StrCat(program.ToString(), " argument ", i)));
+    pinned.push_back(args[i]);
     auto slice = rm_.ResolveSlice(client, lb->placement->slice);
-    if (!slice.ok()) {
-      return Future<RunInfo>::Ready(
-          Annotate(slice.status(), absl::StrCat(program.ToString(), " argument ", i)));
-    }
+    if (!slice.ok())
+      return fail(Annotate(slice.status(), absl::StrCat(program.ToString(), " argument ", i)));
     placements.push_back(PlacementOn(*slice, lb->placement->global, lb->placement->sharding));
   }
   auto plan_or = PlanFor(client, program, placements);
-  if (!plan_or.ok()) return Future<RunInfo>::Ready(plan_or.status());
+  if (!plan_or.ok()) return fail(plan_or.status());
   const Plan& plan = **plan_or;
   const LoweredProgram& lp = plan.lowered;
 
@@ -364,8 +378,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
                              /*pins=*/1);
     unpin.push_back(ids[v]);
   }
-  buffers_.Pin(args);
-  unpin.insert(unpin.end(), args.begin(), args.end());
+  unpin.insert(unpin.end(), pinned.begin(), pinned.end());
 
   RunInfo info;
   info.run = run;
@@ -381,7 +394,13 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
     pw::MutexLock order(&submit_mu_);
     for (const auto& [island, hosts] : plan.islands) {
       IslandWork w{run, client, lp.name, mode, buffers, hosts};
-      DispatchAck ack = Scheduler(island)->Submit(std::move(w));
+      IslandScheduler* scheduler = Scheduler(island);
+      DispatchAck ack =
+          scheduler != nullptr
+              ? scheduler->Submit(std::move(w))
+              : DispatchAck{Future<>::Ready(absl::OkStatus()),
+                            Future<>::Ready(absl::UnavailableError(absl::StrCat(
+                                island.ToString(), " has no scheduler")))};
       enqueued.push_back(ack.enqueued);
       done.push_back(ack.done);
     }
@@ -465,11 +484,24 @@ absl::StatusOr<ArrayInfo> Controller::PutArray(ClientId client, SliceId slice_id
 
 Future<HostArray> Controller::FetchArray(ClientId client, BufferId id) {
   if (absl::Status s = CheckClient(client); !s.ok()) return Future<HostArray>::Ready(s);
-  auto lb = buffers_.Lookup(client, id);
+  // Pinned until the copy is done, so releasing the handle meanwhile cannot free the shards.
+  auto lb = buffers_.LookupAndPin(client, id);
   if (!lb.ok()) return Future<HostArray>::Ready(lb.status());
+  Promise<HostArray> fetched;
+  Future<HostArray> result = fetched.future();
+  Future<HostArray> inner = FetchPinned(id, lb->placement, lb->ready);
+  inner.OnReady([this, id, fetched = std::move(fetched)](const absl::StatusOr<HostArray>& r) mutable {
+    Free(buffers_.Unpin({id}));
+    fetched.Set(r);
+  });
+  return result;
+}
+
+Future<HostArray> Controller::FetchPinned(BufferId id, std::shared_ptr<const Placement> placement,
+                                          Future<> ready) {
   Promise<HostArray> p;
   Future<HostArray> result = p.future();
-  lb->ready.OnReady([this, id, pl = lb->placement, p = std::move(p)](const absl::Status& s) mutable {
+  ready.OnReady([this, id, pl = std::move(placement), p = std::move(p)](const absl::Status& s) mutable {
     if (!s.ok()) return p.Set(s);
     // One shard per distinct region (replicated shardings repeat regions).
     std::vector<int> ranks;

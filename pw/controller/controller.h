@@ -85,6 +85,9 @@ class Controller final : public ControllerInterface {
   // Deletes the shards of `freed` on their hosts.
   void Free(const std::vector<LogicalBuffer>& freed);
   void FinishRun(const std::vector<BufferId>& unpin, Promise<> run_done, const absl::Status& s);
+  // Assembles buffer `id` (pinned by the caller) into host memory once `ready`.
+  Future<HostArray> FetchPinned(BufferId id, std::shared_ptr<const Placement> placement,
+                                Future<> ready);
 
   ResourceManager rm_;
   BufferTable buffers_;

@@ -354,6 +354,66 @@ TEST_F(ClusterTest, BadInputsGetClearErrorsAndTheRuntimeKeepsServing) {
   EXPECT_EQ(fig->ToString(), "(array([3., 5.]), array([2., 4.]))");
 }
 
+// One shard fails (integer division by zero on one device only) before a collective that the other
+// shard reaches: the other shard must not wait forever, in the same node or the next one.
+TEST_F(ClusterTest, ShardFailingBeforeACollectiveDoesNotHangTheOthers) {
+  Start(1, 1, 2);
+  auto c = Connect("c");
+  Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  ArraySpec s32{DType::kS32, Shape({})};
+  NativeFunctionBuilder fused("div_then_reduce");
+  int x = fused.Input(s32), d = fused.Input(s32);
+  int q = fused.Op("div", {x, d});
+  BoundFunction div_reduce = *c->Pmap(fused.Build({fused.Op("all_reduce_sum", {q})}), s);
+  NativeFunctionBuilder div("div");
+  int x2 = div.Input(s32), d2 = div.Input(s32);
+  BoundFunction divide = *c->Pmap(div.Build({div.Op("div", {x2, d2})}), s);
+  NativeFunctionBuilder red("reduce");
+  int r = red.Input(s32);
+  BoundFunction reduce = *c->Pmap(red.Build({red.Op("all_reduce_sum", {r})}), s);
+  auto put = [&](std::vector<int32_t> v) {
+    return *c->Put(*HostArray::Of<int32_t>(DType::kS32, Shape({2}), v), s.info().id,
+                   Sharding::Split({2}, 1, 0));
+  };
+  Array x4 = put({4, 4}), bad = put({2, 0}), good = put({2, 1});
+  // Same node: shard 1 fails at op 0, shard 0 waits at op 1.
+  auto one = div_reduce.Call({x4, bad});
+  ASSERT_TRUE(one.ok());
+  Future<> f1 = (*one)[0].Ready();
+  ASSERT_TRUE(f1.AwaitFor(kDeadlockTimeout)) << "a shard hung in a collective";
+  EXPECT_NE(f1.status().message().find("division by zero"), std::string::npos) << f1.status();
+  // Next node: shard 1's input failed, shard 0's did not.
+  Program p = *c->Trace("two", {{DType::kS32, Shape({2})}, {DType::kS32, Shape({2})}},
+                        [&](std::vector<Value> v) {
+                          return std::vector<Value>{reduce(divide({v[0], v[1]})[0])};
+                        });
+  auto two = p.Run({x4, bad});
+  ASSERT_TRUE(two.ok());
+  Future<> f2 = (*two)[0].Ready();
+  ASSERT_TRUE(f2.AwaitFor(kDeadlockTimeout)) << "a shard hung in the next node's collective";
+  EXPECT_FALSE(f2.status().ok());
+  // The devices keep serving.
+  auto ok = div_reduce.Call({x4, good});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ((*ok)[0].ToHost()->values<int32_t>(), (std::vector<int32_t>{6, 6}));
+}
+
+TEST_F(ClusterTest, FetchAfterReleasingTheHandleStillCompletes) {
+  Start(1, 1, 2);
+  auto c = Connect("c");
+  Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  BoundFunction f = *c->Pmap(ScalarFn("inc", "add_scalar", 1), s);
+  Array x = *c->Put(F32({1, 2}), s.info().id, Sharding::Split({2}, 1, 0));
+  Array y = (*f.Call({x}))[0];
+  Future<HostArray> fetched = y.ToHostAsync();
+  y = Array();  // Dropped while the run and the fetch may still be in flight.
+  ASSERT_TRUE(fetched.AwaitFor(kDeadlockTimeout));
+  ASSERT_TRUE(fetched.status().ok()) << fetched.status();
+  EXPECT_EQ(fetched.Await()->values<float>(), (std::vector<float>{2, 3}));
+  x = Array();
+  ExpectNothingLeft();
+}
+
 TEST_F(ClusterTest, DisconnectReleasesEverything) {
   Start(1, 1, 2);
   {

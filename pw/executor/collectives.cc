@@ -29,6 +29,10 @@ absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceI
       auto it = dead_.find(d);
       if (it != dead_.end()) return it->second;
     }
+    if (!failed_launches_.empty()) {
+      auto it = failed_launches_.find(std::make_pair(key.run, key.node));
+      if (it != failed_launches_.end()) return it->second;
+    }
     auto& slot = pending_[key];
     if (slot == nullptr)
       slot = std::make_shared<Rendezvous>(devices);
@@ -62,6 +66,24 @@ void Collectives::AbortDevice(DeviceId device, const absl::Status& reason) {
       bool involved = false;
       for (DeviceId d : it->second->devices) involved |= d == device;
       if (involved) {
+        aborted.push_back(it->second);
+        pending_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& r : aborted)
+    if (r->Claim()) r->Publish(reason);
+}
+
+void Collectives::FailLaunch(int64_t run, int32_t node, const absl::Status& reason) {
+  std::vector<std::shared_ptr<Rendezvous>> aborted;
+  {
+    pw::MutexLock lock(&mu_);
+    failed_launches_.emplace(std::make_pair(run, node), reason);
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->first.run == run && it->first.node == node) {
         aborted.push_back(it->second);
         pending_.erase(it++);
       } else {

@@ -47,6 +47,9 @@ class Collectives {
   absl::Status Run(const CollectiveKey& key, absl::Span<const DeviceId> devices, int rank,
                    const void* input, void* output, const Combine& combine);
   void AbortDevice(DeviceId device, const absl::Status& reason);
+  // A shard of launch (run, node) failed without reaching (all of) its collectives: fails that
+  // launch's pending and later rendezvous with `reason`, so its other shards do not wait forever.
+  void FailLaunch(int64_t run, int32_t node, const absl::Status& reason);
   size_t pending() const;
 
  private:
@@ -72,6 +75,8 @@ class Collectives {
   mutable pw::Mutex mu_;
   absl::flat_hash_map<CollectiveKey, std::shared_ptr<Rendezvous>> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<DeviceId, absl::Status> dead_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::pair<int64_t, int32_t>, absl::Status> failed_launches_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pw

@@ -29,6 +29,13 @@ absl::StatusOr<LogicalBuffer> BufferTable::Lookup(ClientId client, BufferId id) 
   return e->buffer;
 }
 
+absl::StatusOr<LogicalBuffer> BufferTable::LookupAndPin(ClientId client, BufferId id) {
+  pw::MutexLock lock(&mu_);
+  PW_ASSIGN_OR_RETURN(Entry * e, FindHandle(client, id));
+  e->pins++;
+  return e->buffer;
+}
+
 void BufferTable::Pin(const std::vector<BufferId>& ids) {
   pw::MutexLock lock(&mu_);
   for (BufferId id : ids) {

@@ -36,6 +36,8 @@ class BufferTable {
   BufferId Create(LogicalBuffer buffer, int client_refs, int pins);
   // The buffer if it exists and `client` owns it; NotFound or PermissionDenied (naming it) if not.
   absl::StatusOr<LogicalBuffer> Lookup(ClientId client, BufferId id) const;
+  // Lookup and a pin in one step, so the buffer cannot be freed in between.
+  absl::StatusOr<LogicalBuffer> LookupAndPin(ClientId client, BufferId id);
   void Pin(const std::vector<BufferId>& ids);
   // Drops one pin from each; returns buffers that are now unreferenced (removed from the table).
   std::vector<LogicalBuffer> Unpin(const std::vector<BufferId>& ids);

@@ -111,6 +111,9 @@ Future<> PjrtPlugin::Await(PJRT_Event* event, std::string what) const {
   };
   absl::Status s = Consume(api_->PJRT_Event_OnReady(&args), w->what);
   if (!s.ok()) {
+    auto destroy = PW_PJRT_ARGS(PJRT_Event_Destroy_Args);
+    destroy.event = event;
+    Consume(api_->PJRT_Event_Destroy(&destroy), "destroying event").IgnoreError();
     w->promise.Set(s);
     delete w;
   }
@@ -366,7 +369,10 @@ Future<std::vector<std::shared_ptr<PjrtBuffer>>> PjrtExecutable::Execute(
     result.push_back(std::make_shared<PjrtBuffer>(plugin_, b, std::move(spec), device, device_index));
     if (!dtype.ok() && s.ok()) s = Annotate(dtype.status(), where);
   }
-  if (!s.ok()) return Result::Ready(s);
+  if (!s.ok()) {
+    plugin_->Await(done[0], where).status().IgnoreError();  // Completes and destroys the event.
+    return Result::Ready(s);
+  }
   Promise<std::vector<std::shared_ptr<PjrtBuffer>>> p;
   Result f = p.future();
   plugin_->Await(done[0], where).OnReady(

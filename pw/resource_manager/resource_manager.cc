@@ -28,11 +28,10 @@ absl::StatusOr<SliceInfo> ResourceManager::AllocateSlice(ClientId client,
                                                          : request.mesh_shape;
   int64_t product = 1;
   for (int64_t m : mesh) {
-    if (m <= 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("mesh shape [", absl::StrJoin(mesh, ","), "] has a non-positive axis"));
+    if (m <= 0 || __builtin_mul_overflow(product, m, &product)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mesh shape [", absl::StrJoin(mesh, ","), "] has a non-positive or oversized axis"));
     }
-    product *= m;
   }
   if (product != n) {
     return absl::InvalidArgumentError(absl::StrCat("mesh shape [", absl::StrJoin(mesh, ","),

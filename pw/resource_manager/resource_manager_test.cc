@@ -35,6 +35,8 @@ TEST(ResourceManagerTest, RefusesImpossibleRequests) {
   EXPECT_EQ(e.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(e.status().message().find("largest island has 2"), std::string::npos);
   EXPECT_FALSE(rm.AllocateSlice(c, {.num_devices = 4, .mesh_shape = {3, 2}}).ok());
+  EXPECT_FALSE(
+      rm.AllocateSlice(c, {.num_devices = 2, .mesh_shape = {3, 6148914691236517206}}).ok());
   auto m = rm.AllocateSlice(c, {.num_devices = 4, .mesh_shape = {2, 2}});
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->mesh_shape, (std::vector<int64_t>{2, 2}));

@@ -165,6 +165,7 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
     }
     if (!setup.ok()) {
       absl::Status error = Annotate(setup, NodeWhere(*work, node, device_id));
+      collectives_->FailLaunch(work->run.value(), node.node, error);
       for (auto& p : outputs) p.Set(error);
       for (size_t k = outputs.size(); k < c.outputs.size(); ++k)
         PutFailed(work->buffer(c.outputs[k]), device_id, error);
@@ -202,7 +203,8 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
             // Native kernels complete before returning; a backend with completion events
             // completes later, and the device moves on to its next item meanwhile.
             exe->ExecuteShard(launch).OnReady(
-                [work, &node, device_id, outputs = std::move(outputs), shard_done](
+                [work, &node, device_id, outputs = std::move(outputs), shard_done,
+                 collectives = collectives_](
                     const absl::StatusOr<std::vector<DeviceBufferRef>>& r) mutable {
                   if (r.ok()) {
                     for (size_t k = 0; k < outputs.size(); ++k) outputs[k].Set((*r)[k]);
@@ -210,12 +212,15 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
                     return;
                   }
                   absl::Status error = Annotate(r.status(), NodeWhere(*work, node, device_id));
+                  // Other shards may be waiting in a collective this shard will never reach.
+                  collectives->FailLaunch(work->run.value(), node.node, error);
                   for (auto& p : outputs) p.Set(error);
                   shard_done->Done(error);
                 });
             return;
           }
           absl::Status error = Annotate(s, NodeWhere(*work, node, device_id));
+          collectives_->FailLaunch(work->run.value(), node.node, error);
           for (auto& p : outputs) p.Set(error);
           shard_done->Done(error);
         });

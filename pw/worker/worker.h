@@ -67,7 +67,6 @@ class Worker final : public WorkerInterface {
   const IslandId island_;
   Collectives* const collectives_;
   const PeerLookup peers_;
-  ObjectStore store_;
   pw::Mutex fn_mu_;
   absl::StatusOr<std::shared_ptr<const pjrt::PjrtClient>> PjrtClientLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(fn_mu_);
@@ -76,6 +75,8 @@ class Worker final : public WorkerInterface {
   std::shared_ptr<const pjrt::PjrtClient> pjrt_ ABSL_GUARDED_BY(fn_mu_);
   absl::flat_hash_map<FunctionId, FunctionDef> functions_ ABSL_GUARDED_BY(fn_mu_);
   absl::flat_hash_map<std::pair<FunctionId, int>, ExecutableRef> executables_ ABSL_GUARDED_BY(fn_mu_);
+  // After the PJRT client and executables: shards (possibly PJRT buffers) are destroyed first.
+  ObjectStore store_;
   std::atomic<int64_t> ici_bytes_{0};
   std::atomic<int64_t> dcn_bytes_{0};
   WorkQueue data_plane_;
