@@ -3,7 +3,7 @@ BUILD_DIR ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: deps build test demo asan tsan clean
+.PHONY: deps build python test demo asan tsan clean
 
 deps:
 	@scripts/install-deps.sh
@@ -14,8 +14,13 @@ $(BUILD_DIR)/build.ninja:
 build: deps $(BUILD_DIR)/build.ninja
 	cmake --build $(BUILD_DIR) -j $(JOBS)
 
-test: build
+# The Python package (nanobind extension built by scikit-build-core into build-python/), editable.
+python: deps
+	.venv/bin/pip install -q --no-build-isolation -e .
+
+test: build python
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
+	.venv/bin/python -m pytest -q python/tests
 
 demo: build
 	$(BUILD_DIR)/bin/pw example figure2
@@ -35,4 +40,4 @@ tsan: deps
 	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan.supp" ctest --output-on-failure -j $(JOBS) -E "^(Pjrt|XlaFunctions)"
 
 clean:
-	rm -rf $(BUILD_DIR) build-asan build-tsan
+	rm -rf $(BUILD_DIR) build-asan build-tsan build-python

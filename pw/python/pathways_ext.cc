@@ -1,0 +1,178 @@
+// _pathways: the Python extension behind the `pathways` package (nanobind).
+//
+// A thin layer over the C++ client (pw/client) and the embedded cluster: statuses become Python
+// RuntimeErrors carrying the Status message; numpy arrays convert to and from HostArrays.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "pw/client/client.h"
+#include "pw/embedded/embedded_cluster.h"
+
+namespace nb = nanobind;
+
+namespace pw {
+namespace {
+
+void Check(const absl::Status& s) {
+  if (!s.ok()) throw std::runtime_error(s.ToString());
+}
+template <typename T>
+T Unwrap(absl::StatusOr<T> v) {
+  Check(v.status());
+  return *std::move(v);
+}
+
+ArraySpec SpecOf(const std::string& dtype, const std::vector<int64_t>& shape) {
+  return ArraySpec{Unwrap(DTypeFromName(dtype)), Shape(shape)};
+}
+
+using AnyArray = nb::ndarray<nb::numpy, nb::c_contig, nb::device::cpu>;
+
+std::string DTypeNameOf(const nb::dlpack::dtype& t) {
+  using nb::dlpack::dtype_code;
+  const int bits = t.bits;
+  switch (static_cast<dtype_code>(t.code)) {
+    case dtype_code::Float: return bits == 32 ? "f32" : bits == 64 ? "f64" : bits == 16 ? "f16" : "";
+    case dtype_code::Int: return bits == 32 ? "s32" : bits == 64 ? "s64" : bits == 8 ? "s8" : "";
+    case dtype_code::UInt: return bits == 8 ? "u8" : bits == 32 ? "u32" : "";
+    case dtype_code::Bool: return "pred";
+    default: return "";
+  }
+}
+
+HostArray ToHostArray(const AnyArray& a) {
+  std::string name = DTypeNameOf(a.dtype());
+  if (name.empty()) throw std::runtime_error("unsupported numpy dtype");
+  std::vector<int64_t> shape;
+  for (size_t i = 0; i < a.ndim(); ++i) shape.push_back(static_cast<int64_t>(a.shape(i)));
+  HostArray h{SpecOf(name, shape), {}};
+  h.bytes.resize(h.spec.size_bytes());
+  std::memcpy(h.bytes.data(), a.data(), h.bytes.size());
+  return h;
+}
+
+nb::object ToNumpy(HostArray h) {
+  nb::dlpack::dtype t{};
+  t.lanes = 1;
+  t.bits = static_cast<uint8_t>(DTypeSize(h.spec.dtype) * 8);
+  switch (h.spec.dtype) {
+    case DType::kF16: case DType::kF32: case DType::kF64:
+      t.code = static_cast<uint8_t>(nb::dlpack::dtype_code::Float); break;
+    case DType::kS8: case DType::kS32: case DType::kS64:
+      t.code = static_cast<uint8_t>(nb::dlpack::dtype_code::Int); break;
+    case DType::kPred: t.code = static_cast<uint8_t>(nb::dlpack::dtype_code::Bool); break;
+    default: t.code = static_cast<uint8_t>(nb::dlpack::dtype_code::UInt); break;
+  }
+  auto* owned = new HostArray(std::move(h));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<HostArray*>(p); });
+  std::vector<size_t> shape(owned->spec.shape.dims().begin(), owned->spec.shape.dims().end());
+  nb::ndarray<nb::numpy> arr(owned->bytes.data(), shape.size(), shape.data(), owner, nullptr, t);
+  return arr.cast();
+}
+
+std::pair<std::string, std::vector<int64_t>> SpecTuple(const ArraySpec& s) {
+  return {std::string(DTypeName(s.dtype)),
+          std::vector<int64_t>(s.shape.dims().begin(), s.shape.dims().end())};
+}
+
+}  // namespace
+}  // namespace pw
+
+NB_MODULE(_pathways, m) {
+  using namespace pw;
+  m.doc() = "pathways: single-controller asynchronous distributed dataflow (C++ core)";
+
+  nb::class_<EmbeddedCluster>(m, "EmbeddedCluster")
+      .def_static(
+          "create",
+          [](int islands, int hosts_per_island, int devices_per_host) {
+            return Unwrap(EmbeddedCluster::Create(
+                Unwrap(ClusterSpec::Uniform(islands, hosts_per_island, devices_per_host))));
+          },
+          nb::arg("islands"), nb::arg("hosts_per_island"), nb::arg("devices_per_host"));
+
+  nb::class_<Slice>(m, "Slice")
+      .def_prop_ro("num_devices", &Slice::num_devices)
+      .def_prop_ro("devices", [](const Slice& s) {
+        std::vector<int64_t> ids;
+        for (DeviceId d : s.info().devices) ids.push_back(d.value());
+        return ids;
+      })
+      .def("release", [](const Slice& s) { Check(s.Release()); });
+
+  nb::class_<Value>(m, "Value").def_prop_ro("spec", [](const Value& v) { return SpecTuple(v.spec()); });
+
+  nb::class_<BoundFunction>(m, "BoundFunction")
+      .def_prop_ro("name", &BoundFunction::name)
+      .def("__call__", [](const BoundFunction& f, const std::vector<Value>& inputs) {
+        return f(inputs);
+      });
+
+  nb::class_<Program>(m, "Program")
+      .def("explain", [](const Program& p) { return Unwrap(p.Explain()); })
+      .def("call", [](const Program& p, const std::vector<AnyArray>& args) {
+        std::vector<HostArray> hosts;
+        for (const auto& a : args) hosts.push_back(ToHostArray(a));
+        std::vector<Array> outs;
+        {
+          nb::gil_scoped_release release;
+          outs = Unwrap(p.Call(hosts));
+        }
+        std::vector<nb::object> result;
+        for (const Array& o : outs) {
+          absl::StatusOr<HostArray> h;
+          {
+            nb::gil_scoped_release release;
+            h = o.ToHost();
+          }
+          result.push_back(ToNumpy(Unwrap(std::move(h))));
+        }
+        return result;
+      });
+
+  nb::class_<Client>(m, "Client")
+      .def_static(
+          "connect",
+          [](EmbeddedCluster& cluster, const std::string& name) {
+            return Unwrap(Client::Connect(&cluster.controller(), name));
+          },
+          nb::keep_alive<0, 1>())
+      .def(
+          "add_slice",
+          [](Client& c, int devices, bool single_island) {
+            return Unwrap(c.MakeVirtualDeviceSet().AddSlice(
+                {.num_devices = devices, .single_island = single_island}));
+          },
+          nb::arg("devices"), nb::arg("single_island") = true)
+      .def(
+          "pmap_stablehlo",
+          [](Client& c, const std::string& name, nb::bytes module,
+             const std::vector<std::pair<std::string, std::vector<int64_t>>>& inputs,
+             const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
+             const Slice& slice) {
+            StableHloFunctionDef def{name, std::string(module.c_str(), module.size()), {}, {}};
+            for (const auto& [d, s] : inputs) def.inputs.push_back(SpecOf(d, s));
+            for (const auto& [d, s] : outputs) def.outputs.push_back(SpecOf(d, s));
+            return Unwrap(c.Pmap(FunctionDef(std::move(def)), slice));
+          },
+          nb::keep_alive<0, 1>())
+      .def(
+          "trace",
+          [](Client& c, const std::string& name,
+             const std::vector<std::pair<std::string, std::vector<int64_t>>>& args,
+             const std::function<std::vector<Value>(std::vector<Value>)>& fn) {
+            std::vector<ArraySpec> specs;
+            for (const auto& [d, s] : args) specs.push_back(SpecOf(d, s));
+            return Unwrap(c.Trace(name, specs, fn));
+          },
+          nb::keep_alive<0, 1>());
+}
