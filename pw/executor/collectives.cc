@@ -1,5 +1,7 @@
 #include "pw/executor/collectives.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "pw/base/spin_wait.h"
 
@@ -57,33 +59,35 @@ absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceI
   return r->Wait();
 }
 
+// Both record the failure first, so a rendezvous created after the scan fails in Run().
 void Collectives::AbortDevice(DeviceId device, const absl::Status& reason) {
-  std::vector<std::shared_ptr<Rendezvous>> aborted;
   {
     pw::MutexLock lock(&mu_);
     dead_[device] = reason;
-    for (auto it = pending_.begin(); it != pending_.end();) {
-      bool involved = false;
-      for (DeviceId d : it->second->devices) involved |= d == device;
-      if (involved) {
-        aborted.push_back(it->second);
-        pending_.erase(it++);
-      } else {
-        ++it;
-      }
-    }
   }
-  for (auto& r : aborted)
-    if (r->Claim()) r->Publish(reason);
+  AbortPending(reason, [device](const CollectiveKey&, const Rendezvous& r) {
+    return std::find(r.devices.begin(), r.devices.end(), device) != r.devices.end();
+  });
 }
 
 void Collectives::FailLaunch(int64_t run, int32_t node, const absl::Status& reason) {
-  std::vector<std::shared_ptr<Rendezvous>> aborted;
   {
     pw::MutexLock lock(&mu_);
     failed_launches_.emplace(std::make_pair(run, node), reason);
+  }
+  AbortPending(reason, [run, node](const CollectiveKey& k, const Rendezvous&) {
+    return k.run == run && k.node == node;
+  });
+}
+
+void Collectives::AbortPending(
+    const absl::Status& reason,
+    absl::FunctionRef<bool(const CollectiveKey&, const Rendezvous&)> matches) {
+  std::vector<std::shared_ptr<Rendezvous>> aborted;
+  {
+    pw::MutexLock lock(&mu_);
     for (auto it = pending_.begin(); it != pending_.end();) {
-      if (it->first.run == run && it->first.node == node) {
+      if (matches(it->first, *it->second)) {
         aborted.push_back(it->second);
         pending_.erase(it++);
       } else {

@@ -18,6 +18,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "pw/base/mutex.h"
 #include "absl/types/span.h"
@@ -72,6 +73,9 @@ class Collectives {
     std::atomic<uint32_t> state{kPending};
     absl::Status status;  // Written by the claimant, read after kFinished.
   };
+  // Fails and forgets every pending rendezvous that `matches`.
+  void AbortPending(const absl::Status& reason,
+                    absl::FunctionRef<bool(const CollectiveKey&, const Rendezvous&)> matches);
   mutable pw::Mutex mu_;
   absl::flat_hash_map<CollectiveKey, std::shared_ptr<Rendezvous>> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<DeviceId, absl::Status> dead_ ABSL_GUARDED_BY(mu_);
