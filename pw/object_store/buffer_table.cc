@@ -36,14 +36,6 @@ absl::StatusOr<LogicalBuffer> BufferTable::LookupAndPin(ClientId client, BufferI
   return e->buffer;
 }
 
-void BufferTable::Pin(const std::vector<BufferId>& ids) {
-  pw::MutexLock lock(&mu_);
-  for (BufferId id : ids) {
-    auto it = entries_.find(id);
-    if (it != entries_.end()) it->second.pins++;
-  }
-}
-
 std::vector<LogicalBuffer> BufferTable::Unpin(const std::vector<BufferId>& ids) {
   std::vector<LogicalBuffer> freed;
   pw::MutexLock lock(&mu_);

@@ -38,7 +38,6 @@ class BufferTable {
   absl::StatusOr<LogicalBuffer> Lookup(ClientId client, BufferId id) const;
   // Lookup and a pin in one step, so the buffer cannot be freed in between.
   absl::StatusOr<LogicalBuffer> LookupAndPin(ClientId client, BufferId id);
-  void Pin(const std::vector<BufferId>& ids);
   // Drops one pin from each; returns buffers that are now unreferenced (removed from the table).
   std::vector<LogicalBuffer> Unpin(const std::vector<BufferId>& ids);
   // Drops one client handle; same return as Unpin. Errors for unknown, foreign or already
