@@ -2,6 +2,8 @@
 
 Usage: export_stablehlo.py OUT_DIR
 Writes OUT_DIR/<name>.mlirbc (jax.export's serialized module) for each function below.
+Per-shard functions are exported for one device; SPMD ones (collectives across the slice) as
+one module of N partitions, pmap-style: shard i of every argument and result is row i.
 """
 import pathlib
 import sys
@@ -25,11 +27,36 @@ FUNCTIONS = {
 }
 
 
+VEC3 = jax.ShapeDtypeStruct((3,), jnp.float32)
+SPMD_FUNCTIONS = {
+    # name: (function of one shard, per-shard inputs, partitions)
+    "psum2": (lambda x: jax.lax.psum(x * 2.0, "i"), [VEC3], 2),
+    "psum4": (lambda x: jax.lax.psum(x * 2.0, "i"), [VEC3], 4),
+    "allgather_sum4": (lambda x: x + jnp.sum(jax.lax.all_gather(x, "i")), [VEC3], 4),
+}
+
+
+def export_spmd(fn, shard_args, n):
+    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
+    mesh = AbstractMesh((n,), ("i",))
+
+    def per_device(*xs):  # Each device sees its row, as under pmap.
+        return jax.tree.map(lambda y: y[None], fn(*(x[0] for x in xs)))
+
+    mapped = jax.shard_map(per_device, mesh=mesh, in_specs=P("i"), out_specs=P("i"))
+    args = [jax.ShapeDtypeStruct((n, *a.shape), a.dtype, sharding=NamedSharding(mesh, P("i")))
+            for a in shard_args]
+    return jax.export.export(jax.jit(mapped))(*args)
+
+
 def main() -> None:
     out = pathlib.Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
     for name, (fn, args) in FUNCTIONS.items():
         exported = jax.export.export(jax.jit(fn))(*args)
+        (out / f"{name}.mlirbc").write_bytes(exported.mlir_module_serialized)
+    for name, (fn, args, n) in SPMD_FUNCTIONS.items():
+        exported = export_spmd(fn, args, n)
         (out / f"{name}.mlirbc").write_bytes(exported.mlir_module_serialized)
 
 

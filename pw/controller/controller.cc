@@ -138,8 +138,10 @@ absl::Status Controller::ReleaseSlice(ClientId client, SliceId slice) {
 absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
                                                           const FunctionDef& def) {
   PW_RETURN_IF_ERROR(CheckClient(client));
-  // Kernels and shapes, before anything runs.
-  PW_ASSIGN_OR_RETURN(FunctionSignature sig, SignatureOf(def, 1));
+  // Kernels and shapes, before anything runs (SPMD modules for their own partition count).
+  const auto* hlo = std::get_if<StableHloFunctionDef>(&def);
+  PW_ASSIGN_OR_RETURN(FunctionSignature sig,
+                      SignatureOf(def, hlo != nullptr ? std::max(1, hlo->num_partitions) : 1));
   FunctionId id;
   std::vector<WorkerInterface*> workers;
   {

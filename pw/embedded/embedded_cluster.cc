@@ -9,10 +9,14 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Create(const C
                                                                          Options options) {
   std::unique_ptr<EmbeddedCluster> c(new EmbeddedCluster(std::move(options)));
   c->controller_ = std::make_unique<Controller>(spec);
+  // One PJRT client for all the hosts of this process: SPMD functions can span them.
+  std::vector<DeviceId> all;
+  for (const auto& h : spec.hosts()) all.insert(all.end(), h.devices.begin(), h.devices.end());
+  c->pjrt_ = std::make_shared<pjrt::PjrtBackend>(c->options_.pjrt_plugin, std::move(all));
   for (const auto& h : spec.hosts()) {
     std::vector<DeviceSpec> devices;
     for (DeviceId d : h.devices) devices.push_back(spec.device(d));
-    PW_RETURN_IF_ERROR(c->StartWorker(h.id, h.island, devices));
+    PW_RETURN_IF_ERROR(c->StartWorker(h.id, h.island, devices, c->pjrt_));
   }
   return c;
 }
@@ -29,10 +33,11 @@ EmbeddedCluster::~EmbeddedCluster() {
 }
 
 absl::Status EmbeddedCluster::StartWorker(HostId host, IslandId island,
-                                          const std::vector<DeviceSpec>& devices) {
+                                          const std::vector<DeviceSpec>& devices,
+                                          std::shared_ptr<pjrt::PjrtBackend> pjrt) {
   auto w = std::make_unique<Worker>(host, island, devices, &collectives_,
                                     [this](HostId h) -> WorkerInterface* { return worker(h); },
-                                    options_.pjrt_plugin);
+                                    std::move(pjrt));
   Worker* raw = w.get();
   {
     pw::MutexLock lock(&mu_);
@@ -47,7 +52,11 @@ absl::StatusOr<HostRegistration> EmbeddedCluster::AddHost(IslandId island, int n
                       controller_->resource_manager().AddHost(
                           island, absl::StrCat("added-", island.value()), num_devices,
                           memory_bytes));
-  PW_RETURN_IF_ERROR(StartWorker(reg.host, island, reg.devices));
+  // A host added at run time has its own PJRT client (SPMD functions cannot span it and others).
+  std::vector<DeviceId> ids;
+  for (const DeviceSpec& d : reg.devices) ids.push_back(d.id);
+  PW_RETURN_IF_ERROR(StartWorker(reg.host, island, reg.devices,
+                                 std::make_shared<pjrt::PjrtBackend>(options_.pjrt_plugin, ids)));
   return reg;
 }
 

@@ -22,7 +22,7 @@ namespace pw {
 class EmbeddedCluster {
  public:
   struct Options {
-    // PJRT plugin for StableHLO functions, loaded by each worker on first use.
+    // PJRT plugin for StableHLO functions, loaded on first use.
     std::string pjrt_plugin = pjrt::DefaultCpuPluginPath();
   };
   static absl::StatusOr<std::unique_ptr<EmbeddedCluster>> Create(const ClusterSpec& spec,
@@ -44,10 +44,12 @@ class EmbeddedCluster {
 
  private:
   explicit EmbeddedCluster(Options options) : options_(std::move(options)) {}
-  absl::Status StartWorker(HostId host, IslandId island, const std::vector<DeviceSpec>& devices);
+  absl::Status StartWorker(HostId host, IslandId island, const std::vector<DeviceSpec>& devices,
+                           std::shared_ptr<pjrt::PjrtBackend> pjrt);
 
   const Options options_;
   Collectives collectives_;
+  std::shared_ptr<pjrt::PjrtBackend> pjrt_;  // The initial hosts' PJRT client (created on use).
   mutable pw::Mutex mu_;
   absl::flat_hash_map<HostId, std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Controller> controller_;  // Destroyed first.

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "pw/client/client.h"
@@ -108,6 +109,71 @@ TEST_F(XlaFunctionsTest, BadModulesFailTheRunNamingTheFunction) {
   // And the runtime keeps serving.
   auto good = client_->Pmap(Load("add1", {kScalar}, {kScalar}), s);
   EXPECT_EQ((*good->Call({x}))[0].ToHost()->values<float>(), (std::vector<float>{2.f, 3.f}));
+}
+
+StableHloFunctionDef LoadSpmd(const std::string& name, int partitions) {
+  const ArraySpec vec3{DType::kF32, Shape({3})};
+  StableHloFunctionDef def = Load(name, {vec3}, {vec3});
+  def.num_partitions = partitions;
+  return def;
+}
+
+std::vector<float> Rows(int n) {  // Row i = (i, 10 i, 1).
+  std::vector<float> v;
+  for (int i = 0; i < n; ++i) v.insert(v.end(), {1.f * i, 10.f * i, 1.f});
+  return v;
+}
+
+// An all-reduce inside one XLA function (jax.lax.psum under shard_map, 2 partitions): every
+// device of the slice gets the sum of 2 x over the slice.
+TEST_F(XlaFunctionsTest, SpmdFunctionAllReducesAcrossTheSlice) {
+  Slice s = NewSlice();
+  auto psum = client_->Pmap(LoadSpmd("psum2", 2), s);
+  ASSERT_TRUE(psum.ok()) << psum.status();
+  Array x = *client_->Put(*HostArray::Of<float>(DType::kF32, Shape({2, 3}), Rows(2)),
+                          s.info().id, Sharding::Split({2}, 2, 0));
+  for (int i = 0; i < 3; ++i) {  // Repeated runs reuse the compiled partitions.
+    auto r = psum->Call({x});
+    ASSERT_TRUE(r.ok()) << r.status();
+    auto y = (*r)[0].ToHost();
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_EQ(y->values<float>(), (std::vector<float>{2, 20, 4, 2, 20, 4}));
+  }
+}
+
+// The slice spans two hosts of the embedded cluster; their devices share the process's PJRT
+// client, so the partitions meet in XLA's collectives.
+TEST(XlaSpmdTest, SpmdFunctionSpansHostsOfTheProcess) {
+  auto cluster = *EmbeddedCluster::Create(*ClusterSpec::Uniform(1, 2, 2));
+  auto client = *Client::Connect(&cluster->controller(), "spmd");
+  Slice s = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 4, .single_island = true});
+  absl::flat_hash_set<HostId> hosts(s.info().hosts.begin(), s.info().hosts.end());
+  EXPECT_EQ(hosts.size(), 2u);
+  auto gather = client->Pmap(LoadSpmd("allgather_sum4", 4), s);
+  auto psum = client->Pmap(LoadSpmd("psum4", 4), s);
+  ASSERT_TRUE(gather.ok() && psum.ok()) << gather.status() << psum.status();
+  auto f = client->Trace("spmd", {{DType::kF32, Shape({4, 3})}}, [&](std::vector<Value> v) {
+    return std::vector<Value>{(*psum)((*gather)(v[0]))};
+  });
+  ASSERT_TRUE(f.ok()) << f.status();
+  auto out = f->Call({*HostArray::Of<float>(DType::kF32, Shape({4, 3}), Rows(4))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  // gather: row i + sum of all 12 values (6 + 60 + 4 = 70); psum: 2 * sum over rows.
+  // Column sums of rows + 70: (6 + 280, 60 + 280, 4 + 280); times 2.
+  std::vector<float> row = {572, 680, 568};
+  std::vector<float> want;
+  for (int i = 0; i < 4; ++i) want.insert(want.end(), row.begin(), row.end());
+  EXPECT_EQ((*out)[0].ToHost()->values<float>(), want);
+}
+
+TEST_F(XlaFunctionsTest, SpmdFunctionBindsOnlyToSlicesOfItsPartitionCount) {
+  Slice s = NewSlice();  // 2 devices.
+  auto wrong = client_->Pmap(LoadSpmd("psum4", 4), s);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("SPMD module of 4 partitions"), std::string::npos)
+      << wrong.status();
+  StableHloFunctionDef zero = LoadSpmd("psum2", 0);
+  EXPECT_FALSE(client_->Pmap(zero, s).ok());
 }
 
 }  // namespace

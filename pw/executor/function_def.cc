@@ -20,6 +20,13 @@ absl::StatusOr<FunctionSignature> SignatureOf(const FunctionDef& def, int num_sh
   if (hlo.module.empty())
     return absl::InvalidArgumentError(absl::StrCat(where, " has an empty StableHLO module"));
   if (hlo.outputs.empty()) return absl::InvalidArgumentError(absl::StrCat(where, " has no outputs"));
+  if (hlo.num_partitions < 1)
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, " has ", hlo.num_partitions, " partitions; needs at least 1"));
+  if (hlo.num_partitions > 1 && hlo.num_partitions != num_shards)
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " is an SPMD module of ", hlo.num_partitions,
+        " partitions and cannot run on a slice of ", num_shards, " devices"));
   for (size_t i = 0; i < hlo.inputs.size(); ++i)
     PW_RETURN_IF_ERROR(Annotate(hlo.inputs[i].Validate(), absl::StrCat(where, " input ", i)));
   for (size_t i = 0; i < hlo.outputs.size(); ++i)

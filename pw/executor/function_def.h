@@ -14,11 +14,16 @@ namespace pw {
 
 // An XLA computation as serialized StableHLO (a portable artifact from jax.export, or MLIR text)
 // with its static per-shard input and output specs. Run by a PJRT plugin.
+// `num_partitions` 1: the module computes one shard (compiled once, run on each device alone).
+// N > 1: an SPMD module of N partitions with collectives across them (pmap-style: partition i
+// holds shard i of every input and output as a [1, ...] block); it binds only to slices of N
+// devices.
 struct StableHloFunctionDef {
   std::string name;
   std::string module;
   std::vector<ArraySpec> inputs;
   std::vector<ArraySpec> outputs;
+  int num_partitions = 1;
 };
 
 using FunctionDef = std::variant<NativeFunctionDef, StableHloFunctionDef>;

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
@@ -156,11 +157,12 @@ absl::StatusOr<DType> FromPjrtType(PJRT_Buffer_Type t) {
 // ---- Buffers
 
 PjrtBuffer::PjrtBuffer(std::shared_ptr<const PjrtPlugin> plugin, PJRT_Buffer* buffer,
-                       ArraySpec spec, DeviceId device, int device_index)
+                       ArraySpec spec, DeviceId device, int device_index, ArraySpec pjrt_spec)
     : DeviceBuffer(std::move(spec), device),
       plugin_(std::move(plugin)),
       buffer_(buffer),
-      device_index_(device_index) {}
+      device_index_(device_index),
+      pjrt_spec_(std::move(pjrt_spec)) {}
 
 PjrtBuffer::~PjrtBuffer() {
   auto args = PW_PJRT_ARGS(PJRT_Buffer_Destroy_Args);
@@ -212,6 +214,16 @@ absl::StatusOr<std::unique_ptr<PjrtClient>> PjrtClient::Create(
       plugin->Consume(api->PJRT_Client_AddressableDevices(&devices), "listing devices"));
   c->devices_.assign(devices.addressable_devices,
                      devices.addressable_devices + devices.num_addressable_devices);
+  for (PJRT_Device* d : c->devices_) {
+    auto desc = PW_PJRT_ARGS(PJRT_Device_GetDescription_Args);
+    desc.device = d;
+    PW_RETURN_IF_ERROR(
+        plugin->Consume(api->PJRT_Device_GetDescription(&desc), "describing a device"));
+    auto id = PW_PJRT_ARGS(PJRT_DeviceDescription_Id_Args);
+    id.device_description = desc.device_description;
+    PW_RETURN_IF_ERROR(plugin->Consume(api->PJRT_DeviceDescription_Id(&id), "device id"));
+    c->device_ids_.push_back(id.id);
+  }
   if (c->devices_.empty())
     return absl::FailedPreconditionError(
         absl::StrCat("PJRT plugin '", plugin->path(), "' has no addressable devices"));
@@ -233,10 +245,71 @@ std::string PjrtClient::platform_name() const {
   return std::string(args.platform_name, args.platform_name_size);
 }
 
+namespace {
+
+// Protocol-buffer wire format, for the few xla.CompileOptionsProto fields we set (the .proto
+// files are not installed with any package we use; field numbers are XLA's, stable since 2023).
+void Varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>(v | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+void VarintField(std::string& out, int field, uint64_t v) {
+  Varint(out, static_cast<uint64_t>(field) << 3);
+  Varint(out, v);
+}
+void BytesField(std::string& out, int field, const std::string& bytes) {
+  Varint(out, (static_cast<uint64_t>(field) << 3) | 2);
+  Varint(out, bytes.size());
+  out += bytes;
+}
+
+}  // namespace
+
+std::string CompileOptionsBytes(absl::Span<const int64_t> device_ids) {
+  // ExecutableBuildOptionsProto: num_replicas = 4, num_partitions = 5, use_spmd_partitioning = 6,
+  // device_assignment = 9, use_shardy_partitioner = 19. The plugin aborts on options without a
+  // replica count.
+  std::string build;
+  VarintField(build, 4, 1);
+  VarintField(build, 5, device_ids.empty() ? 1 : device_ids.size());
+  if (!device_ids.empty()) {
+    VarintField(build, 6, 1);
+    // DeviceAssignmentProto: replica_count = 1, computation_count = 2, computation_devices = 3
+    // (one per partition: ComputationDevice.replica_device_ids = 1, packed).
+    std::string assignment;
+    VarintField(assignment, 1, 1);
+    VarintField(assignment, 2, device_ids.size());
+    for (int64_t id : device_ids) {
+      std::string ids, computation;
+      Varint(ids, static_cast<uint64_t>(id));
+      BytesField(computation, 1, ids);
+      BytesField(assignment, 3, computation);
+    }
+    BytesField(build, 9, assignment);
+    VarintField(build, 19, 1);  // JAX exports Shardy-annotated modules.
+  }
+  // CompileOptionsProto: executable_build_options = 3, compile_portable_executable = 4.
+  std::string options;
+  BytesField(options, 3, build);
+  if (device_ids.empty()) VarintField(options, 4, 1);
+  return options;
+}
+
 absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtClient::Compile(
-    const std::string& name, absl::string_view stablehlo, std::vector<ArraySpec> inputs) const {
+    const std::string& name, absl::string_view stablehlo, std::vector<ArraySpec> inputs,
+    absl::Span<const int> partition_devices) const {
   const std::string where = absl::StrCat("compiling function '", name, "'");
   if (stablehlo.empty()) return absl::InvalidArgumentError(absl::StrCat(where, ": empty module"));
+  std::vector<int64_t> ids;
+  for (int d : partition_devices) {
+    if (d < 0 || d >= num_devices())
+      return absl::InvalidArgumentError(absl::StrCat(where, ": PJRT device ", d,
+                                                     " does not exist (", num_devices(), ")"));
+    ids.push_back(device_ids_[d]);
+  }
   const PJRT_Api* api = plugin_->api();
   std::string code(stablehlo);
   auto program = PW_PJRT_ARGS(PJRT_Program);
@@ -245,15 +318,12 @@ absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtClient::Compile(
   static constexpr char kFormat[] = "mlir";
   program.format = kFormat;
   program.format_size = sizeof(kFormat) - 1;
-  // xla.CompileOptionsProto{executable_build_options{num_replicas: 1, num_partitions: 1},
-  // compile_portable_executable: true}: the plugin aborts on options without a replica count,
-  // and a portable executable runs on whichever device Execute names.
-  static constexpr char kOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01};
+  const std::string options = CompileOptionsBytes(ids);
   auto args = PW_PJRT_ARGS(PJRT_Client_Compile_Args);
   args.client = client_;
   args.program = &program;
-  args.compile_options = kOptions;
-  args.compile_options_size = sizeof(kOptions);
+  args.compile_options = options.data();
+  args.compile_options_size = options.size();
   PW_RETURN_IF_ERROR(plugin_->Consume(api->PJRT_Client_Compile(&args), where));
   auto get = PW_PJRT_ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
   get.loaded_executable = args.executable;
@@ -269,14 +339,14 @@ absl::StatusOr<std::unique_ptr<PjrtExecutable>> PjrtClient::Compile(
     plugin_->Consume(api->PJRT_Executable_Destroy(&destroy), where).IgnoreError();
   }
   std::unique_ptr<PjrtExecutable> exe(
-      new PjrtExecutable(plugin_, name, args.executable, std::move(inputs), num_outputs, devices_));
+      new PjrtExecutable(plugin_, name, args.executable, std::move(inputs), num_outputs, devices_,
+                         std::max<int>(1, static_cast<int>(ids.size()))));
   PW_RETURN_IF_ERROR(s);
   return exe;
 }
 
-absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtClient::BufferFromHost(const HostArray& value,
-                                                                       int device_index,
-                                                                       DeviceId device) const {
+absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtClient::BufferFromHost(
+    const HostArray& value, int device_index, DeviceId device, const Shape* pjrt_shape) const {
   if (device_index < 0 || device_index >= num_devices())
     return absl::InvalidArgumentError(absl::StrCat("PJRT device ", device_index,
                                                    " does not exist (", num_devices(), ")"));
@@ -284,19 +354,26 @@ absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtClient::BufferFromHost(const Hos
     return absl::InvalidArgumentError(absl::StrCat("array ", value.spec.ToString(), " needs ",
                                                    value.spec.size_bytes(), " bytes, got ",
                                                    value.bytes.size()));
+  ArraySpec pjrt_spec = value.spec;
+  if (pjrt_shape != nullptr) {
+    if (pjrt_shape->num_elements() != value.spec.num_elements())
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot view ", value.spec.ToString(), " as shape ", pjrt_shape->ToString()));
+    pjrt_spec.shape = *pjrt_shape;
+  }
   PW_ASSIGN_OR_RETURN(PJRT_Buffer_Type type, ToPjrtType(value.spec.dtype));
   auto args = PW_PJRT_ARGS(PJRT_Client_BufferFromHostBuffer_Args);
   args.client = client_;
   args.data = value.bytes.data();
   args.type = type;
-  args.dims = value.spec.shape.dims().data();
-  args.num_dims = value.spec.shape.dims().size();
+  args.dims = pjrt_spec.shape.dims().data();
+  args.num_dims = pjrt_spec.shape.dims().size();
   args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
   args.device = devices_[device_index];
   PW_RETURN_IF_ERROR(plugin_->Consume(plugin_->api()->PJRT_Client_BufferFromHostBuffer(&args),
                                       "copying an array to a PJRT device"));
   auto buffer = std::make_shared<PjrtBuffer>(plugin_, args.buffer, value.spec, device,
-                                             device_index);
+                                             device_index, std::move(pjrt_spec));
   // The host data must stay valid until the transfer is done.
   PW_RETURN_IF_ERROR(plugin_->Await(args.done_with_host_buffer, "copying to device").status());
   return buffer;
@@ -312,8 +389,8 @@ PjrtExecutable::~PjrtExecutable() {
 }
 
 Future<std::vector<std::shared_ptr<PjrtBuffer>>> PjrtExecutable::Execute(
-    absl::Span<const std::shared_ptr<PjrtBuffer>> inputs, int device_index,
-    DeviceId device) const {
+    absl::Span<const std::shared_ptr<PjrtBuffer>> inputs, int device_index, DeviceId device,
+    int launch_id, absl::Span<const ArraySpec> output_views) const {
   using Result = Future<std::vector<std::shared_ptr<PjrtBuffer>>>;
   const std::string where = absl::StrCat("function '", name_, "'");
   if (inputs.size() != inputs_.size()) {
@@ -331,10 +408,10 @@ Future<std::vector<std::shared_ptr<PjrtBuffer>>> PjrtExecutable::Execute(
           where, " input ", i, " is on PJRT device ", inputs[i]->device_index(),
           ", not on device ", device_index)));
     }
-    if (!(inputs[i]->spec() == inputs_[i])) {
+    if (!(inputs[i]->pjrt_spec() == inputs_[i])) {
       return Result::Ready(absl::InvalidArgumentError(absl::StrCat(
           where, " input ", i, " expects ", inputs_[i].ToString(), ", got ",
-          inputs[i]->spec().ToString())));
+          inputs[i]->pjrt_spec().ToString())));
     }
     args.push_back(inputs[i]->get());
   }
@@ -344,6 +421,7 @@ Future<std::vector<std::shared_ptr<PjrtBuffer>>> PjrtExecutable::Execute(
   PJRT_Buffer** output_lists[] = {outputs.data()};
   PJRT_Event* done[] = {nullptr};
   auto options = PW_PJRT_ARGS(PJRT_ExecuteOptions);
+  options.launch_id = launch_id;
   auto exec = PW_PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
   exec.executable = exe_;
   exec.options = &options;
@@ -355,8 +433,13 @@ Future<std::vector<std::shared_ptr<PjrtBuffer>>> PjrtExecutable::Execute(
   exec.execute_device = devices_[device_index];
   absl::Status s = plugin_->Consume(api->PJRT_LoadedExecutable_Execute(&exec), where);
   if (!s.ok()) return Result::Ready(s);
+  if (!output_views.empty() && output_views.size() != num_outputs_) {
+    s = absl::InternalError(absl::StrCat(where, ": ", output_views.size(), " output views for ",
+                                         num_outputs_, " outputs"));
+  }
   std::vector<std::shared_ptr<PjrtBuffer>> result;
-  for (PJRT_Buffer* b : outputs) {
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    PJRT_Buffer* b = outputs[o];
     auto type = PW_PJRT_ARGS(PJRT_Buffer_ElementType_Args);
     type.buffer = b;
     auto dims = PW_PJRT_ARGS(PJRT_Buffer_Dimensions_Args);
@@ -366,7 +449,15 @@ Future<std::vector<std::shared_ptr<PjrtBuffer>>> PjrtExecutable::Execute(
     absl::StatusOr<DType> dtype = ts.ok() ? FromPjrtType(type.type) : absl::StatusOr<DType>(ts);
     ArraySpec spec{dtype.ok() ? *dtype : DType::kInvalid,
                    Shape(std::vector<int64_t>(dims.dims, dims.dims + dims.num_dims))};
-    result.push_back(std::make_shared<PjrtBuffer>(plugin_, b, std::move(spec), device, device_index));
+    ArraySpec view = spec;
+    if (s.ok() && !output_views.empty()) {
+      view = output_views[o];
+      if (view.dtype != spec.dtype || view.num_elements() != spec.num_elements())
+        s = absl::InvalidArgumentError(absl::StrCat(where, " output ", o, " is ", spec.ToString(),
+                                                    ", declared ", view.ToString()));
+    }
+    result.push_back(std::make_shared<PjrtBuffer>(plugin_, b, std::move(view), device,
+                                                  device_index, std::move(spec)));
     if (!dtype.ok() && s.ok()) s = Annotate(dtype.status(), where);
   }
   if (!s.ok()) {

@@ -47,13 +47,16 @@ class PjrtPlugin {
 
 class PjrtExecutable;
 
-// One shard in a PJRT buffer.
+// One shard in a PJRT buffer. `spec()` is the runtime's view of it; `pjrt_spec()` is the PJRT
+// buffer's own shape, which may differ by unit dimensions (an SPMD partition of a pmap-style
+// function holds shard i as a [1, ...] block): same elements, same row-major bytes.
 class PjrtBuffer final : public DeviceBuffer {
  public:
   PjrtBuffer(std::shared_ptr<const PjrtPlugin> plugin, PJRT_Buffer* buffer, ArraySpec spec,
-             DeviceId device, int device_index);
+             DeviceId device, int device_index, ArraySpec pjrt_spec);
   ~PjrtBuffer() override;
   PJRT_Buffer* get() const { return buffer_; }
+  const ArraySpec& pjrt_spec() const { return pjrt_spec_; }
   // Index of the client device holding the buffer.
   int device_index() const { return device_index_; }
   Future<> CopyToHost(void* dst) const override;
@@ -62,6 +65,7 @@ class PjrtBuffer final : public DeviceBuffer {
   const std::shared_ptr<const PjrtPlugin> plugin_;
   PJRT_Buffer* const buffer_;
   const int device_index_;
+  const ArraySpec pjrt_spec_;
 };
 
 class PjrtClient {
@@ -76,23 +80,33 @@ class PjrtClient {
   std::string platform_name() const;
   int num_devices() const { return static_cast<int>(devices_.size()); }
 
-  // Compiles a StableHLO module (portable artifact bytecode or MLIR text) for one device, as a
-  // portable executable that can run on any of the client's devices. `inputs` are the function's
-  // static input specs, checked at every call. Errors name `name`.
-  absl::StatusOr<std::unique_ptr<PjrtExecutable>> Compile(const std::string& name,
-                                                          absl::string_view stablehlo,
-                                                          std::vector<ArraySpec> inputs) const;
-  // Copies `value` into a new buffer on device `device_index`, labelled `device`.
-  absl::StatusOr<std::shared_ptr<PjrtBuffer>> BufferFromHost(const HostArray& value,
-                                                             int device_index,
-                                                             DeviceId device = DeviceId()) const;
+  // Compiles a StableHLO module (portable artifact bytecode or MLIR text). `inputs` are the
+  // function's static per-shard input specs, checked at every call. Errors name `name`.
+  // With no `partition_devices`: for one device, as a portable executable that runs on whichever
+  // client device Execute names. With them: an SPMD module of partition_devices.size() partitions
+  // (collectives inside), partition p placed on client device partition_devices[p]; Execute then
+  // runs one partition per call, and the partitions of one launch meet in their collectives.
+  absl::StatusOr<std::unique_ptr<PjrtExecutable>> Compile(
+      const std::string& name, absl::string_view stablehlo, std::vector<ArraySpec> inputs,
+      absl::Span<const int> partition_devices = {}) const;
+  // Copies `value` into a new buffer on device `device_index`, labelled `device`. With
+  // `pjrt_shape` (same number of elements), the PJRT buffer has that shape and `value.spec` is
+  // the runtime's view of it.
+  absl::StatusOr<std::shared_ptr<PjrtBuffer>> BufferFromHost(
+      const HostArray& value, int device_index, DeviceId device = DeviceId(),
+      const Shape* pjrt_shape = nullptr) const;
 
  private:
   PjrtClient(std::shared_ptr<const PjrtPlugin> plugin, PJRT_Client* client);
   const std::shared_ptr<const PjrtPlugin> plugin_;
   PJRT_Client* const client_;
   std::vector<PJRT_Device*> devices_;
+  std::vector<int64_t> device_ids_;  // PJRT global device ids, by index.
 };
+
+// xla.CompileOptionsProto bytes for `num_partitions` SPMD partitions placed on the devices with
+// PJRT ids `device_ids` (empty: one portable single-device executable). Exposed for tests.
+std::string CompileOptionsBytes(absl::Span<const int64_t> device_ids);
 
 class PjrtExecutable {
  public:
@@ -100,26 +114,34 @@ class PjrtExecutable {
   const std::string& name() const { return name_; }
   const std::vector<ArraySpec>& input_specs() const { return inputs_; }
   size_t num_outputs() const { return num_outputs_; }
-  // Runs on the client's device `device_index`; the future holds the outputs (labelled with
-  // `device`) once computed. Inputs must be on that device and match the declared specs
-  // (InvalidArgument naming the function and input otherwise).
+  // Number of SPMD partitions (1: a portable single-device executable).
+  int num_partitions() const { return num_partitions_; }
+  // Runs on the client's device `device_index` (for SPMD executables: the partition placed
+  // there); the future holds the outputs (labelled with `device`) once computed. Inputs must be on
+  // that device and match the declared specs (InvalidArgument naming the function and input
+  // otherwise; inputs are checked by their pjrt_spec()). The partitions of one SPMD launch must
+  // share a nonzero `launch_id`. `output_views`, if given, are the runtime's specs for the
+  // outputs (each with as many elements as the output).
   Future<std::vector<std::shared_ptr<PjrtBuffer>>> Execute(
       absl::Span<const std::shared_ptr<PjrtBuffer>> inputs, int device_index = 0,
-      DeviceId device = DeviceId(0)) const;
+      DeviceId device = DeviceId(0), int launch_id = 0,
+      absl::Span<const ArraySpec> output_views = {}) const;
 
  private:
   friend class PjrtClient;
   PjrtExecutable(std::shared_ptr<const PjrtPlugin> plugin, std::string name,
                  PJRT_LoadedExecutable* exe, std::vector<ArraySpec> inputs, size_t num_outputs,
-                 std::vector<PJRT_Device*> devices)
+                 std::vector<PJRT_Device*> devices, int num_partitions)
       : plugin_(std::move(plugin)), name_(std::move(name)), exe_(exe),
-        inputs_(std::move(inputs)), num_outputs_(num_outputs), devices_(std::move(devices)) {}
+        inputs_(std::move(inputs)), num_outputs_(num_outputs), devices_(std::move(devices)),
+        num_partitions_(num_partitions) {}
   const std::shared_ptr<const PjrtPlugin> plugin_;
   const std::string name_;
   PJRT_LoadedExecutable* const exe_;
   const std::vector<ArraySpec> inputs_;
   const size_t num_outputs_;
   const std::vector<PJRT_Device*> devices_;
+  const int num_partitions_;
 };
 
 // The CPU plugin to use when none is configured: $PW_PJRT_PLUGIN if set, else the one installed

@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "gtest/gtest.h"
 
@@ -123,6 +124,48 @@ TEST_F(PjrtTest, ShapeMismatchAtCallTimeIsAnError) {
             std::string::npos) << r.status();
   EXPECT_FALSE(exe->Execute({}).Await().ok());
   EXPECT_FALSE(client_->BufferFromHost(*HostArray::Of<float>(DType::kF32, Shape({1}), {1}), 99).ok());
+}
+
+// An SPMD module (jax.shard_map with a psum, 4 partitions) placed on the client's devices in a
+// permuted order; each partition is launched on its own thread, as the runtime's device executors
+// do, and they meet in the all-reduce.
+TEST_F(PjrtTest, SpmdPartitionsLaunchedSeparatelyMeetInTheirCollective) {
+  auto plugin = PjrtPlugin::Load(PW_PJRT_CPU_PLUGIN);
+  ASSERT_TRUE(plugin.ok());
+  std::shared_ptr<PjrtClient> four = *PjrtClient::Create(*plugin, 4);
+  const std::vector<int> placement = {2, 0, 3, 1};  // Partition p runs on client device placement[p].
+  const ArraySpec block{DType::kF32, Shape({1, 3})};
+  auto exe = four->Compile("psum4", ReadFile(std::string(PW_STABLEHLO_TESTDATA) + "/psum4.mlirbc"),
+                           {block}, placement);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  EXPECT_EQ((*exe)->num_partitions(), 4);
+  for (int launch = 1; launch <= 3; ++launch) {  // Repeated launches reuse the executable.
+    std::vector<Future<std::vector<std::shared_ptr<PjrtBuffer>>>> outs(4);
+    std::vector<std::thread> threads;
+    for (int p = 0; p < 4; ++p) {
+      threads.emplace_back([&, p] {
+        const ArraySpec view{DType::kF32, Shape({3})};
+        auto x = four->BufferFromHost(
+            *HostArray::Of<float>(DType::kF32, Shape({3}), {1.f * p, 10.f * p, launch * 1.f}),
+            placement[p], DeviceId(p), &block.shape);
+        ASSERT_TRUE(x.ok()) << x.status();
+        EXPECT_EQ((*x)->spec().shape, Shape({3}));
+        outs[p] = (*exe)->Execute({*x}, placement[p], DeviceId(p), launch, {view});
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int p = 0; p < 4; ++p) {
+      auto r = outs[p].Await();
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_EQ((*r)[0]->spec().shape, Shape({3}));
+      EXPECT_EQ((*r)[0]->pjrt_spec().shape, Shape({1, 3}));
+      std::vector<float> y(3);
+      ASSERT_TRUE((*r)[0]->CopyToHost(y.data()).status().ok());
+      // sum over partitions of 2 * x_p = 2 * (0+1+2+3) * (1, 10) and 2 * 4 * launch.
+      EXPECT_EQ(y, (std::vector<float>{12.f, 120.f, 8.f * launch})) << "partition " << p;
+    }
+  }
+  EXPECT_FALSE(four->Compile("psum4", "x", {block}, std::vector<int>{0, 9}).ok());
 }
 
 }  // namespace

@@ -1,33 +1,57 @@
 #include "pw/pjrt/shard_executable.h"
 
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
 
 namespace pw::pjrt {
 
 absl::StatusOr<ExecutableRef> PjrtShardExecutable::Compile(
-    std::shared_ptr<const PjrtClient> client, const StableHloFunctionDef& def, int num_shards,
-    absl::flat_hash_map<DeviceId, int> device_index) {
+    std::shared_ptr<PjrtBackend> backend, const StableHloFunctionDef& def,
+    absl::Span<const DeviceId> slice_devices) {
+  const int num_shards = static_cast<int>(slice_devices.size());
   PW_RETURN_IF_ERROR(SignatureOf(def, num_shards).status());
-  PW_ASSIGN_OR_RETURN(std::unique_ptr<PjrtExecutable> exe,
-                      client->Compile(def.name, def.module, def.inputs));
+  std::vector<ArraySpec> pjrt_inputs = def.inputs;
+  std::vector<int> placement;
+  if (def.num_partitions > 1) {
+    for (ArraySpec& s : pjrt_inputs) {
+      std::vector<int64_t> dims = {1};
+      dims.insert(dims.end(), s.shape.dims().begin(), s.shape.dims().end());
+      s.shape = Shape(std::move(dims));
+    }
+    for (DeviceId d : slice_devices) {
+      int index = backend->IndexOf(d);
+      if (index < 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "function '", def.name, "' is an SPMD XLA computation over ", num_shards,
+            " devices, but ", d.ToString(), " is not a device of this process's PJRT client: "
+            "the PJRT CPU plugin has no multi-process collectives, so an SPMD function's slice "
+            "must lie within one worker process"));
+      }
+      placement.push_back(index);
+    }
+  }
+  PW_ASSIGN_OR_RETURN(auto client, backend->Client());
+  PW_ASSIGN_OR_RETURN(std::shared_ptr<const PjrtExecutable> exe,
+                      backend->Compile(def.name, def.module, pjrt_inputs, std::move(placement)));
   if (exe->num_outputs() != def.outputs.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "function '", def.name, "' declares ", def.outputs.size(), " outputs but its module has ",
         exe->num_outputs()));
   }
-  return ExecutableRef(new PjrtShardExecutable(std::move(client), def, num_shards,
-                                               std::move(device_index), std::move(exe)));
+  return ExecutableRef(new PjrtShardExecutable(std::move(backend), std::move(client), def,
+                                               num_shards, std::move(pjrt_inputs),
+                                               std::move(exe)));
 }
 
 absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtShardExecutable::Stage(
     const DeviceBufferRef& input, size_t i, int device_index, DeviceId device) const {
+  const ArraySpec& want = def_.inputs[i];
   if (auto pjrt = std::dynamic_pointer_cast<PjrtBuffer>(input);
       pjrt != nullptr && pjrt->device_index() == device_index &&
-      pjrt->spec() == def_.inputs[i]) {
+      pjrt->pjrt_spec() == pjrt_inputs_[i]) {
     return pjrt;
   }
-  const ArraySpec& want = def_.inputs[i];
   if (input->spec().dtype != want.dtype || input->spec().num_elements() != want.num_elements()) {
     return absl::InvalidArgumentError(absl::StrCat("function '", def_.name, "' input ", i,
                                                    " expects ", want.ToString(), ", got ",
@@ -36,14 +60,14 @@ absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtShardExecutable::Stage(
   // Same elements in another layout or memory: through the host, with the declared shape.
   HostArray staged{want, std::vector<uint8_t>(want.size_bytes())};
   PW_RETURN_IF_ERROR(input->CopyToHost(staged.bytes.data()).status());
-  return client_->BufferFromHost(staged, device_index, device);
+  return client_->BufferFromHost(staged, device_index, device, &pjrt_inputs_[i].shape);
 }
 
 Future<std::vector<DeviceBufferRef>> PjrtShardExecutable::ExecuteShard(
     const ShardLaunch& launch) const {
   using Result = Future<std::vector<DeviceBufferRef>>;
-  auto it = device_index_.find(launch.device);
-  if (it == device_index_.end()) {
+  const int index = backend_->IndexOf(launch.device);
+  if (index < 0) {
     return Result::Ready(absl::InternalError(absl::StrCat(
         "function '", def_.name, "': ", launch.device.ToString(), " has no PJRT device here")));
   }
@@ -54,13 +78,18 @@ Future<std::vector<DeviceBufferRef>> PjrtShardExecutable::ExecuteShard(
   }
   std::vector<std::shared_ptr<PjrtBuffer>> inputs;
   for (size_t i = 0; i < launch.inputs.size(); ++i) {
-    auto b = Stage(launch.inputs[i], i, it->second, launch.device);
+    auto b = Stage(launch.inputs[i], i, index, launch.device);
     if (!b.ok()) return Result::Ready(b.status());
     inputs.push_back(*std::move(b));
   }
+  // The partitions of one launch (one node of one run) share its id; nonzero.
+  const int launch_id =
+      exe_->num_partitions() > 1
+          ? static_cast<int>((absl::HashOf(launch.key.run, launch.key.node) & 0x7fffffff) | 1)
+          : 0;
   Promise<std::vector<DeviceBufferRef>> p;
   Result f = p.future();
-  exe_->Execute(inputs, it->second, launch.device)
+  exe_->Execute(inputs, index, launch.device, launch_id, def_.outputs)
       .OnReady([p = std::move(p)](
                    const absl::StatusOr<std::vector<std::shared_ptr<PjrtBuffer>>>& r) mutable {
         if (!r.ok()) return p.Set(r.status());

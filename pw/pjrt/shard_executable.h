@@ -1,10 +1,18 @@
-// PjrtShardExecutable: a StableHLO function as a runtime Executable, run shard by shard on one
-// host's devices through a PJRT client (one PJRT device per local device of the slice).
+// PjrtShardExecutable: a StableHLO function as a runtime Executable, run shard by shard on the
+// devices of a slice through a PJRT backend (one PJRT device per runtime device).
 //
-// Compiled once per (function, slice shape) on each worker, as a portable executable that runs on
-// whichever PJRT device backs the shard's device. Inputs that are not already PJRT buffers on that
-// device (native kernels' outputs, put arrays) are staged through host memory. Outputs are PJRT
-// buffers owned by the plugin; completion is the PJRT execution event.
+// Two kinds of module (StableHloFunctionDef::num_partitions):
+// - per-shard (1): compiled once per function as a portable executable that runs on whichever
+//   PJRT device backs the shard's device;
+// - SPMD (N = slice size): one module of N partitions with collectives inside (jax.shard_map,
+//   pmap-style: partition i holds shard i as a [1, ...] block), compiled once per slice with
+//   partition i placed on the slice's i-th device. Each device executor launches its own partition
+//   (launch id derived from the run and node), and the partitions meet in XLA's collectives. All
+//   of the slice's devices must belong to the same PJRT backend (one process: the CPU plugin has
+//   no multi-process collectives); otherwise compiling fails, naming the device.
+// Inputs that are not already PJRT buffers of the right shape on that device (native kernels'
+// outputs, put arrays) are staged through host memory. Outputs are PJRT buffers owned by the
+// plugin; completion is the PJRT execution event.
 //
 // Thread-safe and immutable.
 #pragma once
@@ -13,20 +21,20 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "pw/executor/executable.h"
 #include "pw/executor/function_def.h"
-#include "pw/pjrt/pjrt_plugin.h"
+#include "pw/pjrt/pjrt_backend.h"
 
 namespace pw::pjrt {
 
 class PjrtShardExecutable final : public Executable {
  public:
-  // `device_index` maps each device of this host to its PJRT device index in `client`.
-  static absl::StatusOr<ExecutableRef> Compile(std::shared_ptr<const PjrtClient> client,
-                                               const StableHloFunctionDef& def, int num_shards,
-                                               absl::flat_hash_map<DeviceId, int> device_index);
+  // `slice_devices` are the slice's devices in rank order.
+  static absl::StatusOr<ExecutableRef> Compile(std::shared_ptr<PjrtBackend> backend,
+                                               const StableHloFunctionDef& def,
+                                               absl::Span<const DeviceId> slice_devices);
 
   const std::string& name() const override { return def_.name; }
   int num_shards() const override { return num_shards_; }
@@ -35,19 +43,21 @@ class PjrtShardExecutable final : public Executable {
   Future<std::vector<DeviceBufferRef>> ExecuteShard(const ShardLaunch& launch) const override;
 
  private:
-  PjrtShardExecutable(std::shared_ptr<const PjrtClient> client, StableHloFunctionDef def,
-                      int num_shards, absl::flat_hash_map<DeviceId, int> device_index,
-                      std::unique_ptr<PjrtExecutable> exe)
-      : client_(std::move(client)), def_(std::move(def)), num_shards_(num_shards),
-        device_index_(std::move(device_index)), exe_(std::move(exe)) {}
+  PjrtShardExecutable(std::shared_ptr<PjrtBackend> backend,
+                      std::shared_ptr<const PjrtClient> client, StableHloFunctionDef def,
+                      int num_shards, std::vector<ArraySpec> pjrt_inputs,
+                      std::shared_ptr<const PjrtExecutable> exe)
+      : backend_(std::move(backend)), client_(std::move(client)), def_(std::move(def)),
+        num_shards_(num_shards), pjrt_inputs_(std::move(pjrt_inputs)), exe_(std::move(exe)) {}
   absl::StatusOr<std::shared_ptr<PjrtBuffer>> Stage(const DeviceBufferRef& input, size_t i,
                                                     int device_index, DeviceId device) const;
 
+  const std::shared_ptr<PjrtBackend> backend_;
   const std::shared_ptr<const PjrtClient> client_;
   const StableHloFunctionDef def_;
   const int num_shards_;
-  const absl::flat_hash_map<DeviceId, int> device_index_;
-  const std::unique_ptr<PjrtExecutable> exe_;
+  const std::vector<ArraySpec> pjrt_inputs_;  // Per-partition PJRT shapes of the inputs.
+  const std::shared_ptr<const PjrtExecutable> exe_;
 };
 
 }  // namespace pw::pjrt

@@ -24,18 +24,18 @@ absl::Status FailedAlready(const Future<T>& f) {
 }  // namespace
 
 Worker::Worker(HostId host, IslandId island, const std::vector<DeviceSpec>& devices,
-               Collectives* collectives, PeerLookup peers, std::string pjrt_plugin)
+               Collectives* collectives, PeerLookup peers,
+               std::shared_ptr<pjrt::PjrtBackend> pjrt)
     : host_(host),
       island_(island),
       collectives_(collectives),
       peers_(std::move(peers)),
-      pjrt_plugin_(std::move(pjrt_plugin)),
+      pjrt_(std::move(pjrt)),
       data_plane_(absl::StrCat("pw-data", host.value())),
       dispatch_(absl::StrCat("pw-disp", host.value())) {
   for (size_t i = 0; i < devices.size(); ++i) {
     const DeviceSpec& d = devices[i];
     devices_.emplace(d.id, std::make_unique<Device>(d.id, d.host, d.island, d.memory_bytes));
-    pjrt_index_[d.id] = static_cast<int>(i);
   }
 }
 
@@ -53,38 +53,31 @@ absl::Status Worker::LoadFunction(FunctionId id, const FunctionDef& def) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ExecutableRef> Worker::LoadExecutable(FunctionId id, int num_shards) {
+absl::StatusOr<ExecutableRef> Worker::LoadExecutable(FunctionId id,
+                                                     absl::Span<const DeviceId> slice_devices) {
   pw::MutexLock lock(&fn_mu_);
-  auto key = std::make_pair(id, num_shards);
-  auto it = executables_.find(key);
-  if (it != executables_.end()) return it->second;
   auto fit = functions_.find(id);
   if (fit == functions_.end())
     return absl::NotFoundError(absl::StrCat(id.ToString(), " was never loaded on ",
                                             host_.ToString()));
+  const auto* hlo = std::get_if<StableHloFunctionDef>(&fit->second);
+  const int num_shards = static_cast<int>(slice_devices.size());
+  ExecutableKey key(id, num_shards, {});
+  if (hlo != nullptr && hlo->num_partitions > 1)
+    std::get<2>(key).assign(slice_devices.begin(), slice_devices.end());
+  auto it = executables_.find(key);
+  if (it != executables_.end()) return it->second;
   ExecutableRef exe;
-  if (const auto* native = std::get_if<NativeFunctionDef>(&fit->second)) {
-    PW_ASSIGN_OR_RETURN(exe, CompileNative(*native, num_shards));
+  if (hlo == nullptr) {
+    PW_ASSIGN_OR_RETURN(exe, CompileNative(std::get<NativeFunctionDef>(fit->second), num_shards));
   } else {
-    PW_ASSIGN_OR_RETURN(auto client, PjrtClientLocked());
-    PW_ASSIGN_OR_RETURN(exe, pjrt::PjrtShardExecutable::Compile(
-                                 client, std::get<StableHloFunctionDef>(fit->second), num_shards,
-                                 pjrt_index_));
+    if (pjrt_ == nullptr)
+      return absl::FailedPreconditionError(absl::StrCat(
+          host_.ToString(), " has no PJRT plugin configured for StableHLO functions"));
+    PW_ASSIGN_OR_RETURN(exe, pjrt::PjrtShardExecutable::Compile(pjrt_, *hlo, slice_devices));
   }
-  executables_.emplace(key, exe);
+  executables_.emplace(std::move(key), exe);
   return exe;
-}
-
-absl::StatusOr<std::shared_ptr<const pjrt::PjrtClient>> Worker::PjrtClientLocked() {
-  if (pjrt_ != nullptr) return pjrt_;
-  if (pjrt_plugin_.empty())
-    return absl::FailedPreconditionError(
-        absl::StrCat(host_.ToString(), " has no PJRT plugin configured for StableHLO functions"));
-  PW_ASSIGN_OR_RETURN(auto plugin, pjrt::PjrtPlugin::Load(pjrt_plugin_));
-  PW_ASSIGN_OR_RETURN(auto client,
-                      pjrt::PjrtClient::Create(plugin, static_cast<int>(devices_.size())));
-  pjrt_ = std::move(client);
-  return pjrt_;
 }
 
 Device* Worker::FindDevice(DeviceId id) const {
@@ -127,7 +120,7 @@ void Worker::PutFailed(BufferId id, DeviceId device, const absl::Status& error) 
 
 void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const NodeWork& node,
                              const ComputeWork& c, const std::shared_ptr<Countdown>& done) {
-  auto exe = LoadExecutable(c.function, static_cast<int>(c.slice_devices.size()));
+  auto exe = LoadExecutable(c.function, c.slice_devices);
   for (int rank : c.local_ranks) {
     const DeviceId device_id = c.slice_devices[rank];
     Device* device = FindDevice(device_id);

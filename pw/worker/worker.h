@@ -13,6 +13,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -23,7 +24,7 @@
 #include "pw/executor/collectives.h"
 #include "pw/executor/device.h"
 #include "pw/object_store/object_store.h"
-#include "pw/pjrt/pjrt_plugin.h"
+#include "pw/pjrt/pjrt_backend.h"
 #include "pw/transport/worker_interface.h"
 
 namespace pw {
@@ -35,9 +36,11 @@ class Worker final : public WorkerInterface {
 
   // `collectives` is the communicator the devices' collective kernels use (shared by every
   // worker of an in-process cluster); it must outlive the worker.
-  // `pjrt_plugin` is the PJRT plugin for StableHLO functions (loaded on first use; empty: none).
+  // `pjrt` runs StableHLO functions (its client is created on first use; null: none); it must
+  // cover this host's devices and may be shared with other workers of the process.
   Worker(HostId host, IslandId island, const std::vector<DeviceSpec>& devices,
-         Collectives* collectives, PeerLookup peers, std::string pjrt_plugin = "");
+         Collectives* collectives, PeerLookup peers,
+         std::shared_ptr<pjrt::PjrtBackend> pjrt = nullptr);
   // Fails outstanding device work, then drains the dispatch and data-plane threads.
   ~Worker() override;
 
@@ -58,7 +61,8 @@ class Worker final : public WorkerInterface {
                        const ComputeWork& c, const std::shared_ptr<Countdown>& done);
   void DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,
                         const std::shared_ptr<Countdown>& done);
-  absl::StatusOr<ExecutableRef> LoadExecutable(FunctionId id, int num_shards);
+  absl::StatusOr<ExecutableRef> LoadExecutable(FunctionId id,
+                                               absl::Span<const DeviceId> slice_devices);
   Device* FindDevice(DeviceId id) const;
   // Registers a failed shard so consumers see `error` too.
   void PutFailed(BufferId id, DeviceId device, const absl::Status& error);
@@ -68,13 +72,11 @@ class Worker final : public WorkerInterface {
   Collectives* const collectives_;
   const PeerLookup peers_;
   pw::Mutex fn_mu_;
-  absl::StatusOr<std::shared_ptr<const pjrt::PjrtClient>> PjrtClientLocked()
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(fn_mu_);
-  const std::string pjrt_plugin_;
-  absl::flat_hash_map<DeviceId, int> pjrt_index_;  // Local device -> PJRT device index.
-  std::shared_ptr<const pjrt::PjrtClient> pjrt_ ABSL_GUARDED_BY(fn_mu_);
+  const std::shared_ptr<pjrt::PjrtBackend> pjrt_;
   absl::flat_hash_map<FunctionId, FunctionDef> functions_ ABSL_GUARDED_BY(fn_mu_);
-  absl::flat_hash_map<std::pair<FunctionId, int>, ExecutableRef> executables_ ABSL_GUARDED_BY(fn_mu_);
+  // Keyed by function and slice shape; SPMD XLA functions by function and slice devices.
+  using ExecutableKey = std::tuple<FunctionId, int, std::vector<DeviceId>>;
+  absl::flat_hash_map<ExecutableKey, ExecutableRef> executables_ ABSL_GUARDED_BY(fn_mu_);
   // After the PJRT client and executables: shards (possibly PJRT buffers) are destroyed first.
   ObjectStore store_;
   std::atomic<int64_t> ici_bytes_{0};

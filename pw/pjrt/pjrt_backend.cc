@@ -1,0 +1,68 @@
+#include "pw/pjrt/pjrt_backend.h"
+
+#include "absl/strings/str_cat.h"
+#include "pw/base/status_macros.h"
+
+namespace pw::pjrt {
+
+namespace {
+absl::flat_hash_map<DeviceId, int> IndexDevices(const std::vector<DeviceId>& devices) {
+  absl::flat_hash_map<DeviceId, int> index;
+  for (size_t i = 0; i < devices.size(); ++i) index.emplace(devices[i], static_cast<int>(i));
+  return index;
+}
+}  // namespace
+
+PjrtBackend::PjrtBackend(std::string plugin_path, std::vector<DeviceId> devices)
+    : plugin_path_(std::move(plugin_path)),
+      index_(IndexDevices(devices)),
+      num_devices_(static_cast<int>(devices.size())) {}
+
+int PjrtBackend::IndexOf(DeviceId d) const {
+  auto it = index_.find(d);
+  return it == index_.end() ? -1 : it->second;
+}
+
+absl::StatusOr<std::shared_ptr<const PjrtClient>> PjrtBackend::Client() {
+  pw::MutexLock lock(&mu_);
+  return ClientLocked();
+}
+
+absl::StatusOr<std::shared_ptr<const PjrtClient>> PjrtBackend::ClientLocked() {
+  if (client_ != nullptr) return client_;
+  if (plugin_path_.empty())
+    return absl::FailedPreconditionError("no PJRT plugin is configured for StableHLO functions");
+  PW_ASSIGN_OR_RETURN(auto plugin, PjrtPlugin::Load(plugin_path_));
+  PW_ASSIGN_OR_RETURN(auto client, PjrtClient::Create(plugin, num_devices_));
+  if (client->num_devices() < num_devices_)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "PJRT plugin '", plugin_path_, "' has ", client->num_devices(), " devices, need ",
+        num_devices_));
+  client_ = std::move(client);
+  return client_;
+}
+
+absl::StatusOr<std::shared_ptr<const PjrtExecutable>> PjrtBackend::Compile(
+    const std::string& name, const std::string& module, std::vector<ArraySpec> inputs,
+    std::vector<int> placement) {
+  // Fingerprint: everything the compiled code depends on, exactly (no hash collisions).
+  std::string key = absl::StrCat(name, "\n", placement.size(), ":");
+  for (int p : placement) absl::StrAppend(&key, p, ",");
+  for (const ArraySpec& s : inputs) absl::StrAppend(&key, s.ToString(), ";");
+  absl::StrAppend(&key, "|", module);
+  pw::MutexLock lock(&mu_);
+  if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+  PW_ASSIGN_OR_RETURN(auto client, ClientLocked());
+  ++num_compiles_;
+  PW_ASSIGN_OR_RETURN(std::shared_ptr<const PjrtExecutable> exe,
+                      client->Compile(name, module, std::move(inputs), placement));
+  cache_.emplace(std::move(key), exe);
+  return exe;
+}
+
+int64_t PjrtBackend::num_compiles() const {
+  pw::MutexLock lock(&mu_);
+  return num_compiles_;
+}
+
+}  // namespace pw::pjrt

@@ -1,0 +1,57 @@
+// PjrtBackend: the PJRT client behind a set of runtime devices, with its compile cache.
+//
+// One backend serves every worker of a process that shares it (the embedded cluster gives all its
+// hosts one backend, so an SPMD function's partitions on different in-process hosts are devices of
+// one PJRT client and meet in its collectives); a worker process has its own. The client is created
+// on first use with one PJRT device per runtime device (the CPU plugin's `cpu_device_count`).
+// Executables are cached by fingerprint: the module bytes, the declared PJRT input specs and the
+// partition placement, so workers sharing a backend compile a function for a slice once.
+//
+// Thread-safe. Compiles are serialized (a second caller for the same function waits and hits the
+// cache).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "pw/base/ids.h"
+#include "pw/base/mutex.h"
+#include "pw/pjrt/pjrt_plugin.h"
+
+namespace pw::pjrt {
+
+class PjrtBackend {
+ public:
+  PjrtBackend(std::string plugin_path, std::vector<DeviceId> devices);
+
+  const std::string& plugin_path() const { return plugin_path_; }
+  // The client (loading the plugin and creating it on first use).
+  absl::StatusOr<std::shared_ptr<const PjrtClient>> Client() ABSL_LOCKS_EXCLUDED(mu_);
+  // PJRT device index of runtime device `d`, or -1 if `d` is not one of this backend's devices.
+  int IndexOf(DeviceId d) const;
+  // Compiles (or finds in the cache) `module` with per-partition PJRT input specs `inputs`;
+  // `placement` as in PjrtClient::Compile (empty: portable single-device executable).
+  absl::StatusOr<std::shared_ptr<const PjrtExecutable>> Compile(const std::string& name,
+                                                                const std::string& module,
+                                                                std::vector<ArraySpec> inputs,
+                                                                std::vector<int> placement)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Number of compiles done (cache misses).
+  int64_t num_compiles() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::StatusOr<std::shared_ptr<const PjrtClient>> ClientLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string plugin_path_;
+  const absl::flat_hash_map<DeviceId, int> index_;
+  const int num_devices_;
+  mutable pw::Mutex mu_;
+  std::shared_ptr<const PjrtClient> client_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<const PjrtExecutable>> cache_ ABSL_GUARDED_BY(mu_);
+  int64_t num_compiles_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace pw::pjrt
