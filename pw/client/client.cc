@@ -214,15 +214,22 @@ absl::StatusOr<std::vector<Array>> Program::Call(const std::vector<HostArray>& a
   }
   std::vector<Array> arrays;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (!(args[i].spec == ir_.args[i])) {
-      return absl::InvalidArgumentError(absl::StrCat("program '", ir_.name, "' argument ", i,
-                                                     " expects ", ir_.args[i].ToString(),
-                                                     ", got ", args[i].spec.ToString()));
-    }
-    PW_ASSIGN_OR_RETURN(Array a, client_->Put(args[i], arg_slices_[i], arg_shardings_[i]));
+    PW_ASSIGN_OR_RETURN(Array a, PutArg(i, args[i]));
     arrays.push_back(std::move(a));
   }
   return Run(arrays, mode);
+}
+
+absl::StatusOr<Array> Program::PutArg(size_t i, const HostArray& value) const {
+  if (i >= ir_.args.size())
+    return absl::InvalidArgumentError(absl::StrCat("program '", ir_.name, "' takes ",
+                                                   ir_.args.size(), " arguments, not ", i + 1));
+  if (!(value.spec == ir_.args[i])) {
+    return absl::InvalidArgumentError(absl::StrCat("program '", ir_.name, "' argument ", i,
+                                                   " expects ", ir_.args[i].ToString(), ", got ",
+                                                   value.spec.ToString()));
+  }
+  return client_->Put(value, arg_slices_[i], arg_shardings_[i]);
 }
 
 absl::StatusOr<std::vector<Array>> BoundFunction::Call(const std::vector<Array>& inputs,

@@ -138,6 +138,8 @@ class Program {
   // Puts host arguments where the program first uses them, then runs.
   absl::StatusOr<std::vector<Array>> Call(const std::vector<HostArray>& args,
                                           DispatchMode mode = DispatchMode::kParallel) const;
+  // Puts one host argument where the program first uses it (its spec must match argument i's).
+  absl::StatusOr<Array> PutArg(size_t i, const HostArray& value) const;
 
  private:
   friend class Client;

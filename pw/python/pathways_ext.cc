@@ -117,26 +117,36 @@ NB_MODULE(_pathways, m) {
         return f(inputs);
       });
 
-  nb::class_<Program>(m, "Program")
-      .def("explain", [](const Program& p) { return Unwrap(p.Explain()); })
-      .def("call", [](const Program& p, const std::vector<AnyArray>& args) {
-        std::vector<HostArray> hosts;
-        for (const auto& a : args) hosts.push_back(ToHostArray(a));
-        std::vector<Array> outs;
+  // A device-resident array: a handle to a buffer in the object store.
+  nb::class_<Array>(m, "Array")
+      .def_prop_ro("spec", [](const Array& a) { return SpecTuple(a.spec()); })
+      .def("wait", [](const Array& a) {  // Raises the producing run's error, if any.
+        absl::Status s;
         {
           nb::gil_scoped_release release;
-          outs = Unwrap(p.Call(hosts));
+          s = a.Ready().Await();
         }
-        std::vector<nb::object> result;
-        for (const Array& o : outs) {
-          absl::StatusOr<HostArray> h;
-          {
-            nb::gil_scoped_release release;
-            h = o.ToHost();
-          }
-          result.push_back(ToNumpy(Unwrap(std::move(h))));
+        Check(s);
+      })
+      .def("to_numpy", [](const Array& a) {
+        absl::StatusOr<HostArray> h;
+        {
+          nb::gil_scoped_release release;
+          h = a.ToHost();
         }
-        return result;
+        return ToNumpy(Unwrap(std::move(h)));
+      });
+
+  nb::class_<Program>(m, "Program")
+      .def("explain", [](const Program& p) { return Unwrap(p.Explain()); })
+      .def("put_arg", [](const Program& p, size_t i, const AnyArray& value) {
+        HostArray h = ToHostArray(value);
+        nb::gil_scoped_release release;
+        return Unwrap(p.PutArg(i, h));
+      })
+      .def("run", [](const Program& p, const std::vector<Array>& args) {
+        nb::gil_scoped_release release;
+        return Unwrap(p.Run(args));
       });
 
   nb::class_<Client>(m, "Client")
@@ -158,13 +168,15 @@ NB_MODULE(_pathways, m) {
           [](Client& c, const std::string& name, nb::bytes module,
              const std::vector<std::pair<std::string, std::vector<int64_t>>>& inputs,
              const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
-             const Slice& slice) {
-            StableHloFunctionDef def{name, std::string(module.c_str(), module.size()), {}, {}};
+             const Slice& slice, int num_partitions) {
+            StableHloFunctionDef def{name, std::string(module.c_str(), module.size()), {}, {},
+                                     num_partitions};
             for (const auto& [d, s] : inputs) def.inputs.push_back(SpecOf(d, s));
             for (const auto& [d, s] : outputs) def.outputs.push_back(SpecOf(d, s));
             return Unwrap(c.Pmap(FunctionDef(std::move(def)), slice));
           },
-          nb::keep_alive<0, 1>())
+          nb::arg("name"), nb::arg("module"), nb::arg("inputs"), nb::arg("outputs"),
+          nb::arg("slice"), nb::arg("num_partitions") = 1, nb::keep_alive<0, 1>())
       .def(
           "trace",
           [](Client& c, const std::string& name,

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _pathways
 
-__all__ = ["make_virtual_device_set", "pmap", "program", "VirtualDeviceSet", "Slice"]
+__all__ = ["make_virtual_device_set", "pmap", "program", "Array", "VirtualDeviceSet", "Slice"]
 
 _lock = threading.Lock()
 _cluster = None
@@ -84,38 +84,125 @@ def _spec(shape, dtype):
     return (_DTYPES[np.dtype(dtype).name], list(shape))
 
 
-class _Pmapped:
-    """A JAX function mapped over a slice: one shard per device along the leading axis."""
+class Array:
+    """A result of the runtime: a handle to a sharded buffer that stays on the devices.
 
-    def __init__(self, fn, devices: Slice):
+    Returned before the computation finishes (dispatch is asynchronous). Pass it to another
+    program to keep the data on the devices; `block_until_ready()` waits for it (raising the
+    producing run's error, if any); `numpy.asarray(a)` copies it to the host.
+    """
+
+    __slots__ = ("_handle", "_value")
+
+    def __init__(self, handle):
+        self._handle = handle
+        self._value = None
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(self._handle.spec[1])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return _np_dtype(self._handle.spec[0])
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def block_until_ready(self) -> "Array":
+        self._handle.wait()
+        return self
+
+    def __array__(self, dtype=None, copy=None):
+        if self._value is None:
+            self._value = self._handle.to_numpy()
+        return self._value if dtype is None else self._value.astype(dtype)
+
+    def __repr__(self):
+        return repr(np.asarray(self))
+
+    def __str__(self):
+        return str(np.asarray(self))
+
+
+class _Pmapped:
+    """A JAX function mapped over a slice: one shard per device along the leading axis.
+
+    Without an axis name each shard is computed alone (one per-shard XLA computation, compiled
+    once). With one, the function may use collectives over that axis (jax.lax.psum, all_gather,
+    ...): it is exported as one SPMD computation over the slice's devices (jax.shard_map).
+    Arguments and results may be pytrees of arrays.
+    """
+
+    def __init__(self, fn, devices: Slice, axis_name=None):
         self._fn = fn
         self._slice = devices
-        self._bound = {}  # per-shard input specs -> BoundFunction
+        self._axis = axis_name
+        self._bound = {}  # (per-shard input specs, input tree) -> (BoundFunction, output tree)
         self._name = getattr(fn, "__name__", "fn").replace("<lambda>", "lambda")
+        self._op_program = None
 
-    def _bind(self, shard_specs):
-        key = tuple((d, tuple(s)) for d, s in shard_specs)
-        if key not in self._bound:
-            import jax
-            with jax.enable_x64(any(d in ("f64", "s64") for d, _ in shard_specs)):
+    def _export(self, tree, shard_specs):
+        import jax
+        n = self._slice.num_devices
+        out_tree = {}
+
+        def flat_fn(*leaves):  # One shard's view.
+            out = self._fn(*jax.tree_util.tree_unflatten(tree, leaves))
+            flat, out_tree["tree"] = jax.tree_util.tree_flatten(out)
+            return flat
+
+        with jax.enable_x64(any(d in ("f64", "s64") for d, _ in shard_specs)):
+            if self._axis is None:
                 args = [jax.ShapeDtypeStruct(tuple(s), _np_dtype(d)) for d, s in shard_specs]
-                exported = jax.export.export(jax.jit(self._fn))(*args)
-            outs = [_spec(a.shape, a.dtype) for a in exported.out_avals]
-            self._bound[key] = _default_client().pmap_stablehlo(
-                self._name, exported.mlir_module_serialized, list(shard_specs), outs,
-                self._slice._handle)
+                exported = jax.export.export(jax.jit(flat_fn))(*args)
+                outs = [_spec(a.shape, a.dtype) for a in exported.out_avals]
+            else:
+                from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
+                mesh = AbstractMesh((n,), (self._axis,))
+
+                def per_device(*blocks):  # Partition i holds row i: pmap's view of it.
+                    return [y[None] for y in flat_fn(*(b[0] for b in blocks))]
+
+                mapped = jax.shard_map(per_device, mesh=mesh, in_specs=P(self._axis),
+                                       out_specs=P(self._axis))
+                args = [jax.ShapeDtypeStruct((n, *s), _np_dtype(d),
+                                             sharding=NamedSharding(mesh, P(self._axis)))
+                        for d, s in shard_specs]
+                exported = jax.export.export(jax.jit(mapped))(*args)
+                outs = [_spec(a.shape[1:], a.dtype) for a in exported.out_avals]
+        return exported.mlir_module_serialized, outs, out_tree["tree"]
+
+    def _bind(self, tree, shard_specs):
+        key = (tree, tuple((d, tuple(s)) for d, s in shard_specs))
+        if key not in self._bound:
+            module, outs, out_tree = self._export(tree, shard_specs)
+            partitions = 1 if self._axis is None else self._slice.num_devices
+            bound = _default_client().pmap_stablehlo(
+                self._name, module, list(shard_specs), outs, self._slice._handle, partitions)
+            self._bound[key] = (bound, out_tree)
         return self._bound[key]
 
     def __call__(self, *args):
-        if args and all(isinstance(a, _pathways.Value) for a in args):
+        import jax
+        leaves, tree = jax.tree_util.tree_flatten(args)
+        if leaves and all(isinstance(a, _pathways.Value) for a in leaves):
             shard_specs = []
-            for a in args:
+            for a in leaves:
                 dtype, shape = a.spec
+                if not shape:
+                    raise ValueError(f"{self._name}: pmap needs a leading device axis; "
+                                     f"got a scalar argument")
                 shard_specs.append((dtype, list(shape)[1:]))  # pmap: drop the device axis
-            outs = self._bind(shard_specs)(list(args))
-            return outs[0] if len(outs) == 1 else tuple(outs)
-        # Outside a program: run as its own one-node program.
-        return program(self)(*args)
+            bound, out_tree = self._bind(tree, shard_specs)
+            return jax.tree_util.tree_unflatten(out_tree, bound(leaves))
+        # Outside a program: run as its own one-node program (traced once per input specs).
+        if self._op_program is None:
+            op = lambda *a: self(*a)  # noqa: E731
+            op.__name__ = self._name
+            self._op_program = _Program(op)
+        return self._op_program(*args)
 
 
 def _np_dtype(name: str):
@@ -125,42 +212,67 @@ def _np_dtype(name: str):
     raise ValueError(f"unknown dtype {name}")
 
 
-def pmap(fn, devices: Slice):
-    """Binds a jittable JAX function to a slice, pmap-style (leading axis = devices)."""
-    return _Pmapped(fn, devices)
+def pmap(fn, devices: Slice, axis_name=None):
+    """Binds a jittable JAX function to a slice, pmap-style (leading axis = devices).
+
+    With `axis_name`, the function may use collectives over that axis, as under jax.pmap.
+    """
+    return _Pmapped(fn, devices, axis_name)
 
 
 class _Program:
     def __init__(self, fn):
         self._fn = fn
         self._programs = {}
-        self._name = getattr(fn, "__name__", "program")
+        self._name = getattr(fn, "__name__", "program").replace("<lambda>", "lambda")
 
-    def _trace(self, arrays):
-        key = tuple((a.dtype.str, a.shape) for a in arrays)
+    @staticmethod
+    def _leaves(args):
+        import jax
+        leaves, tree = jax.tree_util.tree_flatten(args)
+        out = []
+        for a in leaves:
+            if isinstance(a, Array):
+                out.append(a)
+            else:
+                out.append(np.ascontiguousarray(np.asarray(a)))
+        return out, tree
+
+    def _trace(self, leaves, tree):
+        import jax
+        specs = [(a._handle.spec[0], list(a.shape)) if isinstance(a, Array)
+                 else _spec(a.shape, a.dtype) for a in leaves]
+        key = (tree, tuple((d, tuple(s)) for d, s in specs))
         if key not in self._programs:
             structure = {}
 
             def body(values):
-                out = self._fn(*values)
-                structure["tuple"] = isinstance(out, tuple)
-                return list(out) if isinstance(out, tuple) else [out]
+                out = self._fn(*jax.tree_util.tree_unflatten(tree, values))
+                flat, structure["tree"] = jax.tree_util.tree_flatten(out)
+                return flat
 
-            specs = [_spec(a.shape, a.dtype) for a in arrays]
             prog = _default_client().trace(self._name, specs, body)
-            self._programs[key] = (prog, structure["tuple"])
+            self._programs[key] = (prog, structure["tree"])
         return self._programs[key]
 
     def explain(self, *args) -> str:
-        return self._trace([np.ascontiguousarray(a) for a in args])[0].explain()
+        leaves, tree = self._leaves(args)
+        return self._trace(leaves, tree)[0].explain()
 
     def __call__(self, *args):
-        arrays = [np.ascontiguousarray(np.asarray(a)) for a in args]
-        prog, is_tuple = self._trace(arrays)
-        outs = prog.call(arrays)
-        return tuple(outs) if is_tuple else outs[0]
+        import jax
+        leaves, tree = self._leaves(args)
+        prog, out_tree = self._trace(leaves, tree)
+        handles = [a._handle if isinstance(a, Array) else prog.put_arg(i, a)
+                   for i, a in enumerate(leaves)]
+        outs = [Array(h) for h in prog.run(handles)]
+        return jax.tree_util.tree_unflatten(out_tree, outs)
 
 
 def program(fn):
-    """Traces calls of pmapped functions inside `fn` into one dataflow program."""
+    """Traces calls of pmapped functions inside `fn` into one dataflow program.
+
+    Arguments are numpy arrays or `Array`s (pytrees of them); results are `Array`s, returned as
+    soon as the program is dispatched.
+    """
     return _Program(fn)

@@ -42,3 +42,63 @@ def test_errors_are_python_exceptions_with_the_status_message():
     f = pw.pmap(lambda x: x * 2.0, devices=s)
     with pytest.raises(RuntimeError, match="divisible|expects|sharding"):
         pw.program(lambda v: f(v))(np.zeros((3,), np.float32))  # 3 rows over 2 devices
+
+
+def test_results_are_handles_that_stay_on_the_devices():
+    s = pw.make_virtual_device_set().add_slice(devices=2)
+    inc = pw.pmap(lambda x: x + 1.0, devices=s)
+
+    @pw.program
+    def step(v):
+        return inc(v)
+
+    h = step(np.array([1.0, 2.0], np.float32))
+    assert isinstance(h, pw.Array)
+    assert h.shape == (2,) and h.dtype == np.float32
+    assert h.block_until_ready() is h
+    for _ in range(3):  # Handles feed the next run without a trip through the host.
+        h = step(h)
+    np.testing.assert_array_equal(np.asarray(h), [5.0, 6.0])
+    assert repr(h) == repr(np.array([5.0, 6.0], np.float32))
+
+
+def test_pytrees_in_and_out():
+    s = pw.make_virtual_device_set().add_slice(devices=2)
+    f = pw.pmap(lambda p, x: {"y": p["w"] * x + p["b"], "x": x}, devices=s)
+
+    @pw.program
+    def g(params, x):
+        return f(params, x)
+
+    params = {"w": np.array([2.0, 3.0], np.float32), "b": np.array([1.0, 1.0], np.float32)}
+    out = g(params, np.array([10.0, 20.0], np.float32))
+    assert set(out) == {"x", "y"}
+    np.testing.assert_array_equal(np.asarray(out["y"]), [21.0, 61.0])
+
+
+def test_collectives_inside_a_function_span_the_slice():
+    s = pw.make_virtual_device_set().add_slice(devices=4)
+    import jax
+    total = pw.pmap(lambda x: jax.lax.psum(x, "i"), devices=s, axis_name="i")
+    gathered = pw.pmap(lambda x: jax.lax.all_gather(x, "i").sum(0) - x, devices=s, axis_name="i")
+    x = np.arange(8, dtype=np.float32).reshape(4, 2)
+    np.testing.assert_array_equal(np.asarray(total(x)), np.tile(x.sum(0), (4, 1)))
+
+    @pw.program
+    def both(v):
+        return gathered(total(v))
+
+    np.testing.assert_array_equal(np.asarray(both(x)), np.tile(3 * x.sum(0), (4, 1)))
+
+
+def test_bad_calls_raise_with_the_status_message():
+    s = pw.make_virtual_device_set().add_slice(devices=2)
+    f = pw.pmap(lambda x: x * 2.0, devices=s)
+    prog = pw.program(lambda v: f(v))
+    h = prog(np.ones((2, 3), np.float32))
+    traced = prog._trace(*prog._leaves((np.ones((2, 3), np.float32),)))[0]
+    with pytest.raises(RuntimeError, match=r"argument 0 expects f32\[2,3\], got f32\[2,4\]"):
+        traced.put_arg(0, np.ones((2, 4), np.float32))
+    with pytest.raises((RuntimeError, ValueError), match="expects|leading device axis"):
+        prog(np.float32(1.0))
+    np.testing.assert_array_equal(np.asarray(h), np.full((2, 3), 2.0))  # Still serving.
