@@ -2,10 +2,16 @@
 //
 //   pw example figure2 [--config FILE | --islands I --hosts-per-island H --devices-per-host D]
 //   pw bench dispatch [--islands I] [--hosts H] [--devices-per-host D] [--chain N] [--json]
+//   pw bench xla-overhead [--json] [--min-seconds S] [--chain N] [--sizes N,N,...]
 //   pw kernels
 //
 // Results go to stdout; progress and logs to stderr.
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
 #include <iostream>
 
 #include "CLI/CLI.hpp"
@@ -54,6 +60,12 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"opbyop", "chained", "fused"}));
   dispatch->add_flag("--json", json, "Print one JSON object to stdout");
 
+  // Python: it compares against JAX's own dispatch in the same process (python/pathways).
+  auto* xla_overhead = bench->add_subcommand(
+      "xla-overhead", "An XLA function run by pathways vs by JAX, same CPU, same run (Python)");
+  xla_overhead->allow_extras();
+  xla_overhead->prefix_command();
+
   auto* kernels = app.add_subcommand("kernels", "List the native host kernels");
 
   CLI11_PARSE(app, argc, argv);
@@ -84,6 +96,18 @@ int main(int argc, char** argv) {
       std::printf("%s", pw::DispatchBenchTable(*r).c_str());
     }
     return 0;
+  }
+  if (xla_overhead->parsed()) {
+    const char* env = std::getenv("PW_PYTHON");
+    std::string python = env != nullptr && *env != '\0' ? env : PW_VENV_PYTHON;
+    std::vector<std::string> words = {python, "-m", "pathways.xla_overhead_bench"};
+    for (const std::string& a : xla_overhead->remaining()) words.push_back(a);
+    std::vector<char*> cargv;
+    for (std::string& w : words) cargv.push_back(w.data());
+    cargv.push_back(nullptr);
+    execv(python.c_str(), cargv.data());
+    return Fail(absl::FailedPreconditionError(
+        "cannot run " + python + " (set PW_PYTHON, or run scripts/install-deps.sh and make python)"));
   }
   if (kernels->parsed()) {
     std::printf("%s\n", absl::StrJoin(pw::NativeKernelNames(), "\n").c_str());

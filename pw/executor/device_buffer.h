@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "pw/base/future.h"
+#include "pw/base/mutex.h"
 #include "pw/base/ids.h"
 #include "pw/base/shape.h"
 
@@ -28,9 +29,25 @@ class DeviceBuffer {
   // Copies the contents into `dst` (size_bytes() bytes); the future completes when done.
   virtual Future<> CopyToHost(void* dst) const = 0;
 
+  // A copy of this buffer that another backend made for its own use (e.g. staged into PJRT
+  // memory), kept while this buffer lives: buffers are immutable, so it stays valid. `key` names
+  // the backend, device and layout of the copy. One copy is kept (the last one set).
+  std::shared_ptr<DeviceBuffer> Mirror(const void* key) const {
+    pw::MutexLock lock(&mirror_mu_);
+    return mirror_key_ == key ? mirror_ : nullptr;
+  }
+  void SetMirror(const void* key, std::shared_ptr<DeviceBuffer> copy) const {
+    pw::MutexLock lock(&mirror_mu_);
+    mirror_key_ = key;
+    mirror_ = std::move(copy);
+  }
+
  private:
   const ArraySpec spec_;
   const DeviceId device_;
+  mutable pw::Mutex mirror_mu_;
+  mutable const void* mirror_key_ ABSL_GUARDED_BY(mirror_mu_) = nullptr;
+  mutable std::shared_ptr<DeviceBuffer> mirror_ ABSL_GUARDED_BY(mirror_mu_);
 };
 
 using DeviceBufferRef = std::shared_ptr<DeviceBuffer>;

@@ -42,6 +42,19 @@ class Executable {
   // Runs one shard. The future holds the outputs once they are computed; errors name the
   // function and, where it applies, the op.
   virtual Future<std::vector<DeviceBufferRef>> ExecuteShard(const ShardLaunch& launch) const = 0;
+
+  // One shard's launch as the runtime sees it: `outputs` is ready once the output buffers exist,
+  // which for a backend with its own streams (PJRT) is when the computation is enqueued, before
+  // it has run: consumers on that backend enqueue behind it, and reading the buffers waits for the
+  // data (and reports the computation's error). `computed` is ready when it has run.
+  struct Run {
+    Future<std::vector<DeviceBufferRef>> outputs;
+    Future<> computed;
+  };
+  virtual Run Launch(const ShardLaunch& launch) const {
+    Future<std::vector<DeviceBufferRef>> f = ExecuteShard(launch);
+    return {f, AsStatusFuture(f)};
+  }
 };
 
 using ExecutableRef = std::shared_ptr<const Executable>;

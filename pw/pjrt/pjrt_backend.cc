@@ -1,5 +1,7 @@
 #include "pw/pjrt/pjrt_backend.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
 
@@ -20,7 +22,7 @@ PjrtBackend::PjrtBackend(std::string plugin_path, std::vector<DeviceId> devices)
 
 int PjrtBackend::IndexOf(DeviceId d) const {
   auto it = index_.find(d);
-  return it == index_.end() ? -1 : it->second;
+  return it == index_.end() ? -1 : it->second % pjrt_devices_.load(std::memory_order_acquire);
 }
 
 absl::StatusOr<std::shared_ptr<const PjrtClient>> PjrtBackend::Client() {
@@ -33,12 +35,16 @@ absl::StatusOr<std::shared_ptr<const PjrtClient>> PjrtBackend::ClientLocked() {
   if (plugin_path_.empty())
     return absl::FailedPreconditionError("no PJRT plugin is configured for StableHLO functions");
   PW_ASSIGN_OR_RETURN(auto plugin, PjrtPlugin::Load(plugin_path_));
-  PW_ASSIGN_OR_RETURN(auto client, PjrtClient::Create(plugin, num_devices_));
-  if (client->num_devices() < num_devices_)
-    return absl::FailedPreconditionError(absl::StrCat(
-        "PJRT plugin '", plugin_path_, "' has ", client->num_devices(), " devices, need ",
-        num_devices_));
-  client_ = std::move(client);
+  auto client = PjrtClient::Create(plugin, num_devices_);
+  if (!client.ok()) {
+    // Not a CPU plugin (no cpu_device_count option): use its own devices.
+    auto plain = PjrtClient::Create(plugin, 0);
+    if (!plain.ok()) return client.status();
+    client = std::move(plain);
+  }
+  pjrt_devices_.store(std::max(1, std::min(num_devices_, (*client)->num_devices())),
+                      std::memory_order_release);
+  client_ = *std::move(client);
   return client_;
 }
 
@@ -58,6 +64,11 @@ absl::StatusOr<std::shared_ptr<const PjrtExecutable>> PjrtBackend::Compile(
                       client->Compile(name, module, std::move(inputs), placement));
   cache_.emplace(std::move(key), exe);
   return exe;
+}
+
+const void* PjrtBackend::StagingKey(int device_index, const ArraySpec& spec) {
+  pw::MutexLock lock(&mu_);
+  return &*staging_keys_.insert(absl::StrCat(device_index, "/", spec.ToString())).first;
 }
 
 int64_t PjrtBackend::num_compiles() const {

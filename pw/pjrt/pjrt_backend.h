@@ -3,7 +3,9 @@
 // One backend serves every worker of a process that shares it (the embedded cluster gives all its
 // hosts one backend, so an SPMD function's partitions on different in-process hosts are devices of
 // one PJRT client and meet in its collectives); a worker process has its own. The client is created
-// on first use with one PJRT device per runtime device (the CPU plugin's `cpu_device_count`).
+// on first use with one PJRT device per runtime device (the CPU plugin's `cpu_device_count`); a
+// plugin without that option (a GPU plugin) keeps its own devices, and runtime devices share them
+// round-robin (runtime device i of the backend -> PJRT device i mod count).
 // Executables are cached by fingerprint: the module bytes, the declared PJRT input specs and the
 // partition placement, so workers sharing a backend compile a function for a slice once.
 //
@@ -11,11 +13,13 @@
 // cache).
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/node_hash_set.h"
 #include "absl/status/statusor.h"
 #include "pw/base/ids.h"
 #include "pw/base/mutex.h"
@@ -31,6 +35,7 @@ class PjrtBackend {
   // The client (loading the plugin and creating it on first use).
   absl::StatusOr<std::shared_ptr<const PjrtClient>> Client() ABSL_LOCKS_EXCLUDED(mu_);
   // PJRT device index of runtime device `d`, or -1 if `d` is not one of this backend's devices.
+  // Valid once Client() has succeeded.
   int IndexOf(DeviceId d) const;
   // Compiles (or finds in the cache) `module` with per-partition PJRT input specs `inputs`;
   // `placement` as in PjrtClient::Compile (empty: portable single-device executable).
@@ -39,6 +44,9 @@ class PjrtBackend {
                                                                 std::vector<ArraySpec> inputs,
                                                                 std::vector<int> placement)
       ABSL_LOCKS_EXCLUDED(mu_);
+  // A stable key for buffers staged into this backend's client on `device_index` as `spec`
+  // (DeviceBuffer::Mirror).
+  const void* StagingKey(int device_index, const ArraySpec& spec) ABSL_LOCKS_EXCLUDED(mu_);
   // Number of compiles done (cache misses).
   int64_t num_compiles() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -48,10 +56,12 @@ class PjrtBackend {
   const std::string plugin_path_;
   const absl::flat_hash_map<DeviceId, int> index_;
   const int num_devices_;
+  std::atomic<int> pjrt_devices_{1};  // Set when the client is created.
   mutable pw::Mutex mu_;
   std::shared_ptr<const PjrtClient> client_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const PjrtExecutable>> cache_ ABSL_GUARDED_BY(mu_);
   int64_t num_compiles_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::node_hash_set<std::string> staging_keys_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pw::pjrt

@@ -392,26 +392,41 @@ Future<std::vector<std::shared_ptr<PjrtBuffer>>> PjrtExecutable::Execute(
     absl::Span<const std::shared_ptr<PjrtBuffer>> inputs, int device_index, DeviceId device,
     int launch_id, absl::Span<const ArraySpec> output_views) const {
   using Result = Future<std::vector<std::shared_ptr<PjrtBuffer>>>;
+  auto launched = Launch(inputs, device_index, device, launch_id, output_views);
+  if (!launched.ok()) return Result::Ready(launched.status());
+  Promise<std::vector<std::shared_ptr<PjrtBuffer>>> p;
+  Result f = p.future();
+  launched->computed.OnReady(
+      [p = std::move(p), result = std::move(launched->outputs)](const absl::Status& s) mutable {
+        if (!s.ok()) return p.Set(s);
+        p.Set(std::move(result));
+      });
+  return f;
+}
+
+absl::StatusOr<PjrtExecutable::Launched> PjrtExecutable::Launch(
+    absl::Span<const std::shared_ptr<PjrtBuffer>> inputs, int device_index, DeviceId device,
+    int launch_id, absl::Span<const ArraySpec> output_views) const {
   const std::string where = absl::StrCat("function '", name_, "'");
   if (inputs.size() != inputs_.size()) {
-    return Result::Ready(absl::InvalidArgumentError(absl::StrCat(
-        where, " takes ", inputs_.size(), " inputs, got ", inputs.size())));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " takes ", inputs_.size(), " inputs, got ", inputs.size()));
   }
   if (device_index < 0 || device_index >= static_cast<int>(devices_.size())) {
-    return Result::Ready(absl::InvalidArgumentError(absl::StrCat(
-        where, ": PJRT device ", device_index, " does not exist (", devices_.size(), ")")));
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": PJRT device ", device_index, " does not exist (", devices_.size(), ")"));
   }
   std::vector<PJRT_Buffer*> args;
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (inputs[i]->device_index() != device_index) {
-      return Result::Ready(absl::InvalidArgumentError(absl::StrCat(
+      return absl::InvalidArgumentError(absl::StrCat(
           where, " input ", i, " is on PJRT device ", inputs[i]->device_index(),
-          ", not on device ", device_index)));
+          ", not on device ", device_index));
     }
     if (!(inputs[i]->pjrt_spec() == inputs_[i])) {
-      return Result::Ready(absl::InvalidArgumentError(absl::StrCat(
+      return absl::InvalidArgumentError(absl::StrCat(
           where, " input ", i, " expects ", inputs_[i].ToString(), ", got ",
-          inputs[i]->pjrt_spec().ToString())));
+          inputs[i]->pjrt_spec().ToString()));
     }
     args.push_back(inputs[i]->get());
   }
@@ -432,7 +447,7 @@ Future<std::vector<std::shared_ptr<PjrtBuffer>>> PjrtExecutable::Execute(
   exec.device_complete_events = done;
   exec.execute_device = devices_[device_index];
   absl::Status s = plugin_->Consume(api->PJRT_LoadedExecutable_Execute(&exec), where);
-  if (!s.ok()) return Result::Ready(s);
+  if (!s.ok()) return s;
   if (!output_views.empty() && output_views.size() != num_outputs_) {
     s = absl::InternalError(absl::StrCat(where, ": ", output_views.size(), " output views for ",
                                          num_outputs_, " outputs"));
@@ -462,16 +477,9 @@ Future<std::vector<std::shared_ptr<PjrtBuffer>>> PjrtExecutable::Execute(
   }
   if (!s.ok()) {
     plugin_->Await(done[0], where).status().IgnoreError();  // Completes and destroys the event.
-    return Result::Ready(s);
+    return s;
   }
-  Promise<std::vector<std::shared_ptr<PjrtBuffer>>> p;
-  Result f = p.future();
-  plugin_->Await(done[0], where).OnReady(
-      [p = std::move(p), result = std::move(result)](const absl::Status& s) mutable {
-        if (!s.ok()) return p.Set(s);
-        p.Set(std::move(result));
-      });
-  return f;
+  return Launched{std::move(result), plugin_->Await(done[0], where)};
 }
 
 }  // namespace pw::pjrt

@@ -126,6 +126,16 @@ class PjrtExecutable {
       absl::Span<const std::shared_ptr<PjrtBuffer>> inputs, int device_index = 0,
       DeviceId device = DeviceId(0), int launch_id = 0,
       absl::Span<const ArraySpec> output_views = {}) const;
+  // As Execute, but returns the output buffers as soon as the computation is enqueued (inputs
+  // may themselves still be being computed: PJRT orders the work), with `computed` ready when it
+  // has run. Reading an output waits for its data.
+  struct Launched {
+    std::vector<std::shared_ptr<PjrtBuffer>> outputs;
+    Future<> computed;
+  };
+  absl::StatusOr<Launched> Launch(absl::Span<const std::shared_ptr<PjrtBuffer>> inputs,
+                                  int device_index, DeviceId device, int launch_id = 0,
+                                  absl::Span<const ArraySpec> output_views = {}) const;
 
  private:
   friend class PjrtClient;

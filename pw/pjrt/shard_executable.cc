@@ -11,6 +11,7 @@ absl::StatusOr<ExecutableRef> PjrtShardExecutable::Compile(
     absl::Span<const DeviceId> slice_devices) {
   const int num_shards = static_cast<int>(slice_devices.size());
   PW_RETURN_IF_ERROR(SignatureOf(def, num_shards).status());
+  PW_ASSIGN_OR_RETURN(auto client, backend->Client());
   std::vector<ArraySpec> pjrt_inputs = def.inputs;
   std::vector<int> placement;
   if (def.num_partitions > 1) {
@@ -31,7 +32,6 @@ absl::StatusOr<ExecutableRef> PjrtShardExecutable::Compile(
       placement.push_back(index);
     }
   }
-  PW_ASSIGN_OR_RETURN(auto client, backend->Client());
   PW_ASSIGN_OR_RETURN(std::shared_ptr<const PjrtExecutable> exe,
                       backend->Compile(def.name, def.module, pjrt_inputs, std::move(placement)));
   if (exe->num_outputs() != def.outputs.size()) {
@@ -57,29 +57,50 @@ absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtShardExecutable::Stage(
                                                    " expects ", want.ToString(), ", got ",
                                                    input->spec().ToString()));
   }
-  // Same elements in another layout or memory: through the host, with the declared shape.
+  // Same elements in another layout or memory: through the host, with the declared shape, once.
+  const void* key = backend_->StagingKey(device_index, pjrt_inputs_[i]);
+  if (auto mirror = std::static_pointer_cast<PjrtBuffer>(input->Mirror(key))) return mirror;
   HostArray staged{want, std::vector<uint8_t>(want.size_bytes())};
   PW_RETURN_IF_ERROR(input->CopyToHost(staged.bytes.data()).status());
-  return client_->BufferFromHost(staged, device_index, device, &pjrt_inputs_[i].shape);
+  PW_ASSIGN_OR_RETURN(std::shared_ptr<PjrtBuffer> copy,
+                      client_->BufferFromHost(staged, device_index, device, &pjrt_inputs_[i].shape));
+  input->SetMirror(key, copy);
+  return copy;
 }
 
 Future<std::vector<DeviceBufferRef>> PjrtShardExecutable::ExecuteShard(
     const ShardLaunch& launch) const {
-  using Result = Future<std::vector<DeviceBufferRef>>;
+  Run run = Launch(launch);
+  Promise<std::vector<DeviceBufferRef>> p;
+  Future<std::vector<DeviceBufferRef>> f = p.future();
+  run.outputs.OnReady([p = std::move(p), computed = run.computed](
+                          const absl::StatusOr<std::vector<DeviceBufferRef>>& r) mutable {
+    if (!r.ok()) return p.Set(r.status());
+    computed.OnReady([p = std::move(p), outs = *r](const absl::Status& s) mutable {
+      if (!s.ok()) return p.Set(s);
+      p.Set(std::move(outs));
+    });
+  });
+  return f;
+}
+
+Executable::Run PjrtShardExecutable::Launch(const ShardLaunch& launch) const {
+  using Outputs = Future<std::vector<DeviceBufferRef>>;
+  auto fail = [](absl::Status s) { return Run{Outputs::Ready(s), Future<>::Ready(s)}; };
   const int index = backend_->IndexOf(launch.device);
   if (index < 0) {
-    return Result::Ready(absl::InternalError(absl::StrCat(
+    return fail(absl::InternalError(absl::StrCat(
         "function '", def_.name, "': ", launch.device.ToString(), " has no PJRT device here")));
   }
   if (launch.inputs.size() != def_.inputs.size()) {
-    return Result::Ready(absl::InvalidArgumentError(absl::StrCat(
+    return fail(absl::InvalidArgumentError(absl::StrCat(
         "function '", def_.name, "' takes ", def_.inputs.size(), " inputs, got ",
         launch.inputs.size())));
   }
   std::vector<std::shared_ptr<PjrtBuffer>> inputs;
   for (size_t i = 0; i < launch.inputs.size(); ++i) {
     auto b = Stage(launch.inputs[i], i, index, launch.device);
-    if (!b.ok()) return Result::Ready(b.status());
+    if (!b.ok()) return fail(b.status());
     inputs.push_back(*std::move(b));
   }
   // The partitions of one launch (one node of one run) share its id; nonzero.
@@ -87,15 +108,11 @@ Future<std::vector<DeviceBufferRef>> PjrtShardExecutable::ExecuteShard(
       exe_->num_partitions() > 1
           ? static_cast<int>((absl::HashOf(launch.key.run, launch.key.node) & 0x7fffffff) | 1)
           : 0;
-  Promise<std::vector<DeviceBufferRef>> p;
-  Result f = p.future();
-  exe_->Execute(inputs, index, launch.device, launch_id, def_.outputs)
-      .OnReady([p = std::move(p)](
-                   const absl::StatusOr<std::vector<std::shared_ptr<PjrtBuffer>>>& r) mutable {
-        if (!r.ok()) return p.Set(r.status());
-        p.Set(std::vector<DeviceBufferRef>(r->begin(), r->end()));
-      });
-  return f;
+  auto launched = exe_->Launch(inputs, index, launch.device, launch_id, def_.outputs);
+  if (!launched.ok()) return fail(launched.status());
+  return Run{Outputs::Ready(std::vector<DeviceBufferRef>(launched->outputs.begin(),
+                                                         launched->outputs.end())),
+             launched->computed};
 }
 
 }  // namespace pw::pjrt

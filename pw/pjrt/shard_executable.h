@@ -11,8 +11,10 @@
 //   of the slice's devices must belong to the same PJRT backend (one process: the CPU plugin has
 //   no multi-process collectives); otherwise compiling fails, naming the device.
 // Inputs that are not already PJRT buffers of the right shape on that device (native kernels'
-// outputs, put arrays) are staged through host memory. Outputs are PJRT buffers owned by the
-// plugin; completion is the PJRT execution event.
+// outputs, put arrays) are staged through host memory, once per buffer (the staged copy is kept
+// as the buffer's mirror). Outputs are PJRT buffers owned by the plugin, handed on as soon as the
+// computation is enqueued (Launch), so chains of XLA computations queue up inside PJRT; the
+// PJRT execution event is their completion.
 //
 // Thread-safe and immutable.
 #pragma once
@@ -41,6 +43,8 @@ class PjrtShardExecutable final : public Executable {
   const std::vector<ArraySpec>& input_specs() const override { return def_.inputs; }
   const std::vector<ArraySpec>& output_specs() const override { return def_.outputs; }
   Future<std::vector<DeviceBufferRef>> ExecuteShard(const ShardLaunch& launch) const override;
+  // Outputs as soon as the partition is enqueued on its PJRT device.
+  Run Launch(const ShardLaunch& launch) const override;
 
  private:
   PjrtShardExecutable(std::shared_ptr<PjrtBackend> backend,

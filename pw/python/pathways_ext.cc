@@ -14,6 +14,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "pw/client/client.h"
 #include "pw/embedded/embedded_cluster.h"
 
@@ -90,6 +91,9 @@ std::pair<std::string, std::vector<int64_t>> SpecTuple(const ArraySpec& s) {
 NB_MODULE(_pathways, m) {
   using namespace pw;
   m.doc() = "pathways: single-controller asynchronous distributed dataflow (C++ core)";
+  // As in the CLI: Debian's abseil has debug deadlock detection on, which walks a global graph on
+  // every Mutex destruction (one per future) and dominated dispatch profiles.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
   nb::class_<EmbeddedCluster>(m, "EmbeddedCluster")
       .def_static(
@@ -177,6 +181,16 @@ NB_MODULE(_pathways, m) {
           },
           nb::arg("name"), nb::arg("module"), nb::arg("inputs"), nb::arg("outputs"),
           nb::arg("slice"), nb::arg("num_partitions") = 1, nb::keep_alive<0, 1>())
+      .def(
+          "put",
+          [](Client& c, const Slice& slice, const AnyArray& value) {
+            HostArray h = ToHostArray(value);
+            if (h.spec.shape.rank() == 0)
+              throw std::invalid_argument("device_put needs a leading device axis; got a scalar");
+            nb::gil_scoped_release release;
+            return Unwrap(c.Put(h, slice.info().id,
+                                Sharding::Split({slice.num_devices()}, h.spec.shape.rank(), 0)));
+          })
       .def(
           "trace",
           [](Client& c, const std::string& name,

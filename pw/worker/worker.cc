@@ -193,22 +193,30 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
             launch.slice_devices = std::get<ComputeWork>(node.work).slice_devices;
             launch.device = device_id;
             launch.collectives = collectives_;
-            // Native kernels complete before returning; a backend with completion events
-            // completes later, and the device moves on to its next item meanwhile.
-            exe->ExecuteShard(launch).OnReady(
-                [work, &node, device_id, outputs = std::move(outputs), shard_done,
-                 collectives = collectives_](
+            // Native kernels complete before returning; a backend with its own streams (PJRT)
+            // hands its output buffers on once the computation is enqueued, and the device moves
+            // on to its next item meanwhile. The shard is done when the computation has run.
+            Executable::Run run = exe->Launch(launch);
+            // Fails this shard: its outputs (if not yet handed on) and its launch's collectives.
+            auto fail = [work, &node, device_id, shard_done, collectives = collectives_](
+                            const absl::Status& status,
+                            std::vector<Promise<DeviceBufferRef>>* outs) {
+              absl::Status error = Annotate(status, NodeWhere(*work, node, device_id));
+              // Other shards may be waiting in a collective this shard will never reach.
+              collectives->FailLaunch(work->run.value(), node.node, error);
+              if (outs != nullptr)
+                for (auto& p : *outs) p.Set(error);
+              shard_done->Done(error);
+            };
+            run.outputs.OnReady(
+                [outputs = std::move(outputs), computed = run.computed, fail, shard_done](
                     const absl::StatusOr<std::vector<DeviceBufferRef>>& r) mutable {
-                  if (r.ok()) {
-                    for (size_t k = 0; k < outputs.size(); ++k) outputs[k].Set((*r)[k]);
-                    shard_done->Done();
-                    return;
-                  }
-                  absl::Status error = Annotate(r.status(), NodeWhere(*work, node, device_id));
-                  // Other shards may be waiting in a collective this shard will never reach.
-                  collectives->FailLaunch(work->run.value(), node.node, error);
-                  for (auto& p : outputs) p.Set(error);
-                  shard_done->Done(error);
+                  if (!r.ok()) return fail(r.status(), &outputs);
+                  for (size_t k = 0; k < outputs.size(); ++k) outputs[k].Set((*r)[k]);
+                  computed.OnReady([fail, shard_done](const absl::Status& s) {
+                    if (s.ok()) return shard_done->Done();
+                    fail(s, nullptr);
+                  });
                 });
             return;
           }

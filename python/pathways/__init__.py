@@ -22,7 +22,7 @@ import numpy as np
 
 from . import _pathways
 
-__all__ = ["make_virtual_device_set", "pmap", "program", "Array", "VirtualDeviceSet", "Slice"]
+__all__ = ["make_virtual_device_set", "pmap", "program", "device_put", "Array", "VirtualDeviceSet", "Slice"]
 
 _lock = threading.Lock()
 _cluster = None
@@ -267,6 +267,11 @@ class _Program:
                    for i, a in enumerate(leaves)]
         outs = [Array(h) for h in prog.run(handles)]
         return jax.tree_util.tree_unflatten(out_tree, outs)
+
+
+def device_put(x, devices: Slice) -> Array:
+    """Puts a numpy array on a slice, pmap-style: row i of the leading axis on device i."""
+    return Array(_default_client().put(devices._handle, np.ascontiguousarray(np.asarray(x))))
 
 
 def program(fn):

@@ -1,3 +1,4 @@
+import os
 import pathlib
 import subprocess
 import sys
@@ -102,3 +103,14 @@ def test_bad_calls_raise_with_the_status_message():
     with pytest.raises((RuntimeError, ValueError), match="expects|leading device axis"):
         prog(np.float32(1.0))
     np.testing.assert_array_equal(np.asarray(h), np.full((2, 3), 2.0))  # Still serving.
+
+
+def test_mlp_data_parallel_matches_single_device_training():
+    env = dict(os.environ, PW_ISLANDS="2", PW_HOSTS_PER_ISLAND="2", PW_DEVICES_PER_HOST="2")
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "mlp_dp.py"), "--steps", "12"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert sum(line.startswith("step") for line in lines) == 12
+    assert any(line.startswith("held-out accuracy") for line in lines)
+    assert lines[-1].endswith(": OK"), lines[-1]

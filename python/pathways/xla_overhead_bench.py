@@ -1,0 +1,140 @@
+"""pw bench xla-overhead: our dispatch of an XLA computation vs JAX's own, same CPU, same run.
+
+The same jitted function, f(x, w) = tanh(x @ w) / 2 on n x n float32 matrices, at sizes from about
+10 µs to about 10 ms of compute, is run back to back (each output feeding the next call):
+
+- jax:      a Python loop of `x = f(x, w)` with JAX's dispatch (jaxlib's CPU client), blocked at
+            the end of each batch;
+- pathways: `f` bound with pw.pmap to a one-device slice, `chain` calls of it traced into one
+            program (parallel asynchronous dispatch in C++), the program run back to back with its
+            result handle fed to the next run;
+- pathways_opbyop_per_second: one pathways call per Python call (a one-node program each).
+
+compute_us is the device time of one call: the fastest of several synchronous JAX calls.
+Prints one JSON object to stdout: {"results": [{"compute_us", "pathways_per_second",
+"jax_per_second", "ratio", ...}], ...}; progress goes to stderr.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+SIZES = (16, 64, 128, 256, 512)
+
+
+def _log(*args):
+    print(*args, file=sys.stderr, flush=True)
+
+
+def _rate(run_batch, calls_per_batch: int, min_seconds: float) -> float:
+    run_batch()  # Warm-up (compiles, first transfers).
+    calls, start = 0, time.perf_counter()
+    while True:
+        run_batch()
+        calls += calls_per_batch
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_seconds:
+            return calls / elapsed
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="pw bench xla-overhead")
+    parser.add_argument("--json", action="store_true", help="print one JSON object to stdout")
+    parser.add_argument("--min-seconds", type=float, default=1.0)
+    parser.add_argument("--chain", type=int, default=32, help="calls per traced program")
+    parser.add_argument("--sizes", type=str, default=",".join(map(str, SIZES)))
+    args = parser.parse_args(argv)
+
+    import jax
+    import jax.numpy as jnp
+
+    import pathways as pw
+
+    def f(x, w):
+        return jnp.tanh(x @ w) * 0.5
+
+    jf = jax.jit(f)
+    devices = pw.make_virtual_device_set().add_slice(devices=1)
+    pf = pw.pmap(f, devices=devices)
+
+    @pw.program
+    def chain(x, w):
+        for _ in range(args.chain):
+            x = pf(x, w)
+        return x
+
+    results = []
+    for n in (int(s) for s in args.sizes.split(",")):
+        rng = np.random.default_rng(n)
+        x0 = rng.standard_normal((n, n)).astype(np.float32)
+        w0 = (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
+
+        # Compute time of one call: fastest of synchronous JAX calls.
+        xj, wj = jnp.asarray(x0), jnp.asarray(w0)
+        jf(xj, wj).block_until_ready()
+        best = float("inf")
+        for _ in range(20):
+            t0 = time.perf_counter()
+            jf(xj, wj).block_until_ready()
+            best = min(best, time.perf_counter() - t0)
+        compute_us = best * 1e6
+        batch = max(1, min(args.chain, int(0.05 / best)))  # JAX blocks every ~50 ms.
+
+        def jax_batch():
+            y = xj
+            for _ in range(batch):
+                y = jf(y, wj)
+            y.block_until_ready()
+
+        jax_rate = _rate(jax_batch, batch, args.min_seconds)
+
+        # Pathways: arguments put once on the slice; every run chains `chain` calls.
+        x_dev = pw.device_put(x0[None], devices)
+        w_handle = pw.device_put(w0[None], devices)
+
+        def pw_batch():
+            y = x_dev
+            for _ in range(max(1, batch // args.chain)):
+                y = chain(y, w_handle)
+            y.block_until_ready()
+
+        pw_rate = _rate(pw_batch, max(1, batch // args.chain) * args.chain, args.min_seconds)
+
+        def pw_opbyop_batch():
+            y = x_dev
+            for _ in range(batch):
+                y = pf(y, w_handle)
+            y.block_until_ready()
+
+        opbyop_rate = _rate(pw_opbyop_batch, batch, args.min_seconds / 2)
+        # Same result as JAX (both are XLA on this CPU).
+        y_pw = np.asarray(chain(x0[None], w0[None]))[0]
+        y_jax = x0
+        for _ in range(args.chain):
+            y_jax = np.asarray(jf(y_jax, w0))
+        agree = bool(np.allclose(y_pw, y_jax, rtol=1e-4, atol=1e-5))
+        row = {"n": n, "compute_us": round(compute_us, 2),
+               "pathways_per_second": round(pw_rate, 1), "jax_per_second": round(jax_rate, 1),
+               "ratio": round(pw_rate / jax_rate, 3),
+               "pathways_opbyop_per_second": round(opbyop_rate, 1), "results_agree": agree}
+        _log(json.dumps(row))
+        results.append(row)
+
+    out = {"benchmark": "xla-overhead", "chain": args.chain, "min_seconds": args.min_seconds,
+           "results": results}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for r in results:
+            print(f"compute {r['compute_us']:10.1f} us  pathways {r['pathways_per_second']:9.1f}/s"
+                  f"  jax {r['jax_per_second']:9.1f}/s  ratio {r['ratio']:.3f}"
+                  f"  (op-by-op {r['pathways_opbyop_per_second']:.1f}/s)")
+    return 0 if all(r["results_agree"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
