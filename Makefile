@@ -39,7 +39,7 @@ tsan: deps
 	cmake --build build-tsan -j $(JOBS)
 	# The prebuilt PJRT plugin is not TSan-instrumented (its locks are invisible to TSan), so the
 	# PJRT tests run in the other builds only.
-	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan.supp" ctest --output-on-failure -j $(JOBS) -E "^(Pjrt|XlaFunctions)"
+	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan.supp" ctest --output-on-failure -j $(JOBS) -E "^(Pjrt|Xla)"
 
 clean:
 	rm -rf $(BUILD_DIR) build-asan build-tsan build-python
