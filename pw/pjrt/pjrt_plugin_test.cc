@@ -1,4 +1,5 @@
 #include "pw/pjrt/pjrt_plugin.h"
+#include "pw/pjrt/pjrt_backend.h"
 
 #include <fstream>
 #include <sstream>
@@ -166,6 +167,29 @@ TEST_F(PjrtTest, SpmdPartitionsLaunchedSeparatelyMeetInTheirCollective) {
     }
   }
   EXPECT_FALSE(four->Compile("psum4", "x", {block}, std::vector<int>{0, 9}).ok());
+}
+
+// The backend's compile cache: one compile per (function, specs, placement), shared by callers.
+TEST(PjrtBackendTest, CompilesOncePerFingerprint) {
+  auto backend = std::make_shared<PjrtBackend>(
+      PW_PJRT_CPU_PLUGIN, std::vector<DeviceId>{DeviceId(7), DeviceId(3), DeviceId(5), DeviceId(1)});
+  ASSERT_TRUE(backend->Client().ok());
+  EXPECT_EQ(backend->IndexOf(DeviceId(5)), 2);
+  EXPECT_EQ(backend->IndexOf(DeviceId(2)), -1);
+  const std::string module = ReadFile(std::string(PW_STABLEHLO_TESTDATA) + "/psum2.mlirbc");
+  const ArraySpec block{DType::kF32, Shape({1, 3})};
+  auto a = backend->Compile("psum2", module, {block}, {0, 1});
+  auto b = backend->Compile("psum2", module, {block}, {0, 1});
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status();
+  EXPECT_EQ(a->get(), b->get());
+  EXPECT_EQ(backend->num_compiles(), 1);
+  auto c = backend->Compile("psum2", module, {block}, {2, 3});  // Another slice: its own compile.
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_NE(a->get(), c->get());
+  EXPECT_EQ(backend->num_compiles(), 2);
+  EXPECT_FALSE(backend->Compile("bad", "not stablehlo", {block}, {}).ok());
+  EXPECT_FALSE(backend->Compile("bad", "not stablehlo", {block}, {}).ok());  // Errors not cached.
+  EXPECT_EQ(backend->num_compiles(), 4);
 }
 
 }  // namespace
