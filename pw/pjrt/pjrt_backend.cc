@@ -67,7 +67,7 @@ absl::StatusOr<std::shared_ptr<const PjrtExecutable>> PjrtBackend::Compile(
 }
 
 const void* PjrtBackend::StagingKey(int device_index, const ArraySpec& spec) {
-  pw::MutexLock lock(&mu_);
+  pw::MutexLock lock(&keys_mu_);
   return &*staging_keys_.insert(absl::StrCat(device_index, "/", spec.ToString())).first;
 }
 

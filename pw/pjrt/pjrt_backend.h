@@ -46,7 +46,7 @@ class PjrtBackend {
       ABSL_LOCKS_EXCLUDED(mu_);
   // A stable key for buffers staged into this backend's client on `device_index` as `spec`
   // (DeviceBuffer::Mirror).
-  const void* StagingKey(int device_index, const ArraySpec& spec) ABSL_LOCKS_EXCLUDED(mu_);
+  const void* StagingKey(int device_index, const ArraySpec& spec) ABSL_LOCKS_EXCLUDED(keys_mu_);
   // Number of compiles done (cache misses).
   int64_t num_compiles() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -61,7 +61,9 @@ class PjrtBackend {
   std::shared_ptr<const PjrtClient> client_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const PjrtExecutable>> cache_ ABSL_GUARDED_BY(mu_);
   int64_t num_compiles_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::node_hash_set<std::string> staging_keys_ ABSL_GUARDED_BY(mu_);
+  // Its own lock: staging on a device thread must not wait behind a compile holding mu_.
+  pw::Mutex keys_mu_;
+  absl::node_hash_set<std::string> staging_keys_ ABSL_GUARDED_BY(keys_mu_);
 };
 
 }  // namespace pw::pjrt
