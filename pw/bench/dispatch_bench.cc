@@ -56,10 +56,23 @@ absl::StatusOr<std::vector<DispatchBenchResult>> RunDispatchBench(const Dispatch
   PW_ASSIGN_OR_RETURN(ClusterSpec spec, ClusterSpec::Uniform(o.islands, o.hosts / o.islands,
                                                              o.devices_per_host));
   PW_ASSIGN_OR_RETURN(auto cluster, EmbeddedCluster::Create(spec));
+  return RunDispatchBenchOn(&cluster->controller(), o);
+}
+
+absl::StatusOr<std::vector<DispatchBenchResult>> RunDispatchBenchOn(ControllerInterface* controller,
+                                                                    DispatchBenchOptions o) {
+  if (o.chain <= 0) return absl::InvalidArgumentError("dispatch bench needs chain > 0");
+  // The slice spans every live device of the cluster.
+  int n = 0;
+  const ClusterStatus status = controller->Status();
+  for (const HostStatus& h : status.hosts)
+    for (const DeviceStatus& d : h.devices) n += d.alive;
+  if (n == 0) return absl::UnavailableError("dispatch bench: the cluster has no live devices");
+  o.hosts = static_cast<int>(status.hosts.size());
+  o.devices_per_host = n / o.hosts;
   std::vector<DispatchBenchResult> results;
   {
-    PW_ASSIGN_OR_RETURN(auto client, Client::Connect(&cluster->controller(), "dispatch-bench"));
-    const int n = o.hosts * o.devices_per_host;
+    PW_ASSIGN_OR_RETURN(auto client, Client::Connect(controller, "dispatch-bench"));
     PW_ASSIGN_OR_RETURN(Slice slice, client->MakeVirtualDeviceSet().AddSlice({.num_devices = n}));
     PW_ASSIGN_OR_RETURN(BoundFunction step, client->Pmap(Steps("step", 1), slice));
     PW_ASSIGN_OR_RETURN(BoundFunction fused, client->Pmap(Steps("fused", o.chain), slice));
@@ -168,14 +181,23 @@ std::string DispatchBenchJson(const DispatchBenchOptions& o,
                             {"computations_per_second", r.computations_per_second},
                             {"overhead_us_per_node", r.overhead_us_per_node}});
   }
+  double chained_overhead = 0;
+  for (const auto& r : results)
+    if (r.workload == "chained" && r.dispatch == "parallel") chained_overhead = r.overhead_us_per_node;
   j["summary"] = {
+      {"cluster", o.cluster.empty() ? "embedded" : o.cluster},
       {"islands", o.islands},
       {"chain", o.chain},
       {"chained_over_fused", cps("chained", "parallel") / cps("fused", "parallel")},
       {"chained_over_opbyop", cps("chained", "parallel") / cps("opbyop", "parallel")},
       {"chained_parallel_over_sequential",
        cps("chained", "parallel") / cps("chained", "sequential")},
+      {"chained_overhead_us_per_node", chained_overhead},
   };
+  if (o.loopback_rtt_us > 0) {
+    j["summary"]["loopback_rtt_us"] = o.loopback_rtt_us;
+    j["summary"]["chained_overhead_over_loopback_rtt"] = chained_overhead / o.loopback_rtt_us;
+  }
   return j.dump(2);
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "pw/transport/controller_interface.h"
 
 namespace pw {
 
@@ -21,6 +22,8 @@ struct DispatchBenchOptions {
   double min_seconds = 0.5;  // Per workload and mode.
   int min_iterations = 3;
   std::string only;  // Run just this workload (opbyop | chained | fused); all when empty.
+  std::string cluster;  // Address of the cluster it ran on (for the JSON); empty: embedded.
+  double loopback_rtt_us = 0;  // Measured in the same run (0: not measured).
 };
 
 struct DispatchBenchResult {
@@ -34,7 +37,12 @@ struct DispatchBenchResult {
   double overhead_us_per_node = 0;  // Time per computation beyond Fused's, same dispatch mode.
 };
 
+// On an embedded cluster of o.islands x o.hosts x o.devices_per_host.
 absl::StatusOr<std::vector<DispatchBenchResult>> RunDispatchBench(const DispatchBenchOptions& o);
+// On a running cluster (e.g. a RemoteController), over a slice of all its live devices; the
+// results' hosts and devices_per_host describe that cluster.
+absl::StatusOr<std::vector<DispatchBenchResult>> RunDispatchBenchOn(ControllerInterface* controller,
+                                                                    DispatchBenchOptions o);
 
 // {"results": [...], "summary": {...ratios measured in this run...}}
 std::string DispatchBenchJson(const DispatchBenchOptions& o,

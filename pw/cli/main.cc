@@ -1,7 +1,17 @@
 // pw: the pathways command line.
 //
-//   pw example figure2 [--config FILE | --islands I --hosts-per-island H --devices-per-host D]
-//   pw bench dispatch [--islands I] [--hosts H] [--devices-per-host D] [--chain N] [--json]
+//   pw up [--config FILE | --islands I --hosts-per-island H --devices-per-host D] [--detach]
+//   pw status [--json] [--cluster ADDRESS]
+//   pw down
+//   pw controller --config FILE [--listen ADDR] [--address-file F]   (started by pw up)
+//   pw worker --controller ADDR --host N [--listen ADDR]             (started by pw up)
+//   pw example figure2 [--cluster ADDRESS | --config FILE | --islands I --hosts-per-island H ...]
+//   pw bench dispatch [--cluster ADDRESS | --islands I --hosts H --devices-per-host D] [--chain N]
+//                     [--json]
+//
+// Client commands use --cluster ADDRESS, else $PW_CLUSTER, else the cluster `pw up` started
+// most recently (if it is running), else an embedded cluster in this process. Servers listening
+// on a non-loopback address need a token (--token or $PW_TOKEN); clients send $PW_TOKEN.
 //   pw bench xla-overhead [--json] [--min-seconds S] [--chain N] [--sizes N,N,...]
 //   pw kernels
 //
@@ -13,19 +23,54 @@
 #include <string>
 #include <vector>
 #include <iostream>
+#include <set>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_join.h"
 #include "pw/base/mutex.h"
 #include "pw/bench/dispatch_bench.h"
+#include "pw/bench/loopback_rtt.h"
+#include "pw/cli/cluster_commands.h"
 #include "pw/embedded/embedded_cluster.h"
 #include "pw/examples/figure2.h"
+#include "pw/rpc/remote_controller.h"
+#include "pw/server/local_cluster.h"
 
 namespace {
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "pw: %s\n", s.ToString().c_str());
   return 1;
+}
+
+std::string EnvToken() {
+  const char* t = std::getenv("PW_TOKEN");
+  return t == nullptr ? "" : t;
+}
+
+// The controller a client command talks to: a remote one, or an embedded cluster's.
+struct Target {
+  std::unique_ptr<pw::rpc::RemoteController> remote;
+  std::unique_ptr<pw::EmbeddedCluster> embedded;
+  pw::ControllerInterface* controller = nullptr;
+};
+
+absl::StatusOr<Target> Connect(const std::string& cluster_flag, const pw::ClusterSpec& spec) {
+  Target t;
+  const std::string address = pw::server::ClusterAddress(cluster_flag);
+  if (!address.empty()) {
+    auto remote = pw::rpc::RemoteController::Dial(address, {.token = EnvToken()});
+    if (!remote.ok()) return remote.status();
+    t.remote = *std::move(remote);
+    t.controller = t.remote.get();
+    std::fprintf(stderr, "pw: using the cluster at %s\n", address.c_str());
+    return t;
+  }
+  auto cluster = pw::EmbeddedCluster::Create(spec);
+  if (!cluster.ok()) return cluster.status();
+  t.embedded = *std::move(cluster);
+  t.controller = &t.embedded->controller();
+  return t;
 }
 
 }  // namespace
@@ -45,6 +90,9 @@ int main(int argc, char** argv) {
   fig2->add_option("--hosts-per-island", hosts_per_island, "Hosts per island");
   fig2->add_option("--devices-per-host", devices_per_host, "Devices per host");
   fig2->add_flag("--explain", explain, "Print the program's sharded dataflow graph to stderr");
+  std::string cluster;
+  fig2->add_option("--cluster", cluster, "Address of a running cluster (default: $PW_CLUSTER, "
+                                         "else the last `pw up` cluster, else embedded)");
 
   auto* bench = app.add_subcommand("bench", "Run a benchmark");
   bench->require_subcommand(1);
@@ -59,6 +107,9 @@ int main(int argc, char** argv) {
   dispatch->add_option("--only", bo.only, "Run one workload: opbyop, chained or fused")
       ->check(CLI::IsMember({"opbyop", "chained", "fused"}));
   dispatch->add_flag("--json", json, "Print one JSON object to stdout");
+  dispatch->add_option("--cluster", cluster, "Address of a running cluster (default: "
+                                             "$PW_CLUSTER, else the last `pw up` cluster, "
+                                             "else embedded)");
 
   // Python: it compares against JAX's own dispatch in the same process (python/pathways).
   auto* xla_overhead = bench->add_subcommand(
@@ -67,6 +118,7 @@ int main(int argc, char** argv) {
   xla_overhead->prefix_command();
 
   auto* kernels = app.add_subcommand("kernels", "List the native host kernels");
+  pw::cli::ClusterCommands cluster_commands(&app);
 
   CLI11_PARSE(app, argc, argv);
   // Debian's abseil is built with debug checks on: its Mutex deadlock detector walks a global
@@ -74,21 +126,41 @@ int main(int argc, char** argv) {
   // Tests keep it on.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
 
+  if (cluster_commands.parsed()) return cluster_commands.Run(argv[0]);
   if (fig2->parsed()) {
     auto spec = config.empty()
                     ? pw::ClusterSpec::Uniform(islands, hosts_per_island, devices_per_host)
                     : pw::ClusterSpec::FromFile(config);
     if (!spec.ok()) return Fail(spec.status());
-    auto cluster = pw::EmbeddedCluster::Create(*spec);
-    if (!cluster.ok()) return Fail(cluster.status());
-    auto r = pw::RunFigure2(&(*cluster)->controller());
+    auto target = Connect(cluster, *spec);
+    if (!target.ok()) return Fail(target.status());
+    auto r = pw::RunFigure2(target->controller);
     if (!r.ok()) return Fail(r.status());
     if (explain) std::fprintf(stderr, "%s", r->lowered.c_str());
     std::printf("%s\n", r->ToString().c_str());
     return 0;
   }
   if (dispatch->parsed()) {
-    auto r = pw::RunDispatchBench(bo);
+    const std::string address = pw::server::ClusterAddress(cluster);
+    absl::StatusOr<std::vector<pw::DispatchBenchResult>> r;
+    if (address.empty()) {
+      r = pw::RunDispatchBench(bo);
+    } else {
+      auto remote = pw::rpc::RemoteController::Dial(address, {.token = EnvToken()});
+      if (!remote.ok()) return Fail(remote.status());
+      std::fprintf(stderr, "pw: dispatch bench on the cluster at %s\n", address.c_str());
+      std::set<int64_t> isl;
+      for (const auto& h : (*remote)->Status().hosts) isl.insert(h.island.value());
+      bo.islands = std::max<int>(1, static_cast<int>(isl.size()));
+      auto rtt = pw::MeasureLoopbackRttUs();
+      if (rtt.ok()) bo.loopback_rtt_us = *rtt;
+      r = pw::RunDispatchBenchOn(remote->get(), bo);
+      if (r.ok() && !r->empty()) {
+        bo.hosts = r->front().hosts;
+        bo.devices_per_host = r->front().devices_per_host;
+      }
+      bo.cluster = address;
+    }
     if (!r.ok()) return Fail(r.status());
     if (json) {
       std::printf("%s\n", pw::DispatchBenchJson(bo, *r).c_str());

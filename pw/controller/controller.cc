@@ -1,6 +1,7 @@
 #include "pw/controller/controller.h"
 
 #include <algorithm>
+#include <atomic>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -94,11 +95,24 @@ IslandScheduler* Controller::Scheduler(IslandId island) const {
 absl::Status Controller::RemoveDevice(DeviceId device, const std::string& reason) {
   PW_ASSIGN_OR_RETURN(DeviceSpec spec, rm_.Device(device));
   PW_RETURN_IF_ERROR(rm_.RemoveDevice(device, reason));
-  WorkerInterface* w = Worker(spec.host);
-  if (w == nullptr) return absl::OkStatus();
-  return w->RemoveDevice(device, absl::UnavailableError(absl::StrCat(
-                                     device.ToString(), " was removed: ", reason)));
+  const absl::Status why =
+      absl::UnavailableError(absl::StrCat(device.ToString(), " was removed: ", reason));
+  // Every worker hears of it: the owner fails the device's queued work; the others abort their
+  // collectives that include it (each worker process has its own).
+  std::vector<WorkerInterface*> workers;
+  {
+    pw::MutexLock lock(&mu_);
+    for (const auto& [host, w] : workers_) workers.push_back(w);
+  }
+  absl::Status owner = absl::OkStatus();
+  for (WorkerInterface* w : workers) {
+    absl::Status s = w->RemoveDevice(device, why);
+    if (w->host() == spec.host) owner = s;
+  }
+  return owner;
 }
+
+absl::Status Controller::RestoreDevice(DeviceId device) { return rm_.RestoreDevice(device); }
 
 absl::StatusOr<ClientId> Controller::Connect(const std::string& name) {
   pw::MutexLock lock(&mu_);
@@ -214,7 +228,9 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
   auto host_program = [&](HostId host) -> HostProgram& {
     auto& p = islands[host_island[host].value()][host.value()];
     if (p == nullptr) {
+      static std::atomic<uint64_t> next_host_program{1};
       p = std::make_shared<HostProgram>();
+      p->id = next_host_program.fetch_add(1, std::memory_order_relaxed);
       p->program = lowered.name;
     }
     return *p;

@@ -38,6 +38,8 @@ class Controller final : public ControllerInterface {
   // Takes a device out of service: new programs on its slices fail naming it; work queued on it
   // fails; collectives that include it are aborted.
   absl::Status RemoveDevice(DeviceId device, const std::string& reason);
+  // Puts a removed device back in service (its host's worker has rejoined).
+  absl::Status RestoreDevice(DeviceId device);
   // Blocks until no run is in flight.
   void WaitIdle();
 

@@ -22,8 +22,8 @@ const absl::Status& Collectives::Rendezvous::Wait() {
 }
 
 absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceId> devices,
-                              int rank, const void* input, void* output,
-                              const Combine& combine) {
+                              int rank, const void* input, size_t input_bytes, void* output,
+                              size_t output_bytes, const Combine& combine) {
   std::shared_ptr<Rendezvous> r;
   {
     pw::MutexLock lock(&mu_);
@@ -36,8 +36,24 @@ absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceI
       if (it != failed_launches_.end()) return it->second;
     }
     auto& slot = pending_[key];
-    if (slot == nullptr)
-      slot = std::make_shared<Rendezvous>(devices);
+    if (slot == nullptr) {
+      size_t local = devices.size();
+      if (peers_ != nullptr)
+        local = std::count_if(devices.begin(), devices.end(),
+                              [&](DeviceId d) { return peers_->IsLocal(d); });
+      slot = std::make_shared<Rendezvous>(devices, local);
+      if (auto early = early_.find(key); early != early_.end()) {
+        pw::MutexLock rlock(&slot->remote_mu);
+        for (auto& [rank, bytes] : early->second) {
+          if (rank >= 0 && rank < static_cast<int>(slot->remote_inputs.size()) &&
+              slot->remote_inputs[rank].empty()) {
+            slot->remote_inputs[rank] = std::move(bytes);
+            ++slot->remote_arrived;
+          }
+        }
+        early_.erase(early);
+      }
+    }
     r = slot;
   }
   if (r->devices.size() != devices.size() || rank < 0 ||
@@ -48,15 +64,82 @@ absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceI
   if (r->state.load(std::memory_order_acquire) != Rendezvous::kPending) return r->Wait();
   r->inputs[rank] = input;
   r->outputs[rank] = output;
-  if (r->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == r->devices.size()) {
-    // Last to arrive: every slot is written. Claim before touching other shards' buffers, so an
-    // abort that won cannot have let them return.
-    if (r->Claim()) r->Publish(combine(absl::MakeConstSpan(r->inputs), absl::MakeConstSpan(r->outputs)));
+  if (r->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == r->local) {
+    // Last to arrive: every local slot is written. Claim before touching other shards' buffers,
+    // so an abort that won cannot have let them return.
+    if (r->local < r->devices.size()) {
+      absl::Status s = CombineAcrossProcesses(key, *r, input_bytes, output_bytes, combine);
+      if (r->Claim()) r->Publish(std::move(s));
+    } else if (r->Claim()) {
+      r->Publish(combine(absl::MakeConstSpan(r->inputs), absl::MakeConstSpan(r->outputs)));
+    }
     pw::MutexLock lock(&mu_);
     auto it = pending_.find(key);
     if (it != pending_.end() && it->second == r) pending_.erase(it);
   }
   return r->Wait();
+}
+
+absl::Status Collectives::CombineAcrossProcesses(const CollectiveKey& key, Rendezvous& r,
+                                                size_t input_bytes, size_t output_bytes,
+                                                const Combine& combine) {
+  const size_t n = r.devices.size();
+  std::vector<int> ranks;
+  std::vector<std::string> inputs;
+  for (size_t i = 0; i < n; ++i) {
+    if (!peers_->IsLocal(r.devices[i])) continue;
+    ranks.push_back(static_cast<int>(i));
+    inputs.emplace_back(static_cast<const char*>(r.inputs[i]), input_bytes);
+  }
+  peers_->Send(key, r.devices, std::move(ranks), std::move(inputs));
+  // Wait for the other processes' inputs, or for an abort (a removed device, a failed launch).
+  pw::MutexLock lock(&r.remote_mu);
+  auto done = [&r]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(r.remote_mu) {
+    return r.remote_arrived == r.devices.size() - r.local ||
+           r.state.load(std::memory_order_acquire) != Rendezvous::kPending;
+  };
+  r.remote_mu.Await(done);
+  if (r.state.load(std::memory_order_acquire) != Rendezvous::kPending)
+    return absl::AbortedError("collective aborted");  // The abort's status is published instead.
+  std::vector<const void*> in(n);
+  std::vector<void*> out(n);
+  std::vector<std::string> scratch(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (peers_->IsLocal(r.devices[i])) {
+      in[i] = r.inputs[i];
+      out[i] = r.outputs[i];
+    } else {
+      if (r.remote_inputs[i].size() != input_bytes) {
+        return absl::InternalError(absl::StrCat(
+            "collective run ", key.run, " node ", key.node, " op ", key.op, ": rank ", i, " sent ",
+            r.remote_inputs[i].size(), " bytes, expected ", input_bytes));
+      }
+      in[i] = r.remote_inputs[i].data();
+      scratch[i].resize(output_bytes);
+      out[i] = scratch[i].data();
+    }
+  }
+  return combine(absl::MakeConstSpan(in), absl::MakeConstSpan(out));
+}
+
+void Collectives::Deliver(const CollectiveKey& key, int rank, std::string input) {
+  std::shared_ptr<Rendezvous> r;
+  {
+    pw::MutexLock lock(&mu_);
+    if (failed_launches_.contains(std::make_pair(key.run, key.node))) return;
+    auto it = pending_.find(key);
+    if (it == pending_.end()) {
+      early_[key].emplace_back(rank, std::move(input));
+      return;
+    }
+    r = it->second;
+  }
+  pw::MutexLock lock(&r->remote_mu);
+  if (rank < 0 || rank >= static_cast<int>(r->remote_inputs.size()) ||
+      !r->remote_inputs[rank].empty())
+    return;  // Not a remote rank of this collective, or a duplicate.
+  r->remote_inputs[rank] = std::move(input);
+  ++r->remote_arrived;
 }
 
 // Both record the failure first, so a rendezvous created after the scan fails in Run().
@@ -70,11 +153,17 @@ void Collectives::AbortDevice(DeviceId device, const absl::Status& reason) {
   });
 }
 
-void Collectives::FailLaunch(int64_t run, int32_t node, const absl::Status& reason) {
+void Collectives::FailLaunch(int64_t run, int32_t node, const absl::Status& reason,
+                             absl::Span<const DeviceId> devices) {
   {
     pw::MutexLock lock(&mu_);
-    failed_launches_.emplace(std::make_pair(run, node), reason);
+    if (!failed_launches_.emplace(std::make_pair(run, node), reason).second) return;
+    for (auto it = early_.begin(); it != early_.end();) {
+      if (it->first.run == run && it->first.node == node) early_.erase(it++);
+      else ++it;
+    }
   }
+  if (peers_ != nullptr && !devices.empty()) peers_->SendFailure(run, node, devices, reason);
   AbortPending(reason, [run, node](const CollectiveKey& k, const Rendezvous&) {
     return k.run == run && k.node == node;
   });
@@ -95,8 +184,10 @@ void Collectives::AbortPending(
       }
     }
   }
-  for (auto& r : aborted)
+  for (auto& r : aborted) {
     if (r->Claim()) r->Publish(reason);
+    pw::MutexLock wake(&r->remote_mu);  // Re-evaluates a cross-process wait's condition.
+  }
 }
 
 size_t Collectives::pending() const {

@@ -7,12 +7,18 @@
 //
 // AbortDevice() fails every pending and future rendezvous that includes that device, naming it,
 // so the surviving shards of a slice never wait forever on a removed device.
+//
+// Across processes: with CollectivePeers set, only the shards on this process's devices meet
+// here; the last of them sends their inputs to the processes holding the other ranks (Send) and
+// waits for theirs (Deliver), then every process combines all inputs itself (so the result is the
+// same everywhere) and keeps its own shards' outputs.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -39,24 +45,53 @@ struct CollectiveKey {
   friend bool operator==(const CollectiveKey&, const CollectiveKey&) = default;
 };
 
+// How a process's Collectives reaches the processes holding a slice's other devices.
+class CollectivePeers {
+ public:
+  virtual ~CollectivePeers() = default;
+  virtual bool IsLocal(DeviceId device) const = 0;
+  // Sends `inputs[i]` of local rank `ranks[i]` to every process holding a non-local device of
+  // `devices`. May return before delivery; a failed delivery is reported with
+  // Collectives::DeliverFailure on this process.
+  virtual void Send(const CollectiveKey& key, absl::Span<const DeviceId> devices,
+                    std::vector<int> ranks, std::vector<std::string> inputs) = 0;
+  // Tells those processes that launch (run, node) failed here.
+  virtual void SendFailure(int64_t run, int32_t node, absl::Span<const DeviceId> devices,
+                           const absl::Status& reason) = 0;
+};
+
 class Collectives {
  public:
   // Runs once, on the last shard to arrive, with inputs[i]/outputs[i] of shard i.
   using Combine = std::function<absl::Status(absl::Span<const void* const> inputs,
                                              absl::Span<void* const> outputs)>;
 
+  // `input_bytes`/`output_bytes`: the sizes of one shard's input and output.
   absl::Status Run(const CollectiveKey& key, absl::Span<const DeviceId> devices, int rank,
-                   const void* input, void* output, const Combine& combine);
+                   const void* input, size_t input_bytes, void* output, size_t output_bytes,
+                   const Combine& combine);
   void AbortDevice(DeviceId device, const absl::Status& reason);
   // A shard of launch (run, node) failed without reaching (all of) its collectives: fails that
   // launch's pending and later rendezvous with `reason`, so its other shards do not wait forever.
-  void FailLaunch(int64_t run, int32_t node, const absl::Status& reason);
+  // With peers, the processes holding other `devices` of the launch are told too.
+  void FailLaunch(int64_t run, int32_t node, const absl::Status& reason,
+                  absl::Span<const DeviceId> devices = {});
   size_t pending() const;
+
+  // Set once, before any Run, in a process that holds only some devices of a cluster.
+  void SetPeers(CollectivePeers* peers) { peers_ = peers; }
+  // Another process's input for `rank` of collective `key`.
+  void Deliver(const CollectiveKey& key, int rank, std::string input);
+  // Another process could not run or deliver its part of launch (run, node).
+  void DeliverFailure(int64_t run, int32_t node, const absl::Status& reason) {
+    FailLaunch(run, node, reason);
+  }
 
  private:
   struct Rendezvous {
-    explicit Rendezvous(absl::Span<const DeviceId> d)
-        : devices(d.begin(), d.end()), inputs(d.size()), outputs(d.size()) {}
+    Rendezvous(absl::Span<const DeviceId> d, size_t local)
+        : devices(d.begin(), d.end()), inputs(d.size()), outputs(d.size()), local(local),
+          remote_inputs(local == d.size() ? 0 : d.size()) {}
     // Claims the right to finish (the last arriver or an abort); exactly one caller wins.
     bool Claim() {
       uint32_t pending = kPending;
@@ -72,7 +107,15 @@ class Collectives {
     std::atomic<size_t> arrived{0};
     std::atomic<uint32_t> state{kPending};
     absl::Status status;  // Written by the claimant, read after kFinished.
+    const size_t local;   // Shards on this process's devices.
+    // Other processes' inputs, by rank (empty when every shard is local).
+    pw::Mutex remote_mu;
+    std::vector<std::string> remote_inputs ABSL_GUARDED_BY(remote_mu);
+    size_t remote_arrived ABSL_GUARDED_BY(remote_mu) = 0;
   };
+  // Runs on the last local shard when other processes hold ranks: exchanges inputs, combines.
+  absl::Status CombineAcrossProcesses(const CollectiveKey& key, Rendezvous& r, size_t input_bytes,
+                                      size_t output_bytes, const Combine& combine);
   // Fails and forgets every pending rendezvous that `matches`.
   void AbortPending(const absl::Status& reason,
                     absl::FunctionRef<bool(const CollectiveKey&, const Rendezvous&)> matches);
@@ -81,6 +124,10 @@ class Collectives {
   absl::flat_hash_map<DeviceId, absl::Status> dead_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<int64_t, int32_t>, absl::Status> failed_launches_
       ABSL_GUARDED_BY(mu_);
+  // Inputs from other processes that arrived before any local shard of their collective.
+  absl::flat_hash_map<CollectiveKey, std::vector<std::pair<int, std::string>>> early_
+      ABSL_GUARDED_BY(mu_);
+  CollectivePeers* peers_ = nullptr;
 };
 
 }  // namespace pw

@@ -138,7 +138,8 @@ absl::Status Rendezvous(const KernelContext& c, const Collectives::Combine& comb
   CollectiveKey key = c.launch.key;
   key.op = c.op_index;
   return c.launch.collectives->Run(key, c.launch.slice_devices, c.launch.rank,
-                                   c.operands[0]->data(), c.output->mutable_data(), combine);
+                                   c.operands[0]->data(), c.operands[0]->size_bytes(),
+                                   c.output->mutable_data(), c.output->size_bytes(), combine);
 }
 
 template <typename Op>

@@ -192,6 +192,16 @@ absl::Status ResourceManager::RemoveDevice(DeviceId device, std::string reason) 
   return absl::OkStatus();
 }
 
+absl::Status ResourceManager::RestoreDevice(DeviceId device) {
+  pw::MutexLock lock(&mu_);
+  if (!device.valid() || device.value() >= static_cast<int64_t>(devices_.size()))
+    return absl::NotFoundError(absl::StrCat(device.ToString(), " does not exist"));
+  auto& d = devices_[device.value()];
+  d.alive = true;
+  d.removed_reason.clear();
+  return absl::OkStatus();
+}
+
 std::vector<DeviceState> ResourceManager::Devices() const {
   pw::MutexLock lock(&mu_);
   return devices_;

@@ -63,6 +63,9 @@ class ResourceManager {
   absl::StatusOr<HostRegistration> AddHost(IslandId island, std::string name, int num_devices,
                                            int64_t memory_bytes);
   absl::Status RemoveDevice(DeviceId device, std::string reason);
+  // Puts a removed device back in service (its host's worker rejoined). Slices that used it
+  // before resolve again; the buffers it held are gone.
+  absl::Status RestoreDevice(DeviceId device);
 
   std::vector<DeviceState> Devices() const;
   int num_islands() const;

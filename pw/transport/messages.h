@@ -62,6 +62,7 @@ struct NodeWork {
 // One host's part of an island subgraph of a program: a static subgraph, built once when the
 // program is lowered and shared by all of its runs. Nodes are in topological (gang) order.
 struct HostProgram {
+  uint64_t id = 0;  // Unique in the controller's process; a wire transport sends a body once per id.
   std::string program;
   std::vector<NodeWork> nodes;
 };

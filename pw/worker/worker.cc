@@ -158,7 +158,7 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
     }
     if (!setup.ok()) {
       absl::Status error = Annotate(setup, NodeWhere(*work, node, device_id));
-      collectives_->FailLaunch(work->run.value(), node.node, error);
+      collectives_->FailLaunch(work->run.value(), node.node, error, c.slice_devices);
       for (auto& p : outputs) p.Set(error);
       for (size_t k = outputs.size(); k < c.outputs.size(); ++k)
         PutFailed(work->buffer(c.outputs[k]), device_id, error);
@@ -203,7 +203,8 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
                             std::vector<Promise<DeviceBufferRef>>* outs) {
               absl::Status error = Annotate(status, NodeWhere(*work, node, device_id));
               // Other shards may be waiting in a collective this shard will never reach.
-              collectives->FailLaunch(work->run.value(), node.node, error);
+              collectives->FailLaunch(work->run.value(), node.node, error,
+                                      std::get<ComputeWork>(node.work).slice_devices);
               if (outs != nullptr)
                 for (auto& p : *outs) p.Set(error);
               shard_done->Done(error);
@@ -221,7 +222,8 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
             return;
           }
           absl::Status error = Annotate(s, NodeWhere(*work, node, device_id));
-          collectives_->FailLaunch(work->run.value(), node.node, error);
+          collectives_->FailLaunch(work->run.value(), node.node, error,
+                                   std::get<ComputeWork>(node.work).slice_devices);
           for (auto& p : outputs) p.Set(error);
           shard_done->Done(error);
         });
@@ -366,10 +368,8 @@ void Worker::DeleteBuffers(const std::vector<BufferId>& ids) {
 }
 
 absl::Status Worker::RemoveDevice(DeviceId device_id, const absl::Status& reason) {
-  Device* device = FindDevice(device_id);
-  if (device == nullptr)
-    return absl::NotFoundError(absl::StrCat(device_id.ToString(), " is not on ", host_.ToString()));
-  device->Remove(reason);
+  // Another host's device: only this host's collectives that include it are aborted.
+  if (Device* device = FindDevice(device_id); device != nullptr) device->Remove(reason);
   collectives_->AbortDevice(device_id, reason);
   return absl::OkStatus();
 }

@@ -1,0 +1,297 @@
+#include "pw/cli/cluster_commands.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+#include "pw/rpc/remote_controller.h"
+#include "pw/server/local_cluster.h"
+
+namespace pw::cli {
+namespace {
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "pw: %s\n", s.ToString().c_str());
+  return 1;
+}
+
+std::string Token(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  const char* t = std::getenv("PW_TOKEN");
+  return t == nullptr ? "" : t;
+}
+
+// Blocks SIGINT and SIGTERM in every thread created after this call and runs `on_signal` on a
+// thread of its own when one arrives. Call before starting other threads.
+void OnStopSignal(std::function<void()> on_signal) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread([set, on_signal = std::move(on_signal)] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    on_signal();
+  }).detach();
+}
+
+absl::StatusOr<ClusterSpec> SpecFrom(const std::string& config, int islands, int hosts, int devices) {
+  return config.empty() ? ClusterSpec::Uniform(islands, hosts, devices)
+                        : ClusterSpec::FromFile(config);
+}
+
+std::string Bytes(int64_t b) {
+  if (b >= (int64_t{1} << 30)) return absl::StrFormat("%.1f GiB", b / double(int64_t{1} << 30));
+  if (b >= (int64_t{1} << 20)) return absl::StrFormat("%.1f MiB", b / double(int64_t{1} << 20));
+  if (b >= 1024) return absl::StrFormat("%.1f KiB", b / 1024.0);
+  return absl::StrCat(b, " B");
+}
+
+}  // namespace
+
+ClusterCommands::ClusterCommands(CLI::App* app) {
+  up_ = app->add_subcommand("up", "Start a local cluster: a controller and one worker process per "
+                                  "host; prints its address last");
+  up_->add_option("--config", config_, "Cluster spec (JSON)");
+  up_->add_option("--islands", islands_, "Islands");
+  up_->add_option("--hosts-per-island", hosts_per_island_, "Hosts per island");
+  up_->add_option("--devices-per-host", devices_per_host_, "Devices per host");
+  up_->add_flag("--detach", detach_, "Return once the cluster is ready (pw down stops it)");
+  up_->add_option("--token", token_, "Shared token the processes require (default $PW_TOKEN)");
+  up_->add_option("--failure-timeout-ms", failure_timeout_ms_,
+                  "A worker silent this long is declared failed");
+
+  status_ = app->add_subcommand("status", "Show the cluster's hosts, devices, memory, queues");
+  status_->add_flag("--json", json_, "Print one JSON object");
+  status_->add_option("--cluster", cluster_, "Cluster address (default: $PW_CLUSTER, else the "
+                                             "last `pw up` cluster)");
+
+  down_ = app->add_subcommand("down", "Stop the cluster that `pw up` started");
+
+  controller_ = app->add_subcommand("controller", "Run the controller process");
+  controller_->add_option("--config", config_, "Cluster spec (JSON)");
+  controller_->add_option("--islands", islands_, "Islands");
+  controller_->add_option("--hosts-per-island", hosts_per_island_, "Hosts per island");
+  controller_->add_option("--devices-per-host", devices_per_host_, "Devices per host");
+  controller_->add_option("--listen", listen_, "host:port to serve on (port 0: any)");
+  controller_->add_option("--address-file", address_file_, "Write the bound address here");
+  controller_->add_option("--token", token_, "Required token (default $PW_TOKEN)");
+  controller_->add_option("--failure-timeout-ms", failure_timeout_ms_,
+                          "A worker silent this long is declared failed");
+
+  worker_ = app->add_subcommand("worker", "Run one host's worker process");
+  worker_->add_option("--controller", controller_address_, "The controller's address")->required();
+  worker_->add_option("--host", host_, "Which host of the cluster spec")->required();
+  worker_->add_option("--listen", listen_, "host:port to serve on (port 0: any)");
+  worker_->add_option("--token", token_, "Token (default $PW_TOKEN)");
+}
+
+bool ClusterCommands::parsed() const {
+  return up_->parsed() || status_->parsed() || down_->parsed() || controller_->parsed() ||
+         worker_->parsed();
+}
+
+int ClusterCommands::Run(const char* argv0) {
+  if (up_->parsed()) return Up(argv0);
+  if (status_->parsed()) return Status();
+  if (down_->parsed()) return Down();
+  if (controller_->parsed()) return Controller();
+  if (worker_->parsed()) return Worker();
+  return 1;
+}
+
+int ClusterCommands::Up(const char* argv0) {
+  auto spec = SpecFrom(config_, islands_, hosts_per_island_, devices_per_host_);
+  if (!spec.ok()) return Fail(spec.status());
+  char self[PATH_MAX] = {};
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  server::LaunchOptions o;
+  o.pw_binary = n > 0 ? std::string(self, n) : argv0;
+  o.token = Token(token_);
+  o.failure_timeout_ms = failure_timeout_ms_;
+  if (!detach_) {
+    // Foreground: a signal brings the cluster down. Set up before any thread starts.
+    OnStopSignal([] {
+      if (auto s = server::LoadState(); s.ok()) (void)server::StopLocalCluster(*s);
+      std::_Exit(0);
+    });
+  }
+  auto state = server::LaunchLocalCluster(*spec, o);
+  if (!state.ok()) return Fail(state.status());
+  std::fprintf(stderr, "pw up: %zu islands, %zu hosts, %zu devices; logs in %s\n",
+               spec->islands().size(), spec->hosts().size(), spec->devices().size(),
+               state->state_dir.c_str());
+  std::printf("%s\n", state->address.c_str());
+  std::fflush(stdout);
+  if (detach_) return 0;
+  while (server::ProcessAlive(state->controller_pid)) absl::SleepFor(absl::Milliseconds(200));
+  std::fprintf(stderr, "pw up: the controller exited\n");
+  (void)server::StopLocalCluster(*state);
+  return 1;
+}
+
+int ClusterCommands::Down() {
+  auto state = server::LoadState();
+  if (!state.ok()) return Fail(state.status());
+  if (absl::Status s = server::StopLocalCluster(*state); !s.ok()) return Fail(s);
+  std::fprintf(stderr, "pw down: stopped the cluster at %s\n", state->address.c_str());
+  return 0;
+}
+
+int ClusterCommands::Status() {
+  const std::string address = server::ClusterAddress(cluster_);
+  if (address.empty())
+    return Fail(absl::NotFoundError("no cluster: pass --cluster, set PW_CLUSTER, or run pw up"));
+  auto c = rpc::RemoteController::Dial(address, {.token = Token("")}, absl::Seconds(5));
+  if (!c.ok()) return Fail(c.status());
+  auto st = (*c)->FullStatus();
+  if (!st.ok()) return Fail(st.status());
+  absl::flat_hash_map<int64_t, const ::pathways::v1::HostMembership*> members;
+  for (const auto& m : st->members()) members[m.host()] = &m;
+  nlohmann::json j;
+  j["address"] = address;
+  j["clients"] = st->clients();
+  j["runs_in_flight"] = st->runs_in_flight();
+  j["runs_completed"] = st->runs_completed();
+  j["logical_buffers"] = st->logical_buffers();
+  j["scheduler_queue_depth"] = std::vector<int64_t>(st->scheduler_queue_depth().begin(),
+                                                    st->scheduler_queue_depth().end());
+  int64_t ici = 0, dcn = 0;
+  j["hosts"] = nlohmann::json::array();
+  for (const auto& m : st->members()) {
+    nlohmann::json h = {{"host", m.host()}, {"address", m.address()}, {"alive", m.alive()}};
+    if (!m.reason().empty()) h["reason"] = m.reason();
+    for (const auto& hs : st->hosts()) {
+      if (hs.host() != m.host()) continue;
+      h["island"] = hs.island();
+      h["buffers"] = hs.buffers();
+      h["buffer_bytes"] = hs.buffer_bytes();
+      h["ici_bytes_received"] = hs.ici_bytes_received();
+      h["dcn_bytes_received"] = hs.dcn_bytes_received();
+      h["dispatch_queue_depth"] = hs.dispatch_queue_depth();
+      ici += hs.ici_bytes_received();
+      dcn += hs.dcn_bytes_received();
+      h["devices"] = nlohmann::json::array();
+      for (const auto& d : hs.devices()) {
+        h["devices"].push_back({{"device", d.id()}, {"alive", d.alive()},
+                                {"memory_in_use", d.memory_in_use()},
+                                {"memory_capacity", d.memory_capacity()},
+                                {"queue_depth", d.queue_depth()}, {"executed", d.executed()}});
+      }
+    }
+    j["hosts"].push_back(h);
+  }
+  j["ici_bytes_received"] = ici;
+  j["dcn_bytes_received"] = dcn;
+  if (json_) {
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+  std::printf("cluster %s: %lld clients, %lld runs in flight, %lld completed, %lld buffers\n",
+              address.c_str(), (long long)st->clients(), (long long)st->runs_in_flight(),
+              (long long)st->runs_completed(), (long long)st->logical_buffers());
+  std::printf("transfers received: ICI %s, DCN %s; scheduler queues:", Bytes(ici).c_str(),
+              Bytes(dcn).c_str());
+  for (int64_t q : st->scheduler_queue_depth()) std::printf(" %lld", (long long)q);
+  std::printf("\n%-6s %-7s %-22s %-6s %-10s %-8s %s\n", "host", "island", "address", "alive",
+              "buffers", "dispatch", "devices (memory in use / capacity, queue, executed)");
+  for (const auto& h : j["hosts"]) {
+    std::string devices;
+    if (h.contains("devices"))
+      for (const auto& d : h["devices"])
+        absl::StrAppend(&devices, "d", d["device"].get<int64_t>(), ": ",
+                        Bytes(d["memory_in_use"].get<int64_t>()), "/",
+                        Bytes(d["memory_capacity"].get<int64_t>()), " q",
+                        d["queue_depth"].get<int64_t>(), " x", d["executed"].get<int64_t>(),
+                        d["alive"].get<bool>() ? "" : " DEAD", "  ");
+    std::printf("%-6lld %-7s %-22s %-6s %-10s %-8s %s\n", (long long)h["host"].get<int64_t>(),
+                h.contains("island") ? std::to_string(h["island"].get<int64_t>()).c_str() : "-",
+                h["address"].get<std::string>().c_str(), h["alive"].get<bool>() ? "yes" : "no",
+                h.contains("buffers") ? std::to_string(h["buffers"].get<int64_t>()).c_str() : "-",
+                h.contains("dispatch_queue_depth")
+                    ? std::to_string(h["dispatch_queue_depth"].get<int64_t>()).c_str()
+                    : "-",
+                h.contains("reason") ? h["reason"].get<std::string>().c_str() : devices.c_str());
+  }
+  return 0;
+}
+
+int ClusterCommands::Controller() {
+  auto spec = SpecFrom(config_, islands_, hosts_per_island_, devices_per_host_);
+  if (!spec.ok()) return Fail(spec.status());
+  server::ControllerServer* running = nullptr;
+  pw::Mutex mu;
+  OnStopSignal([&] {
+    pw::MutexLock lock(&mu);
+    if (running != nullptr) running->Shutdown();
+    else std::_Exit(0);
+  });
+  server::ControllerServer::Options o;
+  o.listen = listen_;
+  o.channel.token = Token(token_);
+  o.failure_timeout = absl::Milliseconds(failure_timeout_ms_);
+  o.heartbeat_interval = std::min(absl::Milliseconds(200), o.failure_timeout / 4);
+  auto server = server::ControllerServer::Start(*spec, o);
+  if (!server.ok()) return Fail(server.status());
+  {
+    pw::MutexLock lock(&mu);
+    running = server->get();
+  }
+  std::fprintf(stderr, "pw controller: serving %zu hosts at %s\n", spec->hosts().size(),
+               (*server)->address().c_str());
+  if (!address_file_.empty()) {
+    const std::string tmp = address_file_ + ".tmp";
+    std::ofstream(tmp) << (*server)->address() << "\n";
+    std::rename(tmp.c_str(), address_file_.c_str());
+  }
+  (*server)->WaitForShutdown();
+  std::fprintf(stderr, "pw controller: shutting down\n");
+  {
+    pw::MutexLock lock(&mu);
+    running = nullptr;
+  }
+  server->reset();
+  return 0;
+}
+
+int ClusterCommands::Worker() {
+  server::WorkerServer* running = nullptr;
+  pw::Mutex mu;
+  OnStopSignal([&] {
+    pw::MutexLock lock(&mu);
+    if (running != nullptr) running->Stop();
+    else std::_Exit(0);
+  });
+  server::WorkerServer::Options o;
+  o.controller = controller_address_;
+  o.host = HostId(host_);
+  o.listen = listen_;
+  o.channel.token = Token(token_);
+  auto server = server::WorkerServer::Start(o);
+  if (!server.ok()) return Fail(server.status());
+  {
+    pw::MutexLock lock(&mu);
+    running = server->get();
+  }
+  std::fprintf(stderr, "pw worker: host:%lld serving at %s\n", (long long)host_,
+               (*server)->address().c_str());
+  (*server)->WaitForStop();
+  std::fprintf(stderr, "pw worker: host:%lld stopping\n", (long long)host_);
+  {
+    pw::MutexLock lock(&mu);
+    running = nullptr;
+  }
+  server->reset();
+  return 0;
+}
+
+}  // namespace pw::cli

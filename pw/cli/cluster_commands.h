@@ -1,0 +1,45 @@
+// The cluster subcommands of `pw`: up, status, down, and the server processes (controller,
+// worker) that `pw up` starts.
+#pragma once
+
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "pw/server/controller_server.h"
+#include "pw/server/worker_server.h"
+
+namespace pw::cli {
+
+class ClusterCommands {
+ public:
+  // Adds the subcommands to `app`.
+  explicit ClusterCommands(CLI::App* app);
+  bool parsed() const;
+  // Runs the parsed subcommand; `argv0` is this binary (pw up runs it for the processes).
+  int Run(const char* argv0);
+
+ private:
+  int Up(const char* argv0);
+  int Status();
+  int Down();
+  int Controller();
+  int Worker();
+
+  CLI::App *up_, *status_, *down_, *controller_, *worker_;
+  // pw up / pw controller.
+  std::string config_;
+  int islands_ = 2, hosts_per_island_ = 2, devices_per_host_ = 2;
+  bool detach_ = false;
+  // pw status.
+  bool json_ = false;
+  std::string cluster_;
+  // pw controller / pw worker.
+  std::string listen_ = "127.0.0.1:0";
+  std::string address_file_;
+  std::string token_;
+  int64_t failure_timeout_ms_ = 1000;
+  std::string controller_address_;
+  int64_t host_ = -1;
+};
+
+}  // namespace pw::cli

@@ -1,0 +1,86 @@
+#include "pw/rpc/auth.h"
+
+#include <random>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+
+namespace pw::rpc {
+namespace {
+constexpr absl::string_view kBearer = "Bearer ";
+
+// Compares without an early exit, so the time taken does not reveal a matching prefix.
+bool SecretEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size() || b.empty()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+}  // namespace
+
+void AddToken(grpc::ClientContext* ctx, const std::string& token) {
+  if (!token.empty()) ctx->AddMetadata("authorization", absl::StrCat(kBearer, token));
+}
+
+std::string Metadata(const grpc::ServerContextBase* ctx, absl::string_view key) {
+  const auto& md = ctx->client_metadata();
+  auto it = md.find(grpc::string_ref(key.data(), key.size()));
+  if (it == md.end()) return "";
+  return std::string(it->second.data(), it->second.size());
+}
+
+absl::Status CheckToken(const grpc::ServerContextBase* ctx, const std::string& token) {
+  if (token.empty()) return absl::OkStatus();
+  const std::string got = Metadata(ctx, "authorization");
+  if (!absl::StartsWith(got, kBearer) ||
+      !SecretEquals(absl::string_view(got).substr(kBearer.size()), token)) {
+    return absl::UnauthenticatedError(
+        "this pathways server requires a token: set PW_TOKEN (or --token) to the cluster's token");
+  }
+  return absl::OkStatus();
+}
+
+bool IsLoopback(absl::string_view address) {
+  absl::string_view host = address;
+  if (absl::StartsWith(host, "[")) {  // [::1]:port
+    host = host.substr(1, host.find(']') - 1);
+  } else if (size_t colon = host.rfind(':'); colon != absl::string_view::npos) {
+    host = host.substr(0, colon);
+  }
+  if (host == "localhost" || host == "::1") return true;
+  std::vector<absl::string_view> parts = absl::StrSplit(host, '.');
+  int first = 0;
+  return parts.size() == 4 && absl::SimpleAtoi(parts[0], &first) && first == 127;
+}
+
+absl::Status CheckListenAddress(absl::string_view address, const std::string& token) {
+  if (IsLoopback(address) || !token.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "listening on ", address, " (not loopback) requires a token: pass --token or set PW_TOKEN"));
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const ChannelOptions& o) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(o.max_message_bytes, INT32_MAX)));
+  args.SetMaxSendMessageSize(static_cast<int>(std::min<int64_t>(o.max_message_bytes, INT32_MAX)));
+  // Reconnect quickly to a restarted peer.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+void ConfigureServer(grpc::ServerBuilder* builder, const ChannelOptions& o) {
+  const int limit = static_cast<int>(std::min<int64_t>(o.max_message_bytes, INT32_MAX));
+  builder->SetMaxReceiveMessageSize(limit);
+  builder->SetMaxSendMessageSize(limit);
+}
+
+std::string NewClientKey() {
+  std::random_device rd;
+  return absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+}
+
+}  // namespace pw::rpc

@@ -1,0 +1,323 @@
+#include "pw/rpc/controller_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "pw/base/status_macros.h"
+#include "pw/rpc/reactors.h"
+#include "pw/rpc/wire.h"
+
+namespace pw::rpc {
+namespace v1 = ::pathways::v1;
+
+// A handler's first line: authorizes the call (and its client), or replies with the error.
+#define PW_AUTHORIZE(...)                                                    \
+  if (absl::Status auth_ = Authorize(__VA_ARGS__); !auth_.ok()) return Reply(ctx, auth_)
+
+ControllerService::ControllerService(ControllerInterface* controller,
+                                     ClusterMembership* membership, std::string token)
+    : controller_(controller), membership_(membership), token_(std::move(token)) {}
+
+size_t ControllerService::num_clients() const {
+  pw::MutexLock lock(&mu_);
+  return keys_.size();
+}
+
+absl::Status ControllerService::Authorize(const grpc::CallbackServerContext* ctx) const {
+  return CheckToken(ctx, token_);
+}
+
+absl::Status ControllerService::Authorize(const grpc::CallbackServerContext* ctx,
+                                          int64_t client) const {
+  PW_RETURN_IF_ERROR(CheckToken(ctx, token_));
+  const std::string key = Metadata(ctx, "pw-client-key");
+  pw::MutexLock lock(&mu_);
+  auto it = keys_.find(ClientId(client));
+  if (it == keys_.end())
+    return absl::NotFoundError(absl::StrCat(ClientId(client).ToString(), " is not connected"));
+  if (key != it->second)
+    return absl::PermissionDeniedError(
+        absl::StrCat("this call does not carry ", ClientId(client).ToString(), "'s client key"));
+  return absl::OkStatus();
+}
+
+absl::Status ControllerService::DropClient(ClientId client) {
+  {
+    pw::MutexLock lock(&mu_);
+    if (keys_.erase(client) == 0) return absl::OkStatus();
+    for (auto it = runs_.begin(); it != runs_.end();) {
+      if (it->second.first == client) runs_.erase(it++);
+      else ++it;
+    }
+  }
+  return controller_->Disconnect(client);
+}
+
+grpc::ServerUnaryReactor* ControllerService::Connect(grpc::CallbackServerContext* ctx,
+                                                     const v1::ConnectRequest* req,
+                                                     v1::ConnectResponse* resp) {
+  PW_AUTHORIZE(ctx);
+  if (req->protocol_version() != kProtocolVersion) {
+    return Reply(ctx, absl::FailedPreconditionError(absl::StrCat(
+                          "client '", req->name(), "' speaks pathways protocol version ",
+                          req->protocol_version(), " but this controller speaks version ",
+                          kProtocolVersion, "; use matching builds")));
+  }
+  absl::StatusOr<ClientId> id = controller_->Connect(req->name());
+  if (!id.ok()) return Reply(ctx, id.status());
+  std::string key = NewClientKey();
+  {
+    pw::MutexLock lock(&mu_);
+    keys_[*id] = key;
+  }
+  resp->set_client(id->value());
+  resp->set_client_key(std::move(key));
+  return Reply(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* ControllerService::Disconnect(grpc::CallbackServerContext* ctx,
+                                                        const v1::ClientRequest* req, v1::Empty*) {
+  PW_AUTHORIZE(ctx, req->client());
+  return Reply(ctx, DropClient(ClientId(req->client())));
+}
+
+grpc::ServerUnaryReactor* ControllerService::AllocateSlice(grpc::CallbackServerContext* ctx,
+                                                           const v1::AllocateSliceRequest* req,
+                                                           v1::SliceInfo* resp) {
+  PW_AUTHORIZE(ctx, req->client());
+  absl::StatusOr<SliceRequest> r = FromProto(req->request());
+  if (!r.ok()) return Reply(ctx, Annotate(r.status(), "AllocateSlice"));
+  absl::StatusOr<SliceInfo> info = controller_->AllocateSlice(ClientId(req->client()), *r);
+  if (info.ok()) ToProto(*info, resp);
+  return Reply(ctx, info.status());
+}
+
+grpc::ServerUnaryReactor* ControllerService::ReleaseSlice(grpc::CallbackServerContext* ctx,
+                                                          const v1::ReleaseSliceRequest* req,
+                                                          v1::Empty*) {
+  PW_AUTHORIZE(ctx, req->client());
+  return Reply(ctx, controller_->ReleaseSlice(ClientId(req->client()), SliceId(req->slice())));
+}
+
+grpc::ServerUnaryReactor* ControllerService::RegisterFunction(
+    grpc::CallbackServerContext* ctx, const v1::RegisterFunctionRequest* req,
+    v1::FunctionInfo* resp) {
+  PW_AUTHORIZE(ctx, req->client());
+  absl::StatusOr<FunctionDef> def = FromProto(req->def());
+  if (!def.ok()) return Reply(ctx, Annotate(def.status(), "RegisterFunction"));
+  absl::StatusOr<FunctionInfo> info = controller_->RegisterFunction(ClientId(req->client()), *def);
+  if (info.ok()) ToProto(*info, resp);
+  return Reply(ctx, info.status());
+}
+
+grpc::ServerUnaryReactor* ControllerService::LoadFunction(grpc::CallbackServerContext* ctx,
+                                                          const v1::LoadFunctionRequest* req,
+                                                          v1::ArraySpecs* resp) {
+  PW_AUTHORIZE(ctx, req->client());
+  auto specs = controller_->LoadFunction(ClientId(req->client()), FunctionId(req->function()),
+                                         SliceId(req->slice()));
+  if (specs.ok())
+    for (const ArraySpec& s : *specs) ToProto(s, resp->add_specs());
+  return Reply(ctx, specs.status());
+}
+
+grpc::ServerUnaryReactor* ControllerService::RegisterProgram(
+    grpc::CallbackServerContext* ctx, const v1::RegisterProgramRequest* req, v1::ProgramId* resp) {
+  PW_AUTHORIZE(ctx, req->client());
+  absl::StatusOr<ProgramIr> ir = FromProto(req->ir());
+  if (!ir.ok()) return Reply(ctx, Annotate(ir.status(), "RegisterProgram"));
+  absl::StatusOr<ProgramId> id = controller_->RegisterProgram(ClientId(req->client()), *ir);
+  if (id.ok()) resp->set_id(id->value());
+  return Reply(ctx, id.status());
+}
+
+grpc::ServerUnaryReactor* ControllerService::ExplainProgram(grpc::CallbackServerContext* ctx,
+                                                            const v1::ProgramRequest* req,
+                                                            v1::Text* resp) {
+  PW_AUTHORIZE(ctx, req->client());
+  auto text = controller_->ExplainProgram(ClientId(req->client()), ProgramId(req->program()));
+  if (text.ok()) resp->set_text(*text);
+  return Reply(ctx, text.status());
+}
+
+grpc::ServerUnaryReactor* ControllerService::Submit(grpc::CallbackServerContext* ctx,
+                                                    const v1::SubmitRequest* req,
+                                                    v1::RunInfo* resp) {
+  PW_AUTHORIZE(ctx, req->client());
+  absl::StatusOr<DispatchMode> mode = DispatchModeFromProto(req->mode());
+  if (!mode.ok()) return Reply(ctx, mode.status());
+  std::vector<BufferId> args;
+  for (int64_t a : req->args()) args.push_back(BufferId(a));
+  const ClientId client(req->client());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  controller_->Submit(client, ProgramId(req->program()), args, *mode)
+      .OnReady([this, reactor, resp, client](const absl::StatusOr<RunInfo>& info) {
+        if (info.ok()) {
+          resp->set_run(info->run.value());
+          for (const ArrayInfo& a : info->outputs) ToProto(a, resp->add_outputs());
+          pw::MutexLock lock(&mu_);
+          runs_[info->run] = {client, info->done};
+        }
+        reactor->Finish(ToGrpc(info.status()));
+      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ControllerService::RunDone(grpc::CallbackServerContext* ctx,
+                                                     const v1::RunRequest* req, v1::Empty*) {
+  PW_AUTHORIZE(ctx, req->client());
+  Future<> done;
+  {
+    pw::MutexLock lock(&mu_);
+    auto it = runs_.find(RunId(req->run()));
+    if (it == runs_.end() || it->second.first != ClientId(req->client()))
+      return Reply(ctx, absl::NotFoundError(absl::StrCat(RunId(req->run()).ToString(),
+                                                         " is not a run of this client that "
+                                                         "is still being waited for")));
+    done = it->second.second;
+  }
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  done.OnReady([this, reactor, run = RunId(req->run())](const absl::Status& s) {
+    {
+      pw::MutexLock lock(&mu_);
+      runs_.erase(run);
+    }
+    reactor->Finish(ToGrpc(s));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ControllerService::PutArray(grpc::CallbackServerContext* ctx,
+                                                      const v1::PutArrayRequest* req,
+                                                      v1::ArrayInfo* resp) {
+  PW_AUTHORIZE(ctx, req->client());
+  absl::StatusOr<Sharding> sharding = FromProto(req->sharding());
+  if (!sharding.ok()) return Reply(ctx, Annotate(sharding.status(), "PutArray sharding"));
+  v1::HostArray value = req->value();
+  absl::StatusOr<HostArray> array = FromProto(&value);
+  if (!array.ok()) return Reply(ctx, Annotate(array.status(), "PutArray value"));
+  auto info = controller_->PutArray(ClientId(req->client()), SliceId(req->slice()), *sharding,
+                                    *std::move(array));
+  if (info.ok()) ToProto(*info, resp);
+  return Reply(ctx, info.status());
+}
+
+grpc::ServerUnaryReactor* ControllerService::FetchArray(grpc::CallbackServerContext* ctx,
+                                                        const v1::ArrayRequest* req,
+                                                        v1::HostArray* resp) {
+  PW_AUTHORIZE(ctx, req->client());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  controller_->FetchArray(ClientId(req->client()), BufferId(req->buffer()))
+      .OnReady([reactor, resp](const absl::StatusOr<HostArray>& a) {
+        if (a.ok()) ToProto(*a, resp);
+        reactor->Finish(ToGrpc(a.status()));
+      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ControllerService::ArrayReady(grpc::CallbackServerContext* ctx,
+                                                        const v1::ArrayRequest* req, v1::Empty*) {
+  PW_AUTHORIZE(ctx, req->client());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  controller_->ArrayReady(ClientId(req->client()), BufferId(req->buffer()))
+      .OnReady([reactor](const absl::Status& s) { reactor->Finish(ToGrpc(s)); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ControllerService::ReleaseArray(grpc::CallbackServerContext* ctx,
+                                                          const v1::ArrayRequest* req, v1::Empty*) {
+  PW_AUTHORIZE(ctx, req->client());
+  return Reply(ctx, controller_->ReleaseArray(ClientId(req->client()), BufferId(req->buffer())));
+}
+
+grpc::ServerUnaryReactor* ControllerService::Status(grpc::CallbackServerContext* ctx,
+                                                    const v1::Empty*, v1::ClusterStatus* resp) {
+  PW_AUTHORIZE(ctx);
+  ToProto(controller_->Status(), resp);
+  membership_->AddMembers(resp);
+  resp->set_clients(static_cast<int64_t>(num_clients()));
+  return Reply(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* ControllerService::RegisterWorker(
+    grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* req,
+    v1::RegisterWorkerResponse* resp) {
+  PW_AUTHORIZE(ctx);
+  if (req->protocol_version() != kProtocolVersion) {
+    return Reply(ctx, absl::FailedPreconditionError(absl::StrCat(
+                          "worker for host:", req->host(), " speaks pathways protocol version ",
+                          req->protocol_version(), " but this controller speaks version ",
+                          kProtocolVersion)));
+  }
+  auto r = membership_->RegisterWorker(*req);
+  if (r.ok()) *resp = *std::move(r);
+  return Reply(ctx, r.status());
+}
+
+grpc::ServerUnaryReactor* ControllerService::Heartbeat(grpc::CallbackServerContext* ctx,
+                                                       const v1::HeartbeatRequest* req,
+                                                       v1::Empty*) {
+  PW_AUTHORIZE(ctx);
+  return Reply(ctx, membership_->Heartbeat(HostId(req->host())));
+}
+
+grpc::ServerUnaryReactor* ControllerService::LookupHost(grpc::CallbackServerContext* ctx,
+                                                        const v1::LookupHostRequest* req,
+                                                        v1::HostAddress* resp) {
+  PW_AUTHORIZE(ctx);
+  auto a = membership_->LookupHost(HostId(req->host()));
+  if (a.ok()) *resp = *std::move(a);
+  return Reply(ctx, a.status());
+}
+
+grpc::ServerUnaryReactor* ControllerService::GetClusterSpec(grpc::CallbackServerContext* ctx,
+                                                          const v1::Empty*, v1::Text* resp) {
+  PW_AUTHORIZE(ctx);
+  resp->set_text(membership_->ClusterSpecJson());
+  return Reply(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* ControllerService::Shutdown(grpc::CallbackServerContext* ctx,
+                                                      const v1::Empty*, v1::Empty*) {
+  PW_AUTHORIZE(ctx);
+  membership_->Shutdown();
+  return Reply(ctx, absl::OkStatus());
+}
+
+// ---------------------------------------------------------------- sessions
+
+class ControllerService::SessionReader final : public grpc::ServerReadReactor<v1::SessionMessage> {
+ public:
+  SessionReader(ControllerService* service, grpc::CallbackServerContext* ctx)
+      : service_(service), ctx_(ctx) {
+    StartRead(&msg_);
+  }
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      if (!client_.valid()) {
+        absl::Status s = service_->Authorize(ctx_, msg_.client());
+        if (!s.ok()) return Finish(ToGrpc(s));
+        client_ = ClientId(msg_.client());
+      }
+      StartRead(&msg_);
+      return;
+    }
+    // The client went away (or closed its session): release everything it held.
+    if (client_.valid()) (void)service_->DropClient(client_);
+    Finish(grpc::Status::OK);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  ControllerService* const service_;
+  grpc::CallbackServerContext* const ctx_;
+  v1::SessionMessage msg_;
+  ClientId client_;
+};
+
+grpc::ServerReadReactor<v1::SessionMessage>* ControllerService::Session(
+    grpc::CallbackServerContext* ctx, v1::Empty*) {
+  return new SessionReader(this, ctx);
+}
+
+}  // namespace pw::rpc

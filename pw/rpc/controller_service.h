@@ -1,0 +1,87 @@
+// ControllerService: serves a ControllerInterface (the Controller) over gRPC, plus cluster
+// membership (worker registration, heartbeats, peer lookup) through a ClusterMembership.
+//
+// Connect checks the protocol version and hands the client a key that every later call for that
+// client must carry, so one client cannot use, read or free another's slices and buffers. A
+// client's Session stream lives as long as the client; when it ends, the client is disconnected
+// (its slices and buffers are released). Thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "pw/base/mutex.h"
+#include "pw/rpc/auth.h"
+#include "pw/rpc/proto/pathways.grpc.pb.h"
+#include "pw/transport/controller_interface.h"
+
+namespace pw::rpc {
+
+// What the controller process adds to the controller: its workers.
+class ClusterMembership {
+ public:
+  virtual ~ClusterMembership() = default;
+  virtual absl::StatusOr<::pathways::v1::RegisterWorkerResponse> RegisterWorker(
+      const ::pathways::v1::RegisterWorkerRequest& req) = 0;
+  virtual absl::Status Heartbeat(HostId host) = 0;
+  virtual absl::StatusOr<::pathways::v1::HostAddress> LookupHost(HostId host) = 0;
+  // Adds membership to a status reply.
+  virtual void AddMembers(::pathways::v1::ClusterStatus* out) = 0;
+  virtual std::string ClusterSpecJson() = 0;
+  virtual void Shutdown() = 0;
+};
+
+class ControllerService final : public ::pathways::v1::Controller::CallbackService {
+ public:
+  // Both must outlive the service.
+  ControllerService(ControllerInterface* controller, ClusterMembership* membership,
+                    std::string token);
+  size_t num_clients() const;
+
+#define PW_UNARY(Method, Req, Resp)                                                  \
+  grpc::ServerUnaryReactor* Method(grpc::CallbackServerContext* ctx,                 \
+                                   const ::pathways::v1::Req* req,                   \
+                                   ::pathways::v1::Resp* resp) override
+  PW_UNARY(Connect, ConnectRequest, ConnectResponse);
+  PW_UNARY(Disconnect, ClientRequest, Empty);
+  PW_UNARY(AllocateSlice, AllocateSliceRequest, SliceInfo);
+  PW_UNARY(ReleaseSlice, ReleaseSliceRequest, Empty);
+  PW_UNARY(RegisterFunction, RegisterFunctionRequest, FunctionInfo);
+  PW_UNARY(LoadFunction, LoadFunctionRequest, ArraySpecs);
+  PW_UNARY(RegisterProgram, RegisterProgramRequest, ProgramId);
+  PW_UNARY(ExplainProgram, ProgramRequest, Text);
+  PW_UNARY(Submit, SubmitRequest, RunInfo);
+  PW_UNARY(RunDone, RunRequest, Empty);
+  PW_UNARY(PutArray, PutArrayRequest, ArrayInfo);
+  PW_UNARY(FetchArray, ArrayRequest, HostArray);
+  PW_UNARY(ArrayReady, ArrayRequest, Empty);
+  PW_UNARY(ReleaseArray, ArrayRequest, Empty);
+  PW_UNARY(Status, Empty, ClusterStatus);
+  PW_UNARY(RegisterWorker, RegisterWorkerRequest, RegisterWorkerResponse);
+  PW_UNARY(Heartbeat, HeartbeatRequest, Empty);
+  PW_UNARY(LookupHost, LookupHostRequest, HostAddress);
+  PW_UNARY(GetClusterSpec, Empty, Text);
+  PW_UNARY(Shutdown, Empty, Empty);
+#undef PW_UNARY
+  grpc::ServerReadReactor<::pathways::v1::SessionMessage>* Session(
+      grpc::CallbackServerContext* ctx, ::pathways::v1::Empty* resp) override;
+
+ private:
+  class SessionReader;
+  // The call's token and, for `client`, its key.
+  absl::Status Authorize(const grpc::CallbackServerContext* ctx, int64_t client) const;
+  absl::Status Authorize(const grpc::CallbackServerContext* ctx) const;
+  // Disconnects `client` once (the Session stream ended or the client asked).
+  absl::Status DropClient(ClientId client);
+
+  ControllerInterface* const controller_;
+  ClusterMembership* const membership_;
+  const std::string token_;
+  mutable pw::Mutex mu_;
+  absl::flat_hash_map<ClientId, std::string> keys_ ABSL_GUARDED_BY(mu_);
+  // Runs submitted and not yet waited for by RunDone.
+  absl::flat_hash_map<RunId, std::pair<ClientId, Future<>>> runs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pw::rpc

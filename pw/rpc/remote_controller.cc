@@ -1,0 +1,304 @@
+#include "pw/rpc/remote_controller.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "pw/base/status_macros.h"
+#include "pw/rpc/wire.h"
+
+namespace pw::rpc {
+namespace v1 = ::pathways::v1;
+
+// The client's open Session stream; closing it disconnects the client.
+struct RemoteController::Session {
+  std::string key;
+  grpc::ClientContext ctx;
+  v1::Empty resp;
+  std::unique_ptr<grpc::ClientWriter<v1::SessionMessage>> writer;
+  void Close() {
+    if (writer == nullptr) return;
+    writer->WritesDone();
+    (void)writer->Finish();
+    writer.reset();
+  }
+};
+
+RemoteController::RemoteController(std::string address, const ChannelOptions& options)
+    : address_(std::move(address)),
+      options_(options),
+      channel_(MakeChannel(address_, options)),
+      stub_(v1::Controller::NewStub(channel_)) {}
+
+absl::StatusOr<std::unique_ptr<RemoteController>> RemoteController::Dial(
+    const std::string& address, const ChannelOptions& options, absl::Duration timeout) {
+  std::unique_ptr<RemoteController> c(new RemoteController(address, options));
+  if (!c->channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
+    return absl::UnavailableError(absl::StrCat("cannot reach a pathways controller at ", address,
+                                               " within ", absl::FormatDuration(timeout)));
+  }
+  return c;
+}
+
+RemoteController::~RemoteController() {
+  absl::flat_hash_map<ClientId, std::unique_ptr<Session>> sessions;
+  {
+    pw::MutexLock lock(&mu_);
+    sessions.swap(sessions_);
+  }
+  for (auto& [id, s] : sessions) s->Close();
+}
+
+absl::Status RemoteController::Where(const grpc::Status& s) const {
+  absl::Status st = FromGrpc(s);
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE)
+    return Annotate(st, absl::StrCat("controller at ", address_));
+  return st;
+}
+
+void RemoteController::Prepare(grpc::ClientContext* ctx, ClientId client) const {
+  AddToken(ctx, options_.token);
+  pw::MutexLock lock(&mu_);
+  auto it = sessions_.find(client);
+  if (it != sessions_.end()) ctx->AddMetadata("pw-client-key", it->second->key);
+}
+
+absl::StatusOr<ClientId> RemoteController::Connect(const std::string& name) {
+  v1::ConnectRequest req;
+  req.set_protocol_version(kProtocolVersion);
+  req.set_name(name);
+  v1::ConnectResponse resp;
+  grpc::ClientContext ctx;
+  AddToken(&ctx, options_.token);
+  if (grpc::Status s = stub_->Connect(&ctx, req, &resp); !s.ok()) return Where(s);
+  const ClientId id(resp.client());
+  auto session = std::make_unique<Session>();
+  session->key = resp.client_key();
+  AddToken(&session->ctx, options_.token);
+  session->ctx.AddMetadata("pw-client-key", session->key);
+  session->writer = stub_->Session(&session->ctx, &session->resp);
+  v1::SessionMessage hello;
+  hello.set_client(id.value());
+  if (!session->writer->Write(hello)) {
+    return absl::UnavailableError(absl::StrCat("controller at ", address_,
+                                               " closed the session of ", id.ToString()));
+  }
+  pw::MutexLock lock(&mu_);
+  sessions_[id] = std::move(session);
+  return id;
+}
+
+absl::Status RemoteController::Disconnect(ClientId client) {
+  v1::ClientRequest req;
+  req.set_client(client.value());
+  v1::Empty resp;
+  grpc::ClientContext ctx;
+  Prepare(&ctx, client);
+  grpc::Status s = stub_->Disconnect(&ctx, req, &resp);
+  std::unique_ptr<Session> session;
+  {
+    pw::MutexLock lock(&mu_);
+    auto it = sessions_.find(client);
+    if (it != sessions_.end()) {
+      session = std::move(it->second);
+      sessions_.erase(it);
+    }
+  }
+  if (session != nullptr) session->Close();
+  return s.ok() ? absl::OkStatus() : Where(s);
+}
+
+// One synchronous call: `fill` sets the request, `take` reads the response.
+#define PW_CALL(Method, client, req, resp)                 \
+  grpc::ClientContext ctx;                                 \
+  Prepare(&ctx, client);                                   \
+  if (grpc::Status s = stub_->Method(&ctx, req, &resp); !s.ok()) return Where(s)
+
+absl::StatusOr<SliceInfo> RemoteController::AllocateSlice(ClientId client,
+                                                          const SliceRequest& request) {
+  v1::AllocateSliceRequest req;
+  req.set_client(client.value());
+  ToProto(request, req.mutable_request());
+  v1::SliceInfo resp;
+  PW_CALL(AllocateSlice, client, req, resp);
+  return FromProto(resp);
+}
+
+absl::Status RemoteController::ReleaseSlice(ClientId client, SliceId slice) {
+  v1::ReleaseSliceRequest req;
+  req.set_client(client.value());
+  req.set_slice(slice.value());
+  v1::Empty resp;
+  PW_CALL(ReleaseSlice, client, req, resp);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FunctionInfo> RemoteController::RegisterFunction(ClientId client,
+                                                                const FunctionDef& def) {
+  v1::RegisterFunctionRequest req;
+  req.set_client(client.value());
+  ToProto(def, req.mutable_def());
+  v1::FunctionInfo resp;
+  PW_CALL(RegisterFunction, client, req, resp);
+  return FromProto(resp);
+}
+
+absl::StatusOr<std::vector<ArraySpec>> RemoteController::LoadFunction(ClientId client,
+                                                                      FunctionId function,
+                                                                      SliceId slice) {
+  v1::LoadFunctionRequest req;
+  req.set_client(client.value());
+  req.set_function(function.value());
+  req.set_slice(slice.value());
+  v1::ArraySpecs resp;
+  PW_CALL(LoadFunction, client, req, resp);
+  std::vector<ArraySpec> specs;
+  for (const auto& s : resp.specs()) {
+    PW_ASSIGN_OR_RETURN(ArraySpec spec, FromProto(s));
+    specs.push_back(std::move(spec));
+  }
+  return specs;
+}
+
+absl::StatusOr<ProgramId> RemoteController::RegisterProgram(ClientId client, const ProgramIr& ir) {
+  v1::RegisterProgramRequest req;
+  req.set_client(client.value());
+  ToProto(ir, req.mutable_ir());
+  v1::ProgramId resp;
+  PW_CALL(RegisterProgram, client, req, resp);
+  return ProgramId(resp.id());
+}
+
+absl::StatusOr<std::string> RemoteController::ExplainProgram(ClientId client, ProgramId program) {
+  v1::ProgramRequest req;
+  req.set_client(client.value());
+  req.set_program(program.value());
+  v1::Text resp;
+  PW_CALL(ExplainProgram, client, req, resp);
+  return resp.text();
+}
+
+absl::StatusOr<ArrayInfo> RemoteController::PutArray(ClientId client, SliceId slice,
+                                                     const Sharding& sharding, HostArray value) {
+  v1::PutArrayRequest req;
+  req.set_client(client.value());
+  req.set_slice(slice.value());
+  ToProto(sharding, req.mutable_sharding());
+  ToProto(value, req.mutable_value());
+  v1::ArrayInfo resp;
+  PW_CALL(PutArray, client, req, resp);
+  return FromProto(resp);
+}
+
+absl::Status RemoteController::ReleaseArray(ClientId client, BufferId id) {
+  v1::ArrayRequest req;
+  req.set_client(client.value());
+  req.set_buffer(id.value());
+  v1::Empty resp;
+  PW_CALL(ReleaseArray, client, req, resp);
+  return absl::OkStatus();
+}
+
+#undef PW_CALL
+
+namespace {
+// An asynchronous call's state, kept alive until its callback has run.
+template <typename Req, typename Resp>
+struct AsyncCall {
+  grpc::ClientContext ctx;
+  Req req;
+  Resp resp;
+};
+}  // namespace
+
+Future<RunInfo> RemoteController::Submit(ClientId client, ProgramId program,
+                                         const std::vector<BufferId>& args, DispatchMode mode) {
+  auto call = std::make_shared<AsyncCall<v1::SubmitRequest, v1::RunInfo>>();
+  Prepare(&call->ctx, client);
+  call->req.set_client(client.value());
+  call->req.set_program(program.value());
+  for (BufferId a : args) call->req.add_args(a.value());
+  call->req.set_mode(static_cast<int32_t>(mode));
+  auto promise = std::make_shared<Promise<RunInfo>>();  // gRPC callbacks must be copyable.
+  Future<RunInfo> result = promise->future();
+  stub_->async()->Submit(
+      &call->ctx, &call->req, &call->resp, [this, call, client, promise](grpc::Status s) {
+        if (!s.ok()) return promise->Set(Where(s));
+        RunInfo info;
+        info.run = RunId(call->resp.run());
+        for (const auto& o : call->resp.outputs()) {
+          absl::StatusOr<ArrayInfo> a = FromProto(o);
+          if (!a.ok()) return promise->Set(Annotate(a.status(), "Submit reply"));
+          info.outputs.push_back(*std::move(a));
+        }
+        // The run's completion: one more call, answered when the run has executed.
+        auto done_call = std::make_shared<AsyncCall<v1::RunRequest, v1::Empty>>();
+        Prepare(&done_call->ctx, client);
+        done_call->req.set_client(client.value());
+        done_call->req.set_run(info.run.value());
+        auto done = std::make_shared<Promise<>>();
+        info.done = done->future();
+        stub_->async()->RunDone(&done_call->ctx, &done_call->req, &done_call->resp,
+                                [this, done_call, done](grpc::Status s) {
+                                  done->Set(s.ok() ? absl::OkStatus() : Where(s));
+                                });
+        promise->Set(std::move(info));
+      });
+  return result;
+}
+
+Future<HostArray> RemoteController::FetchArray(ClientId client, BufferId id) {
+  auto call = std::make_shared<AsyncCall<v1::ArrayRequest, v1::HostArray>>();
+  Prepare(&call->ctx, client);
+  call->req.set_client(client.value());
+  call->req.set_buffer(id.value());
+  auto promise = std::make_shared<Promise<HostArray>>();
+  Future<HostArray> result = promise->future();
+  stub_->async()->FetchArray(&call->ctx, &call->req, &call->resp,
+                             [this, call, promise](grpc::Status s) {
+                               if (!s.ok()) return promise->Set(Where(s));
+                               promise->Set(FromProto(&call->resp));
+                             });
+  return result;
+}
+
+Future<> RemoteController::ArrayReady(ClientId client, BufferId id) {
+  auto call = std::make_shared<AsyncCall<v1::ArrayRequest, v1::Empty>>();
+  Prepare(&call->ctx, client);
+  call->req.set_client(client.value());
+  call->req.set_buffer(id.value());
+  auto promise = std::make_shared<Promise<>>();
+  Future<> result = promise->future();
+  stub_->async()->ArrayReady(&call->ctx, &call->req, &call->resp,
+                             [this, call, promise](grpc::Status s) {
+                               promise->Set(s.ok() ? absl::OkStatus() : Where(s));
+                             });
+  return result;
+}
+
+absl::StatusOr<v1::ClusterStatus> RemoteController::FullStatus() {
+  grpc::ClientContext ctx;
+  AddToken(&ctx, options_.token);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::Empty req;
+  v1::ClusterStatus resp;
+  if (grpc::Status s = stub_->Status(&ctx, req, &resp); !s.ok()) return Where(s);
+  return resp;
+}
+
+ClusterStatus RemoteController::Status() {
+  absl::StatusOr<v1::ClusterStatus> s = FullStatus();
+  if (!s.ok()) return ClusterStatus();
+  absl::StatusOr<ClusterStatus> c = FromProto(*s);
+  return c.ok() ? *std::move(c) : ClusterStatus();
+}
+
+absl::Status RemoteController::Shutdown() {
+  grpc::ClientContext ctx;
+  AddToken(&ctx, options_.token);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::Empty req, resp;
+  if (grpc::Status s = stub_->Shutdown(&ctx, req, &resp); !s.ok()) return Where(s);
+  return absl::OkStatus();
+}
+
+}  // namespace pw::rpc

@@ -1,0 +1,68 @@
+// RemoteController: ControllerInterface over gRPC, what a client uses to reach a controller
+// process (`pw up`, `pw controller`). The same client code runs against it as against the
+// in-process Controller.
+//
+// Connect checks the protocol version and opens the client's session stream; when this process
+// exits or its connection breaks, the controller releases the client's slices and buffers.
+// Thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "pw/base/mutex.h"
+#include "pw/rpc/auth.h"
+#include "pw/rpc/proto/pathways.grpc.pb.h"
+#include "pw/transport/controller_interface.h"
+
+namespace pw::rpc {
+
+class RemoteController final : public ControllerInterface {
+ public:
+  // Fails if the controller cannot be reached within `timeout`.
+  static absl::StatusOr<std::unique_ptr<RemoteController>> Dial(
+      const std::string& address, const ChannelOptions& options,
+      absl::Duration timeout = absl::Seconds(10));
+  // Disconnects every client still connected through this object.
+  ~RemoteController() override;
+
+  const std::string& address() const { return address_; }
+  // The whole status reply, with membership (for `pw status`).
+  absl::StatusOr<::pathways::v1::ClusterStatus> FullStatus();
+  absl::Status Shutdown();
+
+  absl::StatusOr<ClientId> Connect(const std::string& name) override;
+  absl::Status Disconnect(ClientId client) override;
+  absl::StatusOr<SliceInfo> AllocateSlice(ClientId client, const SliceRequest& request) override;
+  absl::Status ReleaseSlice(ClientId client, SliceId slice) override;
+  absl::StatusOr<FunctionInfo> RegisterFunction(ClientId client, const FunctionDef& def) override;
+  absl::StatusOr<std::vector<ArraySpec>> LoadFunction(ClientId client, FunctionId function,
+                                                      SliceId slice) override;
+  absl::StatusOr<ProgramId> RegisterProgram(ClientId client, const ProgramIr& ir) override;
+  absl::StatusOr<std::string> ExplainProgram(ClientId client, ProgramId program) override;
+  Future<RunInfo> Submit(ClientId client, ProgramId program, const std::vector<BufferId>& args,
+                         DispatchMode mode) override;
+  absl::StatusOr<ArrayInfo> PutArray(ClientId client, SliceId slice, const Sharding& sharding,
+                                     HostArray value) override;
+  Future<HostArray> FetchArray(ClientId client, BufferId id) override;
+  Future<> ArrayReady(ClientId client, BufferId id) override;
+  absl::Status ReleaseArray(ClientId client, BufferId id) override;
+  ClusterStatus Status() override;
+
+ private:
+  struct Session;
+  RemoteController(std::string address, const ChannelOptions& options);
+  // A context carrying the token and `client`'s key.
+  void Prepare(grpc::ClientContext* ctx, ClientId client) const;
+  absl::Status Where(const grpc::Status& s) const;
+
+  const std::string address_;
+  const ChannelOptions options_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<::pathways::v1::Controller::Stub> stub_;
+  mutable pw::Mutex mu_;
+  absl::flat_hash_map<ClientId, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pw::rpc

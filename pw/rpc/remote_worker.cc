@@ -1,0 +1,346 @@
+#include "pw/rpc/remote_worker.h"
+
+#include <cstring>
+#include <deque>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "pw/base/status_macros.h"
+#include "pw/rpc/wire.h"
+
+namespace pw::rpc {
+namespace v1 = ::pathways::v1;
+
+namespace {
+constexpr auto kControlDeadline = std::chrono::seconds(30);
+
+std::chrono::system_clock::time_point Deadline() {
+  return std::chrono::system_clock::now() + kControlDeadline;
+}
+}  // namespace
+
+// The command stream: commands are written one at a time from a queue; events are read until
+// the stream ends.
+class RemoteWorker::Stream final : public grpc::ClientBidiReactor<v1::Command, v1::CommandEvent> {
+ public:
+  Stream(RemoteWorker* owner) : owner_(owner) {
+    AddToken(&ctx_, owner->options_.token);
+    owner->stub_->async()->Commands(&ctx_, this);
+    StartRead(&event_);
+    StartCall();
+  }
+
+  void Write(v1::Command c) {
+    pw::MutexLock lock(&mu_);
+    queue_.push_back(std::move(c));
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&queue_.front());
+    }
+  }
+  void Cancel() { ctx_.TryCancel(); }
+
+  void OnWriteDone(bool ok) override {
+    pw::MutexLock lock(&mu_);
+    queue_.pop_front();
+    writing_ = false;
+    if (!ok) {
+      queue_.clear();  // The stream is broken; OnDone reports why.
+      return;
+    }
+    if (!queue_.empty()) {
+      writing_ = true;
+      StartWrite(&queue_.front());
+    }
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // OnDone follows.
+    owner_->OnEvent(event_);
+    StartRead(&event_);
+  }
+  void OnDone(const grpc::Status& s) override {
+    absl::Status status = FromGrpc(s);
+    if (status.ok()) status = absl::UnavailableError("the worker closed the command stream");
+    owner_->OnStreamEnd(this, status);
+    delete this;
+  }
+
+ private:
+  RemoteWorker* const owner_;
+  grpc::ClientContext ctx_;
+  v1::CommandEvent event_;
+  pw::Mutex mu_;
+  std::deque<v1::Command> queue_ ABSL_GUARDED_BY(mu_);  // Front: being written.
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOptions& options)
+    : host_(host),
+      address_(std::move(address)),
+      options_(options),
+      channel_(MakeChannel(address_, options)),
+      stub_(v1::Worker::NewStub(channel_)) {}
+
+RemoteWorker::~RemoteWorker() {
+  Fail("the controller closed its connection");
+  pw::MutexLock lock(&mu_);
+  mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stream_ == nullptr; });
+}
+
+absl::Status RemoteWorker::Where(const absl::Status& s) const {
+  return Annotate(s, absl::StrCat(host_.ToString(), " at ", address_));
+}
+
+void RemoteWorker::Fail(const std::string& reason) {
+  absl::flat_hash_map<uint64_t, Pending> pending;
+  {
+    pw::MutexLock lock(&mu_);
+    if (failed_.empty()) failed_ = reason;
+    pending.swap(pending_);
+    if (stream_ != nullptr) stream_->Cancel();
+  }
+  const absl::Status error = Where(absl::UnavailableError(reason));
+  for (auto& [seq, p] : pending) {
+    if (p.enqueued.valid()) p.enqueued.Set(error);
+    p.done.Set(error);
+  }
+}
+
+void RemoteWorker::Send(v1::Command c, Pending p) {
+  std::string failed;
+  {
+    pw::MutexLock lock(&mu_);
+    if (failed_.empty()) {
+      if (stream_ == nullptr) {
+        programs_sent_.clear();
+        stream_ = new Stream(this);
+      }
+      const uint64_t seq = next_seq_++;
+      c.set_seq(seq);
+      pending_.emplace(seq, std::move(p));
+      stream_->Write(std::move(c));
+      return;
+    }
+    failed = failed_;
+  }
+  const absl::Status error = Where(absl::UnavailableError(failed));
+  if (p.enqueued.valid()) p.enqueued.Set(error);
+  p.done.Set(error);
+}
+
+void RemoteWorker::OnEvent(const v1::CommandEvent& e) {
+  const absl::Status s = e.has_status() ? Where(FromProto(e.status())) : absl::OkStatus();
+  Promise<> enqueued, done;
+  {
+    pw::MutexLock lock(&mu_);
+    auto it = pending_.find(e.seq());
+    if (it == pending_.end()) return;
+    if (e.kind() == v1::CommandEvent::ENQUEUED) {
+      enqueued = std::move(it->second.enqueued);
+    } else {
+      enqueued = std::move(it->second.enqueued);
+      done = std::move(it->second.done);
+      pending_.erase(it);
+    }
+  }
+  if (enqueued.valid()) enqueued.Set(s);
+  if (done.valid()) done.Set(s);
+}
+
+void RemoteWorker::OnStreamEnd(Stream* stream, const absl::Status& s) {
+  absl::flat_hash_map<uint64_t, Pending> pending;
+  std::string reason;
+  {
+    pw::MutexLock lock(&mu_);
+    if (stream_ == stream) stream_ = nullptr;
+    if (failed_.empty()) failed_ = absl::StrCat("connection lost (", s.message(), ")");
+    reason = failed_;
+    pending.swap(pending_);
+  }
+  const absl::Status error = Where(absl::UnavailableError(reason));
+  for (auto& [seq, p] : pending) {
+    if (p.enqueued.valid()) p.enqueued.Set(error);
+    p.done.Set(error);
+  }
+}
+
+DispatchAck RemoteWorker::Dispatch(HostWork work) {
+  Pending p;
+  DispatchAck ack{p.enqueued.future(), p.done.future()};
+  v1::Command c;
+  v1::DispatchRequest* d = c.mutable_dispatch();
+  d->set_program_id(work.program->id);
+  d->set_run(work.run.value());
+  d->set_begin(work.begin);
+  d->set_end(work.end);
+  d->mutable_buffers()->Reserve(static_cast<int>(work.buffers->size()));
+  for (BufferId b : *work.buffers) d->add_buffers(b.value());
+  {
+    // The body goes with the first dispatch of the program on this stream; the stream delivers
+    // in order, so later dispatches find it cached. (A new stream clears programs_sent_.)
+    pw::MutexLock lock(&mu_);
+    if (stream_ == nullptr) programs_sent_.clear();
+    if (programs_sent_.insert(work.program->id).second) ToProto(*work.program, d->mutable_program());
+  }
+  Send(std::move(c), std::move(p));
+  return ack;
+}
+
+Future<> RemoteWorker::PutShard(BufferId id, DeviceId device, HostArray shard) {
+  Pending p;
+  Future<> done = p.done.future();
+  v1::Command c;
+  v1::PutShardRequest* put = c.mutable_put_shard();
+  put->set_buffer(id.value());
+  put->set_device(device.value());
+  ToProto(shard, put->mutable_shard());
+  Send(std::move(c), std::move(p));
+  return done;
+}
+
+void RemoteWorker::DeleteBuffers(const std::vector<BufferId>& ids) {
+  v1::Command c;
+  for (BufferId b : ids) c.mutable_delete_buffers()->add_buffers(b.value());
+  {
+    pw::MutexLock lock(&mu_);
+    if (!failed_.empty()) return;  // The worker is gone; so are its buffers.
+    if (stream_ == nullptr) {
+      programs_sent_.clear();
+      stream_ = new Stream(this);
+    }
+    c.set_seq(next_seq_++);
+    stream_->Write(std::move(c));
+  }
+}
+
+absl::Status RemoteWorker::LoadFunction(FunctionId id, const FunctionDef& def) {
+  v1::WorkerLoadFunctionRequest req;
+  req.set_function(id.value());
+  ToProto(def, req.mutable_def());
+  grpc::ClientContext ctx;
+  AddToken(&ctx, options_.token);
+  ctx.set_deadline(Deadline());
+  v1::Empty resp;
+  absl::Status s = FromGrpc(stub_->LoadFunction(&ctx, req, &resp));
+  return s.ok() ? s : Where(s);
+}
+
+absl::Status RemoteWorker::RemoveDevice(DeviceId device, const absl::Status& reason) {
+  v1::RemoveDeviceRequest req;
+  req.set_device(device.value());
+  ToProto(reason, req.mutable_reason());
+  grpc::ClientContext ctx;
+  AddToken(&ctx, options_.token);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::Empty resp;
+  absl::Status s = FromGrpc(stub_->RemoveDevice(&ctx, req, &resp));
+  return s.ok() ? s : Where(s);
+}
+
+HostStatus RemoteWorker::Status() const {
+  grpc::ClientContext ctx;
+  AddToken(&ctx, options_.token);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::Empty req;
+  v1::HostStatus resp;
+  if (stub_->Status(&ctx, req, &resp).ok()) {
+    if (auto s = FromProto(resp); s.ok()) return *std::move(s);
+  }
+  HostStatus s;
+  s.host = host_;
+  return s;
+}
+
+// ---------------------------------------------------------------- the data plane's write side
+
+namespace {
+// Reads one shard's chunks into a host-memory buffer.
+class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
+ public:
+  FetchCall(v1::Worker::Stub* stub, const std::string& token, BufferId id, DeviceId device,
+            std::string where, Promise<DeviceBufferRef> promise)
+      : device_(device), where_(std::move(where)), promise_(std::move(promise)) {
+    AddToken(&ctx_, token);
+    req_.set_buffer(id.value());
+    req_.set_device(device.value());
+    stub->async()->FetchShard(&ctx_, &req_, this);
+    StartRead(&chunk_);
+    StartCall();
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) return;
+    if (absl::Status s = Take(); !s.ok()) {
+      if (error_.ok()) error_ = s;
+      ctx_.TryCancel();
+      return;
+    }
+    StartRead(&chunk_);
+  }
+  void OnDone(const grpc::Status& s) override {
+    absl::Status status = error_.ok() ? FromGrpc(s) : error_;
+    if (status.ok() && (buffer_ == nullptr || offset_ != static_cast<size_t>(buffer_->size_bytes())))
+      status = absl::DataLossError(absl::StrCat("shard stream ended after ", offset_, " bytes"));
+    if (status.ok()) {
+      promise_.Set(DeviceBufferRef(std::move(buffer_)));
+    } else {
+      promise_.Set(Annotate(status, where_));
+    }
+    delete this;
+  }
+
+ private:
+  absl::Status Take() {
+    if (buffer_ == nullptr) {
+      if (!chunk_.has_spec()) return absl::DataLossError("shard stream: first chunk has no spec");
+      PW_ASSIGN_OR_RETURN(ArraySpec spec, FromProto(chunk_.spec()));
+      buffer_ = HostDeviceBuffer::Create(spec, device_);
+    }
+    const size_t size = static_cast<size_t>(buffer_->size_bytes());
+    if (chunk_.data().size() > size - offset_)
+      return absl::DataLossError(absl::StrCat("shard stream: more than ", size, " bytes"));
+    std::memcpy(static_cast<char*>(buffer_->mutable_data()) + offset_, chunk_.data().data(),
+                chunk_.data().size());
+    offset_ += chunk_.data().size();
+    return absl::OkStatus();
+  }
+
+  const DeviceId device_;
+  const std::string where_;
+  Promise<DeviceBufferRef> promise_;
+  grpc::ClientContext ctx_;
+  v1::ShardRequest req_;
+  v1::ShardChunk chunk_;
+  std::shared_ptr<HostDeviceBuffer> buffer_;
+  size_t offset_ = 0;
+  absl::Status error_;
+};
+}  // namespace
+
+Future<DeviceBufferRef> RemoteWorker::FetchShard(BufferId id, DeviceId device) {
+  Promise<DeviceBufferRef> p;
+  Future<DeviceBufferRef> f = p.future();
+  new FetchCall(stub_.get(), options_.token, id, device,
+                absl::StrCat("fetching ", id.ToString(), " on ", device.ToString(), " from ",
+                             host_.ToString(), " at ", address_),
+                std::move(p));
+  return f;
+}
+
+void RemoteWorker::SendCollective(v1::CollectiveContribution c,
+                                  std::function<void(const absl::Status&)> on_error) {
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::CollectiveContribution req;
+    v1::Empty resp;
+  };
+  auto call = std::make_shared<Call>();
+  call->req = std::move(c);
+  AddToken(&call->ctx, options_.token);
+  stub_->async()->Collective(
+      &call->ctx, &call->req, &call->resp,
+      [call, on_error = std::move(on_error), this](grpc::Status s) {
+        if (!s.ok()) on_error(Where(FromGrpc(s)));
+      });
+}
+
+}  // namespace pw::rpc

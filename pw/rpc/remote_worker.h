@@ -1,0 +1,73 @@
+// RemoteWorker: WorkerInterface over gRPC, for the controller (commands) and for peer workers
+// (the data plane's FetchShard, collectives).
+//
+// Commands (Dispatch, PutShard, DeleteBuffers) go on one stream, opened on first use, so the
+// worker applies them in call order; each host program's body is sent once per stream. When the
+// stream breaks (the worker died) or Fail() is called (missed heartbeats), every outstanding and
+// later command fails with Unavailable naming the host and why. Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "pw/base/mutex.h"
+#include "pw/rpc/auth.h"
+#include "pw/rpc/proto/pathways.grpc.pb.h"
+#include "pw/transport/worker_interface.h"
+
+namespace pw::rpc {
+
+class RemoteWorker final : public WorkerInterface {
+ public:
+  RemoteWorker(HostId host, std::string address, const ChannelOptions& options);
+  // Closes the command stream; outstanding commands fail.
+  ~RemoteWorker() override;
+
+  HostId host() const override { return host_; }
+  const std::string& address() const { return address_; }
+  absl::Status LoadFunction(FunctionId id, const FunctionDef& def) override;
+  DispatchAck Dispatch(HostWork work) override;
+  Future<> PutShard(BufferId id, DeviceId device, HostArray shard) override;
+  Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) override;
+  void DeleteBuffers(const std::vector<BufferId>& ids) override;
+  absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) override;
+  // Asks the worker; a worker that cannot be reached reports its devices as not alive.
+  HostStatus Status() const override;
+
+  // Sends a collective contribution (fire and forget); `on_error` runs if it cannot be delivered.
+  void SendCollective(::pathways::v1::CollectiveContribution c,
+                      std::function<void(const absl::Status&)> on_error);
+  // Fails every outstanding and later command with Unavailable: "<host> at <address>: <reason>".
+  void Fail(const std::string& reason);
+
+ private:
+  class Stream;
+  struct Pending {
+    Promise<> enqueued;  // Invalid for puts.
+    Promise<> done;
+  };
+  // Sends `c` (with seq set) on the stream, opening it if needed; `p` is kept until DONE.
+  void Send(::pathways::v1::Command c, Pending p);
+  void OnEvent(const ::pathways::v1::CommandEvent& e);
+  void OnStreamEnd(Stream* stream, const absl::Status& s);
+  absl::Status Where(const absl::Status& s) const;
+
+  const HostId host_;
+  const std::string address_;
+  const ChannelOptions options_;
+  const std::shared_ptr<grpc::Channel> channel_;
+  const std::unique_ptr<::pathways::v1::Worker::Stub> stub_;
+
+  pw::Mutex mu_;
+  Stream* stream_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::string failed_ ABSL_GUARDED_BY(mu_);  // Non-empty: why every command now fails.
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<uint64_t> programs_sent_ ABSL_GUARDED_BY(mu_);  // On stream_.
+};
+
+}  // namespace pw::rpc

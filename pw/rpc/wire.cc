@@ -1,0 +1,570 @@
+#include "pw/rpc/wire.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "pw/base/status_macros.h"
+
+namespace pw::rpc {
+
+namespace pb = ::google::protobuf;
+
+// Converters of nested messages, overloading the public ones so that the list templates below
+// find every FromProto / ToProto by one name.
+static absl::StatusOr<NativeOpDef> FromProto(const v1::NativeOp& p);
+static absl::StatusOr<ValueRef> FromProto(const v1::ValueRef& p);
+static absl::StatusOr<ProgramNode> FromProto(const v1::ProgramNode& p);
+static absl::StatusOr<NodeWork> FromProto(const v1::NodeWork& p);
+static absl::StatusOr<DeviceStatus> FromProto(const v1::DeviceStatus& p);
+static void ToProto(const NativeOpDef& op, v1::NativeOp* out);
+static void ToProto(const ValueRef& v, v1::ValueRef* out);
+static void ToProto(const ProgramNode& n, v1::ProgramNode* out);
+static void ToProto(const NodeWork& n, v1::NodeWork* out);
+static void ToProto(const DeviceStatus& d, v1::DeviceStatus* out);
+
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat(field, " ", problem));
+}
+
+absl::StatusCode CodeOf(int code) {
+  return code >= 0 && code <= static_cast<int>(absl::StatusCode::kUnauthenticated)
+             ? static_cast<absl::StatusCode>(code)
+             : absl::StatusCode::kUnknown;
+}
+
+template <typename IdT>
+absl::StatusOr<IdT> IdOf(int64_t v, absl::string_view field) {
+  if (v < 0) return Invalid(field, absl::StrCat("is negative: ", v));
+  return IdT(v);
+}
+
+template <typename IdT>
+absl::StatusOr<std::vector<IdT>> Ids(const pb::RepeatedField<int64_t>& r, absl::string_view field) {
+  std::vector<IdT> out;
+  out.reserve(r.size());
+  for (int i = 0; i < r.size(); ++i) {
+    if (r[i] < 0) {
+      return Invalid(absl::StrCat(field, "[", i, "]"), absl::StrCat("is negative: ", r[i]));
+    }
+    out.emplace_back(r[i]);
+  }
+  return out;
+}
+
+template <typename IdT>
+void SetIds(const std::vector<IdT>& ids, pb::RepeatedField<int64_t>* out) {
+  out->Clear();
+  for (IdT id : ids) out->Add(id.value());
+}
+
+// Indices in [0, limit).
+absl::StatusOr<std::vector<int>> Indices(const pb::RepeatedField<int32_t>& r,
+                                         absl::string_view field, int64_t limit = INT32_MAX) {
+  for (int i = 0; i < r.size(); ++i) {
+    if (r[i] < 0 || r[i] >= limit) {
+      return Invalid(absl::StrCat(field, "[", i, "]"),
+                     absl::StrCat("is ", r[i], ", not in [0, ", limit, ")"));
+    }
+  }
+  return std::vector<int>(r.begin(), r.end());
+}
+
+// A device mesh: positive axes, at most 2^30 devices.
+absl::Status CheckMesh(const pb::RepeatedField<int64_t>& mesh, absl::string_view field) {
+  int64_t devices = 1;
+  for (int i = 0; i < mesh.size(); ++i) {
+    if (mesh[i] <= 0) {
+      return Invalid(absl::StrCat(field, "[", i, "]"),
+                     absl::StrCat("is ", mesh[i], ", not positive"));
+    }
+    if (__builtin_mul_overflow(devices, mesh[i], &devices) || devices > (int64_t{1} << 30)) {
+      return Invalid(field, "has more than 2^30 devices");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A count held in a size_t.
+absl::StatusOr<size_t> Count(int64_t v, absl::string_view field) {
+  if (v < 0) return Invalid(field, absl::StrCat("is negative: ", v));
+  return static_cast<size_t>(v);
+}
+
+// Host ids of devices: one per device.
+absl::Status CheckHosts(size_t hosts, size_t devices, absl::string_view field) {
+  if (hosts == devices) return absl::OkStatus();
+  return Invalid(field, absl::StrCat("has ", hosts, " entries for ", devices, " devices"));
+}
+
+// The struct a message converts to.
+template <typename P>
+using StructOf = typename decltype(FromProto(std::declval<const P&>()))::value_type;
+
+template <typename P>
+absl::StatusOr<std::vector<StructOf<P>>> List(const pb::RepeatedPtrField<P>& r,
+                                              absl::string_view field) {
+  std::vector<StructOf<P>> out;
+  out.reserve(r.size());
+  for (int i = 0; i < r.size(); ++i) {
+    auto v = FromProto(r[i]);
+    if (!v.ok()) return Annotate(v.status(), absl::StrCat(field, " ", i));
+    out.push_back(*std::move(v));
+  }
+  return out;
+}
+
+template <typename T, typename P>
+void SetList(const std::vector<T>& v, pb::RepeatedPtrField<P>* out) {
+  out->Clear();
+  for (const T& x : v) ToProto(x, out->Add());
+}
+
+template <typename T>
+absl::StatusOr<T> Field(absl::StatusOr<T> v, absl::string_view field) {
+  if (!v.ok()) return Annotate(v.status(), field);
+  return v;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- status
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(CodeOf(s.error_code()), s.error_message());
+}
+
+void ToProto(const absl::Status& s, v1::StatusProto* out) {
+  out->set_code(static_cast<int32_t>(s.code()));
+  out->set_message(std::string(s.message()));
+}
+
+absl::Status FromProto(const v1::StatusProto& p) {
+  return absl::Status(CodeOf(p.code()), p.message());
+}
+
+absl::StatusOr<DispatchMode> DispatchModeFromProto(int32_t mode) {
+  if (mode == 0) return DispatchMode::kParallel;
+  if (mode == 1) return DispatchMode::kSequential;
+  return Invalid("dispatch mode", absl::StrCat(mode, " is unknown"));
+}
+
+// ---------------------------------------------------------------- bottom layer
+
+void ToProto(const ArraySpec& s, v1::ArraySpec* out) {
+  out->set_dtype(static_cast<int32_t>(s.dtype));
+  out->mutable_dims()->Assign(s.shape.dims().begin(), s.shape.dims().end());
+}
+
+absl::StatusOr<ArraySpec> FromProto(const v1::ArraySpec& p) {
+  if (p.dtype() < static_cast<int>(DType::kPred) || p.dtype() > static_cast<int>(DType::kF64)) {
+    return Invalid("dtype", absl::StrCat(p.dtype(), " is unknown"));
+  }
+  ArraySpec s{static_cast<DType>(p.dtype()),
+              Shape(std::vector<int64_t>(p.dims().begin(), p.dims().end()))};
+  PW_RETURN_IF_ERROR(s.Validate());
+  return s;
+}
+
+void ToProto(const Sharding& s, v1::Sharding* out) {
+  out->mutable_mesh_shape()->Assign(s.mesh_shape().begin(), s.mesh_shape().end());
+  out->mutable_dim_to_axis()->Assign(s.dim_to_axis().begin(), s.dim_to_axis().end());
+}
+
+absl::StatusOr<Sharding> FromProto(const v1::Sharding& p) {
+  PW_RETURN_IF_ERROR(CheckMesh(p.mesh_shape(), "mesh_shape"));
+  for (int d = 0; d < p.dim_to_axis_size(); ++d) {
+    const int a = p.dim_to_axis(d);
+    if (a < -1 || a >= p.mesh_shape_size()) {
+      return Invalid(absl::StrCat("dim_to_axis[", d, "]"),
+                     absl::StrCat("is ", a, ", not -1 or a mesh axis below ", p.mesh_shape_size()));
+    }
+  }
+  return Sharding(std::vector<int64_t>(p.mesh_shape().begin(), p.mesh_shape().end()),
+                  std::vector<int>(p.dim_to_axis().begin(), p.dim_to_axis().end()));
+}
+
+void ToProto(const HostArray& a, v1::HostArray* out) {
+  ToProto(a.spec, out->mutable_spec());
+  out->set_data(reinterpret_cast<const char*>(a.bytes.data()), a.bytes.size());
+}
+
+absl::StatusOr<HostArray> FromProto(v1::HostArray* p) {
+  PW_ASSIGN_OR_RETURN(ArraySpec spec, Field(FromProto(p->spec()), "host array spec"));
+  if (static_cast<int64_t>(p->data().size()) != spec.size_bytes()) {
+    return Invalid("host array data", absl::StrCat("has ", p->data().size(), " bytes but ",
+                                                   spec.ToString(), " needs ", spec.size_bytes()));
+  }
+  HostArray a{std::move(spec), {}};
+  a.bytes.assign(p->data().begin(), p->data().end());
+  p->clear_data();
+  return a;
+}
+
+// ---------------------------------------------------------------- functions and programs
+
+static void ToProto(const NativeOpDef& op, v1::NativeOp* out) {
+  out->set_kernel(op.kernel);
+  out->mutable_operands()->Assign(op.operands.begin(), op.operands.end());
+  for (const auto& [k, v] : op.attrs) (*out->mutable_attrs())[k] = v;
+}
+
+static absl::StatusOr<NativeOpDef> FromProto(const v1::NativeOp& p) {
+  NativeOpDef op{p.kernel(), {}, {p.attrs().begin(), p.attrs().end()}};
+  PW_ASSIGN_OR_RETURN(op.operands, Indices(p.operands(), "operands"));
+  return op;
+}
+
+void ToProto(const FunctionDef& d, v1::FunctionDef* out) {
+  out->Clear();
+  if (const auto* n = std::get_if<NativeFunctionDef>(&d)) {
+    v1::NativeFunction* o = out->mutable_native();
+    o->set_name(n->name);
+    SetList(n->inputs, o->mutable_inputs());
+    SetList(n->ops, o->mutable_ops());
+    o->mutable_outputs()->Assign(n->outputs.begin(), n->outputs.end());
+  } else {
+    const auto& s = std::get<StableHloFunctionDef>(d);
+    v1::StableHloFunction* o = out->mutable_stablehlo();
+    o->set_name(s.name);
+    o->set_module(s.module);
+    SetList(s.inputs, o->mutable_inputs());
+    SetList(s.outputs, o->mutable_outputs());
+    o->set_num_partitions(s.num_partitions);
+  }
+}
+
+absl::StatusOr<FunctionDef> FromProto(const v1::FunctionDef& p) {
+  if (p.has_native()) {
+    const v1::NativeFunction& n = p.native();
+    NativeFunctionDef d{n.name(), {}, {}, {}};
+    PW_ASSIGN_OR_RETURN(d.inputs, List(n.inputs(), "native function input"));
+    PW_ASSIGN_OR_RETURN(d.ops, List(n.ops(), "native function op"));
+    PW_ASSIGN_OR_RETURN(d.outputs, Indices(n.outputs(), "native function outputs"));
+    return d;
+  }
+  if (p.has_stablehlo()) {
+    const v1::StableHloFunction& s = p.stablehlo();
+    if (s.num_partitions() < 1) {
+      return Invalid("stablehlo function num_partitions",
+                     absl::StrCat("is ", s.num_partitions(), ", not >= 1"));
+    }
+    StableHloFunctionDef d{s.name(), s.module(), {}, {}, s.num_partitions()};
+    PW_ASSIGN_OR_RETURN(d.inputs, List(s.inputs(), "stablehlo function input"));
+    PW_ASSIGN_OR_RETURN(d.outputs, List(s.outputs(), "stablehlo function output"));
+    return d;
+  }
+  return Invalid("function def", "has no kind set");
+}
+
+static void ToProto(const ValueRef& v, v1::ValueRef* out) {
+  out->set_node(v.node);
+  out->set_index(v.index);
+}
+
+static absl::StatusOr<ValueRef> FromProto(const v1::ValueRef& p) {
+  if (p.node() < ValueRef::kArgNode) {
+    return Invalid("node", absl::StrCat("is ", p.node(), ", not -1 (an argument) or a node index"));
+  }
+  if (p.index() < 0) return Invalid("index", absl::StrCat("is negative: ", p.index()));
+  return ValueRef{p.node(), p.index()};
+}
+
+static void ToProto(const ProgramNode& n, v1::ProgramNode* out) {
+  out->set_name(n.name);
+  const Binding& b = n.binding;
+  v1::Binding* o = out->mutable_binding();
+  o->set_function(b.function.value());
+  o->set_slice(b.slice.value());
+  SetList(b.in_global, o->mutable_in_global());
+  SetList(b.in_sharding, o->mutable_in_sharding());
+  SetList(b.out_global, o->mutable_out_global());
+  SetList(b.out_sharding, o->mutable_out_sharding());
+  SetList(n.inputs, out->mutable_inputs());
+}
+
+static absl::StatusOr<ProgramNode> FromProto(const v1::ProgramNode& p) {
+  ProgramNode n{p.name(), {}, {}};
+  const v1::Binding& b = p.binding();
+  PW_ASSIGN_OR_RETURN(n.binding.function, IdOf<FunctionId>(b.function(), "binding function"));
+  PW_ASSIGN_OR_RETURN(n.binding.slice, IdOf<SliceId>(b.slice(), "binding slice"));
+  PW_ASSIGN_OR_RETURN(n.binding.in_global, List(b.in_global(), "binding in_global"));
+  PW_ASSIGN_OR_RETURN(n.binding.in_sharding, List(b.in_sharding(), "binding in_sharding"));
+  PW_ASSIGN_OR_RETURN(n.binding.out_global, List(b.out_global(), "binding out_global"));
+  PW_ASSIGN_OR_RETURN(n.binding.out_sharding, List(b.out_sharding(), "binding out_sharding"));
+  PW_ASSIGN_OR_RETURN(n.inputs, List(p.inputs(), "input"));
+  return n;
+}
+
+void ToProto(const ProgramIr& ir, v1::ProgramIr* out) {
+  out->set_name(ir.name);
+  SetList(ir.args, out->mutable_args());
+  SetList(ir.nodes, out->mutable_nodes());
+  SetList(ir.outputs, out->mutable_outputs());
+}
+
+absl::StatusOr<ProgramIr> FromProto(const v1::ProgramIr& p) {
+  ProgramIr ir{p.name(), {}, {}, {}};
+  PW_ASSIGN_OR_RETURN(ir.args, List(p.args(), "ProgramIr arg"));
+  PW_ASSIGN_OR_RETURN(ir.nodes, List(p.nodes(), "ProgramIr node"));
+  PW_ASSIGN_OR_RETURN(ir.outputs, List(p.outputs(), "ProgramIr output"));
+  return ir;
+}
+
+// ---------------------------------------------------------------- resource manager
+
+void ToProto(const SliceRequest& r, v1::SliceRequest* out) {
+  out->set_num_devices(r.num_devices);
+  out->mutable_mesh_shape()->Assign(r.mesh_shape.begin(), r.mesh_shape.end());
+  out->set_single_island(r.single_island);
+}
+
+absl::StatusOr<SliceRequest> FromProto(const v1::SliceRequest& p) {
+  if (p.num_devices() < 0) {
+    return Invalid("slice request num_devices", absl::StrCat("is negative: ", p.num_devices()));
+  }
+  PW_RETURN_IF_ERROR(CheckMesh(p.mesh_shape(), "slice request mesh_shape"));
+  return SliceRequest{p.num_devices(), {p.mesh_shape().begin(), p.mesh_shape().end()},
+                      p.single_island()};
+}
+
+void ToProto(const SliceInfo& s, v1::SliceInfo* out) {
+  out->set_id(s.id.value());
+  out->set_owner(s.owner.value());
+  SetIds(s.devices, out->mutable_devices());
+  out->mutable_mesh_shape()->Assign(s.mesh_shape.begin(), s.mesh_shape.end());
+  SetIds(s.islands, out->mutable_islands());
+  SetIds(s.hosts, out->mutable_hosts());
+}
+
+absl::StatusOr<SliceInfo> FromProto(const v1::SliceInfo& p) {
+  SliceInfo s;
+  PW_ASSIGN_OR_RETURN(s.id, IdOf<SliceId>(p.id(), "slice id"));
+  PW_ASSIGN_OR_RETURN(s.owner, IdOf<ClientId>(p.owner(), "slice owner"));
+  PW_ASSIGN_OR_RETURN(s.devices, Ids<DeviceId>(p.devices(), "slice devices"));
+  PW_ASSIGN_OR_RETURN(s.islands, Ids<IslandId>(p.islands(), "slice islands"));
+  PW_ASSIGN_OR_RETURN(s.hosts, Ids<HostId>(p.hosts(), "slice hosts"));
+  PW_RETURN_IF_ERROR(CheckHosts(s.hosts.size(), s.devices.size(), "slice hosts"));
+  PW_RETURN_IF_ERROR(CheckMesh(p.mesh_shape(), "slice mesh_shape"));
+  s.mesh_shape.assign(p.mesh_shape().begin(), p.mesh_shape().end());
+  return s;
+}
+
+void ToProto(const ArrayInfo& a, v1::ArrayInfo* out) {
+  out->set_id(a.id.value());
+  ToProto(a.global, out->mutable_global());
+  ToProto(a.sharding, out->mutable_sharding());
+  out->set_slice(a.slice.value());
+}
+
+absl::StatusOr<ArrayInfo> FromProto(const v1::ArrayInfo& p) {
+  ArrayInfo a;
+  PW_ASSIGN_OR_RETURN(a.id, IdOf<BufferId>(p.id(), "array id"));
+  PW_ASSIGN_OR_RETURN(a.global, Field(FromProto(p.global()), "array global"));
+  PW_ASSIGN_OR_RETURN(a.sharding, Field(FromProto(p.sharding()), "array sharding"));
+  PW_ASSIGN_OR_RETURN(a.slice, IdOf<SliceId>(p.slice(), "array slice"));
+  return a;
+}
+
+void ToProto(const FunctionInfo& f, v1::FunctionInfo* out) {
+  out->set_id(f.id.value());
+  out->set_name(f.name);
+  SetList(f.inputs, out->mutable_inputs());
+}
+
+absl::StatusOr<FunctionInfo> FromProto(const v1::FunctionInfo& p) {
+  FunctionInfo f{FunctionId(), p.name(), {}};
+  PW_ASSIGN_OR_RETURN(f.id, IdOf<FunctionId>(p.id(), "function id"));
+  PW_ASSIGN_OR_RETURN(f.inputs, List(p.inputs(), "function input"));
+  return f;
+}
+
+// ---------------------------------------------------------------- host programs
+
+static void ToProto(const NodeWork& n, v1::NodeWork* out) {
+  out->set_node(n.node);
+  out->set_name(n.name);
+  if (const auto* c = std::get_if<ComputeWork>(&n.work)) {
+    v1::ComputeWork* o = out->mutable_compute();
+    o->set_function(c->function.value());
+    SetIds(c->slice_devices, o->mutable_slice_devices());
+    o->mutable_local_ranks()->Assign(c->local_ranks.begin(), c->local_ranks.end());
+    o->mutable_inputs()->Assign(c->inputs.begin(), c->inputs.end());
+    o->mutable_outputs()->Assign(c->outputs.begin(), c->outputs.end());
+  } else {
+    const auto& t = std::get<TransferWork>(n.work);
+    v1::TransferWork* o = out->mutable_transfer();
+    o->set_src(t.src);
+    o->set_dst(t.dst);
+    ToProto(t.global, o->mutable_global());
+    ToProto(t.src_sharding, o->mutable_src_sharding());
+    SetIds(t.src_devices, o->mutable_src_devices());
+    SetIds(t.src_hosts, o->mutable_src_hosts());
+    ToProto(t.dst_sharding, o->mutable_dst_sharding());
+    SetIds(t.dst_devices, o->mutable_dst_devices());
+    o->mutable_local_ranks()->Assign(t.local_ranks.begin(), t.local_ranks.end());
+    o->set_link(static_cast<int32_t>(t.link));
+  }
+}
+
+static absl::StatusOr<ComputeWork> FromProto(const v1::ComputeWork& p) {
+  ComputeWork c;
+  PW_ASSIGN_OR_RETURN(c.function, IdOf<FunctionId>(p.function(), "function"));
+  PW_ASSIGN_OR_RETURN(c.slice_devices, Ids<DeviceId>(p.slice_devices(), "slice_devices"));
+  PW_ASSIGN_OR_RETURN(c.local_ranks,
+                      Indices(p.local_ranks(), "local_ranks", c.slice_devices.size()));
+  PW_ASSIGN_OR_RETURN(c.inputs, Indices(p.inputs(), "inputs"));
+  PW_ASSIGN_OR_RETURN(c.outputs, Indices(p.outputs(), "outputs"));
+  return c;
+}
+
+// Checks `s` fits `global` and places one shard on each of `devices`.
+static absl::Status CheckPlacement(const Sharding& s, const ArraySpec& global, size_t devices,
+                                   absl::string_view field) {
+  PW_RETURN_IF_ERROR(Annotate(s.Validate(global.shape), field));
+  if (static_cast<size_t>(s.num_devices()) != devices) {
+    return Invalid(field,
+                   absl::StrCat("has ", s.num_devices(), " shards but ", devices, " devices"));
+  }
+  return absl::OkStatus();
+}
+
+static absl::StatusOr<TransferWork> FromProto(const v1::TransferWork& p) {
+  TransferWork t;
+  if (p.src() < 0 || p.dst() < 0) {
+    return Invalid("src/dst", absl::StrCat("is negative: ", p.src(), "/", p.dst()));
+  }
+  t.src = p.src();
+  t.dst = p.dst();
+  PW_ASSIGN_OR_RETURN(t.global, Field(FromProto(p.global()), "global"));
+  PW_ASSIGN_OR_RETURN(t.src_sharding, Field(FromProto(p.src_sharding()), "src_sharding"));
+  PW_ASSIGN_OR_RETURN(t.src_devices, Ids<DeviceId>(p.src_devices(), "src_devices"));
+  PW_ASSIGN_OR_RETURN(t.src_hosts, Ids<HostId>(p.src_hosts(), "src_hosts"));
+  PW_ASSIGN_OR_RETURN(t.dst_sharding, Field(FromProto(p.dst_sharding()), "dst_sharding"));
+  PW_ASSIGN_OR_RETURN(t.dst_devices, Ids<DeviceId>(p.dst_devices(), "dst_devices"));
+  PW_ASSIGN_OR_RETURN(t.local_ranks, Indices(p.local_ranks(), "local_ranks", t.dst_devices.size()));
+  PW_RETURN_IF_ERROR(CheckHosts(t.src_hosts.size(), t.src_devices.size(), "src_hosts"));
+  PW_RETURN_IF_ERROR(
+      CheckPlacement(t.src_sharding, t.global, t.src_devices.size(), "src_sharding"));
+  PW_RETURN_IF_ERROR(
+      CheckPlacement(t.dst_sharding, t.global, t.dst_devices.size(), "dst_sharding"));
+  if (p.link() < static_cast<int>(LinkClass::kSameDevice) ||
+      p.link() > static_cast<int>(LinkClass::kDcn)) {
+    return Invalid("link", absl::StrCat(p.link(), " is unknown"));
+  }
+  t.link = static_cast<LinkClass>(p.link());
+  return t;
+}
+
+static absl::StatusOr<NodeWork> FromProto(const v1::NodeWork& p) {
+  if (p.node() < 0) return Invalid("node", absl::StrCat("is negative: ", p.node()));
+  NodeWork n{p.node(), p.name(), {}};
+  if (p.has_compute()) {
+    PW_ASSIGN_OR_RETURN(n.work, Field(FromProto(p.compute()), "compute"));
+  } else if (p.has_transfer()) {
+    PW_ASSIGN_OR_RETURN(n.work, Field(FromProto(p.transfer()), "transfer"));
+  } else {
+    return Invalid("work", "is not set");
+  }
+  return n;
+}
+
+void ToProto(const HostProgram& h, v1::HostProgram* out) {
+  out->set_program(h.program);
+  SetList(h.nodes, out->mutable_nodes());
+}
+
+absl::StatusOr<HostProgram> FromProto(const v1::HostProgram& p) {
+  HostProgram h;  // The id is not part of the body: DispatchRequest carries it.
+  h.program = p.program();
+  PW_ASSIGN_OR_RETURN(h.nodes, List(p.nodes(), "HostProgram node"));
+  return h;
+}
+
+// ---------------------------------------------------------------- status
+
+static void ToProto(const DeviceStatus& d, v1::DeviceStatus* out) {
+  out->set_id(d.id.value());
+  out->set_host(d.host.value());
+  out->set_island(d.island.value());
+  out->set_alive(d.alive);
+  out->set_memory_capacity(d.memory_capacity);
+  out->set_memory_in_use(d.memory_in_use);
+  out->set_memory_waiters(static_cast<int64_t>(d.memory_waiters));
+  out->set_queue_depth(static_cast<int64_t>(d.queue_depth));
+  out->set_executed(d.executed);
+}
+
+static absl::StatusOr<DeviceStatus> FromProto(const v1::DeviceStatus& p) {
+  DeviceStatus d;
+  PW_ASSIGN_OR_RETURN(d.id, IdOf<DeviceId>(p.id(), "id"));
+  PW_ASSIGN_OR_RETURN(d.host, IdOf<HostId>(p.host(), "host"));
+  PW_ASSIGN_OR_RETURN(d.island, IdOf<IslandId>(p.island(), "island"));
+  d.alive = p.alive();
+  d.memory_capacity = p.memory_capacity();
+  d.memory_in_use = p.memory_in_use();
+  PW_ASSIGN_OR_RETURN(d.memory_waiters, Count(p.memory_waiters(), "memory_waiters"));
+  PW_ASSIGN_OR_RETURN(d.queue_depth, Count(p.queue_depth(), "queue_depth"));
+  d.executed = p.executed();
+  return d;
+}
+
+void ToProto(const HostStatus& h, v1::HostStatus* out) {
+  out->set_host(h.host.value());
+  out->set_island(h.island.value());
+  SetList(h.devices, out->mutable_devices());
+  out->set_buffers(static_cast<int64_t>(h.buffers));
+  out->set_buffer_bytes(h.buffer_bytes);
+  out->set_ici_bytes_received(h.ici_bytes_received);
+  out->set_dcn_bytes_received(h.dcn_bytes_received);
+  out->set_dispatch_queue_depth(static_cast<int64_t>(h.dispatch_queue_depth));
+}
+
+absl::StatusOr<HostStatus> FromProto(const v1::HostStatus& p) {
+  HostStatus h;
+  PW_ASSIGN_OR_RETURN(h.host, IdOf<HostId>(p.host(), "host status host"));
+  PW_ASSIGN_OR_RETURN(h.island, IdOf<IslandId>(p.island(), "host status island"));
+  PW_ASSIGN_OR_RETURN(h.devices, List(p.devices(), "host status device"));
+  PW_ASSIGN_OR_RETURN(h.buffers, Count(p.buffers(), "host status buffers"));
+  h.buffer_bytes = p.buffer_bytes();
+  h.ici_bytes_received = p.ici_bytes_received();
+  h.dcn_bytes_received = p.dcn_bytes_received();
+  PW_ASSIGN_OR_RETURN(h.dispatch_queue_depth,
+                      Count(p.dispatch_queue_depth(), "host status dispatch_queue_depth"));
+  return h;
+}
+
+void ToProto(const ClusterStatus& c, v1::ClusterStatus* out) {
+  SetList(c.hosts, out->mutable_hosts());
+  out->set_logical_buffers(static_cast<int64_t>(c.logical_buffers));
+  out->set_runs_in_flight(static_cast<int64_t>(c.runs_in_flight));
+  out->set_runs_completed(c.runs_completed);
+  out->mutable_scheduler_queue_depth()->Assign(c.scheduler_queue_depth.begin(),
+                                               c.scheduler_queue_depth.end());
+}
+
+absl::StatusOr<ClusterStatus> FromProto(const v1::ClusterStatus& p) {
+  ClusterStatus c;
+  PW_ASSIGN_OR_RETURN(c.hosts, List(p.hosts(), "cluster status host"));
+  PW_ASSIGN_OR_RETURN(c.logical_buffers,
+                      Count(p.logical_buffers(), "cluster status logical_buffers"));
+  PW_ASSIGN_OR_RETURN(c.runs_in_flight, Count(p.runs_in_flight(), "cluster status runs_in_flight"));
+  c.runs_completed = p.runs_completed();
+  for (int i = 0; i < p.scheduler_queue_depth_size(); ++i) {
+    PW_ASSIGN_OR_RETURN(size_t depth, Count(p.scheduler_queue_depth(i),
+                                            absl::StrCat("scheduler_queue_depth[", i, "]")));
+    c.scheduler_queue_depth.push_back(depth);
+  }
+  return c;
+}
+
+}  // namespace pw::rpc

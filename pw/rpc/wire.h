@@ -1,0 +1,64 @@
+// Wire forms of the transport's messages: conversions between the plain structs of
+// pw/transport (and the bottom layer) and the protobuf messages of proto/pathways.proto.
+//
+// Every FromProto validates what it reads: a message from the network may be malformed (ids out
+// of range, enum values unknown, array bytes not matching their spec), and each such case is an
+// InvalidArgument naming the field, never a crash. Thread-compatible pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/support/status.h"
+#include "pw/rpc/proto/pathways.pb.h"
+#include "pw/transport/controller_interface.h"
+#include "pw/transport/messages.h"
+
+namespace pw::rpc {
+
+namespace v1 = ::pathways::v1;
+
+// Bumped on every incompatible change to proto/pathways.proto.
+inline constexpr int32_t kProtocolVersion = 1;
+
+// Status <-> gRPC status (the codes are numerically identical).
+grpc::Status ToGrpc(const absl::Status& s);
+absl::Status FromGrpc(const grpc::Status& s);
+void ToProto(const absl::Status& s, v1::StatusProto* out);
+absl::Status FromProto(const v1::StatusProto& p);
+
+void ToProto(const ArraySpec& s, v1::ArraySpec* out);
+absl::StatusOr<ArraySpec> FromProto(const v1::ArraySpec& p);
+void ToProto(const Sharding& s, v1::Sharding* out);
+absl::StatusOr<Sharding> FromProto(const v1::Sharding& p);
+void ToProto(const HostArray& a, v1::HostArray* out);
+// Moves the bytes out of `p` (which is left empty).
+absl::StatusOr<HostArray> FromProto(v1::HostArray* p);
+
+void ToProto(const FunctionDef& d, v1::FunctionDef* out);
+absl::StatusOr<FunctionDef> FromProto(const v1::FunctionDef& p);
+void ToProto(const ProgramIr& ir, v1::ProgramIr* out);
+absl::StatusOr<ProgramIr> FromProto(const v1::ProgramIr& p);
+
+void ToProto(const SliceRequest& r, v1::SliceRequest* out);
+absl::StatusOr<SliceRequest> FromProto(const v1::SliceRequest& p);
+void ToProto(const SliceInfo& s, v1::SliceInfo* out);
+absl::StatusOr<SliceInfo> FromProto(const v1::SliceInfo& p);
+void ToProto(const ArrayInfo& a, v1::ArrayInfo* out);
+absl::StatusOr<ArrayInfo> FromProto(const v1::ArrayInfo& p);
+void ToProto(const FunctionInfo& f, v1::FunctionInfo* out);
+absl::StatusOr<FunctionInfo> FromProto(const v1::FunctionInfo& p);
+
+void ToProto(const HostProgram& h, v1::HostProgram* out);
+absl::StatusOr<HostProgram> FromProto(const v1::HostProgram& p);
+
+void ToProto(const HostStatus& h, v1::HostStatus* out);
+absl::StatusOr<HostStatus> FromProto(const v1::HostStatus& p);
+void ToProto(const ClusterStatus& c, v1::ClusterStatus* out);
+absl::StatusOr<ClusterStatus> FromProto(const v1::ClusterStatus& p);
+
+absl::StatusOr<DispatchMode> DispatchModeFromProto(int32_t mode);
+
+}  // namespace pw::rpc

@@ -1,0 +1,368 @@
+#include "pw/rpc/worker_service.h"
+
+#include <deque>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "pw/base/status_macros.h"
+#include "pw/rpc/reactors.h"
+#include "pw/rpc/wire.h"
+
+namespace pw::rpc {
+namespace v1 = ::pathways::v1;
+
+WorkerService::WorkerService(WorkerInterface* worker, Collectives* collectives, std::string token)
+    : worker_(worker), collectives_(collectives), token_(std::move(token)) {}
+
+absl::StatusOr<std::shared_ptr<const HostProgram>> WorkerService::Program(
+    uint64_t id, const v1::HostProgram* body) {
+  pw::MutexLock lock(&mu_);
+  if (body != nullptr) {
+    PW_ASSIGN_OR_RETURN(HostProgram p, FromProto(*body));
+    p.id = id;
+    auto ref = std::make_shared<const HostProgram>(std::move(p));
+    programs_[id] = ref;
+    return ref;
+  }
+  auto it = programs_.find(id);
+  if (it == programs_.end())
+    return absl::NotFoundError(absl::StrCat("host program ", id, " was never sent to ",
+                                            worker_->host().ToString()));
+  return it->second;
+}
+
+grpc::ServerUnaryReactor* WorkerService::LoadFunction(grpc::CallbackServerContext* ctx,
+                                                      const v1::WorkerLoadFunctionRequest* req,
+                                                      v1::Empty*) {
+  if (absl::Status s = CheckToken(ctx, token_); !s.ok()) return Reply(ctx, s);
+  absl::StatusOr<FunctionDef> def = FromProto(req->def());
+  if (!def.ok()) return Reply(ctx, Annotate(def.status(), "LoadFunction"));
+  if (req->function() < 0) return Reply(ctx, absl::InvalidArgumentError("LoadFunction: negative function id"));
+  return Reply(ctx, worker_->LoadFunction(FunctionId(req->function()), *def));
+}
+
+// ---------------------------------------------------------------- the command stream
+
+// Events are written one at a time from a queue; futures' callbacks reach the stream through
+// `sink`, which outlives the reactor and forgets it once the RPC is done.
+class WorkerService::CommandStream final
+    : public grpc::ServerBidiReactor<v1::Command, v1::CommandEvent> {
+ public:
+  struct Sink {
+    pw::Mutex mu;
+    CommandStream* stream ABSL_GUARDED_BY(mu) = nullptr;
+  };
+
+  CommandStream(WorkerService* service, grpc::CallbackServerContext* ctx)
+      : service_(service), sink_(std::make_shared<Sink>()) {
+    if (absl::Status s = CheckToken(ctx, service->token_); !s.ok()) {
+      Finish(ToGrpc(s));
+      return;
+    }
+    {
+      pw::MutexLock lock(&sink_->mu);
+      sink_->stream = this;
+    }
+    StartRead(&command_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // The controller closed the stream or went away.
+      pw::MutexLock lock(&mu_);
+      reads_done_ = true;
+      MaybeFinishLocked();
+      return;
+    }
+    Apply(command_);
+    command_.Clear();
+    StartRead(&command_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    pw::MutexLock lock(&mu_);
+    events_.pop_front();
+    if (!ok) {
+      write_failed_ = true;
+      events_.clear();
+    }
+    writing_ = false;
+    if (!events_.empty()) {
+      writing_ = true;
+      StartWrite(&events_.front());
+    }
+    MaybeFinishLocked();
+  }
+
+  void OnDone() override {
+    {
+      pw::MutexLock lock(&sink_->mu);
+      sink_->stream = nullptr;
+    }
+    delete this;
+  }
+
+  // Queues an event (from any thread).
+  static void Send(const std::shared_ptr<Sink>& sink, uint64_t seq, v1::CommandEvent::Kind kind,
+                   const absl::Status& s) {
+    pw::MutexLock lock(&sink->mu);
+    if (sink->stream == nullptr) return;
+    v1::CommandEvent e;
+    e.set_seq(seq);
+    e.set_kind(kind);
+    if (!s.ok()) ToProto(s, e.mutable_status());
+    sink->stream->Enqueue(std::move(e));
+  }
+
+ private:
+  void Enqueue(v1::CommandEvent e) {
+    pw::MutexLock lock(&mu_);
+    if (write_failed_ || finished_) return;
+    events_.push_back(std::move(e));
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&events_.front());
+    }
+  }
+
+  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || writing_ || !(reads_done_ || write_failed_)) return;
+    finished_ = true;
+    Finish(grpc::Status::OK);
+  }
+
+  void Apply(const v1::Command& c) {
+    const uint64_t seq = c.seq();
+    auto fail = [&](const absl::Status& s, bool dispatch) {
+      if (dispatch) Send(sink_, seq, v1::CommandEvent::ENQUEUED, s);
+      Send(sink_, seq, v1::CommandEvent::DONE, s);
+    };
+    WorkerInterface* worker = service_->worker_;
+    switch (c.command_case()) {
+      case v1::Command::kDispatch: {
+        const v1::DispatchRequest& d = c.dispatch();
+        auto program = service_->Program(d.program_id(), d.has_program() ? &d.program() : nullptr);
+        if (!program.ok()) return fail(Annotate(program.status(), "dispatch"), true);
+        auto buffers = std::make_shared<std::vector<BufferId>>();
+        buffers->reserve(d.buffers_size());
+        for (int64_t b : d.buffers()) buffers->push_back(BufferId(b));
+        if (d.run() < 0 || d.begin() > d.end() || d.end() > (*program)->nodes.size()) {
+          return fail(absl::InvalidArgumentError(absl::StrCat(
+                          "dispatch of host program ", d.program_id(), ": nodes [", d.begin(),
+                          ", ", d.end(), ") of ", (*program)->nodes.size(), ", run ", d.run())),
+                      true);
+        }
+        if (absl::Status s = CheckBufferMap(**program, *buffers, d.begin(), d.end()); !s.ok())
+          return fail(s, true);
+        HostWork work{RunId(d.run()), *program, std::move(buffers), d.begin(), d.end()};
+        DispatchAck ack = worker->Dispatch(std::move(work));
+        ack.enqueued.OnReady([sink = sink_, seq](const absl::Status& s) {
+          Send(sink, seq, v1::CommandEvent::ENQUEUED, s);
+        });
+        ack.done.OnReady([sink = sink_, seq](const absl::Status& s) {
+          Send(sink, seq, v1::CommandEvent::DONE, s);
+        });
+        return;
+      }
+      case v1::Command::kPutShard: {
+        v1::PutShardRequest p = c.put_shard();
+        absl::StatusOr<HostArray> shard = FromProto(p.mutable_shard());
+        if (!shard.ok()) return fail(Annotate(shard.status(), "put shard"), false);
+        if (p.buffer() < 0 || p.device() < 0)
+          return fail(absl::InvalidArgumentError("put shard: negative buffer or device id"), false);
+        worker->PutShard(BufferId(p.buffer()), DeviceId(p.device()), *std::move(shard))
+            .OnReady([sink = sink_, seq](const absl::Status& s) {
+              Send(sink, seq, v1::CommandEvent::DONE, s);
+            });
+        return;
+      }
+      case v1::Command::kDeleteBuffers: {
+        std::vector<BufferId> ids;
+        for (int64_t b : c.delete_buffers().buffers()) ids.push_back(BufferId(b));
+        worker->DeleteBuffers(ids);
+        return;
+      }
+      case v1::Command::COMMAND_NOT_SET:
+        return fail(absl::InvalidArgumentError(absl::StrCat("command ", seq, " is empty")), false);
+    }
+  }
+
+  // Every value index the dispatched nodes name must be in the run's buffer map.
+  static absl::Status CheckBufferMap(const HostProgram& p, const std::vector<BufferId>& buffers,
+                                     size_t begin, size_t end) {
+    auto check = [&](int v, const NodeWork& n) -> absl::Status {
+      if (v < 0 || static_cast<size_t>(v) >= buffers.size() || !buffers[v].valid())
+        return absl::InvalidArgumentError(absl::StrCat("dispatch: node '", n.name, "' names value ",
+                                                       v, ", which the run's buffer map lacks"));
+      return absl::OkStatus();
+    };
+    for (size_t i = begin; i < end; ++i) {
+      const NodeWork& n = p.nodes[i];
+      if (const auto* c = std::get_if<ComputeWork>(&n.work)) {
+        for (int v : c->inputs) PW_RETURN_IF_ERROR(check(v, n));
+        for (int v : c->outputs) PW_RETURN_IF_ERROR(check(v, n));
+      } else {
+        const auto& t = std::get<TransferWork>(n.work);
+        PW_RETURN_IF_ERROR(check(t.src, n));
+        PW_RETURN_IF_ERROR(check(t.dst, n));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  WorkerService* const service_;
+  const std::shared_ptr<Sink> sink_;
+  v1::Command command_;  // Only the gRPC read path touches it.
+  pw::Mutex mu_;
+  std::deque<v1::CommandEvent> events_ ABSL_GUARDED_BY(mu_);  // Front: being written.
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+grpc::ServerBidiReactor<v1::Command, v1::CommandEvent>* WorkerService::Commands(
+    grpc::CallbackServerContext* ctx) {
+  return new CommandStream(this, ctx);
+}
+
+// ---------------------------------------------------------------- the data plane's read side
+
+class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::ShardChunk> {
+ public:
+  ShardStream(WorkerService* service, grpc::CallbackServerContext* ctx,
+              const v1::ShardRequest& req)
+      : state_(std::make_shared<State>()) {
+    state_->stream = this;
+    if (absl::Status s = CheckToken(ctx, service->token_); !s.ok()) {
+      FinishOnce(s);
+      return;
+    }
+    if (req.buffer() < 0 || req.device() < 0) {
+      FinishOnce(absl::InvalidArgumentError("fetch shard: negative buffer or device id"));
+      return;
+    }
+    service->worker_->FetchShard(BufferId(req.buffer()), DeviceId(req.device()))
+        .OnReady([state = state_](const absl::StatusOr<DeviceBufferRef>& b) {
+          pw::MutexLock lock(&state->mu);
+          if (state->stream == nullptr || state->finished) return;
+          if (!b.ok()) return state->stream->FinishLocked(b.status());
+          state->stream->Start(*b);
+        });
+  }
+
+  void OnWriteDone(bool ok) override {
+    pw::MutexLock lock(&state_->mu);
+    if (!ok) return FinishLocked(absl::CancelledError("fetch shard: the reader went away"));
+    WriteNextLocked();
+  }
+  void OnCancel() override { FinishOnce(absl::CancelledError("fetch shard cancelled")); }
+  void OnDone() override {
+    {
+      pw::MutexLock lock(&state_->mu);
+      state_->stream = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  struct State {
+    pw::Mutex mu;
+    ShardStream* stream ABSL_GUARDED_BY(mu) = nullptr;
+    bool finished ABSL_GUARDED_BY(mu) = false;
+  };
+
+  void FinishOnce(const absl::Status& s) {
+    pw::MutexLock lock(&state_->mu);
+    FinishLocked(s);
+  }
+  void FinishLocked(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    if (state_->finished) return;
+    state_->finished = true;
+    Finish(ToGrpc(s));
+  }
+
+  // Host-memory buffers are read in place; others are copied to host memory first.
+  void Start(const DeviceBufferRef& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    buffer_ = b;
+    spec_ = b->spec();
+    if (auto* host = dynamic_cast<const HostDeviceBuffer*>(b.get()); host != nullptr) {
+      data_ = static_cast<const char*>(host->data());
+      return WriteNextLocked();
+    }
+    staged_.resize(b->size_bytes());
+    b->CopyToHost(staged_.data()).OnReady([state = state_](const absl::Status& s) {
+      pw::MutexLock lock(&state->mu);
+      if (state->stream == nullptr || state->finished) return;
+      if (!s.ok()) return state->stream->FinishLocked(s);
+      state->stream->data_ = state->stream->staged_.data();
+      state->stream->WriteNextLocked();
+    });
+  }
+
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+    if (state_->finished) return;
+    const size_t total = static_cast<size_t>(spec_.size_bytes());
+    if (offset_ == total && offset_ != 0) return FinishLocked(absl::OkStatus());
+    chunk_.Clear();
+    if (offset_ == 0) ToProto(spec_, chunk_.mutable_spec());
+    const size_t n = std::min(kChunkBytes, total - offset_);
+    chunk_.set_data(data_ + offset_, n);
+    offset_ += n;
+    if (total == 0) offset_ = 1;  // An empty shard: one chunk with the spec, then done.
+    StartWrite(&chunk_);
+  }
+
+  const std::shared_ptr<State> state_;
+  DeviceBufferRef buffer_;  // Kept alive while its bytes are streamed.
+  ArraySpec spec_;
+  std::string staged_;
+  const char* data_ = nullptr;
+  size_t offset_ = 0;
+  v1::ShardChunk chunk_;
+};
+
+grpc::ServerWriteReactor<v1::ShardChunk>* WorkerService::FetchShard(
+    grpc::CallbackServerContext* ctx, const v1::ShardRequest* req) {
+  return new ShardStream(this, ctx, *req);
+}
+
+// ---------------------------------------------------------------- the rest
+
+grpc::ServerUnaryReactor* WorkerService::RemoveDevice(grpc::CallbackServerContext* ctx,
+                                                      const v1::RemoveDeviceRequest* req,
+                                                      v1::Empty*) {
+  if (absl::Status s = CheckToken(ctx, token_); !s.ok()) return Reply(ctx, s);
+  if (req->device() < 0) return Reply(ctx, absl::InvalidArgumentError("RemoveDevice: negative device id"));
+  absl::Status reason = FromProto(req->reason());
+  if (reason.ok()) reason = absl::UnavailableError("device removed");
+  return Reply(ctx, worker_->RemoveDevice(DeviceId(req->device()), reason));
+}
+
+grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx,
+                                                const v1::Empty*, v1::HostStatus* resp) {
+  if (absl::Status s = CheckToken(ctx, token_); !s.ok()) return Reply(ctx, s);
+  ToProto(worker_->Status(), resp);
+  return Reply(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* WorkerService::Collective(grpc::CallbackServerContext* ctx,
+                                                    const v1::CollectiveContribution* req,
+                                                    v1::Empty*) {
+  if (absl::Status s = CheckToken(ctx, token_); !s.ok()) return Reply(ctx, s);
+  if (req->has_error()) {
+    absl::Status reason = FromProto(req->error());
+    if (reason.ok()) reason = absl::UnknownError("a peer's launch failed");
+    collectives_->DeliverFailure(req->run(), req->node(), reason);
+    return Reply(ctx, absl::OkStatus());
+  }
+  if (req->ranks_size() != req->inputs_size())
+    return Reply(ctx, absl::InvalidArgumentError(absl::StrCat(
+                          "collective: ", req->ranks_size(), " ranks but ", req->inputs_size(),
+                          " inputs")));
+  const CollectiveKey key{req->run(), req->node(), req->op()};
+  for (int i = 0; i < req->ranks_size(); ++i)
+    collectives_->Deliver(key, req->ranks(i), req->inputs(i));
+  return Reply(ctx, absl::OkStatus());
+}
+
+}  // namespace pw::rpc

@@ -1,0 +1,63 @@
+// WorkerService: serves one host's WorkerInterface (a Worker) over gRPC.
+//
+// Commands (dispatches, puts, deletes) arrive on one stream per controller connection and are
+// applied in arrival order; their progress (enqueued, done) goes back on the same stream. Host
+// programs are cached by id, so a program's body crosses the wire once per worker. FetchShard
+// streams a shard in chunks once it is ready (the data plane's read side); Collective delivers a
+// peer's inputs to this process's Collectives.
+//
+// Thread-safe: gRPC calls the handlers on its own threads; all state is under mu_.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "pw/base/mutex.h"
+#include "pw/executor/collectives.h"
+#include "pw/rpc/auth.h"
+#include "pw/rpc/proto/pathways.grpc.pb.h"
+#include "pw/transport/worker_interface.h"
+
+namespace pw::rpc {
+
+class WorkerService final : public ::pathways::v1::Worker::CallbackService {
+ public:
+  // `worker` and `collectives` must outlive the service (and the server running it).
+  WorkerService(WorkerInterface* worker, Collectives* collectives, std::string token);
+
+  grpc::ServerUnaryReactor* LoadFunction(grpc::CallbackServerContext* ctx,
+                                         const ::pathways::v1::WorkerLoadFunctionRequest* req,
+                                         ::pathways::v1::Empty* resp) override;
+  grpc::ServerBidiReactor<::pathways::v1::Command, ::pathways::v1::CommandEvent>* Commands(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerWriteReactor<::pathways::v1::ShardChunk>* FetchShard(
+      grpc::CallbackServerContext* ctx, const ::pathways::v1::ShardRequest* req) override;
+  grpc::ServerUnaryReactor* RemoveDevice(grpc::CallbackServerContext* ctx,
+                                         const ::pathways::v1::RemoveDeviceRequest* req,
+                                         ::pathways::v1::Empty* resp) override;
+  grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx,
+                                   const ::pathways::v1::Empty* req,
+                                   ::pathways::v1::HostStatus* resp) override;
+  grpc::ServerUnaryReactor* Collective(grpc::CallbackServerContext* ctx,
+                                       const ::pathways::v1::CollectiveContribution* req,
+                                       ::pathways::v1::Empty* resp) override;
+
+  // Chunk size of FetchShard streams.
+  static constexpr size_t kChunkBytes = size_t{4} << 20;
+
+ private:
+  class CommandStream;
+  class ShardStream;
+  // The cached host program `id`, storing `body` first if given.
+  absl::StatusOr<std::shared_ptr<const HostProgram>> Program(
+      uint64_t id, const ::pathways::v1::HostProgram* body);
+
+  WorkerInterface* const worker_;
+  Collectives* const collectives_;
+  const std::string token_;
+  pw::Mutex mu_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<const HostProgram>> programs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pw::rpc

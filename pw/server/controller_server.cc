@@ -1,0 +1,190 @@
+#include "pw/server/controller_server.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "pw/base/status_macros.h"
+#include "pw/rpc/wire.h"
+
+namespace pw::server {
+namespace v1 = ::pathways::v1;
+
+ControllerServer::ControllerServer(const ClusterSpec& spec, Options options)
+    : spec_(spec), options_(std::move(options)) {}
+
+absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const ClusterSpec& spec,
+                                                                          Options options) {
+  PW_RETURN_IF_ERROR(rpc::CheckListenAddress(options.listen, options.channel.token));
+  std::unique_ptr<ControllerServer> s(new ControllerServer(spec, std::move(options)));
+  s->controller_ = std::make_unique<Controller>(spec);
+  s->service_ = std::make_unique<rpc::ControllerService>(s->controller_.get(), s.get(),
+                                                         s->options_.channel.token);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(s->options_.listen, grpc::InsecureServerCredentials(), &port);
+  rpc::ConfigureServer(&builder, s->options_.channel);
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || port == 0)
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", s->options_.listen));
+  const std::string host = s->options_.listen.substr(0, s->options_.listen.rfind(':'));
+  s->address_ = absl::StrCat(host == "0.0.0.0" || host == "[::]" ? "127.0.0.1" : host, ":", port);
+  s->monitor_ = std::thread([p = s.get()] { p->MonitorLoop(); });
+  return s;
+}
+
+ControllerServer::~ControllerServer() {
+  Shutdown();
+  monitor_.join();
+  // Fail what is outstanding on the workers first, so no run waits on a worker that will not
+  // answer; then stop serving (pending calls end), then stop the controller.
+  {
+    pw::MutexLock lock(&mu_);
+    for (auto& w : workers_) w->Fail("the controller is shutting down");
+  }
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  controller_.reset();
+  service_.reset();
+  pw::MutexLock lock(&mu_);
+  workers_.clear();
+}
+
+void ControllerServer::Shutdown() {
+  pw::MutexLock lock(&mu_);
+  shutdown_ = true;
+}
+
+void ControllerServer::WaitForShutdown() {
+  pw::MutexLock lock(&mu_);
+  mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return shutdown_; });
+}
+
+int ControllerServer::alive_hosts() const {
+  pw::MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& [h, m] : members_) n += m.alive;
+  return n;
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> ControllerServer::RegisterWorker(
+    const v1::RegisterWorkerRequest& req) {
+  const HostId host(req.host());
+  if (!host.valid() || host.value() >= static_cast<int64_t>(spec_.hosts().size())) {
+    return absl::NotFoundError(absl::StrCat("host:", req.host(), " is not in this cluster (",
+                                            spec_.hosts().size(), " hosts)"));
+  }
+  if (req.address().empty())
+    return absl::InvalidArgumentError("RegisterWorker: the worker sent no address");
+  bool rejoin = false;
+  {
+    pw::MutexLock lock(&mu_);
+    auto it = members_.find(host);
+    rejoin = it != members_.end();
+  }
+  // A host registering again replaces its old worker (which may not have been noticed dead yet).
+  if (rejoin) FailHost(host, "its worker registered again");
+  auto worker = std::make_unique<rpc::RemoteWorker>(host, req.address(), options_.channel);
+  rpc::RemoteWorker* w = worker.get();
+  {
+    pw::MutexLock lock(&mu_);
+    workers_.push_back(std::move(worker));
+  }
+  for (DeviceId d : spec_.host(host).devices) PW_RETURN_IF_ERROR(controller_->RestoreDevice(d));
+  PW_RETURN_IF_ERROR(controller_->AttachWorker(host, spec_.host(host).island, w));
+  {
+    pw::MutexLock lock(&mu_);
+    Member& m = members_[host];
+    m.address = req.address();
+    m.data_address = req.data_address();
+    m.machine = req.machine();
+    m.worker = w;
+    m.last_heartbeat = absl::Now();
+    m.alive = true;
+    m.reason.clear();
+  }
+  std::fprintf(stderr, "pw controller: %s %s at %s\n", host.ToString().c_str(),
+               rejoin ? "rejoined" : "joined", req.address().c_str());
+  v1::RegisterWorkerResponse resp;
+  resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  return resp;
+}
+
+absl::Status ControllerServer::Heartbeat(HostId host) {
+  pw::MutexLock lock(&mu_);
+  auto it = members_.find(host);
+  if (it == members_.end() || !it->second.alive)
+    return absl::FailedPreconditionError(absl::StrCat(
+        host.ToString(), " is not a live member",
+        it == members_.end() ? "" : absl::StrCat(" (", it->second.reason, ")"),
+        "; register again"));
+  it->second.last_heartbeat = absl::Now();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::HostAddress> ControllerServer::LookupHost(HostId host) {
+  pw::MutexLock lock(&mu_);
+  auto it = members_.find(host);
+  if (it == members_.end())
+    return absl::NotFoundError(absl::StrCat(host.ToString(), " has no registered worker"));
+  v1::HostAddress a;
+  a.set_host(host.value());
+  a.set_address(it->second.address);
+  a.set_data_address(it->second.data_address);
+  a.set_machine(it->second.machine);
+  return a;
+}
+
+void ControllerServer::AddMembers(v1::ClusterStatus* out) {
+  pw::MutexLock lock(&mu_);
+  for (const HostSpec& h : spec_.hosts()) {
+    v1::HostMembership* m = out->add_members();
+    m->set_host(h.id.value());
+    auto it = members_.find(h.id);
+    if (it == members_.end()) {
+      m->set_reason("never registered");
+      continue;
+    }
+    m->set_address(it->second.address);
+    m->set_alive(it->second.alive);
+    m->set_reason(it->second.reason);
+  }
+}
+
+void ControllerServer::FailHost(HostId host, const std::string& reason) {
+  rpc::RemoteWorker* w = nullptr;
+  {
+    pw::MutexLock lock(&mu_);
+    auto it = members_.find(host);
+    if (it == members_.end() || !it->second.alive) return;
+    it->second.alive = false;
+    it->second.reason = reason;
+    w = it->second.worker;
+  }
+  std::fprintf(stderr, "pw controller: %s failed: %s\n", host.ToString().c_str(), reason.c_str());
+  // Outstanding commands fail now, naming the host; then its devices leave service, which also
+  // aborts the other workers' collectives that wait on them.
+  w->Fail(reason);
+  for (DeviceId d : spec_.host(host).devices)
+    (void)controller_->RemoveDevice(d, absl::StrCat(host.ToString(), " failed: ", reason));
+}
+
+void ControllerServer::MonitorLoop() {
+  const absl::Duration tick = std::min(options_.heartbeat_interval, options_.failure_timeout / 4);
+  while (true) {
+    const bool stop = mu_.LockWhenWithTimeout(
+        [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return shutdown_; }, tick);
+    mu_.Unlock();
+    if (stop) return;
+    std::vector<std::pair<HostId, absl::Duration>> late;
+    {
+      pw::MutexLock lock(&mu_);
+      const absl::Time now = absl::Now();
+      for (const auto& [h, m] : members_)
+        if (m.alive && now - m.last_heartbeat > options_.failure_timeout)
+          late.emplace_back(h, now - m.last_heartbeat);
+    }
+    for (const auto& [h, silent] : late)
+      FailHost(h, absl::StrFormat("no heartbeat for %d ms", absl::ToInt64Milliseconds(silent)));
+  }
+}
+
+}  // namespace pw::server

@@ -1,0 +1,87 @@
+// ControllerServer: the `pw controller` process. The Controller (resource manager, one gang
+// scheduler per island, programs, buffers) served over gRPC, and the cluster's membership:
+// workers register (one per host of the cluster spec), send heartbeats, and are declared failed
+// when they miss them or their command stream breaks. A failed host's outstanding work fails
+// naming it, its devices leave the resource manager, and every worker aborts collectives that
+// include them; when its worker registers again, the devices return.
+//
+// Thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "pw/base/mutex.h"
+#include "pw/cluster/cluster_spec.h"
+#include "pw/controller/controller.h"
+#include "pw/rpc/auth.h"
+#include "pw/rpc/controller_service.h"
+#include "pw/rpc/remote_worker.h"
+
+namespace pw::server {
+
+class ControllerServer final : public rpc::ClusterMembership {
+ public:
+  struct Options {
+    std::string listen = "127.0.0.1:0";  // Port 0: any free port (see address()).
+    rpc::ChannelOptions channel;          // Token and message limit.
+    absl::Duration heartbeat_interval = absl::Milliseconds(200);
+    // A worker silent this long is failed; its futures fail within about this time.
+    absl::Duration failure_timeout = absl::Seconds(1);
+  };
+  static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(const ClusterSpec& spec,
+                                                                 Options options);
+  // Stops serving, fails what is outstanding, stops the controller.
+  ~ControllerServer() override;
+
+  // The address clients and workers dial ("127.0.0.1:port").
+  const std::string& address() const { return address_; }
+  Controller& controller() { return *controller_; }
+  // Blocks until Shutdown() (an RPC from `pw down`, or a signal handler's call).
+  void WaitForShutdown();
+  // Hosts whose worker is registered and alive.
+  int alive_hosts() const;
+  // Declares `host` failed now (as missed heartbeats would).
+  void FailHost(HostId host, const std::string& reason);
+
+  // --- rpc::ClusterMembership.
+  absl::StatusOr<::pathways::v1::RegisterWorkerResponse> RegisterWorker(
+      const ::pathways::v1::RegisterWorkerRequest& req) override;
+  absl::Status Heartbeat(HostId host) override;
+  absl::StatusOr<::pathways::v1::HostAddress> LookupHost(HostId host) override;
+  void AddMembers(::pathways::v1::ClusterStatus* out) override;
+  std::string ClusterSpecJson() override { return spec_.ToJson(); }
+  void Shutdown() override;
+
+ private:
+  struct Member {
+    std::string address, data_address, machine;
+    rpc::RemoteWorker* worker = nullptr;  // Owned by workers_.
+    absl::Time last_heartbeat;
+    bool alive = false;
+    std::string reason;  // Why not alive.
+  };
+  ControllerServer(const ClusterSpec& spec, Options options);
+  void MonitorLoop();
+
+  const ClusterSpec spec_;
+  const Options options_;
+  std::unique_ptr<Controller> controller_;
+  std::unique_ptr<rpc::ControllerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+
+  mutable pw::Mutex mu_;
+  absl::flat_hash_map<HostId, Member> members_ ABSL_GUARDED_BY(mu_);
+  // Every stub ever made, kept until the controller is gone: the controller and in-flight work
+  // hold raw pointers to them, and a rejoined host gets a new one.
+  std::vector<std::unique_ptr<rpc::RemoteWorker>> workers_ ABSL_GUARDED_BY(mu_);
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread monitor_;
+};
+
+}  // namespace pw::server

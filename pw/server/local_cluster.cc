@@ -1,0 +1,218 @@
+#include "pw/server/local_cluster.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "nlohmann/json.hpp"
+#include "pw/base/status_macros.h"
+#include "pw/rpc/remote_controller.h"
+
+namespace pw::server {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::Status WriteFile(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0)
+    return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", std::strerror(errno)));
+  return absl::OkStatus();
+}
+
+absl::Status SaveState(const LocalClusterState& s) {
+  nlohmann::json j = {{"address", s.address},
+                      {"controller_pid", s.controller_pid},
+                      {"worker_pids", s.worker_pids}};
+  return WriteFile(s.state_dir + "/cluster.json", j.dump(2) + "\n");
+}
+
+// Reaps `pid` if it is our child (a no-op otherwise).
+void Reap(int pid) { (void)waitpid(pid, nullptr, WNOHANG); }
+
+}  // namespace
+
+bool ProcessAlive(int pid) {
+  if (pid <= 0) return false;
+  Reap(pid);
+  if (kill(pid, 0) != 0) return false;
+  // A zombie (exited, not yet reaped by its parent) counts as gone.
+  absl::StatusOr<std::string> stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  if (!stat.ok()) return false;
+  size_t paren = stat->rfind(')');
+  return paren == std::string::npos || paren + 2 >= stat->size() || (*stat)[paren + 2] != 'Z';
+}
+
+absl::StatusOr<std::string> StateDir() {
+  std::string dir;
+  if (const char* d = std::getenv("PW_STATE_DIR"); d != nullptr && *d != '\0') {
+    dir = d;
+  } else if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    dir = absl::StrCat(home, "/.local/state/pathways");
+  } else {
+    return absl::FailedPreconditionError("set PW_STATE_DIR or HOME for pw up's state");
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  return dir;
+}
+
+absl::StatusOr<LocalClusterState> LoadState() {
+  PW_ASSIGN_OR_RETURN(std::string dir, StateDir());
+  absl::StatusOr<std::string> text = ReadFile(dir + "/cluster.json");
+  if (!text.ok())
+    return absl::NotFoundError(absl::StrCat("no cluster started by pw up (", dir,
+                                            "/cluster.json does not exist)"));
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("address"))
+    return absl::DataLossError(absl::StrCat(dir, "/cluster.json is malformed"));
+  LocalClusterState s;
+  s.state_dir = dir;
+  s.address = j.value("address", "");
+  s.controller_pid = j.value("controller_pid", 0);
+  s.worker_pids = j.value("worker_pids", std::vector<int>{});
+  return s;
+}
+
+absl::StatusOr<int> SpawnDetached(const std::vector<std::string>& argv, const std::string& log) {
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
+  if (pid == 0) {
+    setsid();
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    int null = open("/dev/null", O_RDONLY);
+    if (null >= 0) dup2(null, 0);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  return static_cast<int>(pid);
+}
+
+absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
+                                                     const LaunchOptions& o) {
+  PW_ASSIGN_OR_RETURN(std::string dir, StateDir());
+  if (absl::StatusOr<LocalClusterState> old = LoadState(); old.ok() && ProcessAlive(old->controller_pid))
+    return absl::AlreadyExistsError(absl::StrCat("a cluster started by pw up is running at ",
+                                                 old->address, " (pw down stops it)"));
+  LocalClusterState s;
+  s.state_dir = dir;
+  const std::string spec_path = dir + "/cluster-spec.json";
+  const std::string address_file = dir + "/controller.address";
+  std::remove(address_file.c_str());
+  PW_RETURN_IF_ERROR(WriteFile(spec_path, spec.ToJson()));
+  if (!o.token.empty()) setenv("PW_TOKEN", o.token.c_str(), 1);
+  auto fail = [&](absl::Status error) -> absl::Status {
+    (void)StopLocalCluster(s, absl::Seconds(2));
+    return Annotate(error, absl::StrCat("pw up (logs in ", dir, ")"));
+  };
+  PW_ASSIGN_OR_RETURN(s.controller_pid,
+                      SpawnDetached({o.pw_binary, "controller", "--config", spec_path,
+                                     "--listen", "127.0.0.1:0", "--address-file", address_file,
+                                     "--failure-timeout-ms", absl::StrCat(o.failure_timeout_ms)},
+                                    dir + "/controller.log"));
+  const absl::Time deadline = absl::Now() + o.ready_timeout;
+  while (true) {
+    if (absl::StatusOr<std::string> a = ReadFile(address_file); a.ok() && !a->empty()) {
+      s.address = std::string(absl::StripAsciiWhitespace(*a));
+      break;
+    }
+    if (!ProcessAlive(s.controller_pid)) return fail(absl::InternalError("the controller exited"));
+    if (absl::Now() > deadline) return fail(absl::DeadlineExceededError("the controller did not start"));
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  for (const HostSpec& h : spec.hosts()) {
+    absl::StatusOr<int> pid = SpawnDetached(
+        {o.pw_binary, "worker", "--controller", s.address, "--host", absl::StrCat(h.id.value())},
+        absl::StrCat(dir, "/worker-", h.id.value(), ".log"));
+    if (!pid.ok()) return fail(pid.status());
+    s.worker_pids.push_back(*pid);
+  }
+  PW_RETURN_IF_ERROR(SaveState(s));
+  // Ready when every host's worker has registered.
+  auto controller = rpc::RemoteController::Dial(s.address, {.token = o.token}, absl::Seconds(10));
+  if (!controller.ok()) return fail(controller.status());
+  while (true) {
+    absl::StatusOr<::pathways::v1::ClusterStatus> st = (*controller)->FullStatus();
+    int alive = 0;
+    if (st.ok())
+      for (const auto& m : st->members()) alive += m.alive();
+    if (alive == static_cast<int>(spec.hosts().size())) break;
+    for (int pid : s.worker_pids)
+      if (!ProcessAlive(pid)) return fail(absl::InternalError(absl::StrCat("worker process ", pid, " exited")));
+    if (absl::Now() > deadline)
+      return fail(absl::DeadlineExceededError(absl::StrCat(alive, " of ", spec.hosts().size(),
+                                                           " workers registered in time")));
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return s;
+}
+
+absl::Status StopLocalCluster(const LocalClusterState& s, absl::Duration grace) {
+  const char* token = std::getenv("PW_TOKEN");
+  if (!s.address.empty() && ProcessAlive(s.controller_pid)) {
+    auto c = rpc::RemoteController::Dial(s.address, {.token = token ? token : ""}, absl::Seconds(2));
+    if (c.ok()) (void)(*c)->Shutdown();
+  }
+  std::vector<int> pids = s.worker_pids;
+  for (int pid : pids)
+    if (ProcessAlive(pid)) kill(pid, SIGTERM);
+  pids.push_back(s.controller_pid);
+  const absl::Time deadline = absl::Now() + grace;
+  std::vector<int> stuck;
+  for (int pid : pids) {
+    while (ProcessAlive(pid) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+    if (ProcessAlive(pid)) {
+      kill(pid, SIGKILL);
+      stuck.push_back(pid);
+    }
+  }
+  std::remove((s.state_dir + "/cluster.json").c_str());
+  if (!stuck.empty())
+    return absl::DeadlineExceededError(absl::StrCat("killed processes ", absl::StrJoin(stuck, ","),
+                                                    " that did not stop within ",
+                                                    absl::FormatDuration(grace)));
+  return absl::OkStatus();
+}
+
+std::string ClusterAddress(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  if (const char* env = std::getenv("PW_CLUSTER"); env != nullptr && *env != '\0') return env;
+  absl::StatusOr<LocalClusterState> s = LoadState();
+  if (s.ok() && ProcessAlive(s->controller_pid)) return s->address;
+  return "";
+}
+
+}  // namespace pw::server

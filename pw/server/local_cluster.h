@@ -1,0 +1,52 @@
+// Local clusters: `pw up` starts a controller and one worker per host as processes of the `pw`
+// binary on this machine; `pw down` stops them; client commands find the most recent one.
+//
+// The state of the most recent cluster lives in $PW_STATE_DIR (default
+// $HOME/.local/state/pathways): cluster.json (address, pids), the spec, and one log per process.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "pw/cluster/cluster_spec.h"
+
+namespace pw::server {
+
+struct LocalClusterState {
+  std::string address;  // The controller's.
+  int controller_pid = 0;
+  std::vector<int> worker_pids;
+  std::string state_dir;
+};
+
+struct LaunchOptions {
+  std::string pw_binary;   // Path of the `pw` executable to run.
+  std::string token;       // Passed to every process through PW_TOKEN.
+  int64_t failure_timeout_ms = 1000;
+  absl::Duration ready_timeout = absl::Seconds(60);
+};
+
+// $PW_STATE_DIR, or $HOME/.local/state/pathways; created if missing.
+absl::StatusOr<std::string> StateDir();
+absl::StatusOr<LocalClusterState> LoadState();
+
+// Starts the processes (each in its own session, so they outlive the caller) and waits until
+// every host's worker has registered. Records the state; on failure stops what it started.
+absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
+                                                     const LaunchOptions& options);
+// Asks the controller to shut down, stops the workers (SIGTERM, then SIGKILL after `grace`),
+// and forgets the state.
+absl::Status StopLocalCluster(const LocalClusterState& state, absl::Duration grace = absl::Seconds(5));
+
+// The cluster a client command should use: `flag`, else $PW_CLUSTER, else the most recent
+// `pw up` cluster. Empty (no error) when there is none: use an embedded cluster.
+std::string ClusterAddress(const std::string& flag);
+
+// Whether process `pid` is alive (not a zombie).
+bool ProcessAlive(int pid);
+// Starts `argv` in a new session with stdout/stderr appended to `log`; returns its pid.
+absl::StatusOr<int> SpawnDetached(const std::vector<std::string>& argv, const std::string& log);
+
+}  // namespace pw::server

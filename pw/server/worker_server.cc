@@ -1,0 +1,215 @@
+#include "pw/server/worker_server.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "pw/base/status_macros.h"
+#include "pw/rpc/wire.h"
+
+namespace pw::server {
+namespace v1 = ::pathways::v1;
+
+WorkerServer::WorkerServer(Options options) : options_(std::move(options)) {}
+
+grpc::ClientContext* WorkerServer::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {
+  rpc::AddToken(ctx, options_.channel.token);
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return ctx;
+}
+
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options options) {
+  PW_RETURN_IF_ERROR(rpc::CheckListenAddress(options.listen, options.channel.token));
+  std::unique_ptr<WorkerServer> s(new WorkerServer(std::move(options)));
+  auto channel = rpc::MakeChannel(s->options_.controller, s->options_.channel);
+  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(10))))
+    return absl::UnavailableError(
+        absl::StrCat("cannot reach the controller at ", s->options_.controller));
+  s->controller_ = v1::Controller::NewStub(channel);
+  {
+    grpc::ClientContext ctx;
+    v1::Empty req;
+    v1::Text resp;
+    PW_RETURN_IF_ERROR(rpc::FromGrpc(
+        s->controller_->GetClusterSpec(s->Prepare(&ctx, absl::Seconds(10)), req, &resp)));
+    PW_ASSIGN_OR_RETURN(s->spec_, ClusterSpec::FromJson(resp.text()));
+  }
+  const HostId host = s->options_.host;
+  if (!host.valid() || host.value() >= static_cast<int64_t>(s->spec_.hosts().size()))
+    return absl::InvalidArgumentError(absl::StrCat(host.ToString(), " is not in the cluster (",
+                                                   s->spec_.hosts().size(), " hosts)"));
+  const HostSpec& hs = s->spec_.host(host);
+  std::vector<DeviceSpec> devices;
+  for (DeviceId d : hs.devices) devices.push_back(s->spec_.device(d));
+  s->collectives_.SetPeers(s.get());
+  s->worker_ = std::make_unique<Worker>(
+      host, hs.island, devices, &s->collectives_, [p = s.get()](HostId h) { return p->Peer(h); },
+      std::make_shared<pjrt::PjrtBackend>(s->options_.pjrt_plugin, hs.devices));
+  s->service_ = std::make_unique<rpc::WorkerService>(s->worker_.get(), &s->collectives_,
+                                                     s->options_.channel.token);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(s->options_.listen, grpc::InsecureServerCredentials(), &port);
+  rpc::ConfigureServer(&builder, s->options_.channel);
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || port == 0)
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", s->options_.listen));
+  const std::string listen_host = s->options_.listen.substr(0, s->options_.listen.rfind(':'));
+  s->address_ = absl::StrCat(listen_host, ":", port);
+  PW_RETURN_IF_ERROR(s->Register());
+  s->heartbeat_ = std::thread([p = s.get()] { p->HeartbeatLoop(); });
+  return s;
+}
+
+WorkerServer::~WorkerServer() {
+  Stop();
+  if (heartbeat_.joinable()) heartbeat_.join();
+  if (server_ != nullptr)
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  worker_.reset();  // Fails outstanding device work, drains the worker's threads.
+  service_.reset();
+}
+
+absl::Status WorkerServer::Register() {
+  v1::RegisterWorkerRequest req;
+  req.set_protocol_version(rpc::kProtocolVersion);
+  req.set_host(options_.host.value());
+  req.set_address(address_);
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  req.set_machine(name);
+  v1::RegisterWorkerResponse resp;
+  grpc::ClientContext ctx;
+  PW_RETURN_IF_ERROR(rpc::FromGrpc(
+      controller_->RegisterWorker(Prepare(&ctx, absl::Seconds(30)), req, &resp)));
+  if (resp.heartbeat_interval_ms() > 0)
+    heartbeat_interval_ = absl::Milliseconds(resp.heartbeat_interval_ms());
+  return absl::OkStatus();
+}
+
+void WorkerServer::Stop() {
+  pw::MutexLock lock(&mu_);
+  stop_ = true;
+}
+
+void WorkerServer::WaitForStop() {
+  pw::MutexLock lock(&mu_);
+  mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_; });
+}
+
+void WorkerServer::HeartbeatLoop() {
+  absl::Time last_ok = absl::Now();
+  while (true) {
+    const bool stop = mu_.LockWhenWithTimeout(
+        [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_; }, heartbeat_interval_);
+    mu_.Unlock();
+    if (stop) return;
+    v1::HeartbeatRequest req;
+    req.set_host(options_.host.value());
+    v1::Empty resp;
+    grpc::ClientContext ctx;
+    absl::Status s = rpc::FromGrpc(controller_->Heartbeat(Prepare(&ctx, absl::Seconds(2)), req, &resp));
+    if (absl::IsFailedPrecondition(s)) {
+      std::fprintf(stderr, "pw worker %s: %s; registering again\n",
+                   options_.host.ToString().c_str(), std::string(s.message()).c_str());
+      s = Register();
+    }
+    if (s.ok()) {
+      last_ok = absl::Now();
+    } else if (absl::Now() - last_ok > options_.controller_lost_timeout) {
+      std::fprintf(stderr, "pw worker %s: controller unreachable for %s (%s); stopping\n",
+                   options_.host.ToString().c_str(),
+                   absl::FormatDuration(absl::Now() - last_ok).c_str(),
+                   std::string(s.message()).c_str());
+      Stop();
+      return;
+    }
+  }
+}
+
+rpc::RemoteWorker* WorkerServer::RemotePeer(HostId host) {
+  {
+    pw::MutexLock lock(&mu_);
+    auto it = peers_.find(host);
+    if (it != peers_.end()) return it->second;
+  }
+  v1::LookupHostRequest req;
+  req.set_host(host.value());
+  v1::HostAddress resp;
+  grpc::ClientContext ctx;
+  if (!controller_->LookupHost(Prepare(&ctx, absl::Seconds(5)), req, &resp).ok()) return nullptr;
+  auto stub = std::make_unique<rpc::RemoteWorker>(host, resp.address(), options_.channel);
+  pw::MutexLock lock(&mu_);
+  auto& slot = peers_[host];
+  if (slot == nullptr) {
+    slot = stub.get();
+    stubs_.push_back(std::move(stub));
+  }
+  return slot;
+}
+
+void WorkerServer::ForgetPeer(HostId host, rpc::RemoteWorker* stale) {
+  pw::MutexLock lock(&mu_);
+  auto it = peers_.find(host);
+  if (it != peers_.end() && it->second == stale) peers_.erase(it);
+}
+
+WorkerInterface* WorkerServer::Peer(HostId host) {
+  if (host == options_.host) return worker_.get();
+  return RemotePeer(host);
+}
+
+bool WorkerServer::IsLocal(DeviceId device) const {
+  return device.valid() && device.value() < static_cast<int64_t>(spec_.devices().size()) &&
+         spec_.device(device).host == options_.host;
+}
+
+std::vector<HostId> WorkerServer::RemoteHosts(absl::Span<const DeviceId> devices) const {
+  std::vector<HostId> hosts;
+  for (DeviceId d : devices) {
+    if (IsLocal(d) || !d.valid() || d.value() >= static_cast<int64_t>(spec_.devices().size()))
+      continue;
+    HostId h = spec_.device(d).host;
+    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
+  }
+  return hosts;
+}
+
+void WorkerServer::Send(const CollectiveKey& key, absl::Span<const DeviceId> devices,
+                        std::vector<int> ranks, std::vector<std::string> inputs) {
+  v1::CollectiveContribution c;
+  c.set_run(key.run);
+  c.set_node(key.node);
+  c.set_op(key.op);
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    c.add_ranks(ranks[i]);
+    c.add_inputs(std::move(inputs[i]));
+  }
+  for (HostId h : RemoteHosts(devices)) {
+    rpc::RemoteWorker* peer = RemotePeer(h);
+    if (peer == nullptr) {
+      collectives_.DeliverFailure(key.run, key.node,
+                                  absl::UnavailableError(absl::StrCat(
+                                      "collective: cannot find the worker of ", h.ToString())));
+      continue;
+    }
+    peer->SendCollective(c, [this, key, h, peer](const absl::Status& s) {
+      ForgetPeer(h, peer);
+      collectives_.DeliverFailure(key.run, key.node, Annotate(s, "collective"));
+    });
+  }
+}
+
+void WorkerServer::SendFailure(int64_t run, int32_t node, absl::Span<const DeviceId> devices,
+                               const absl::Status& reason) {
+  v1::CollectiveContribution c;
+  c.set_run(run);
+  c.set_node(node);
+  rpc::ToProto(reason, c.mutable_error());
+  for (HostId h : RemoteHosts(devices)) {
+    if (rpc::RemoteWorker* peer = RemotePeer(h); peer != nullptr)
+      peer->SendCollective(c, [](const absl::Status&) {});  // The peer is gone: nothing waits.
+  }
+}
+
+}  // namespace pw::server

@@ -1,0 +1,89 @@
+// WorkerServer: the `pw worker` process for one host. Its Worker (device executors, object-store
+// shard, data plane) served over gRPC; registration with the controller, heartbeats, and the
+// links to peer workers: FetchShard pulls from peers' WorkerService (chunked TCP streams, never
+// through the controller), and native collectives exchange inputs with the processes holding
+// the slice's other devices.
+//
+// Thread-safe. If the controller declares this host failed (e.g. after a pause), the next
+// heartbeat re-registers it; if the controller cannot be reached for `controller_lost_timeout`,
+// the server asks to stop (the process exits).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+#include "pw/base/mutex.h"
+#include "pw/cluster/cluster_spec.h"
+#include "pw/executor/collectives.h"
+#include "pw/pjrt/pjrt_backend.h"
+#include "pw/rpc/auth.h"
+#include "pw/rpc/proto/pathways.grpc.pb.h"
+#include "pw/rpc/remote_worker.h"
+#include "pw/rpc/worker_service.h"
+#include "pw/worker/worker.h"
+
+namespace pw::server {
+
+class WorkerServer final : public CollectivePeers {
+ public:
+  struct Options {
+    std::string controller;               // The controller's address.
+    HostId host;                          // Which host of the cluster spec this worker serves.
+    std::string listen = "127.0.0.1:0";
+    rpc::ChannelOptions channel;
+    std::string pjrt_plugin = pjrt::DefaultCpuPluginPath();
+    absl::Duration controller_lost_timeout = absl::Seconds(10);
+  };
+  // Fetches the cluster spec, starts serving, registers with the controller.
+  static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(Options options);
+  ~WorkerServer() override;
+
+  const std::string& address() const { return address_; }
+  HostId host() const { return options_.host; }
+  // Blocks until Stop() or the controller has been unreachable too long.
+  void WaitForStop();
+  void Stop();
+
+  // --- CollectivePeers.
+  bool IsLocal(DeviceId device) const override;
+  void Send(const CollectiveKey& key, absl::Span<const DeviceId> devices, std::vector<int> ranks,
+            std::vector<std::string> inputs) override;
+  void SendFailure(int64_t run, int32_t node, absl::Span<const DeviceId> devices,
+                   const absl::Status& reason) override;
+
+ private:
+  explicit WorkerServer(Options options);
+  absl::Status Register();
+  void HeartbeatLoop();
+  // The worker of `host`: this one, or a stub for a peer (looked up at the controller once).
+  WorkerInterface* Peer(HostId host);
+  rpc::RemoteWorker* RemotePeer(HostId host);
+  // Forgets a peer's stub after an error, so the next use looks it up again (it may have
+  // rejoined at a new address).
+  void ForgetPeer(HostId host, rpc::RemoteWorker* stale);
+  // The hosts holding non-local `devices`.
+  std::vector<HostId> RemoteHosts(absl::Span<const DeviceId> devices) const;
+  grpc::ClientContext* Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
+
+  const Options options_;
+  ClusterSpec spec_;
+  std::unique_ptr<::pathways::v1::Controller::Stub> controller_;
+  Collectives collectives_;
+  std::unique_ptr<Worker> worker_;
+  std::unique_ptr<rpc::WorkerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  absl::Duration heartbeat_interval_ = absl::Milliseconds(200);
+
+  mutable pw::Mutex mu_;
+  absl::flat_hash_map<HostId, rpc::RemoteWorker*> peers_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<rpc::RemoteWorker>> stubs_ ABSL_GUARDED_BY(mu_);  // Never freed early.
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread heartbeat_;
+};
+
+}  // namespace pw::server
