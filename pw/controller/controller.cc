@@ -80,6 +80,11 @@ absl::Status Controller::AttachWorker(HostId host, IslandId island, WorkerInterf
   return absl::OkStatus();
 }
 
+void Controller::DetachWorker(HostId host) {
+  pw::MutexLock lock(&mu_);
+  workers_.erase(host);
+}
+
 WorkerInterface* Controller::Worker(HostId host) const {
   pw::MutexLock lock(&mu_);
   auto it = workers_.find(host);
@@ -112,7 +117,16 @@ absl::Status Controller::RemoveDevice(DeviceId device, const std::string& reason
   return owner;
 }
 
-absl::Status Controller::RestoreDevice(DeviceId device) { return rm_.RestoreDevice(device); }
+absl::Status Controller::RestoreDevice(DeviceId device) {
+  PW_RETURN_IF_ERROR(rm_.RestoreDevice(device));
+  std::vector<WorkerInterface*> workers;
+  {
+    pw::MutexLock lock(&mu_);
+    for (const auto& [host, w] : workers_) workers.push_back(w);
+  }
+  for (WorkerInterface* w : workers) (void)w->RestoreDevice(device);  // Best effort.
+  return absl::OkStatus();
+}
 
 absl::StatusOr<ClientId> Controller::Connect(const std::string& name) {
   pw::MutexLock lock(&mu_);

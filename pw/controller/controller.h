@@ -34,6 +34,9 @@ class Controller final : public ControllerInterface {
   // --- Cluster membership (the embedded cluster or worker registration calls these).
   // Connects the worker of a host that the resource manager knows; loads every function on it.
   absl::Status AttachWorker(HostId host, IslandId island, WorkerInterface* worker);
+  // Forgets the worker of a failed host: later work for it fails as Unavailable at once. The
+  // worker object must stay alive (work in flight may still hold it).
+  void DetachWorker(HostId host);
   ResourceManager& resource_manager() { return rm_; }
   // Takes a device out of service: new programs on its slices fail naming it; work queued on it
   // fails; collectives that include it are aborted.

@@ -153,6 +153,11 @@ void Collectives::AbortDevice(DeviceId device, const absl::Status& reason) {
   });
 }
 
+void Collectives::RestoreDevice(DeviceId device) {
+  pw::MutexLock lock(&mu_);
+  dead_.erase(device);
+}
+
 void Collectives::FailLaunch(int64_t run, int32_t node, const absl::Status& reason,
                              absl::Span<const DeviceId> devices) {
   {

@@ -71,6 +71,8 @@ class Collectives {
                    const void* input, size_t input_bytes, void* output, size_t output_bytes,
                    const Combine& combine);
   void AbortDevice(DeviceId device, const absl::Status& reason);
+  // A removed device is back (its host rejoined): later rendezvous including it run again.
+  void RestoreDevice(DeviceId device);
   // A shard of launch (run, node) failed without reaching (all of) its collectives: fails that
   // launch's pending and later rendezvous with `reason`, so its other shards do not wait forever.
   // With peers, the processes holding other `devices` of the launch are told too.

@@ -237,6 +237,17 @@ absl::Status RemoteWorker::RemoveDevice(DeviceId device, const absl::Status& rea
   return s.ok() ? s : Where(s);
 }
 
+absl::Status RemoteWorker::RestoreDevice(DeviceId device) {
+  v1::RemoveDeviceRequest req;
+  req.set_device(device.value());
+  grpc::ClientContext ctx;
+  AddToken(&ctx, options_.token);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  v1::Empty resp;
+  absl::Status s = FromGrpc(stub_->RestoreDevice(&ctx, req, &resp));
+  return s.ok() ? s : Where(s);
+}
+
 HostStatus RemoteWorker::Status() const {
   grpc::ClientContext ctx;
   AddToken(&ctx, options_.token);

@@ -35,6 +35,7 @@ class RemoteWorker final : public WorkerInterface {
   Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) override;
   void DeleteBuffers(const std::vector<BufferId>& ids) override;
   absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) override;
+  absl::Status RestoreDevice(DeviceId device) override;
   // Asks the worker; a worker that cannot be reached reports its devices as not alive.
   HostStatus Status() const override;
 

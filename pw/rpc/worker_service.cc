@@ -338,6 +338,14 @@ grpc::ServerUnaryReactor* WorkerService::RemoveDevice(grpc::CallbackServerContex
   return Reply(ctx, worker_->RemoveDevice(DeviceId(req->device()), reason));
 }
 
+grpc::ServerUnaryReactor* WorkerService::RestoreDevice(grpc::CallbackServerContext* ctx,
+                                                       const v1::RemoveDeviceRequest* req,
+                                                       v1::Empty*) {
+  if (absl::Status s = CheckToken(ctx, token_); !s.ok()) return Reply(ctx, s);
+  if (req->device() < 0) return Reply(ctx, absl::InvalidArgumentError("RestoreDevice: negative device id"));
+  return Reply(ctx, worker_->RestoreDevice(DeviceId(req->device())));
+}
+
 grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx,
                                                 const v1::Empty*, v1::HostStatus* resp) {
   if (absl::Status s = CheckToken(ctx, token_); !s.ok()) return Reply(ctx, s);

@@ -36,6 +36,9 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   grpc::ServerUnaryReactor* RemoveDevice(grpc::CallbackServerContext* ctx,
                                          const ::pathways::v1::RemoveDeviceRequest* req,
                                          ::pathways::v1::Empty* resp) override;
+  grpc::ServerUnaryReactor* RestoreDevice(grpc::CallbackServerContext* ctx,
+                                          const ::pathways::v1::RemoveDeviceRequest* req,
+                                          ::pathways::v1::Empty* resp) override;
   grpc::ServerUnaryReactor* Status(grpc::CallbackServerContext* ctx,
                                    const ::pathways::v1::Empty* req,
                                    ::pathways::v1::HostStatus* resp) override;

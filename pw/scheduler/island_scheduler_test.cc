@@ -27,6 +27,7 @@ class FakeWorker final : public WorkerInterface {
   Future<DeviceBufferRef> FetchShard(BufferId, DeviceId) override { return {}; }
   void DeleteBuffers(const std::vector<BufferId>&) override {}
   absl::Status RemoveDevice(DeviceId, const absl::Status&) override { return absl::OkStatus(); }
+  absl::Status RestoreDevice(DeviceId) override { return absl::OkStatus(); }
   HostStatus Status() const override { return {}; }
 
   std::vector<std::vector<int>> messages() {

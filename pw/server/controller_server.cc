@@ -154,17 +154,23 @@ void ControllerServer::FailHost(HostId host, const std::string& reason) {
   {
     pw::MutexLock lock(&mu_);
     auto it = members_.find(host);
-    if (it == members_.end() || !it->second.alive) return;
-    it->second.alive = false;
-    it->second.reason = reason;
+    if (it == members_.end() || !it->second.alive || it->second.failing) return;
+    it->second.failing = true;
     w = it->second.worker;
   }
   std::fprintf(stderr, "pw controller: %s failed: %s\n", host.ToString().c_str(), reason.c_str());
   // Outstanding commands fail now, naming the host; then its devices leave service, which also
-  // aborts the other workers' collectives that wait on them.
+  // aborts the other workers' collectives that wait on them. The host counts as alive until
+  // all of that is done, so whoever sees it dead also sees its devices gone.
   w->Fail(reason);
+  controller_->DetachWorker(host);
   for (DeviceId d : spec_.host(host).devices)
     (void)controller_->RemoveDevice(d, absl::StrCat(host.ToString(), " failed: ", reason));
+  pw::MutexLock lock(&mu_);
+  Member& m = members_[host];
+  m.alive = false;
+  m.failing = false;
+  m.reason = reason;
 }
 
 void ControllerServer::MonitorLoop() {

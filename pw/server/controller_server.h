@@ -63,7 +63,8 @@ class ControllerServer final : public rpc::ClusterMembership {
     rpc::RemoteWorker* worker = nullptr;  // Owned by workers_.
     absl::Time last_heartbeat;
     bool alive = false;
-    std::string reason;  // Why not alive.
+    bool failing = false;  // FailHost is taking it out of service.
+    std::string reason;    // Why not alive.
   };
   ControllerServer(const ClusterSpec& spec, Options options);
   void MonitorLoop();

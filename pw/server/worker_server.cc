@@ -193,8 +193,16 @@ void WorkerServer::Send(const CollectiveKey& key, absl::Span<const DeviceId> dev
                                       "collective: cannot find the worker of ", h.ToString())));
       continue;
     }
-    peer->SendCollective(c, [this, key, h, peer](const absl::Status& s) {
+    peer->SendCollective(c, [this, c, key, h, peer](const absl::Status& s) {
+      // The peer may have rejoined at a new address: look it up again and resend once.
       ForgetPeer(h, peer);
+      rpc::RemoteWorker* fresh = RemotePeer(h);
+      if (fresh != nullptr && fresh->address() != peer->address()) {
+        fresh->SendCollective(c, [this, key](const absl::Status& s) {
+          collectives_.DeliverFailure(key.run, key.node, Annotate(s, "collective"));
+        });
+        return;
+      }
       collectives_.DeliverFailure(key.run, key.node, Annotate(s, "collective"));
     });
   }
@@ -207,8 +215,14 @@ void WorkerServer::SendFailure(int64_t run, int32_t node, absl::Span<const Devic
   c.set_node(node);
   rpc::ToProto(reason, c.mutable_error());
   for (HostId h : RemoteHosts(devices)) {
-    if (rpc::RemoteWorker* peer = RemotePeer(h); peer != nullptr)
-      peer->SendCollective(c, [](const absl::Status&) {});  // The peer is gone: nothing waits.
+    if (rpc::RemoteWorker* peer = RemotePeer(h); peer != nullptr) {
+      peer->SendCollective(c, [this, c, h, peer](const absl::Status&) {
+        ForgetPeer(h, peer);
+        rpc::RemoteWorker* fresh = RemotePeer(h);
+        if (fresh != nullptr && fresh->address() != peer->address())
+          fresh->SendCollective(c, [](const absl::Status&) {});
+      });
+    }
   }
 }
 

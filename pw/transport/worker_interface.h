@@ -30,7 +30,11 @@ class WorkerInterface {
   // dispatch has not reached this host yet is waited for.
   virtual Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) = 0;
   virtual void DeleteBuffers(const std::vector<BufferId>& ids) = 0;
+  // Told for every device of the cluster: the owner fails the device's work, every worker aborts
+  // its collectives that include the device.
   virtual absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) = 0;
+  // A removed device is back in service (its host's worker rejoined).
+  virtual absl::Status RestoreDevice(DeviceId device) = 0;
   virtual HostStatus Status() const = 0;
 };
 

@@ -374,6 +374,15 @@ absl::Status Worker::RemoveDevice(DeviceId device_id, const absl::Status& reason
   return absl::OkStatus();
 }
 
+absl::Status Worker::RestoreDevice(DeviceId device_id) {
+  if (FindDevice(device_id) != nullptr)
+    return absl::FailedPreconditionError(
+        absl::StrCat(device_id.ToString(), " of ", host_.ToString(), " cannot come back in this "
+                     "process; restart the worker"));
+  collectives_->RestoreDevice(device_id);
+  return absl::OkStatus();
+}
+
 HostStatus Worker::Status() const {
   HostStatus s;
   s.host = host_;

@@ -51,6 +51,7 @@ class Worker final : public WorkerInterface {
   Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) override;
   void DeleteBuffers(const std::vector<BufferId>& ids) override;
   absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) override;
+  absl::Status RestoreDevice(DeviceId device) override;
   HostStatus Status() const override;
 
  private:
