@@ -17,6 +17,8 @@
 #include "absl/synchronization/mutex.h"
 #include "pw/client/client.h"
 #include "pw/embedded/embedded_cluster.h"
+#include "pw/rpc/remote_controller.h"
+#include "pw/server/local_cluster.h"
 
 namespace nb = nanobind;
 
@@ -104,6 +106,20 @@ NB_MODULE(_pathways, m) {
           },
           nb::arg("islands"), nb::arg("hosts_per_island"), nb::arg("devices_per_host"));
 
+  // A running cluster's controller over gRPC (`pw up`, `pw controller`).
+  nb::class_<rpc::RemoteController>(m, "RemoteCluster")
+      .def_static(
+          "dial",
+          [](const std::string& address, const std::string& token) {
+            nb::gil_scoped_release release;
+            return Unwrap(rpc::RemoteController::Dial(address, {.token = token}));
+          },
+          nb::arg("address"), nb::arg("token") = "")
+      .def_prop_ro("address", &rpc::RemoteController::address);
+  // --cluster resolution: `flag`, else $PW_CLUSTER, else the last `pw up` cluster; "" if none.
+  m.def("cluster_address", [](const std::string& flag) { return server::ClusterAddress(flag); },
+        nb::arg("flag") = "");
+
   nb::class_<Slice>(m, "Slice")
       .def_prop_ro("num_devices", &Slice::num_devices)
       .def_prop_ro("devices", [](const Slice& s) {
@@ -158,6 +174,13 @@ NB_MODULE(_pathways, m) {
           "connect",
           [](EmbeddedCluster& cluster, const std::string& name) {
             return Unwrap(Client::Connect(&cluster.controller(), name));
+          },
+          nb::keep_alive<0, 1>())
+      .def_static(
+          "connect_remote",
+          [](rpc::RemoteController& remote, const std::string& name) {
+            nb::gil_scoped_release release;
+            return Unwrap(Client::Connect(&remote, name));
           },
           nb::keep_alive<0, 1>())
       .def(

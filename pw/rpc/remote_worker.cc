@@ -30,28 +30,31 @@ class RemoteWorker::Stream final : public grpc::ClientBidiReactor<v1::Command, v
     StartCall();
   }
 
+  // gRPC calls are made without holding mu_: a reaction may run inline.
   void Write(v1::Command c) {
-    pw::MutexLock lock(&mu_);
-    queue_.push_back(std::move(c));
-    if (!writing_) {
-      writing_ = true;
-      StartWrite(&queue_.front());
+    v1::Command* first = nullptr;
+    {
+      pw::MutexLock lock(&mu_);
+      queue_.push_back(std::move(c));
+      if (!writing_) {
+        writing_ = true;
+        first = &queue_.front();
+      }
     }
+    if (first != nullptr) StartWrite(first);
   }
   void Cancel() { ctx_.TryCancel(); }
 
   void OnWriteDone(bool ok) override {
-    pw::MutexLock lock(&mu_);
-    queue_.pop_front();
-    writing_ = false;
-    if (!ok) {
-      queue_.clear();  // The stream is broken; OnDone reports why.
-      return;
+    v1::Command* next = nullptr;
+    {
+      pw::MutexLock lock(&mu_);
+      queue_.pop_front();
+      if (!ok) queue_.clear();  // The stream is broken; OnDone reports why.
+      writing_ = !queue_.empty();
+      if (writing_) next = &queue_.front();
     }
-    if (!queue_.empty()) {
-      writing_ = true;
-      StartWrite(&queue_.front());
-    }
+    if (next != nullptr) StartWrite(next);
   }
   void OnReadDone(bool ok) override {
     if (!ok) return;  // OnDone follows.

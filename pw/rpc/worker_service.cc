@@ -68,9 +68,11 @@ class WorkerService::CommandStream final
 
   void OnReadDone(bool ok) override {
     if (!ok) {  // The controller closed the stream or went away.
-      pw::MutexLock lock(&mu_);
-      reads_done_ = true;
-      MaybeFinishLocked();
+      {
+        pw::MutexLock lock(&mu_);
+        reads_done_ = true;
+      }
+      MaybeFinish();
       return;
     }
     Apply(command_);
@@ -78,19 +80,21 @@ class WorkerService::CommandStream final
     StartRead(&command_);
   }
 
+  // gRPC calls (Start*, Finish) are made without holding mu_: a reaction may run inline.
   void OnWriteDone(bool ok) override {
-    pw::MutexLock lock(&mu_);
-    events_.pop_front();
-    if (!ok) {
-      write_failed_ = true;
-      events_.clear();
+    v1::CommandEvent* next = nullptr;
+    {
+      pw::MutexLock lock(&mu_);
+      events_.pop_front();
+      if (!ok) {
+        write_failed_ = true;
+        events_.clear();
+      }
+      writing_ = !events_.empty();
+      if (writing_) next = &events_.front();  // Deque elements stay put while others are added.
     }
-    writing_ = false;
-    if (!events_.empty()) {
-      writing_ = true;
-      StartWrite(&events_.front());
-    }
-    MaybeFinishLocked();
+    if (next != nullptr) StartWrite(next);
+    MaybeFinish();
   }
 
   void OnDone() override {
@@ -115,18 +119,25 @@ class WorkerService::CommandStream final
 
  private:
   void Enqueue(v1::CommandEvent e) {
-    pw::MutexLock lock(&mu_);
-    if (write_failed_ || finished_) return;
-    events_.push_back(std::move(e));
-    if (!writing_) {
-      writing_ = true;
-      StartWrite(&events_.front());
+    v1::CommandEvent* first = nullptr;
+    {
+      pw::MutexLock lock(&mu_);
+      if (write_failed_ || finished_) return;
+      events_.push_back(std::move(e));
+      if (!writing_) {
+        writing_ = true;
+        first = &events_.front();
+      }
     }
+    if (first != nullptr) StartWrite(first);
   }
 
-  void MaybeFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || writing_ || !(reads_done_ || write_failed_)) return;
-    finished_ = true;
+  void MaybeFinish() {
+    {
+      pw::MutexLock lock(&mu_);
+      if (finished_ || writing_ || !(reads_done_ || write_failed_)) return;
+      finished_ = true;
+    }
     Finish(grpc::Status::OK);
   }
 
@@ -227,6 +238,9 @@ grpc::ServerBidiReactor<v1::Command, v1::CommandEvent>* WorkerService::Commands(
 
 // ---------------------------------------------------------------- the data plane's read side
 
+// State shared with the shard's future callbacks, which may run after the RPC is done. gRPC
+// calls (StartWrite, Finish) are made without holding `mu`: a reaction may run inline. At most
+// one write is outstanding, and Finish is called once, never while a write is outstanding.
 class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::ShardChunk> {
  public:
   ShardStream(WorkerService* service, grpc::CallbackServerContext* ctx,
@@ -234,28 +248,31 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
       : state_(std::make_shared<State>()) {
     state_->stream = this;
     if (absl::Status s = CheckToken(ctx, service->token_); !s.ok()) {
-      FinishOnce(s);
+      End(s);
       return;
     }
     if (req.buffer() < 0 || req.device() < 0) {
-      FinishOnce(absl::InvalidArgumentError("fetch shard: negative buffer or device id"));
+      End(absl::InvalidArgumentError("fetch shard: negative buffer or device id"));
       return;
     }
     service->worker_->FetchShard(BufferId(req.buffer()), DeviceId(req.device()))
         .OnReady([state = state_](const absl::StatusOr<DeviceBufferRef>& b) {
-          pw::MutexLock lock(&state->mu);
-          if (state->stream == nullptr || state->finished) return;
-          if (!b.ok()) return state->stream->FinishLocked(b.status());
-          state->stream->Start(*b);
+          ShardStream* stream = Live(state);
+          if (stream == nullptr) return;
+          if (!b.ok()) return stream->End(b.status());
+          stream->Start(*b);
         });
   }
 
   void OnWriteDone(bool ok) override {
-    pw::MutexLock lock(&state_->mu);
-    if (!ok) return FinishLocked(absl::CancelledError("fetch shard: the reader went away"));
-    WriteNextLocked();
+    {
+      pw::MutexLock lock(&state_->mu);
+      state_->writing = false;
+    }
+    if (!ok) return End(absl::CancelledError("fetch shard: the reader went away"));
+    WriteNext();
   }
-  void OnCancel() override { FinishOnce(absl::CancelledError("fetch shard cancelled")); }
+  void OnCancel() override { End(absl::CancelledError("fetch shard cancelled")); }
   void OnDone() override {
     {
       pw::MutexLock lock(&state_->mu);
@@ -268,47 +285,75 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
   struct State {
     pw::Mutex mu;
     ShardStream* stream ABSL_GUARDED_BY(mu) = nullptr;
+    bool writing ABSL_GUARDED_BY(mu) = false;
     bool finished ABSL_GUARDED_BY(mu) = false;
+    absl::Status end ABSL_GUARDED_BY(mu);  // Set: finish with it once no write is outstanding.
+    bool ending ABSL_GUARDED_BY(mu) = false;
   };
-
-  void FinishOnce(const absl::Status& s) {
-    pw::MutexLock lock(&state_->mu);
-    FinishLocked(s);
+  // The stream if it has not finished.
+  static ShardStream* Live(const std::shared_ptr<State>& state) {
+    pw::MutexLock lock(&state->mu);
+    return state->finished ? nullptr : state->stream;
   }
-  void FinishLocked(const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-    if (state_->finished) return;
-    state_->finished = true;
-    Finish(ToGrpc(s));
+
+  // Finishes with `s` now, or after the outstanding write completes.
+  void End(const absl::Status& s) {
+    absl::Status end;
+    {
+      pw::MutexLock lock(&state_->mu);
+      if (state_->finished) return;
+      if (!state_->ending) {
+        state_->ending = true;
+        state_->end = s;
+      }
+      if (state_->writing) return;  // OnWriteDone comes back here.
+      state_->finished = true;
+      end = state_->end;
+    }
+    Finish(ToGrpc(end));
   }
 
   // Host-memory buffers are read in place; others are copied to host memory first.
-  void Start(const DeviceBufferRef& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
+  void Start(const DeviceBufferRef& b) {
     buffer_ = b;
     spec_ = b->spec();
     if (auto* host = dynamic_cast<const HostDeviceBuffer*>(b.get()); host != nullptr) {
       data_ = static_cast<const char*>(host->data());
-      return WriteNextLocked();
+      return WriteNext();
     }
     staged_.resize(b->size_bytes());
     b->CopyToHost(staged_.data()).OnReady([state = state_](const absl::Status& s) {
-      pw::MutexLock lock(&state->mu);
-      if (state->stream == nullptr || state->finished) return;
-      if (!s.ok()) return state->stream->FinishLocked(s);
-      state->stream->data_ = state->stream->staged_.data();
-      state->stream->WriteNextLocked();
+      ShardStream* stream = Live(state);
+      if (stream == nullptr) return;
+      if (!s.ok()) return stream->End(s);
+      stream->data_ = stream->staged_.data();
+      stream->WriteNext();
     });
   }
 
-  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(state_->mu) {
-    if (state_->finished) return;
+  void WriteNext() {
     const size_t total = static_cast<size_t>(spec_.size_bytes());
-    if (offset_ == total && offset_ != 0) return FinishLocked(absl::OkStatus());
+    if (offset_ >= total && chunks_ > 0) return End(absl::OkStatus());
+    absl::Status end;
+    bool end_now = false;
+    {
+      pw::MutexLock lock(&state_->mu);
+      if (state_->finished) return;
+      if (state_->ending) {  // Cancelled while we waited: finish instead of writing.
+        state_->finished = true;
+        end_now = true;
+        end = state_->end;
+      } else {
+        state_->writing = true;
+      }
+    }
+    if (end_now) return Finish(ToGrpc(end));
     chunk_.Clear();
-    if (offset_ == 0) ToProto(spec_, chunk_.mutable_spec());
+    if (chunks_ == 0) ToProto(spec_, chunk_.mutable_spec());
     const size_t n = std::min(kChunkBytes, total - offset_);
     chunk_.set_data(data_ + offset_, n);
     offset_ += n;
-    if (total == 0) offset_ = 1;  // An empty shard: one chunk with the spec, then done.
+    ++chunks_;
     StartWrite(&chunk_);
   }
 
@@ -318,6 +363,7 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
   std::string staged_;
   const char* data_ = nullptr;
   size_t offset_ = 0;
+  int chunks_ = 0;  // An empty shard still sends one chunk (with the spec).
   v1::ShardChunk chunk_;
 };
 

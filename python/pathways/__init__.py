@@ -11,7 +11,8 @@ The paper's programming model:
     f(numpy.array([1., 2.]))
 
 Functions are exported with jax.export to StableHLO and compiled by XLA (a PJRT plugin) on the
-runtime's workers; programs run on an embedded cluster in this process.
+runtime's workers. Programs run on an embedded cluster in this process, or on a running cluster
+(`pw up`) when PW_CLUSTER names one or after `pw.connect(address)`.
 """
 from __future__ import annotations
 
@@ -22,16 +23,33 @@ import numpy as np
 
 from . import _pathways
 
-__all__ = ["make_virtual_device_set", "pmap", "program", "device_put", "Array", "VirtualDeviceSet", "Slice"]
+__all__ = ["connect", "make_virtual_device_set", "pmap", "program", "device_put", "Array", "VirtualDeviceSet", "Slice"]
 
 _lock = threading.Lock()
 _cluster = None
 _client = None
 
 
-def _default_client():
-    """The embedded cluster of this process (PW_ISLANDS x PW_HOSTS_PER_ISLAND x PW_DEVICES_PER_HOST)."""
+def connect(address: str | None = None, token: str | None = None) -> str:
+    """Uses a running cluster from now on: `address`, else $PW_CLUSTER, else the cluster `pw up`
+    started most recently. Returns the address. Call before using any slice or array."""
     global _cluster, _client
+    resolved = _pathways.cluster_address(address or "")
+    if not resolved:
+        raise RuntimeError("no cluster to connect to: pass an address, set PW_CLUSTER, or run `pw up`")
+    remote = _pathways.RemoteCluster.dial(resolved, token if token is not None else os.environ.get("PW_TOKEN", ""))
+    with _lock:
+        _client = _pathways.Client.connect_remote(remote, "python")
+        _cluster = remote
+    return resolved
+
+
+def _default_client():
+    """The cluster at $PW_CLUSTER if set, else an embedded cluster in this process
+    (PW_ISLANDS x PW_HOSTS_PER_ISLAND x PW_DEVICES_PER_HOST)."""
+    global _cluster, _client
+    if _client is None and os.environ.get("PW_CLUSTER"):
+        connect(os.environ["PW_CLUSTER"])
     with _lock:
         if _client is None:
             _cluster = _pathways.EmbeddedCluster.create(

@@ -1,0 +1,117 @@
+"""A local multi-process cluster (`pw up`): the CLI, the Python client over gRPC, and a worker
+killed with SIGKILL that rejoins. Each test starts and stops its own cluster on loopback."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PW = ROOT / "build" / "bin" / "pw"
+FIGURE2 = "(array([3., 5.]), array([2., 4.]))"
+
+pytestmark = pytest.mark.skipif(not PW.exists(), reason="build/bin/pw is not built (make build)")
+
+
+def pw(*args, env, check=True, timeout=120):
+    r = subprocess.run([str(PW), *args], env=env, capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"pw {' '.join(args)} failed ({r.returncode}): {r.stderr}")
+    return r
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    env = dict(os.environ, PW_STATE_DIR=str(tmp_path))
+    env.pop("PW_CLUSTER", None)
+    address = pw("up", "--detach", "--islands", "2", "--hosts-per-island", "2",
+                 "--devices-per-host", "2", env=env).stdout.strip().splitlines()[-1]
+    state = json.loads((tmp_path / "cluster.json").read_text())
+    try:
+        yield env, address, state
+    finally:
+        pw("down", env=env, check=False)
+        for pid in [state["controller_pid"], *state["worker_pids"]]:
+            assert not alive(pid), f"process {pid} still running after pw down"
+
+
+def status(env):
+    return json.loads(pw("status", "--json", env=env).stdout)
+
+
+def test_up_status_figure2_down(cluster):
+    env, address, state = cluster
+    assert address.startswith("127.0.0.1:")
+    s = status(env)
+    assert [h["alive"] for h in s["hosts"]] == [True] * 4
+    assert sum(len(h["devices"]) for h in s["hosts"]) == 8
+    # Without --cluster, client commands use the cluster pw up started.
+    r = pw("example", "figure2", env=env)
+    assert r.stdout.strip() == FIGURE2
+    assert "using the cluster at " + address in r.stderr
+    r = pw("example", "figure2", "--cluster", address, env=env)
+    assert r.stdout.strip() == FIGURE2
+    s = status(env)
+    assert s["dcn_bytes_received"] > 0  # Figure 2 moves values between the islands.
+    assert s["logical_buffers"] == 0
+
+
+def test_python_client_on_the_cluster(cluster):
+    env, address, _ = cluster
+    # The paper's Figure 2 in JAX, on the cluster (PW_CLUSTER), and through pw.connect.
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "figure2.py")],
+                       env=dict(env, PW_CLUSTER=address), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == FIGURE2
+    code = ("import numpy as np, pathways as pw\n"
+            f"print(pw.connect('{address}'))\n"
+            "s = pw.make_virtual_device_set().add_slice(devices=2)\n"
+            "f = pw.pmap(lambda x: x * 3.0, devices=s)\n"
+            "print(np.asarray(f(np.array([1., 2.], np.float32))).tolist())\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [address, "[3.0,", "6.0]"]
+
+
+def test_killed_worker_leaves_and_rejoins(cluster):
+    env, address, state = cluster
+    victim = state["worker_pids"][1]  # host 1 (island 0).
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 30:
+        hosts = status(env)["hosts"]
+        if not hosts[1]["alive"]:
+            break
+        time.sleep(0.05)
+    detected = time.monotonic() - t0
+    print(f"worker kill detected by the controller after {detected:.2f}s")
+    assert not hosts[1]["alive"], hosts[1]
+    assert "heartbeat" in hosts[1].get("reason", "") or "connection" in hosts[1].get("reason", "")
+    # Programs that don't need it keep running (Figure 2's slices fit on the others).
+    assert pw("example", "figure2", env=env).stdout.strip() == FIGURE2
+    # A restarted worker rejoins.
+    log = open(Path(env["PW_STATE_DIR"]) / "worker-1-restarted.log", "w")
+    new = subprocess.Popen([str(PW), "worker", "--controller", address, "--host", "1"],
+                           stdout=log, stderr=log, start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30 and not status(env)["hosts"][1]["alive"]:
+            time.sleep(0.05)
+        assert status(env)["hosts"][1]["alive"]
+        assert pw("example", "figure2", env=env).stdout.strip() == FIGURE2
+    finally:
+        new.terminate()
+        new.wait(timeout=30)
