@@ -93,6 +93,8 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   worker_->add_option("--host", host_, "Which host of the cluster spec")->required();
   worker_->add_option("--listen", listen_, "host:port to serve on (port 0: any)");
   worker_->add_option("--token", token_, "Token (default $PW_TOKEN)");
+  worker_->add_option("--machine", machine_, "This machine's name (default: the host name); "
+                                             "workers on one machine share memory");
 }
 
 bool ClusterCommands::parsed() const {
@@ -276,6 +278,7 @@ int ClusterCommands::Worker() {
   o.host = HostId(host_);
   o.listen = listen_;
   o.channel.token = Token(token_);
+  o.machine = machine_;
   auto server = server::WorkerServer::Start(o);
   if (!server.ok()) return Fail(server.status());
   {

@@ -40,6 +40,7 @@ class ClusterCommands {
   int64_t failure_timeout_ms_ = 1000;
   std::string controller_address_;
   int64_t host_ = -1;
+  std::string machine_;
 };
 
 }  // namespace pw::cli

@@ -12,6 +12,7 @@
 // Client commands use --cluster ADDRESS, else $PW_CLUSTER, else the cluster `pw up` started
 // most recently (if it is running), else an embedded cluster in this process. Servers listening
 // on a non-loopback address need a token (--token or $PW_TOKEN); clients send $PW_TOKEN.
+//   pw bench transfer [--json] [--sizes B,B,...] [--min-seconds S]
 //   pw bench xla-overhead [--json] [--min-seconds S] [--chain N] [--sizes N,N,...]
 //   pw kernels
 //
@@ -30,6 +31,7 @@
 #include "pw/base/mutex.h"
 #include "pw/bench/dispatch_bench.h"
 #include "pw/bench/loopback_rtt.h"
+#include "pw/bench/transfer_bench.h"
 #include "pw/cli/cluster_commands.h"
 #include "pw/embedded/embedded_cluster.h"
 #include "pw/examples/figure2.h"
@@ -111,6 +113,13 @@ int main(int argc, char** argv) {
                                              "$PW_CLUSTER, else the last `pw up` cluster, "
                                              "else embedded)");
 
+  auto* transfer = bench->add_subcommand(
+      "transfer", "Data-plane throughput (ICI: shared memory, DCN: TCP stream) beside memcpy/raw TCP");
+  pw::TransferBenchOptions to;
+  transfer->add_option("--sizes", to.sizes, "Sizes in bytes (default 1 KiB ... 256 MiB)");
+  transfer->add_option("--min-seconds", to.min_seconds, "Minimum time per measurement");
+  transfer->add_flag("--json", json, "Print one JSON object to stdout");
+
   // Python: it compares against JAX's own dispatch in the same process (python/pathways).
   auto* xla_overhead = bench->add_subcommand(
       "xla-overhead", "An XLA function run by pathways vs by JAX, same CPU, same run (Python)");
@@ -166,6 +175,19 @@ int main(int argc, char** argv) {
       std::printf("%s\n", pw::DispatchBenchJson(bo, *r).c_str());
     } else {
       std::printf("%s", pw::DispatchBenchTable(*r).c_str());
+    }
+    return 0;
+  }
+  if (transfer->parsed()) {
+    auto r = pw::RunTransferBench(to);
+    if (!r.ok()) return Fail(r.status());
+    if (json) {
+      std::printf("%s\n", pw::TransferBenchJson(*r).c_str());
+    } else {
+      for (const auto& x : *r)
+        std::printf("%-4s %12lld B  %10.1f MB/s  (%s %10.1f MB/s)  ratio %.2f\n", x.path.c_str(),
+                    (long long)x.bytes, x.pathways_bytes_per_second / 1e6, x.baseline.c_str(),
+                    x.baseline_bytes_per_second / 1e6, x.ratio);
     }
     return 0;
   }

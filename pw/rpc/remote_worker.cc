@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
+#include "pw/rpc/shared_memory.h"
 #include "pw/rpc/wire.h"
 
 namespace pw::rpc {
@@ -77,10 +78,12 @@ class RemoteWorker::Stream final : public grpc::ClientBidiReactor<v1::Command, v
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOptions& options)
+RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOptions& options,
+                           bool same_machine)
     : host_(host),
       address_(std::move(address)),
       options_(options),
+      same_machine_(same_machine),
       channel_(MakeChannel(address_, options)),
       stub_(v1::Worker::NewStub(channel_)) {}
 
@@ -272,11 +275,12 @@ namespace {
 class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
  public:
   FetchCall(v1::Worker::Stub* stub, const std::string& token, BufferId id, DeviceId device,
-            std::string where, Promise<DeviceBufferRef> promise)
+            bool shared_memory, std::string where, Promise<DeviceBufferRef> promise)
       : device_(device), where_(std::move(where)), promise_(std::move(promise)) {
     AddToken(&ctx_, token);
     req_.set_buffer(id.value());
     req_.set_device(device.value());
+    req_.set_shared_memory(shared_memory);
     stub->async()->FetchShard(&ctx_, &req_, this);
     StartRead(&chunk_);
     StartCall();
@@ -310,6 +314,12 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
       buffer_ = HostDeviceBuffer::Create(spec, device_);
     }
     const size_t size = static_cast<size_t>(buffer_->size_bytes());
+    if (!chunk_.shm_name().empty()) {
+      if (offset_ != 0) return absl::DataLossError("shard stream: segment after data");
+      PW_RETURN_IF_ERROR(ReadSharedMemory(chunk_.shm_name(), buffer_->mutable_data(), size));
+      offset_ = size;
+      return absl::OkStatus();
+    }
     if (chunk_.data().size() > size - offset_)
       return absl::DataLossError(absl::StrCat("shard stream: more than ", size, " bytes"));
     std::memcpy(static_cast<char*>(buffer_->mutable_data()) + offset_, chunk_.data().data(),
@@ -333,7 +343,7 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
 Future<DeviceBufferRef> RemoteWorker::FetchShard(BufferId id, DeviceId device) {
   Promise<DeviceBufferRef> p;
   Future<DeviceBufferRef> f = p.future();
-  new FetchCall(stub_.get(), options_.token, id, device,
+  new FetchCall(stub_.get(), options_.token, id, device, same_machine_,
                 absl::StrCat("fetching ", id.ToString(), " on ", device.ToString(), " from ",
                              host_.ToString(), " at ", address_),
                 std::move(p));

@@ -23,7 +23,9 @@ namespace pw::rpc {
 
 class RemoteWorker final : public WorkerInterface {
  public:
-  RemoteWorker(HostId host, std::string address, const ChannelOptions& options);
+  // `same_machine`: the worker runs on this machine, so shards are fetched through shared memory.
+  RemoteWorker(HostId host, std::string address, const ChannelOptions& options,
+               bool same_machine = false);
   // Closes the command stream; outstanding commands fail.
   ~RemoteWorker() override;
 
@@ -60,6 +62,7 @@ class RemoteWorker final : public WorkerInterface {
   const HostId host_;
   const std::string address_;
   const ChannelOptions options_;
+  const bool same_machine_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<::pathways::v1::Worker::Stub> stub_;
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
 #include "pw/rpc/reactors.h"
+#include "pw/rpc/shared_memory.h"
 #include "pw/rpc/wire.h"
 
 namespace pw::rpc {
@@ -251,6 +252,7 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
       End(s);
       return;
     }
+    shared_memory_ = req.shared_memory();
     if (req.buffer() < 0 || req.device() < 0) {
       End(absl::InvalidArgumentError("fetch shard: negative buffer or device id"));
       return;
@@ -333,6 +335,24 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
 
   void WriteNext() {
     const size_t total = static_cast<size_t>(spec_.size_bytes());
+    if (shared_memory_ && chunks_ == 0) {  // One chunk naming a segment with every byte.
+      absl::StatusOr<std::string> name = WriteSharedMemory(data_, total);
+      if (!name.ok()) return End(name.status());
+      chunk_.Clear();
+      ToProto(spec_, chunk_.mutable_spec());
+      chunk_.set_shm_name(*name);
+      offset_ = total;
+      ++chunks_;
+      {
+        pw::MutexLock lock(&state_->mu);
+        if (state_->finished || state_->ending) {
+          ReadSharedMemory(*name, nullptr, 0).IgnoreError();  // Unlinks it.
+          return;
+        }
+        state_->writing = true;
+      }
+      return StartWrite(&chunk_);
+    }
     if (offset_ >= total && chunks_ > 0) return End(absl::OkStatus());
     absl::Status end;
     bool end_now = false;
@@ -364,6 +384,7 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
   const char* data_ = nullptr;
   size_t offset_ = 0;
   int chunks_ = 0;  // An empty shard still sends one chunk (with the spec).
+  bool shared_memory_ = false;
   v1::ShardChunk chunk_;
 };
 

@@ -1,5 +1,7 @@
 #include "pw/server/controller_server.h"
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "pw/base/status_macros.h"
@@ -82,7 +84,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> ControllerServer::RegisterWorker(
   }
   // A host registering again replaces its old worker (which may not have been noticed dead yet).
   if (rejoin) FailHost(host, "its worker registered again");
-  auto worker = std::make_unique<rpc::RemoteWorker>(host, req.address(), options_.channel);
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  auto worker = std::make_unique<rpc::RemoteWorker>(host, req.address(), options_.channel,
+                                                    /*same_machine=*/req.machine() == name);
   rpc::RemoteWorker* w = worker.get();
   {
     pw::MutexLock lock(&mu_);

@@ -9,7 +9,17 @@
 namespace pw::server {
 namespace v1 = ::pathways::v1;
 
-WorkerServer::WorkerServer(Options options) : options_(std::move(options)) {}
+std::string HostName();  // Below.
+
+std::string HostName() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+WorkerServer::WorkerServer(Options options)
+    : options_(std::move(options)),
+      machine_(options_.machine.empty() ? HostName() : options_.machine) {}
 
 grpc::ClientContext* WorkerServer::Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const {
   rpc::AddToken(ctx, options_.channel.token);
@@ -75,9 +85,7 @@ absl::Status WorkerServer::Register() {
   req.set_protocol_version(rpc::kProtocolVersion);
   req.set_host(options_.host.value());
   req.set_address(address_);
-  char name[256] = {};
-  gethostname(name, sizeof(name) - 1);
-  req.set_machine(name);
+  req.set_machine(machine_);
   v1::RegisterWorkerResponse resp;
   grpc::ClientContext ctx;
   PW_RETURN_IF_ERROR(rpc::FromGrpc(
@@ -138,7 +146,8 @@ rpc::RemoteWorker* WorkerServer::RemotePeer(HostId host) {
   v1::HostAddress resp;
   grpc::ClientContext ctx;
   if (!controller_->LookupHost(Prepare(&ctx, absl::Seconds(5)), req, &resp).ok()) return nullptr;
-  auto stub = std::make_unique<rpc::RemoteWorker>(host, resp.address(), options_.channel);
+  auto stub = std::make_unique<rpc::RemoteWorker>(host, resp.address(), options_.channel,
+                                                  /*same_machine=*/resp.machine() == machine_);
   pw::MutexLock lock(&mu_);
   auto& slot = peers_[host];
   if (slot == nullptr) {

@@ -37,6 +37,9 @@ class WorkerServer final : public CollectivePeers {
     rpc::ChannelOptions channel;
     std::string pjrt_plugin = pjrt::DefaultCpuPluginPath();
     absl::Duration controller_lost_timeout = absl::Seconds(10);
+    // This worker's machine: peers reporting the same one exchange shards through shared memory,
+    // others through TCP streams. Empty: the host name.
+    std::string machine;
   };
   // Fetches the cluster spec, starts serving, registers with the controller.
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(Options options);
@@ -70,6 +73,7 @@ class WorkerServer final : public CollectivePeers {
   grpc::ClientContext* Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
 
   const Options options_;
+  std::string machine_;
   ClusterSpec spec_;
   std::unique_ptr<::pathways::v1::Controller::Stub> controller_;
   Collectives collectives_;

@@ -1,0 +1,186 @@
+#include "pw/bench/transfer_bench.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "pw/base/status_macros.h"
+#include "pw/rpc/remote_worker.h"
+#include "pw/server/controller_server.h"
+#include "pw/server/worker_server.h"
+
+namespace pw {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Bytes per second of `op` (which moves `bytes`), repeated for at least min_seconds.
+absl::StatusOr<double> Rate(int64_t bytes, const TransferBenchOptions& o,
+                            const std::function<absl::Status()>& op) {
+  PW_RETURN_IF_ERROR(op());  // Warm.
+  int n = 0;
+  const auto start = Clock::now();
+  double elapsed = 0;
+  while (n < o.min_iterations || elapsed < o.min_seconds) {
+    PW_RETURN_IF_ERROR(op());
+    ++n;
+    elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  }
+  return static_cast<double>(bytes) * n / elapsed;
+}
+
+absl::Status Errno(const char* what) {
+  return absl::InternalError(absl::StrCat("raw tcp: ", what, ": ", std::strerror(errno)));
+}
+
+// A loopback TCP connection whose far end reads exactly what is sent and acknowledges it.
+class RawTcp {
+ public:
+  absl::Status Open() {
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (l < 0 || bind(l, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || listen(l, 1) != 0 ||
+        getsockname(l, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+      return Errno("listen");
+    sink_ = std::thread([this, l] {
+      int fd = accept(l, nullptr, nullptr);
+      close(l);
+      std::vector<char> buf(1 << 20);
+      int64_t want = 0;
+      while (fd >= 0 && ReadAll(fd, &want, sizeof(want)) && want > 0) {
+        for (int64_t got = 0; got < want;) {
+          ssize_t r = read(fd, buf.data(), std::min<int64_t>(buf.size(), want - got));
+          if (r <= 0) return;
+          got += r;
+        }
+        char ack = 1;
+        if (write(fd, &ack, 1) != 1) break;
+      }
+      if (fd >= 0) close(fd);
+    });
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd_ < 0 || connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
+      return Errno("connect");
+    int one = 1;
+    setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    return absl::OkStatus();
+  }
+  ~RawTcp() {
+    if (fd_ >= 0) {
+      int64_t zero = 0;
+      (void)!write(fd_, &zero, sizeof(zero));
+      close(fd_);
+    }
+    if (sink_.joinable()) sink_.join();
+  }
+  // Sends `data` and waits for the far end to have read all of it.
+  absl::Status Send(const std::vector<char>& data) {
+    int64_t n = static_cast<int64_t>(data.size());
+    if (!WriteAll(fd_, &n, sizeof(n)) || !WriteAll(fd_, data.data(), data.size()))
+      return Errno("write");
+    char ack;
+    if (read(fd_, &ack, 1) != 1) return Errno("ack");
+    return absl::OkStatus();
+  }
+
+ private:
+  static bool WriteAll(int fd, const void* p, size_t n) {
+    for (size_t done = 0; done < n;) {
+      ssize_t w = write(fd, static_cast<const char*>(p) + done, n - done);
+      if (w <= 0) return false;
+      done += w;
+    }
+    return true;
+  }
+  static bool ReadAll(int fd, void* p, size_t n) {
+    for (size_t done = 0; done < n;) {
+      ssize_t r = read(fd, static_cast<char*>(p) + done, n - done);
+      if (r <= 0) return false;
+      done += r;
+    }
+    return true;
+  }
+  int fd_ = -1;
+  std::thread sink_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<TransferBenchResult>> RunTransferBench(const TransferBenchOptions& opts) {
+  TransferBenchOptions o = opts;
+  if (o.sizes.empty())
+    for (int64_t s = 1024; s <= (int64_t{256} << 20); s *= 4) o.sizes.push_back(s);
+  for (int64_t s : o.sizes)
+    if (s <= 0 || s % 4 != 0)
+      return absl::InvalidArgumentError(absl::StrCat("transfer size ", s, " is not a positive multiple of 4"));
+  const int64_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
+  // One host with one device whose memory holds the largest shard.
+  PW_ASSIGN_OR_RETURN(ClusterSpec spec, ClusterSpec::Uniform(1, 1, 1, 2 * largest + (1 << 20)));
+  PW_ASSIGN_OR_RETURN(auto controller, server::ControllerServer::Start(spec, {}));
+  PW_ASSIGN_OR_RETURN(auto worker, server::WorkerServer::Start(
+                                       {.controller = controller->address(), .host = HostId(0)}));
+  // Readers: a peer on this machine (shared memory) and one on another (TCP stream).
+  rpc::RemoteWorker ici(HostId(0), worker->address(), {}, /*same_machine=*/true);
+  rpc::RemoteWorker dcn(HostId(0), worker->address(), {}, /*same_machine=*/false);
+  RawTcp tcp;
+  PW_RETURN_IF_ERROR(tcp.Open());
+
+  std::vector<TransferBenchResult> results;
+  int64_t next_buffer = 1;
+  for (int64_t size : o.sizes) {
+    const BufferId id(next_buffer++);
+    HostArray shard{{DType::kF32, Shape({size / 4})}, std::vector<uint8_t>(size)};
+    for (int64_t i = 0; i < size; ++i) shard.bytes[i] = static_cast<uint8_t>(i * 131);
+    PW_RETURN_IF_ERROR(ici.PutShard(id, DeviceId(0), shard).Await());
+    auto fetch = [&](rpc::RemoteWorker& via) -> absl::Status {
+      PW_ASSIGN_OR_RETURN(DeviceBufferRef b, via.FetchShard(id, DeviceId(0)).Await());
+      if (b->size_bytes() != size) return absl::InternalError("fetched the wrong size");
+      const auto* h = static_cast<const HostDeviceBuffer*>(b.get());
+      if (std::memcmp(h->data(), shard.bytes.data(), 64 < size ? 64 : size) != 0)
+        return absl::DataLossError("fetched bytes differ");
+      return absl::OkStatus();
+    };
+    std::vector<char> src(size, 1), dst(size);
+    PW_ASSIGN_OR_RETURN(double ici_rate, Rate(size, o, [&] { return fetch(ici); }));
+    PW_ASSIGN_OR_RETURN(double memcpy_rate, Rate(size, o, [&] {
+                          std::memcpy(dst.data(), src.data(), size);
+                          return absl::OkStatus();
+                        }));
+    PW_ASSIGN_OR_RETURN(double dcn_rate, Rate(size, o, [&] { return fetch(dcn); }));
+    PW_ASSIGN_OR_RETURN(double tcp_rate, Rate(size, o, [&] { return tcp.Send(src); }));
+    results.push_back({"ici", "memcpy", size, ici_rate, memcpy_rate, ici_rate / memcpy_rate});
+    results.push_back({"dcn", "tcp", size, dcn_rate, tcp_rate, dcn_rate / tcp_rate});
+    std::fprintf(stderr, "transfer bench: %10lld B  ici %8.1f MB/s (memcpy %8.1f)  dcn %8.1f MB/s (tcp %8.1f)\n",
+                 (long long)size, ici_rate / 1e6, memcpy_rate / 1e6, dcn_rate / 1e6, tcp_rate / 1e6);
+    ici.DeleteBuffers({id});
+  }
+  return results;
+}
+
+std::string TransferBenchJson(const std::vector<TransferBenchResult>& results) {
+  nlohmann::json j;
+  j["results"] = nlohmann::json::array();
+  for (const auto& r : results) {
+    j["results"].push_back({{"path", r.path},
+                            {"baseline", r.baseline},
+                            {"bytes", r.bytes},
+                            {"pathways_bytes_per_second", r.pathways_bytes_per_second},
+                            {"baseline_bytes_per_second", r.baseline_bytes_per_second},
+                            {"ratio", r.ratio}});
+  }
+  return j.dump(2);
+}
+
+}  // namespace pw

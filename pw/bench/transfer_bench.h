@@ -1,0 +1,35 @@
+// `pw bench transfer`: throughput of the worker-to-worker data plane, beside the raw path it
+// runs on, measured in the same run.
+//
+// A worker process (in this process, served over gRPC on loopback) holds a shard; a peer fetches
+// it with the same call a transfer node uses (RemoteWorker::FetchShard). ICI: a peer on the same
+// machine (shared memory), beside memcpy. DCN: a peer on another machine (a TCP stream), beside
+// raw TCP on loopback (one connection, write/read of the same size).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pw {
+
+struct TransferBenchOptions {
+  std::vector<int64_t> sizes;  // Bytes; default 1 KiB ... 256 MiB in powers of 4.
+  double min_seconds = 0.2;    // Per measurement.
+  int min_iterations = 3;
+};
+
+struct TransferBenchResult {
+  std::string path;      // "ici" | "dcn"
+  std::string baseline;  // "memcpy" | "tcp"
+  int64_t bytes = 0;
+  double pathways_bytes_per_second = 0;
+  double baseline_bytes_per_second = 0;
+  double ratio = 0;  // pathways / baseline
+};
+
+absl::StatusOr<std::vector<TransferBenchResult>> RunTransferBench(const TransferBenchOptions& o);
+std::string TransferBenchJson(const std::vector<TransferBenchResult>& results);
+
+}  // namespace pw
