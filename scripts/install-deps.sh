@@ -9,6 +9,7 @@ DEB_PACKAGES=(
   build-essential cmake ninja-build pkg-config python3 python3-venv
   libabsl-dev libopenblas-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgoogle-perftools-dev valgrind
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc iproute2
 )
 
 missing=()

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# Multi-host test: a controller and 4 workers in 2 islands, each worker in its own network
+# namespace ("host") with its own address, joined by a bridge. Links between the islands (DCN)
+# are shaped with tc: a bandwidth cap (htb), and added latency (netem) where the kernel has it.
+# Runs Figure 2 and the dispatch benchmark across the hosts and checks DCN/ICI accounting.
+#
+# Needs root, `ip netns` and veth/bridge links; exits 0 with "SKIP: ..." when they cannot be made.
+# Usage: scripts/netns-cluster-test.sh [path/to/pw]
+set -uo pipefail
+PW=$(readlink -f "${1:-build/bin/pw}")
+TOKEN="netns-test-$$-$RANDOM"
+BR=pwbr$$
+NS=(pwh0-$$ pwh1-$$ pwh2-$$ pwh3-$$)
+ADDR=(10.77.0.10 10.77.0.11 10.77.1.10 10.77.1.11)   # Island 0: 10.77.0.0/24, island 1: 10.77.1.0/24.
+CTRL=10.77.0.1
+DIR=$(mktemp -d)
+PIDS=()
+
+skip() { echo "SKIP: $*"; exit 0; }
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  sleep 0.3
+  for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null; done
+  for n in "${NS[@]}"; do ip netns del "$n" 2>/dev/null; done
+  ip link del "$BR" 2>/dev/null
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+
+[ -x "$PW" ] || { echo "FAIL: $PW not built"; exit 1; }
+[ "$(id -u)" -eq 0 ] || skip "not root: network namespaces cannot be made"
+command -v ip >/dev/null || skip "iproute2 (ip) is not installed"
+ip netns add "${NS[0]}" 2>/dev/null || skip "ip netns add failed: namespaces cannot be made here"
+ip link add "$BR" type bridge 2>/dev/null || skip "cannot create a bridge"
+ip addr add "$CTRL/16" dev "$BR" && ip link set "$BR" up
+for i in 0 1 2 3; do
+  n=${NS[$i]}
+  [ "$i" -eq 0 ] || ip netns add "$n" || skip "ip netns add $n failed"
+  ip link add "v$i-$$" type veth peer name eth0 netns "$n" || skip "cannot create veth links"
+  ip link set "v$i-$$" master "$BR" up
+  ip netns exec "$n" ip addr add "${ADDR[$i]}/16" dev eth0
+  ip netns exec "$n" ip link set eth0 up
+  ip netns exec "$n" ip link set lo up
+done
+
+# Shape every host's traffic to the other island: 200 Mbit/s cap (+ 2 ms delay if netem exists).
+shaped="bandwidth cap"
+for i in 0 1 2 3; do
+  n=${NS[$i]}
+  other=$([ "$i" -lt 2 ] && echo 10.77.1.0/24 || echo 10.77.0.0/24)
+  ip netns exec "$n" tc qdisc add dev eth0 root handle 1: htb default 10 || skip "tc htb unavailable"
+  ip netns exec "$n" tc class add dev eth0 parent 1: classid 1:10 htb rate 10gbit
+  ip netns exec "$n" tc class add dev eth0 parent 1: classid 1:20 htb rate 200mbit ceil 200mbit
+  if ip netns exec "$n" tc qdisc add dev eth0 parent 1:20 handle 20: netem delay 2ms 2>/dev/null; then
+    shaped="bandwidth cap + 2 ms delay"
+  fi
+  ip netns exec "$n" tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dst "$other" flowid 1:20 \
+    || skip "tc u32 filters unavailable"
+done
+[ "$shaped" = "bandwidth cap" ] && echo "note: tc netem is not available in this kernel: DCN links get a bandwidth cap but no added latency"
+
+export PW_TOKEN=$TOKEN PW_STATE_DIR=$DIR
+"$PW" controller --islands 2 --hosts-per-island 2 --devices-per-host 2 --listen "$CTRL:0" \
+  --address-file "$DIR/addr" >"$DIR/controller.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 200); do [ -s "$DIR/addr" ] && break; sleep 0.05; done
+ADDRESS=$(cat "$DIR/addr" 2>/dev/null) || { cat "$DIR/controller.log"; echo "FAIL: controller did not start"; exit 1; }
+for i in 0 1 2 3; do
+  ip netns exec "${NS[$i]}" "$PW" worker --controller "$ADDRESS" --host "$i" --listen "${ADDR[$i]}:0" \
+    --machine "netns-host-$i" >"$DIR/worker-$i.log" 2>&1 &
+  PIDS+=($!)
+done
+alive_hosts() {
+  "$PW" status --cluster "$ADDRESS" --json 2>/dev/null |
+    python3 -c 'import json,sys; print(sum(h["alive"] for h in json.load(sys.stdin)["hosts"]))' 2>/dev/null
+}
+for _ in $(seq 200); do [ "$(alive_hosts)" = 4 ] && break; sleep 0.1; done
+"$PW" status --cluster "$ADDRESS" || { tail "$DIR"/*.log; echo "FAIL: status"; exit 1; }
+
+# Unauthenticated calls are refused on a non-loopback address.
+if PW_TOKEN= "$PW" example figure2 --cluster "$ADDRESS" >/dev/null 2>"$DIR/noauth.err"; then
+  echo "FAIL: a call without the token was accepted"; exit 1
+fi
+grep -q UNAUTHENTICATED "$DIR/noauth.err" || { cat "$DIR/noauth.err"; echo "FAIL: expected UNAUTHENTICATED"; exit 1; }
+
+out=$("$PW" example figure2 --cluster "$ADDRESS") || { tail "$DIR"/*.log; echo "FAIL: figure2"; exit 1; }
+[ "$out" = "(array([3., 5.]), array([2., 4.]))" ] || { echo "FAIL: figure2 printed $out"; exit 1; }
+echo "figure2 across 4 namespaced hosts: $out"
+"$PW" bench dispatch --cluster "$ADDRESS" --chain 16 --min-seconds 0.2 --json >"$DIR/dispatch.json" \
+  || { tail "$DIR"/*.log; echo "FAIL: dispatch bench"; exit 1; }
+python3 - "$DIR/dispatch.json" <<'PY' || exit 1
+import json, sys
+j = json.load(open(sys.argv[1]))
+s = j["summary"]
+print("dispatch bench across namespaced hosts:", {k: round(v, 3) if isinstance(v, float) else v for k, v in s.items()})
+assert j["results"] and all(r["computations_per_second"] > 0 for r in j["results"])
+PY
+"$PW" status --cluster "$ADDRESS" --json >"$DIR/status.json"
+python3 - "$DIR/status.json" "$shaped" <<'PY' || exit 1
+import json, sys
+s = json.load(open(sys.argv[1]))
+print(f"transfers over {sys.argv[2]} DCN links: DCN {s['dcn_bytes_received']} B, ICI {s['ici_bytes_received']} B")
+assert all(h["alive"] for h in s["hosts"]), s["hosts"]
+assert s["dcn_bytes_received"] > 0, "no DCN transfer was counted"
+assert {h["address"].rsplit(":", 1)[0] for h in s["hosts"]} == {"10.77.0.10", "10.77.0.11", "10.77.1.10", "10.77.1.11"}
+PY
+echo "PASS"
