@@ -64,7 +64,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || port == 0)
     return absl::UnavailableError(absl::StrCat("cannot listen on ", s->options_.listen));
-  const std::string listen_host = s->options_.listen.substr(0, s->options_.listen.rfind(':'));
+  // A wildcard listen address is advertised as this machine's name, which peers can dial.
+  std::string listen_host = s->options_.listen.substr(0, s->options_.listen.rfind(':'));
+  if (listen_host == "0.0.0.0" || listen_host == "[::]") listen_host = HostName();
   s->address_ = absl::StrCat(listen_host, ":", port);
   PW_RETURN_IF_ERROR(s->Register());
   s->heartbeat_ = std::thread([p = s.get()] { p->HeartbeatLoop(); });
