@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <climits>
 #include <cstdio>
 #include <fstream>
@@ -29,17 +30,23 @@ std::string Token(const std::string& flag) {
   return t == nullptr ? "" : t;
 }
 
-// Blocks SIGINT and SIGTERM in every thread created after this call and runs `on_signal` on a
-// thread of its own when one arrives. Call before starting other threads.
+// Runs `on_signal` on a thread of its own when SIGINT or SIGTERM arrives (whichever thread the
+// kernel delivers it to: the handler only writes to a pipe).
+int stop_pipe[2] = {-1, -1};
 void OnStopSignal(std::function<void()> on_signal) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  std::thread([set, on_signal = std::move(on_signal)] {
-    int sig = 0;
-    sigwait(&set, &sig);
+  if (pipe(stop_pipe) != 0) return;
+  struct sigaction sa = {};
+  sa.sa_handler = [](int sig) {
+    char c = static_cast<char>(sig);
+    (void)!write(stop_pipe[1], &c, 1);
+  };
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  std::thread([on_signal = std::move(on_signal)] {
+    char c;
+    while (read(stop_pipe[0], &c, 1) < 0 && errno == EINTR) {
+    }
     on_signal();
   }).detach();
 }

@@ -12,8 +12,12 @@
 namespace pw::rpc {
 namespace v1 = ::pathways::v1;
 
-WorkerService::WorkerService(WorkerInterface* worker, Collectives* collectives, std::string token)
-    : worker_(worker), collectives_(collectives), token_(std::move(token)) {}
+WorkerService::WorkerService(WorkerInterface* worker, Collectives* collectives, std::string token,
+                             std::function<void(DeviceId)> on_restore)
+    : worker_(worker),
+      collectives_(collectives),
+      token_(std::move(token)),
+      on_restore_(std::move(on_restore)) {}
 
 absl::StatusOr<std::shared_ptr<const HostProgram>> WorkerService::Program(
     uint64_t id, const v1::HostProgram* body) {
@@ -410,6 +414,7 @@ grpc::ServerUnaryReactor* WorkerService::RestoreDevice(grpc::CallbackServerConte
                                                        v1::Empty*) {
   if (absl::Status s = CheckToken(ctx, token_); !s.ok()) return Reply(ctx, s);
   if (req->device() < 0) return Reply(ctx, absl::InvalidArgumentError("RestoreDevice: negative device id"));
+  if (on_restore_) on_restore_(DeviceId(req->device()));
   return Reply(ctx, worker_->RestoreDevice(DeviceId(req->device())));
 }
 
@@ -424,20 +429,22 @@ grpc::ServerUnaryReactor* WorkerService::Collective(grpc::CallbackServerContext*
                                                     const v1::CollectiveContribution* req,
                                                     v1::Empty*) {
   if (absl::Status s = CheckToken(ctx, token_); !s.ok()) return Reply(ctx, s);
-  if (req->has_error()) {
-    absl::Status reason = FromProto(req->error());
+  return Reply(ctx, Deliver(collectives_, *req));
+}
+
+absl::Status WorkerService::Deliver(Collectives* collectives, const v1::CollectiveContribution& c) {
+  if (c.has_error()) {
+    absl::Status reason = FromProto(c.error());
     if (reason.ok()) reason = absl::UnknownError("a peer's launch failed");
-    collectives_->DeliverFailure(req->run(), req->node(), reason);
-    return Reply(ctx, absl::OkStatus());
+    collectives->DeliverFailure(c.run(), c.node(), reason);
+    return absl::OkStatus();
   }
-  if (req->ranks_size() != req->inputs_size())
-    return Reply(ctx, absl::InvalidArgumentError(absl::StrCat(
-                          "collective: ", req->ranks_size(), " ranks but ", req->inputs_size(),
-                          " inputs")));
-  const CollectiveKey key{req->run(), req->node(), req->op()};
-  for (int i = 0; i < req->ranks_size(); ++i)
-    collectives_->Deliver(key, req->ranks(i), req->inputs(i));
-  return Reply(ctx, absl::OkStatus());
+  if (c.ranks_size() != c.inputs_size())
+    return absl::InvalidArgumentError(absl::StrCat("collective: ", c.ranks_size(), " ranks but ",
+                                                   c.inputs_size(), " inputs"));
+  const CollectiveKey key{c.run(), c.node(), c.op()};
+  for (int i = 0; i < c.ranks_size(); ++i) collectives->Deliver(key, c.ranks(i), c.inputs(i));
+  return absl::OkStatus();
 }
 
 }  // namespace pw::rpc

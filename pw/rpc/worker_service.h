@@ -9,6 +9,7 @@
 // Thread-safe: gRPC calls the handlers on its own threads; all state is under mu_.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -24,7 +25,11 @@ namespace pw::rpc {
 class WorkerService final : public ::pathways::v1::Worker::CallbackService {
  public:
   // `worker` and `collectives` must outlive the service (and the server running it).
-  WorkerService(WorkerInterface* worker, Collectives* collectives, std::string token);
+  WorkerService(WorkerInterface* worker, Collectives* collectives, std::string token,
+                std::function<void(DeviceId)> on_restore = nullptr);
+  // Hands a peer's contribution (from RPC or shared memory) to `collectives`.
+  static absl::Status Deliver(Collectives* collectives,
+                              const ::pathways::v1::CollectiveContribution& c);
 
   grpc::ServerUnaryReactor* LoadFunction(grpc::CallbackServerContext* ctx,
                                          const ::pathways::v1::WorkerLoadFunctionRequest* req,
@@ -59,6 +64,7 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   WorkerInterface* const worker_;
   Collectives* const collectives_;
   const std::string token_;
+  const std::function<void(DeviceId)> on_restore_;
   pw::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<const HostProgram>> programs_ ABSL_GUARDED_BY(mu_);
 };

@@ -1,5 +1,6 @@
 #include "pw/server/controller_server.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -77,15 +78,18 @@ absl::StatusOr<v1::RegisterWorkerResponse> ControllerServer::RegisterWorker(
   if (req.address().empty())
     return absl::InvalidArgumentError("RegisterWorker: the worker sent no address");
   bool rejoin = false;
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
   {
     pw::MutexLock lock(&mu_);
     auto it = members_.find(host);
     rejoin = it != members_.end();
+    // The replaced worker's shared-memory mailbox outlives a killed process: remove it.
+    if (rejoin && it->second.machine == name && it->second.data_address.rfind("/pw-mbox-", 0) == 0)
+      shm_unlink(it->second.data_address.c_str());
   }
   // A host registering again replaces its old worker (which may not have been noticed dead yet).
   if (rejoin) FailHost(host, "its worker registered again");
-  char name[256] = {};
-  gethostname(name, sizeof(name) - 1);
   auto worker = std::make_unique<rpc::RemoteWorker>(host, req.address(), options_.channel,
                                                     /*same_machine=*/req.machine() == name);
   rpc::RemoteWorker* w = worker.get();

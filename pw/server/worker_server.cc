@@ -54,8 +54,22 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   s->worker_ = std::make_unique<Worker>(
       host, hs.island, devices, &s->collectives_, [p = s.get()](HostId h) { return p->Peer(h); },
       std::make_shared<pjrt::PjrtBackend>(s->options_.pjrt_plugin, hs.devices));
-  s->service_ = std::make_unique<rpc::WorkerService>(s->worker_.get(), &s->collectives_,
-                                                     s->options_.channel.token);
+  // Peers on this machine send collective inputs through shared memory.
+  PW_ASSIGN_OR_RETURN(s->mailbox_, rpc::ShmMailbox::Create([p = s.get()](absl::string_view m) {
+                        v1::CollectiveContribution c;
+                        if (c.ParseFromArray(m.data(), static_cast<int>(m.size())))
+                          (void)rpc::WorkerService::Deliver(&p->collectives_, c);
+                      }));
+  s->service_ = std::make_unique<rpc::WorkerService>(
+      s->worker_.get(), &s->collectives_, s->options_.channel.token,
+      [p = s.get()](DeviceId d) {  // A host rejoined: forget its old address and mailbox.
+        if (d.valid() && d.value() < static_cast<int64_t>(p->spec_.devices().size())) {
+          const HostId h = p->spec_.device(d).host;
+          pw::MutexLock lock(&p->mu_);
+          p->peers_.erase(h);
+          p->mailboxes_.erase(h);
+        }
+      });
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(s->options_.listen, grpc::InsecureServerCredentials(), &port);
@@ -88,6 +102,7 @@ absl::Status WorkerServer::Register() {
   req.set_host(options_.host.value());
   req.set_address(address_);
   req.set_machine(machine_);
+  req.set_data_address(mailbox_->name());
   v1::RegisterWorkerResponse resp;
   grpc::ClientContext ctx;
   PW_RETURN_IF_ERROR(rpc::FromGrpc(
@@ -148,9 +163,16 @@ rpc::RemoteWorker* WorkerServer::RemotePeer(HostId host) {
   v1::HostAddress resp;
   grpc::ClientContext ctx;
   if (!controller_->LookupHost(Prepare(&ctx, absl::Seconds(5)), req, &resp).ok()) return nullptr;
+  const bool same_machine = resp.machine() == machine_;
   auto stub = std::make_unique<rpc::RemoteWorker>(host, resp.address(), options_.channel,
-                                                  /*same_machine=*/resp.machine() == machine_);
+                                                  same_machine);
+  std::shared_ptr<rpc::ShmMailbox> mailbox;
+  if (same_machine && !resp.data_address().empty()) {
+    auto m = rpc::ShmMailbox::Open(resp.data_address());
+    if (m.ok()) mailbox = *std::move(m);  // Otherwise collectives go by RPC.
+  }
   pw::MutexLock lock(&mu_);
+  if (mailbox != nullptr && !mailboxes_.contains(host)) mailboxes_[host] = std::move(mailbox);
   auto& slot = peers_[host];
   if (slot == nullptr) {
     slot = stub.get();
@@ -162,7 +184,32 @@ rpc::RemoteWorker* WorkerServer::RemotePeer(HostId host) {
 void WorkerServer::ForgetPeer(HostId host, rpc::RemoteWorker* stale) {
   pw::MutexLock lock(&mu_);
   auto it = peers_.find(host);
-  if (it != peers_.end() && it->second == stale) peers_.erase(it);
+  if (it != peers_.end() && it->second == stale) {
+    peers_.erase(it);
+    mailboxes_.erase(host);
+  }
+}
+
+void WorkerServer::SendTo(HostId h, const v1::CollectiveContribution& c,
+                          std::function<void(const absl::Status&)> on_error) {
+  rpc::RemoteWorker* peer = RemotePeer(h);  // Also opens the mailbox of a peer on this machine.
+  std::shared_ptr<rpc::ShmMailbox> mailbox;
+  {
+    pw::MutexLock lock(&mu_);
+    auto it = mailboxes_.find(h);
+    if (it != mailboxes_.end()) mailbox = it->second;
+  }
+  if (mailbox != nullptr && mailbox->Send(c.SerializeAsString()).ok()) return;
+  if (peer == nullptr)
+    return on_error(absl::UnavailableError(absl::StrCat("cannot find the worker of ", h.ToString())));
+  peer->SendCollective(c, [this, c, h, peer, on_error](const absl::Status& s) {
+    // The peer may have rejoined at a new address: look it up again and resend once.
+    ForgetPeer(h, peer);
+    rpc::RemoteWorker* fresh = RemotePeer(h);
+    if (fresh != nullptr && fresh->address() != peer->address())
+      return fresh->SendCollective(c, on_error);
+    on_error(s);
+  });
 }
 
 WorkerInterface* WorkerServer::Peer(HostId host) {
@@ -197,23 +244,7 @@ void WorkerServer::Send(const CollectiveKey& key, absl::Span<const DeviceId> dev
     c.add_inputs(std::move(inputs[i]));
   }
   for (HostId h : RemoteHosts(devices)) {
-    rpc::RemoteWorker* peer = RemotePeer(h);
-    if (peer == nullptr) {
-      collectives_.DeliverFailure(key.run, key.node,
-                                  absl::UnavailableError(absl::StrCat(
-                                      "collective: cannot find the worker of ", h.ToString())));
-      continue;
-    }
-    peer->SendCollective(c, [this, c, key, h, peer](const absl::Status& s) {
-      // The peer may have rejoined at a new address: look it up again and resend once.
-      ForgetPeer(h, peer);
-      rpc::RemoteWorker* fresh = RemotePeer(h);
-      if (fresh != nullptr && fresh->address() != peer->address()) {
-        fresh->SendCollective(c, [this, key](const absl::Status& s) {
-          collectives_.DeliverFailure(key.run, key.node, Annotate(s, "collective"));
-        });
-        return;
-      }
+    SendTo(h, c, [this, key](const absl::Status& s) {
       collectives_.DeliverFailure(key.run, key.node, Annotate(s, "collective"));
     });
   }
@@ -225,16 +256,8 @@ void WorkerServer::SendFailure(int64_t run, int32_t node, absl::Span<const Devic
   c.set_run(run);
   c.set_node(node);
   rpc::ToProto(reason, c.mutable_error());
-  for (HostId h : RemoteHosts(devices)) {
-    if (rpc::RemoteWorker* peer = RemotePeer(h); peer != nullptr) {
-      peer->SendCollective(c, [this, c, h, peer](const absl::Status&) {
-        ForgetPeer(h, peer);
-        rpc::RemoteWorker* fresh = RemotePeer(h);
-        if (fresh != nullptr && fresh->address() != peer->address())
-          fresh->SendCollective(c, [](const absl::Status&) {});
-      });
-    }
-  }
+  for (HostId h : RemoteHosts(devices))
+    SendTo(h, c, [](const absl::Status&) {});  // The peer is gone: nothing waits there.
 }
 
 }  // namespace pw::server

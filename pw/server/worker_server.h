@@ -23,6 +23,7 @@
 #include "pw/rpc/auth.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
 #include "pw/rpc/remote_worker.h"
+#include "pw/rpc/shm_mailbox.h"
 #include "pw/rpc/worker_service.h"
 #include "pw/worker/worker.h"
 
@@ -68,6 +69,9 @@ class WorkerServer final : public CollectivePeers {
   // Forgets a peer's stub after an error, so the next use looks it up again (it may have
   // rejoined at a new address).
   void ForgetPeer(HostId host, rpc::RemoteWorker* stale);
+  // Sends a contribution to host `h`: through its mailbox if it shares this machine, else RPC.
+  void SendTo(HostId h, const ::pathways::v1::CollectiveContribution& c,
+              std::function<void(const absl::Status&)> on_error);
   // The hosts holding non-local `devices`.
   std::vector<HostId> RemoteHosts(absl::Span<const DeviceId> devices) const;
   grpc::ClientContext* Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
@@ -85,6 +89,9 @@ class WorkerServer final : public CollectivePeers {
 
   mutable pw::Mutex mu_;
   absl::flat_hash_map<HostId, rpc::RemoteWorker*> peers_ ABSL_GUARDED_BY(mu_);
+  // Peers on this machine: their shared-memory mailboxes (collective inputs).
+  absl::flat_hash_map<HostId, std::shared_ptr<rpc::ShmMailbox>> mailboxes_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<rpc::ShmMailbox> mailbox_;  // Ours.
   std::vector<std::unique_ptr<rpc::RemoteWorker>> stubs_ ABSL_GUARDED_BY(mu_);  // Never freed early.
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::thread heartbeat_;

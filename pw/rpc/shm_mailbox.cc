@@ -1,0 +1,175 @@
+#include "pw/rpc/shm_mailbox.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace pw::rpc {
+
+// Layout at the start of the segment; the ring follows. Offsets grow forever (mod capacity).
+struct ShmMailbox::Header {
+  uint32_t magic;
+  uint32_t capacity;            // Ring bytes (a power of two).
+  std::atomic<uint32_t> lock;   // Producers' spin lock.
+  std::atomic<uint32_t> seq;    // Futex word: bumped after each message.
+  std::atomic<uint32_t> sleeping;  // The receiver is (about to be) in futex wait.
+  std::atomic<uint64_t> head;   // Consumed up to (receiver).
+  std::atomic<uint64_t> tail;   // Produced up to (producers, under lock).
+};
+
+namespace {
+constexpr uint32_t kMagic = 0x70774d42;  // "pwMB"
+static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free);
+
+long Futex(std::atomic<uint32_t>* word, int op, uint32_t value) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, nullptr, nullptr, 0);
+}
+
+absl::Status Errno(absl::string_view what, const std::string& name) {
+  return absl::InternalError(absl::StrCat("mailbox ", name, ": ", what, ": ", std::strerror(errno)));
+}
+
+void CopyIn(char* ring, uint32_t cap, uint64_t at, const void* src, size_t n) {
+  const size_t off = at & (cap - 1), first = std::min<size_t>(n, cap - off);
+  std::memcpy(ring + off, src, first);
+  std::memcpy(ring, static_cast<const char*>(src) + first, n - first);
+}
+void CopyOut(const char* ring, uint32_t cap, uint64_t at, void* dst, size_t n) {
+  const size_t off = at & (cap - 1), first = std::min<size_t>(n, cap - off);
+  std::memcpy(dst, ring + off, first);
+  std::memcpy(static_cast<char*>(dst) + first, ring, n - first);
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShmMailbox>> ShmMailbox::Create(OnMessage on_message,
+                                                              size_t capacity) {
+  if (capacity == 0 || (capacity & (capacity - 1)) != 0 || capacity > (size_t{1} << 30))
+    return absl::InvalidArgumentError("mailbox capacity must be a power of two up to 1 GiB");
+  std::unique_ptr<ShmMailbox> m(new ShmMailbox());
+  m->name_ = absl::StrFormat("/pw-mbox-%d-%08x", getpid(), std::random_device()());
+  int fd = shm_open(m->name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return Errno("shm_open", m->name_);
+  m->owner_ = true;
+  m->mapped_ = sizeof(Header) + capacity;
+  if (ftruncate(fd, static_cast<off_t>(m->mapped_)) != 0) {
+    close(fd);
+    return Errno("ftruncate", m->name_);
+  }
+  void* p = mmap(nullptr, m->mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return Errno("mmap", m->name_);
+  m->header_ = new (p) Header{kMagic, static_cast<uint32_t>(capacity), {0}, {0}, {0}, {0}, {0}};
+  m->ring_ = static_cast<char*>(p) + sizeof(Header);
+  m->on_message_ = std::move(on_message);
+  m->receiver_ = std::thread([raw = m.get()] { raw->ReceiveLoop(); });
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<ShmMailbox>> ShmMailbox::Open(const std::string& name) {
+  if (name.rfind("/pw-mbox-", 0) != 0)
+    return absl::InvalidArgumentError(absl::StrCat("not a pathways mailbox: ", name));
+  std::unique_ptr<ShmMailbox> m(new ShmMailbox());
+  m->name_ = name;
+  int fd = shm_open(name.c_str(), O_RDWR, 0);
+  if (fd < 0) return Errno("shm_open", name);
+  struct stat st;
+  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(Header)) {
+    close(fd);
+    return absl::DataLossError(absl::StrCat("mailbox ", name, " is too small"));
+  }
+  m->mapped_ = static_cast<size_t>(st.st_size);
+  void* p = mmap(nullptr, m->mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) return Errno("mmap", name);
+  m->header_ = static_cast<Header*>(p);
+  m->ring_ = static_cast<char*>(p) + sizeof(Header);
+  if (m->header_->magic != kMagic || sizeof(Header) + m->header_->capacity != m->mapped_)
+    return absl::DataLossError(absl::StrCat("mailbox ", name, " has a bad header"));
+  return m;
+}
+
+ShmMailbox::~ShmMailbox() {
+  if (owner_) {
+    stop_.store(true);
+    header_->seq.fetch_add(1);
+    Futex(&header_->seq, FUTEX_WAKE, INT32_MAX);
+    receiver_.join();
+    shm_unlink(name_.c_str());
+  }
+  if (header_ != nullptr) munmap(header_, mapped_);
+}
+
+absl::Status ShmMailbox::Send(absl::string_view message) {
+  const uint32_t cap = header_->capacity;
+  const uint64_t need = sizeof(uint32_t) + message.size();
+  if (need > cap / 2) return absl::ResourceExhaustedError("message too large for the mailbox");
+  // Spin lock among producers (critical section: two memcpy's).
+  for (int spins = 0; header_->lock.exchange(1, std::memory_order_acquire) != 0; ++spins)
+    if (spins > 64) sched_yield();
+  const uint64_t tail = header_->tail.load(std::memory_order_relaxed);
+  if (tail + need - header_->head.load(std::memory_order_acquire) > cap) {
+    header_->lock.store(0, std::memory_order_release);
+    return absl::ResourceExhaustedError("mailbox full");
+  }
+  const uint32_t len = static_cast<uint32_t>(message.size());
+  CopyIn(ring_, cap, tail, &len, sizeof(len));
+  CopyIn(ring_, cap, tail + sizeof(len), message.data(), message.size());
+  header_->tail.store(tail + need, std::memory_order_release);
+  header_->lock.store(0, std::memory_order_release);
+  // seq_cst on both sides (here: bump, then read `sleeping`; the receiver: set `sleeping`, then
+  // read seq) so a receiver about to sleep either sees the bump or is woken.
+  header_->seq.fetch_add(1, std::memory_order_seq_cst);
+  if (header_->sleeping.load(std::memory_order_seq_cst) != 0) Futex(&header_->seq, FUTEX_WAKE, 1);
+  return absl::OkStatus();
+}
+
+void ShmMailbox::ReceiveLoop() {
+  std::vector<char> msg;
+  const uint32_t cap = header_->capacity;
+  while (!stop_.load(std::memory_order_acquire)) {
+    const uint32_t seen = header_->seq.load(std::memory_order_acquire);
+    uint64_t head = header_->head.load(std::memory_order_relaxed);
+    const uint64_t tail = header_->tail.load(std::memory_order_acquire);
+    if (head == tail) {
+      bool more = false;
+      for (int i = 0; i < 64 && !more; ++i) {  // Briefly yield before sleeping.
+        sched_yield();
+        more = header_->tail.load(std::memory_order_acquire) != head || stop_.load();
+      }
+      if (more) continue;
+      header_->sleeping.store(1, std::memory_order_seq_cst);
+      if (header_->seq.load(std::memory_order_seq_cst) == seen && !stop_.load())
+        Futex(&header_->seq, FUTEX_WAIT, seen);
+      header_->sleeping.store(0, std::memory_order_relaxed);
+      continue;
+    }
+    while (head != tail) {
+      uint32_t len = 0;
+      CopyOut(ring_, cap, head, &len, sizeof(len));
+      if (len > cap) {  // Corrupt: drop everything rather than read out of bounds.
+        head = tail;
+        break;
+      }
+      msg.resize(len);
+      CopyOut(ring_, cap, head + sizeof(len), msg.data(), len);
+      head += sizeof(len) + len;
+      header_->head.store(head, std::memory_order_release);
+      on_message_(absl::string_view(msg.data(), len));
+    }
+    header_->head.store(head, std::memory_order_release);
+  }
+}
+
+}  // namespace pw::rpc
