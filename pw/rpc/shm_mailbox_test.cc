@@ -1,0 +1,74 @@
+#include "pw/rpc/shm_mailbox.h"
+
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+
+namespace pw::rpc {
+namespace {
+
+struct Received {
+  absl::Mutex mu;
+  std::vector<std::string> messages ABSL_GUARDED_BY(mu);
+  void Add(absl::string_view m) {
+    absl::MutexLock l(&mu);
+    messages.emplace_back(m);
+  }
+  bool WaitFor(size_t n) {
+    std::pair<Received*, size_t> arg(this, n);
+    absl::MutexLock l(&mu);
+    return mu.AwaitWithTimeout(
+        absl::Condition(
+            +[](std::pair<Received*, size_t>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+              return a->first->messages.size() >= a->second;
+            },
+            &arg),
+        absl::Seconds(30));
+  }
+};
+
+TEST(ShmMailboxTest, ProducersInOtherMappingsDeliverEveryMessageInOrderPerProducer) {
+  Received got;
+  auto box = ShmMailbox::Create([&](absl::string_view m) { got.Add(m); }, 1 << 12);
+  ASSERT_TRUE(box.ok()) << box.status();
+  constexpr int kProducers = 3, kEach = 2000;
+  std::vector<std::thread> producers;
+  for (int p = 0; p < kProducers; ++p) {
+    producers.emplace_back([&, p] {
+      auto out = ShmMailbox::Open((*box)->name());  // Its own mapping, as another process has.
+      ASSERT_TRUE(out.ok()) << out.status();
+      for (int i = 0; i < kEach; ++i) {
+        const std::string m = absl::StrCat(p, ":", i);
+        while (absl::IsResourceExhausted((*out)->Send(m))) std::this_thread::yield();  // Full.
+      }
+    });
+  }
+  for (auto& t : producers) t.join();
+  ASSERT_TRUE(got.WaitFor(kProducers * kEach));
+  absl::MutexLock l(&got.mu);
+  std::vector<int> next(kProducers, 0);
+  for (const std::string& m : got.messages) {
+    const int p = m[0] - '0';
+    EXPECT_EQ(m, absl::StrCat(p, ":", next[p]));
+    ++next[p];
+  }
+  EXPECT_EQ(next, std::vector<int>(kProducers, kEach));
+}
+
+TEST(ShmMailboxTest, RefusesWhatDoesNotFitAndBadNames) {
+  auto box = ShmMailbox::Create([](absl::string_view) {}, 1 << 10);
+  ASSERT_TRUE(box.ok());
+  auto out = ShmMailbox::Open((*box)->name());
+  ASSERT_TRUE(out.ok());
+  EXPECT_TRUE(absl::IsResourceExhausted((*out)->Send(std::string(600, 'x'))));
+  EXPECT_TRUE((*out)->Send("small").ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(ShmMailbox::Open("/etc-passwd").status()));
+  EXPECT_FALSE(ShmMailbox::Open("/pw-mbox-does-not-exist").ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(ShmMailbox::Create([](absl::string_view) {}, 1000).status()));
+}
+
+}  // namespace
+}  // namespace pw::rpc
