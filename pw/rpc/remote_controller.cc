@@ -24,15 +24,17 @@ struct RemoteController::Session {
 };
 
 RemoteController::RemoteController(std::string address, const ChannelOptions& options)
-    : address_(std::move(address)),
-      options_(options),
-      channel_(MakeChannel(address_, options)),
-      stub_(v1::Controller::NewStub(channel_)) {}
+    : core_(std::make_shared<Core>()) {
+  core_->address = std::move(address);
+  core_->options = options;
+  core_->channel = MakeChannel(core_->address, options);
+  core_->stub = v1::Controller::NewStub(core_->channel);
+}
 
 absl::StatusOr<std::unique_ptr<RemoteController>> RemoteController::Dial(
     const std::string& address, const ChannelOptions& options, absl::Duration timeout) {
   std::unique_ptr<RemoteController> c(new RemoteController(address, options));
-  if (!c->channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
+  if (!c->core_->channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
     return absl::UnavailableError(absl::StrCat("cannot reach a pathways controller at ", address,
                                                " within ", absl::FormatDuration(timeout)));
   }
@@ -48,18 +50,18 @@ RemoteController::~RemoteController() {
   for (auto& [id, s] : sessions) s->Close();
 }
 
-absl::Status RemoteController::Where(const grpc::Status& s) const {
+absl::Status RemoteController::Core::Where(const grpc::Status& s) const {
   absl::Status st = FromGrpc(s);
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE)
-    return Annotate(st, absl::StrCat("controller at ", address_));
+    return Annotate(st, absl::StrCat("controller at ", address));
   return st;
 }
 
-void RemoteController::Prepare(grpc::ClientContext* ctx, ClientId client) const {
-  AddToken(ctx, options_.token);
-  pw::MutexLock lock(&mu_);
-  auto it = sessions_.find(client);
-  if (it != sessions_.end()) ctx->AddMetadata("pw-client-key", it->second->key);
+void RemoteController::Core::Prepare(grpc::ClientContext* ctx, ClientId client) const {
+  AddToken(ctx, options.token);
+  pw::MutexLock lock(&mu);
+  auto it = keys.find(client);
+  if (it != keys.end()) ctx->AddMetadata("pw-client-key", it->second);
 }
 
 absl::StatusOr<ClientId> RemoteController::Connect(const std::string& name) {
@@ -68,19 +70,23 @@ absl::StatusOr<ClientId> RemoteController::Connect(const std::string& name) {
   req.set_name(name);
   v1::ConnectResponse resp;
   grpc::ClientContext ctx;
-  AddToken(&ctx, options_.token);
-  if (grpc::Status s = stub_->Connect(&ctx, req, &resp); !s.ok()) return Where(s);
+  AddToken(&ctx, core_->options.token);
+  if (grpc::Status s = core_->stub->Connect(&ctx, req, &resp); !s.ok()) return core_->Where(s);
   const ClientId id(resp.client());
   auto session = std::make_unique<Session>();
   session->key = resp.client_key();
-  AddToken(&session->ctx, options_.token);
+  AddToken(&session->ctx, core_->options.token);
   session->ctx.AddMetadata("pw-client-key", session->key);
-  session->writer = stub_->Session(&session->ctx, &session->resp);
+  session->writer = core_->stub->Session(&session->ctx, &session->resp);
   v1::SessionMessage hello;
   hello.set_client(id.value());
   if (!session->writer->Write(hello)) {
-    return absl::UnavailableError(absl::StrCat("controller at ", address_,
+    return absl::UnavailableError(absl::StrCat("controller at ", core_->address,
                                                " closed the session of ", id.ToString()));
+  }
+  {
+    pw::MutexLock lock(&core_->mu);
+    core_->keys[id] = session->key;
   }
   pw::MutexLock lock(&mu_);
   sessions_[id] = std::move(session);
@@ -92,8 +98,8 @@ absl::Status RemoteController::Disconnect(ClientId client) {
   req.set_client(client.value());
   v1::Empty resp;
   grpc::ClientContext ctx;
-  Prepare(&ctx, client);
-  grpc::Status s = stub_->Disconnect(&ctx, req, &resp);
+  core_->Prepare(&ctx, client);
+  grpc::Status s = core_->stub->Disconnect(&ctx, req, &resp);
   std::unique_ptr<Session> session;
   {
     pw::MutexLock lock(&mu_);
@@ -103,15 +109,19 @@ absl::Status RemoteController::Disconnect(ClientId client) {
       sessions_.erase(it);
     }
   }
+  {
+    pw::MutexLock lock(&core_->mu);
+    core_->keys.erase(client);
+  }
   if (session != nullptr) session->Close();
-  return s.ok() ? absl::OkStatus() : Where(s);
+  return s.ok() ? absl::OkStatus() : core_->Where(s);
 }
 
 // One synchronous call: `fill` sets the request, `take` reads the response.
 #define PW_CALL(Method, client, req, resp)                 \
   grpc::ClientContext ctx;                                 \
-  Prepare(&ctx, client);                                   \
-  if (grpc::Status s = stub_->Method(&ctx, req, &resp); !s.ok()) return Where(s)
+  core_->Prepare(&ctx, client);                                   \
+  if (grpc::Status s = core_->stub->Method(&ctx, req, &resp); !s.ok()) return core_->Where(s)
 
 absl::StatusOr<SliceInfo> RemoteController::AllocateSlice(ClientId client,
                                                           const SliceRequest& request) {
@@ -213,16 +223,16 @@ struct AsyncCall {
 Future<RunInfo> RemoteController::Submit(ClientId client, ProgramId program,
                                          const std::vector<BufferId>& args, DispatchMode mode) {
   auto call = std::make_shared<AsyncCall<v1::SubmitRequest, v1::RunInfo>>();
-  Prepare(&call->ctx, client);
+  core_->Prepare(&call->ctx, client);
   call->req.set_client(client.value());
   call->req.set_program(program.value());
   for (BufferId a : args) call->req.add_args(a.value());
   call->req.set_mode(static_cast<int32_t>(mode));
   auto promise = std::make_shared<Promise<RunInfo>>();  // gRPC callbacks must be copyable.
   Future<RunInfo> result = promise->future();
-  stub_->async()->Submit(
-      &call->ctx, &call->req, &call->resp, [this, call, client, promise](grpc::Status s) {
-        if (!s.ok()) return promise->Set(Where(s));
+  core_->stub->async()->Submit(
+      &call->ctx, &call->req, &call->resp, [core = core_, call, client, promise](grpc::Status s) {
+        if (!s.ok()) return promise->Set(core->Where(s));
         RunInfo info;
         info.run = RunId(call->resp.run());
         for (const auto& o : call->resp.outputs()) {
@@ -232,15 +242,15 @@ Future<RunInfo> RemoteController::Submit(ClientId client, ProgramId program,
         }
         // The run's completion: one more call, answered when the run has executed.
         auto done_call = std::make_shared<AsyncCall<v1::RunRequest, v1::Empty>>();
-        Prepare(&done_call->ctx, client);
+        core->Prepare(&done_call->ctx, client);
         done_call->req.set_client(client.value());
         done_call->req.set_run(info.run.value());
         auto done = std::make_shared<Promise<>>();
         info.done = done->future();
-        stub_->async()->RunDone(&done_call->ctx, &done_call->req, &done_call->resp,
-                                [this, done_call, done](grpc::Status s) {
-                                  done->Set(s.ok() ? absl::OkStatus() : Where(s));
-                                });
+        core->stub->async()->RunDone(&done_call->ctx, &done_call->req, &done_call->resp,
+                                     [core, done_call, done](grpc::Status s) {
+                                       done->Set(s.ok() ? absl::OkStatus() : core->Where(s));
+                                     });
         promise->Set(std::move(info));
       });
   return result;
@@ -248,14 +258,14 @@ Future<RunInfo> RemoteController::Submit(ClientId client, ProgramId program,
 
 Future<HostArray> RemoteController::FetchArray(ClientId client, BufferId id) {
   auto call = std::make_shared<AsyncCall<v1::ArrayRequest, v1::HostArray>>();
-  Prepare(&call->ctx, client);
+  core_->Prepare(&call->ctx, client);
   call->req.set_client(client.value());
   call->req.set_buffer(id.value());
   auto promise = std::make_shared<Promise<HostArray>>();
   Future<HostArray> result = promise->future();
-  stub_->async()->FetchArray(&call->ctx, &call->req, &call->resp,
-                             [this, call, promise](grpc::Status s) {
-                               if (!s.ok()) return promise->Set(Where(s));
+  core_->stub->async()->FetchArray(&call->ctx, &call->req, &call->resp,
+                             [core = core_, call, promise](grpc::Status s) {
+                               if (!s.ok()) return promise->Set(core->Where(s));
                                promise->Set(FromProto(&call->resp));
                              });
   return result;
@@ -263,25 +273,25 @@ Future<HostArray> RemoteController::FetchArray(ClientId client, BufferId id) {
 
 Future<> RemoteController::ArrayReady(ClientId client, BufferId id) {
   auto call = std::make_shared<AsyncCall<v1::ArrayRequest, v1::Empty>>();
-  Prepare(&call->ctx, client);
+  core_->Prepare(&call->ctx, client);
   call->req.set_client(client.value());
   call->req.set_buffer(id.value());
   auto promise = std::make_shared<Promise<>>();
   Future<> result = promise->future();
-  stub_->async()->ArrayReady(&call->ctx, &call->req, &call->resp,
-                             [this, call, promise](grpc::Status s) {
-                               promise->Set(s.ok() ? absl::OkStatus() : Where(s));
+  core_->stub->async()->ArrayReady(&call->ctx, &call->req, &call->resp,
+                             [core = core_, call, promise](grpc::Status s) {
+                               promise->Set(s.ok() ? absl::OkStatus() : core->Where(s));
                              });
   return result;
 }
 
 absl::StatusOr<v1::ClusterStatus> RemoteController::FullStatus() {
   grpc::ClientContext ctx;
-  AddToken(&ctx, options_.token);
+  AddToken(&ctx, core_->options.token);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::Empty req;
   v1::ClusterStatus resp;
-  if (grpc::Status s = stub_->Status(&ctx, req, &resp); !s.ok()) return Where(s);
+  if (grpc::Status s = core_->stub->Status(&ctx, req, &resp); !s.ok()) return core_->Where(s);
   return resp;
 }
 
@@ -294,10 +304,10 @@ ClusterStatus RemoteController::Status() {
 
 absl::Status RemoteController::Shutdown() {
   grpc::ClientContext ctx;
-  AddToken(&ctx, options_.token);
+  AddToken(&ctx, core_->options.token);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::Empty req, resp;
-  if (grpc::Status s = stub_->Shutdown(&ctx, req, &resp); !s.ok()) return Where(s);
+  if (grpc::Status s = core_->stub->Shutdown(&ctx, req, &resp); !s.ok()) return core_->Where(s);
   return absl::OkStatus();
 }
 

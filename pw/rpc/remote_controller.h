@@ -27,7 +27,7 @@ class RemoteController final : public ControllerInterface {
   // Disconnects every client still connected through this object.
   ~RemoteController() override;
 
-  const std::string& address() const { return address_; }
+  const std::string& address() const { return core_->address; }
   // The whole status reply, with membership (for `pw status`).
   absl::StatusOr<::pathways::v1::ClusterStatus> FullStatus();
   absl::Status Shutdown();
@@ -52,16 +52,23 @@ class RemoteController final : public ControllerInterface {
 
  private:
   struct Session;
+  // What asynchronous calls' callbacks use: shared, so a callback that runs after this object is
+  // gone (a run finishing after the client exits) still finds it.
+  struct Core {
+    std::string address;
+    ChannelOptions options;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<::pathways::v1::Controller::Stub> stub;
+    mutable pw::Mutex mu;
+    absl::flat_hash_map<ClientId, std::string> keys ABSL_GUARDED_BY(mu);
+    // A context carrying the token and `client`'s key.
+    void Prepare(grpc::ClientContext* ctx, ClientId client) const;
+    absl::Status Where(const grpc::Status& s) const;
+  };
   RemoteController(std::string address, const ChannelOptions& options);
-  // A context carrying the token and `client`'s key.
-  void Prepare(grpc::ClientContext* ctx, ClientId client) const;
-  absl::Status Where(const grpc::Status& s) const;
 
-  const std::string address_;
-  const ChannelOptions options_;
-  const std::shared_ptr<grpc::Channel> channel_;
-  const std::unique_ptr<::pathways::v1::Controller::Stub> stub_;
-  mutable pw::Mutex mu_;
+  const std::shared_ptr<Core> core_;
+  pw::Mutex mu_;
   absl::flat_hash_map<ClientId, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
 };
 
