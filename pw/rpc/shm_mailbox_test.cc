@@ -4,29 +4,24 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "pw/base/mutex.h"
 #include "gtest/gtest.h"
 
 namespace pw::rpc {
 namespace {
 
 struct Received {
-  absl::Mutex mu;
+  pw::Mutex mu;
   std::vector<std::string> messages ABSL_GUARDED_BY(mu);
   void Add(absl::string_view m) {
-    absl::MutexLock l(&mu);
+    pw::MutexLock l(&mu);
     messages.emplace_back(m);
   }
   bool WaitFor(size_t n) {
-    std::pair<Received*, size_t> arg(this, n);
-    absl::MutexLock l(&mu);
-    return mu.AwaitWithTimeout(
-        absl::Condition(
-            +[](std::pair<Received*, size_t>* a) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-              return a->first->messages.size() >= a->second;
-            },
-            &arg),
-        absl::Seconds(30));
+    const bool ok = mu.LockWhenWithTimeout(
+        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return messages.size() >= n; }, absl::Seconds(30));
+    mu.Unlock();
+    return ok;
   }
 };
 
@@ -48,7 +43,7 @@ TEST(ShmMailboxTest, ProducersInOtherMappingsDeliverEveryMessageInOrderPerProduc
   }
   for (auto& t : producers) t.join();
   ASSERT_TRUE(got.WaitFor(kProducers * kEach));
-  absl::MutexLock l(&got.mu);
+  pw::MutexLock l(&got.mu);
   std::vector<int> next(kProducers, 0);
   for (const std::string& m : got.messages) {
     const int p = m[0] - '0';
