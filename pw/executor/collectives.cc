@@ -162,7 +162,9 @@ void Collectives::FailLaunch(int64_t run, int32_t node, const absl::Status& reas
                              absl::Span<const DeviceId> devices) {
   {
     pw::MutexLock lock(&mu_);
-    if (!failed_launches_.emplace(std::make_pair(run, node), reason).second) return;
+    // A repeat with devices still tells the peers (the first may have come without them).
+    if (!failed_launches_.emplace(std::make_pair(run, node), reason).second && devices.empty())
+      return;
     for (auto it = early_.begin(); it != early_.end();) {
       if (it->first.run == run && it->first.node == node) early_.erase(it++);
       else ++it;

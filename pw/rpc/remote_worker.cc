@@ -21,12 +21,15 @@ std::chrono::system_clock::time_point Deadline() {
 }  // namespace
 
 // The command stream: commands are written one at a time from a queue; events are read until
-// the stream ends.
+// the stream ends. A hold keeps the call open until the read side has ended and no write is
+// outstanding, so Write never reaches a finished call; writes after that are dropped (the owner
+// fails their commands).
 class RemoteWorker::Stream final : public grpc::ClientBidiReactor<v1::Command, v1::CommandEvent> {
  public:
   Stream(RemoteWorker* owner) : owner_(owner) {
     AddToken(&ctx_, owner->options_.token);
     owner->stub_->async()->Commands(&ctx_, this);
+    AddHold();
     StartRead(&event_);
     StartCall();
   }
@@ -36,6 +39,7 @@ class RemoteWorker::Stream final : public grpc::ClientBidiReactor<v1::Command, v
     v1::Command* first = nullptr;
     {
       pw::MutexLock lock(&mu_);
+      if (closed_) return;
       queue_.push_back(std::move(c));
       if (!writing_) {
         writing_ = true;
@@ -48,17 +52,30 @@ class RemoteWorker::Stream final : public grpc::ClientBidiReactor<v1::Command, v
 
   void OnWriteDone(bool ok) override {
     v1::Command* next = nullptr;
+    bool release = false;
     {
       pw::MutexLock lock(&mu_);
       queue_.pop_front();
       if (!ok) queue_.clear();  // The stream is broken; OnDone reports why.
       writing_ = !queue_.empty();
       if (writing_) next = &queue_.front();
+      release = ReleaseLocked();
     }
     if (next != nullptr) StartWrite(next);
+    if (release) RemoveHold();
   }
   void OnReadDone(bool ok) override {
-    if (!ok) return;  // OnDone follows.
+    if (!ok) {  // The stream is over: no more writes; OnDone follows the hold's release.
+      bool release = false;
+      {
+        pw::MutexLock lock(&mu_);
+        closed_ = true;
+        queue_.clear();
+        release = ReleaseLocked();
+      }
+      if (release) RemoveHold();
+      return;
+    }
     owner_->OnEvent(event_);
     StartRead(&event_);
   }
@@ -74,8 +91,16 @@ class RemoteWorker::Stream final : public grpc::ClientBidiReactor<v1::Command, v
   grpc::ClientContext ctx_;
   v1::CommandEvent event_;
   pw::Mutex mu_;
+  // Whether the hold should go now (closed and no write outstanding); true once.
+  bool ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!closed_ || writing_ || released_) return false;
+    released_ = true;
+    return true;
+  }
   std::deque<v1::Command> queue_ ABSL_GUARDED_BY(mu_);  // Front: being written.
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOptions& options,
@@ -158,7 +183,6 @@ void RemoteWorker::OnStreamEnd(Stream* stream, const absl::Status& s) {
   std::string reason;
   {
     pw::MutexLock lock(&mu_);
-    if (stream_ == stream) stream_ = nullptr;
     if (failed_.empty()) failed_ = absl::StrCat("connection lost (", s.message(), ")");
     reason = failed_;
     pending.swap(pending_);
@@ -168,6 +192,14 @@ void RemoteWorker::OnStreamEnd(Stream* stream, const absl::Status& s) {
     if (p.enqueued.valid()) p.enqueued.Set(error);
     p.done.Set(error);
   }
+  // Last: the destructor waits for this, so nothing above may run after it.
+  pw::MutexLock lock(&mu_);
+  if (stream_ == stream) stream_ = nullptr;
+}
+
+std::string RemoteWorker::failure() const {
+  pw::MutexLock lock(&mu_);
+  return failed_;
 }
 
 DispatchAck RemoteWorker::Dispatch(HostWork work) {
@@ -360,6 +392,7 @@ void RemoteWorker::SendCollective(v1::CollectiveContribution c,
   auto call = std::make_shared<Call>();
   call->req = std::move(c);
   AddToken(&call->ctx, options_.token);
+  call->ctx.set_deadline(Deadline());
   stub_->async()->Collective(
       &call->ctx, &call->req, &call->resp,
       [call, on_error = std::move(on_error), this](grpc::Status s) {

@@ -46,6 +46,8 @@ class RemoteWorker final : public WorkerInterface {
                       std::function<void(const absl::Status&)> on_error);
   // Fails every outstanding and later command with Unavailable: "<host> at <address>: <reason>".
   void Fail(const std::string& reason);
+  // Why commands fail now ("" while the worker is reachable).
+  std::string failure() const;
 
  private:
   class Stream;
@@ -66,7 +68,7 @@ class RemoteWorker final : public WorkerInterface {
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<::pathways::v1::Worker::Stub> stub_;
 
-  pw::Mutex mu_;
+  mutable pw::Mutex mu_;
   Stream* stream_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string failed_ ABSL_GUARDED_BY(mu_);  // Non-empty: why every command now fails.
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;

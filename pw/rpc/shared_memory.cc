@@ -48,6 +48,8 @@ absl::StatusOr<std::string> WriteSharedMemory(const void* data, size_t size) {
   return name;
 }
 
+void UnlinkSharedMemory(const std::string& name) { shm_unlink(name.c_str()); }
+
 absl::Status ReadSharedMemory(const std::string& name, void* dst, size_t size) {
   if (!absl::StartsWith(name, "/pw-") || name.find('/', 1) != std::string::npos)
     return absl::InvalidArgumentError(absl::StrCat("not a pathways shared-memory segment: ", name));

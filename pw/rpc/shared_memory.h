@@ -12,6 +12,8 @@ namespace pw::rpc {
 
 // Creates a segment holding `size` bytes of `data`; returns its name.
 absl::StatusOr<std::string> WriteSharedMemory(const void* data, size_t size);
+// Removes a segment this process wrote that no reader will take.
+void UnlinkSharedMemory(const std::string& name);
 // Copies exactly `size` bytes of segment `name` into `dst`, then unlinks it (also on error).
 absl::Status ReadSharedMemory(const std::string& name, void* dst, size_t size);
 

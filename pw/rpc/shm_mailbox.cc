@@ -115,9 +115,12 @@ absl::Status ShmMailbox::Send(absl::string_view message) {
   const uint32_t cap = header_->capacity;
   const uint64_t need = sizeof(uint32_t) + message.size();
   if (need > cap / 2) return absl::ResourceExhaustedError("message too large for the mailbox");
-  // Spin lock among producers (critical section: two memcpy's).
-  for (int spins = 0; header_->lock.exchange(1, std::memory_order_acquire) != 0; ++spins)
+  // Spin lock among producers (critical section: two memcpy's). A holder that died inside it
+  // would block everyone: give up after ~100k tries and let the caller use RPC.
+  for (int spins = 0; header_->lock.exchange(1, std::memory_order_acquire) != 0; ++spins) {
     if (spins > 64) sched_yield();
+    if (spins > 100000) return absl::ResourceExhaustedError("mailbox lock not released");
+  }
   const uint64_t tail = header_->tail.load(std::memory_order_relaxed);
   if (tail + need - header_->head.load(std::memory_order_acquire) > cap) {
     header_->lock.store(0, std::memory_order_release);

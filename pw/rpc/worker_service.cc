@@ -261,12 +261,13 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
       End(absl::InvalidArgumentError("fetch shard: negative buffer or device id"));
       return;
     }
+    BeginCallback();
     service->worker_->FetchShard(BufferId(req.buffer()), DeviceId(req.device()))
         .OnReady([state = state_](const absl::StatusOr<DeviceBufferRef>& b) {
-          ShardStream* stream = Live(state);
-          if (stream == nullptr) return;
-          if (!b.ok()) return stream->End(b.status());
-          stream->Start(*b);
+          RunCallback(state, [&](ShardStream* stream) {
+            if (!b.ok()) return stream->End(b.status());
+            stream->Start(*b);
+          });
         });
   }
 
@@ -275,16 +276,22 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
       pw::MutexLock lock(&state_->mu);
       state_->writing = false;
     }
-    if (!ok) return End(absl::CancelledError("fetch shard: the reader went away"));
+    if (!ok) {
+      if (!shm_name_.empty()) UnlinkSharedMemory(shm_name_);  // Never delivered.
+      return End(absl::CancelledError("fetch shard: the reader went away"));
+    }
     WriteNext();
   }
   void OnCancel() override { End(absl::CancelledError("fetch shard cancelled")); }
+  // Deleted here, or by the last callback still running (it may use this object's members).
   void OnDone() override {
+    bool last = false;
     {
       pw::MutexLock lock(&state_->mu);
-      state_->stream = nullptr;
+      state_->done = true;
+      last = state_->callbacks == 0;
     }
-    delete this;
+    if (last) delete this;
   }
 
  private:
@@ -295,11 +302,29 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
     bool finished ABSL_GUARDED_BY(mu) = false;
     absl::Status end ABSL_GUARDED_BY(mu);  // Set: finish with it once no write is outstanding.
     bool ending ABSL_GUARDED_BY(mu) = false;
+    int callbacks ABSL_GUARDED_BY(mu) = 0;  // Future callbacks registered and not yet finished.
+    bool done ABSL_GUARDED_BY(mu) = false;  // OnDone has run.
   };
-  // The stream if it has not finished.
-  static ShardStream* Live(const std::shared_ptr<State>& state) {
-    pw::MutexLock lock(&state->mu);
-    return state->finished ? nullptr : state->stream;
+  void BeginCallback() {
+    pw::MutexLock lock(&state_->mu);
+    ++state_->callbacks;
+  }
+  // Runs `f` on the stream unless it has finished; deletes the stream if OnDone came meanwhile
+  // and this was the last callback.
+  template <typename F>
+  static void RunCallback(const std::shared_ptr<State>& state, F&& f) {
+    ShardStream* stream = nullptr;
+    {
+      pw::MutexLock lock(&state->mu);
+      if (!state->done && !state->finished) stream = state->stream;
+    }
+    if (stream != nullptr) f(stream);
+    ShardStream* victim = nullptr;
+    {
+      pw::MutexLock lock(&state->mu);
+      if (--state->callbacks == 0 && state->done) victim = state->stream;
+    }
+    delete victim;
   }
 
   // Finishes with `s` now, or after the outstanding write completes.
@@ -328,12 +353,13 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
       return WriteNext();
     }
     staged_.resize(b->size_bytes());
+    BeginCallback();  // The copy writes into staged_: the stream outlives it.
     b->CopyToHost(staged_.data()).OnReady([state = state_](const absl::Status& s) {
-      ShardStream* stream = Live(state);
-      if (stream == nullptr) return;
-      if (!s.ok()) return stream->End(s);
-      stream->data_ = stream->staged_.data();
-      stream->WriteNext();
+      RunCallback(state, [&](ShardStream* stream) {
+        if (!s.ok()) return stream->End(s);
+        stream->data_ = stream->staged_.data();
+        stream->WriteNext();
+      });
     });
   }
 
@@ -345,12 +371,13 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
       chunk_.Clear();
       ToProto(spec_, chunk_.mutable_spec());
       chunk_.set_shm_name(*name);
+      shm_name_ = *name;
       offset_ = total;
       ++chunks_;
       {
         pw::MutexLock lock(&state_->mu);
         if (state_->finished || state_->ending) {
-          ReadSharedMemory(*name, nullptr, 0).IgnoreError();  // Unlinks it.
+          UnlinkSharedMemory(*name);
           return;
         }
         state_->writing = true;
@@ -389,6 +416,7 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
   size_t offset_ = 0;
   int chunks_ = 0;  // An empty shard still sends one chunk (with the spec).
   bool shared_memory_ = false;
+  std::string shm_name_;  // The segment sent, if any.
   v1::ShardChunk chunk_;
 };
 

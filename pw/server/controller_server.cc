@@ -189,16 +189,25 @@ void ControllerServer::MonitorLoop() {
         [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return shutdown_; }, tick);
     mu_.Unlock();
     if (stop) return;
-    std::vector<std::pair<HostId, absl::Duration>> late;
+    std::vector<std::pair<HostId, std::string>> failed;
+    std::vector<std::pair<HostId, rpc::RemoteWorker*>> live;
     {
       pw::MutexLock lock(&mu_);
       const absl::Time now = absl::Now();
-      for (const auto& [h, m] : members_)
-        if (m.alive && now - m.last_heartbeat > options_.failure_timeout)
-          late.emplace_back(h, now - m.last_heartbeat);
+      for (const auto& [h, m] : members_) {
+        if (!m.alive || m.failing) continue;
+        if (now - m.last_heartbeat > options_.failure_timeout) {
+          failed.emplace_back(h, absl::StrFormat("no heartbeat for %d ms",
+                                                 absl::ToInt64Milliseconds(now - m.last_heartbeat)));
+        } else {
+          live.emplace_back(h, m.worker);
+        }
+      }
     }
-    for (const auto& [h, silent] : late)
-      FailHost(h, absl::StrFormat("no heartbeat for %d ms", absl::ToInt64Milliseconds(silent)));
+    // A broken command stream fails the host too (it re-registers if it is still running).
+    for (const auto& [h, w] : live)
+      if (std::string why = w->failure(); !why.empty()) failed.emplace_back(h, why);
+    for (const auto& [h, why] : failed) FailHost(h, why);
   }
 }
 

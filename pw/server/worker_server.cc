@@ -243,9 +243,11 @@ void WorkerServer::Send(const CollectiveKey& key, absl::Span<const DeviceId> dev
     c.add_ranks(ranks[i]);
     c.add_inputs(std::move(inputs[i]));
   }
+  std::vector<DeviceId> all(devices.begin(), devices.end());
   for (HostId h : RemoteHosts(devices)) {
-    SendTo(h, c, [this, key](const absl::Status& s) {
-      collectives_.DeliverFailure(key.run, key.node, Annotate(s, "collective"));
+    SendTo(h, c, [this, key, all](const absl::Status& s) {
+      // Fails the launch here and tells the other processes, whose shards wait for ours.
+      collectives_.FailLaunch(key.run, key.node, Annotate(s, "collective"), all);
     });
   }
 }
