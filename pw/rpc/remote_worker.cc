@@ -70,7 +70,8 @@ class RemoteWorker::Stream final : public grpc::ClientBidiReactor<v1::Command, v
       {
         pw::MutexLock lock(&mu_);
         closed_ = true;
-        queue_.clear();
+        // Drop what waits, but not the command being written: gRPC still reads it.
+        queue_.erase(queue_.begin() + (writing_ ? 1 : 0), queue_.end());
         release = ReleaseLocked();
       }
       if (release) RemoveHold();
