@@ -72,10 +72,19 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Cha
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
-void ConfigureServer(grpc::ServerBuilder* builder, const ChannelOptions& o) {
+absl::StatusOr<Serving> StartServer(const std::string& listen, const ChannelOptions& o,
+                                    grpc::Service* service) {
   const int limit = static_cast<int>(std::min<int64_t>(o.max_message_bytes, INT32_MAX));
-  builder->SetMaxReceiveMessageSize(limit);
-  builder->SetMaxSendMessageSize(limit);
+  grpc::ServerBuilder builder;
+  Serving s;
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &s.port);
+  builder.SetMaxReceiveMessageSize(limit);
+  builder.SetMaxSendMessageSize(limit);
+  builder.RegisterService(service);
+  s.server = builder.BuildAndStart();
+  if (s.server == nullptr || s.port == 0)
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  return s;
 }
 
 std::string NewClientKey() {

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
 
@@ -36,8 +37,13 @@ bool IsLoopback(absl::string_view address);
 absl::Status CheckListenAddress(absl::string_view address, const std::string& token);
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const ChannelOptions& o);
-// Applies the message limit to a server being built.
-void ConfigureServer(grpc::ServerBuilder* builder, const ChannelOptions& o);
+// Serves `service` on `listen` ("host:port"; port 0: any free port) with the message limit.
+struct Serving {
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;  // The bound port.
+};
+absl::StatusOr<Serving> StartServer(const std::string& listen, const ChannelOptions& o,
+                                    grpc::Service* service);
 
 // A random key for a client (hex, 128 bits).
 std::string NewClientKey();

@@ -21,14 +21,10 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
   s->controller_ = std::make_unique<Controller>(spec);
   s->service_ = std::make_unique<rpc::ControllerService>(s->controller_.get(), s.get(),
                                                          s->options_.channel.token);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(s->options_.listen, grpc::InsecureServerCredentials(), &port);
-  rpc::ConfigureServer(&builder, s->options_.channel);
-  builder.RegisterService(s->service_.get());
-  s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || port == 0)
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", s->options_.listen));
+  PW_ASSIGN_OR_RETURN(rpc::Serving serving,
+                      rpc::StartServer(s->options_.listen, s->options_.channel, s->service_.get()));
+  s->server_ = std::move(serving.server);
+  const int port = serving.port;
   const std::string host = s->options_.listen.substr(0, s->options_.listen.rfind(':'));
   s->address_ = absl::StrCat(host == "0.0.0.0" || host == "[::]" ? "127.0.0.1" : host, ":", port);
   s->monitor_ = std::thread([p = s.get()] { p->MonitorLoop(); });

@@ -70,14 +70,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
           p->mailboxes_.erase(h);
         }
       });
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(s->options_.listen, grpc::InsecureServerCredentials(), &port);
-  rpc::ConfigureServer(&builder, s->options_.channel);
-  builder.RegisterService(s->service_.get());
-  s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || port == 0)
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", s->options_.listen));
+  PW_ASSIGN_OR_RETURN(rpc::Serving serving,
+                      rpc::StartServer(s->options_.listen, s->options_.channel, s->service_.get()));
+  s->server_ = std::move(serving.server);
+  const int port = serving.port;
   // A wildcard listen address is advertised as this machine's name, which peers can dial.
   std::string listen_host = s->options_.listen.substr(0, s->options_.listen.rfind(':'));
   if (listen_host == "0.0.0.0" || listen_host == "[::]") listen_host = HostName();
