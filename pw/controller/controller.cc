@@ -85,6 +85,13 @@ void Controller::DetachWorker(HostId host) {
   workers_.erase(host);
 }
 
+std::vector<WorkerInterface*> Controller::AllWorkers() const {
+  pw::MutexLock lock(&mu_);
+  std::vector<WorkerInterface*> workers;
+  for (const auto& [host, w] : workers_) workers.push_back(w);
+  return workers;
+}
+
 WorkerInterface* Controller::Worker(HostId host) const {
   pw::MutexLock lock(&mu_);
   auto it = workers_.find(host);
@@ -104,11 +111,7 @@ absl::Status Controller::RemoveDevice(DeviceId device, const std::string& reason
       absl::UnavailableError(absl::StrCat(device.ToString(), " was removed: ", reason));
   // Every worker hears of it: the owner fails the device's queued work; the others abort their
   // collectives that include it (each worker process has its own).
-  std::vector<WorkerInterface*> workers;
-  {
-    pw::MutexLock lock(&mu_);
-    for (const auto& [host, w] : workers_) workers.push_back(w);
-  }
+  std::vector<WorkerInterface*> workers = AllWorkers();
   absl::Status owner = absl::OkStatus();
   for (WorkerInterface* w : workers) {
     absl::Status s = w->RemoveDevice(device, why);
@@ -119,12 +122,7 @@ absl::Status Controller::RemoveDevice(DeviceId device, const std::string& reason
 
 absl::Status Controller::RestoreDevice(DeviceId device) {
   PW_RETURN_IF_ERROR(rm_.RestoreDevice(device));
-  std::vector<WorkerInterface*> workers;
-  {
-    pw::MutexLock lock(&mu_);
-    for (const auto& [host, w] : workers_) workers.push_back(w);
-  }
-  for (WorkerInterface* w : workers) (void)w->RestoreDevice(device);  // Best effort.
+  for (WorkerInterface* w : AllWorkers()) (void)w->RestoreDevice(device);  // Best effort.
   return absl::OkStatus();
 }
 
@@ -144,6 +142,23 @@ absl::Status Controller::CheckClient(ClientId client) const {
 
 absl::Status Controller::Disconnect(ClientId client) {
   PW_RETURN_IF_ERROR(CheckClient(client));
+  {
+    // Runs still in flight are cancelled: what has not launched yet (on any island) fails
+    // instead of running. Told before the buffers go, so nothing waiting on freed memory runs.
+    pw::MutexLock cancel(&cancel_mu_);
+    std::vector<RunId> runs;
+    {
+      pw::MutexLock lock(&mu_);
+      for (const auto& [run, owner] : run_owner_)
+        if (owner == client) runs.push_back(run);
+    }
+    if (!runs.empty()) {
+      const absl::Status why =
+          absl::CancelledError(absl::StrCat(client.ToString(), " disconnected"));
+      cancelled_.insert(runs.begin(), runs.end());
+      for (WorkerInterface* w : AllWorkers()) w->CancelRuns(runs, why);
+    }
+  }
   rm_.ReleaseClient(client);
   Free(buffers_.ReleaseClient(client));
   pw::MutexLock lock(&mu_);
@@ -394,6 +409,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
     pw::MutexLock lock(&mu_);
     run = RunId(next_run_++);
     ++runs_in_flight_;
+    run_owner_[run] = client;
   }
   // Allocate every buffer the run produces; outputs get client handles, all get a run pin.
   Promise<> run_done;
@@ -437,10 +453,11 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
       done.push_back(ack.done);
     }
   }
-  JoinFutures(done).OnReady([this, unpin = std::move(unpin),
+  JoinFutures(done).OnReady([this, run, unpin = std::move(unpin),
                              run_done = std::move(run_done)](const absl::Status& s) mutable {
-    completions_.Post([this, unpin = std::move(unpin), run_done = std::move(run_done), s]() mutable {
-      FinishRun(unpin, std::move(run_done), s);
+    completions_.Post([this, run, unpin = std::move(unpin), run_done = std::move(run_done),
+                       s]() mutable {
+      FinishRun(run, unpin, std::move(run_done), s);
     });
   });
   Promise<RunInfo> accepted;
@@ -452,11 +469,17 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   return result;
 }
 
-void Controller::FinishRun(const std::vector<BufferId>& unpin, Promise<> run_done,
+void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin, Promise<> run_done,
                            const absl::Status& s) {
   Free(buffers_.Unpin(unpin));
+  {
+    pw::MutexLock cancel(&cancel_mu_);
+    if (cancelled_.erase(run) > 0)
+      for (WorkerInterface* w : AllWorkers()) w->ForgetRuns({run});
+  }
   run_done.Set(s);
   pw::MutexLock lock(&mu_);
+  run_owner_.erase(run);
   --runs_in_flight_;
   ++runs_completed_;
 }

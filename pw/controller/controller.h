@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "pw/base/mutex.h"
 #include "pw/base/work_queue.h"
 #include "pw/cluster/cluster_spec.h"
@@ -89,7 +90,9 @@ class Controller final : public ControllerInterface {
   IslandScheduler* Scheduler(IslandId island) const;
   // Deletes the shards of `freed` on their hosts.
   void Free(const std::vector<LogicalBuffer>& freed);
-  void FinishRun(const std::vector<BufferId>& unpin, Promise<> run_done, const absl::Status& s);
+  void FinishRun(RunId run, const std::vector<BufferId>& unpin, Promise<> run_done,
+                 const absl::Status& s);
+  std::vector<WorkerInterface*> AllWorkers() const;
   // Assembles buffer `id` (pinned by the caller) into host memory once `ready`.
   Future<HostArray> FetchPinned(BufferId id, std::shared_ptr<const Placement> placement,
                                 Future<> ready);
@@ -109,11 +112,16 @@ class Controller final : public ControllerInterface {
   std::vector<std::unique_ptr<IslandScheduler>> schedulers_ ABSL_GUARDED_BY(mu_);
   int64_t next_run_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t runs_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<RunId, ClientId> run_owner_ ABSL_GUARDED_BY(mu_);  // Runs in flight.
   int64_t runs_completed_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Held while handing one run's subgraphs to their islands' schedulers, so that runs spanning
   // islands reach every scheduler in the same relative order.
   pw::Mutex submit_mu_;
+  // Held while telling workers to cancel or forget runs, so a run's ForgetRuns never overtakes
+  // its CancelRuns. Runs cancelled (their client disconnected) that are still in flight:
+  pw::Mutex cancel_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  absl::flat_hash_set<RunId> cancelled_ ABSL_GUARDED_BY(cancel_mu_);
   WorkQueue completions_;  // Run completion and buffer freeing; last, so drained first.
 };
 

@@ -431,5 +431,39 @@ TEST_F(ClusterTest, DisconnectReleasesEverything) {
   for (const auto& d : cluster_->controller().resource_manager().Devices()) EXPECT_EQ(d.load, 0);
 }
 
+TEST_F(ClusterTest, DisconnectCancelsRunsThatHaveNotLaunched) {
+  Start(1, 1, 2, /*memory=*/16);  // Room for four f32 scalars per device.
+  auto other = Connect("other");
+  Slice os = *other->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  BoundFunction oinc = *other->Pmap(ScalarFn("inc", "add_scalar", 1), os);
+  std::vector<Array> held, queued;
+  std::vector<Future<>> ready;
+  {
+    auto c = Connect("c");
+    Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+    BoundFunction f = *c->Pmap(ScalarFn("inc", "add_scalar", 1), s);
+    Array x = *c->Put(F32({0, 0}), s.info().id, Sharding::Split({2}, 1, 0));
+    for (int i = 0; i < 3; ++i) held.push_back((*f.Call({x}))[0]);  // Device memory now full.
+    for (auto& h : held) ASSERT_TRUE(h.Ready().status().ok());
+    // These wait for memory on the devices: the first for room, the rest behind it.
+    for (int i = 0; i < 20; ++i) queued.push_back((*f.Call({x}))[0]);
+    EXPECT_FALSE(queued[0].Ready().AwaitFor(absl::Milliseconds(100)));
+    for (const Array& q : queued) ready.push_back(q.Ready());
+    c.reset();  // Disconnects while its runs wait: they are cancelled, then its memory is freed.
+  }
+  // None of the waiting runs ran: each reports the cancellation.
+  for (auto& r : ready) {
+    ASSERT_TRUE(r.AwaitFor(kDeadlockTimeout));
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
+    EXPECT_TRUE(absl::StrContains(r.status().message(), "disconnected")) << r.status();
+  }
+  held.clear();
+  queued.clear();
+  ExpectNothingLeft();
+  // Another client's work on the same devices is untouched.
+  Array y = *other->Put(F32({1, 2}), os.info().id, Sharding::Split({2}, 1, 0));
+  EXPECT_EQ(Values((*oinc.Call({y}))[0]), (std::vector<float>{2, 3}));
+}
+
 }  // namespace
 }  // namespace pw

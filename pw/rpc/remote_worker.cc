@@ -240,16 +240,31 @@ Future<> RemoteWorker::PutShard(BufferId id, DeviceId device, HostArray shard) {
 void RemoteWorker::DeleteBuffers(const std::vector<BufferId>& ids) {
   v1::Command c;
   for (BufferId b : ids) c.mutable_delete_buffers()->add_buffers(b.value());
-  {
-    pw::MutexLock lock(&mu_);
-    if (!failed_.empty()) return;  // The worker is gone; so are its buffers.
-    if (stream_ == nullptr) {
-      programs_sent_.clear();
-      stream_ = new Stream(this);
-    }
-    c.set_seq(next_seq_++);
-    stream_->Write(std::move(c));
+  SendUnacknowledged(std::move(c));
+}
+
+void RemoteWorker::CancelRuns(const std::vector<RunId>& runs, const absl::Status& reason) {
+  v1::Command c;
+  for (RunId r : runs) c.mutable_cancel_runs()->add_runs(r.value());
+  ToProto(reason, c.mutable_cancel_runs()->mutable_reason());
+  SendUnacknowledged(std::move(c));
+}
+
+void RemoteWorker::ForgetRuns(const std::vector<RunId>& runs) {
+  v1::Command c;
+  for (RunId r : runs) c.mutable_forget_runs()->add_runs(r.value());
+  SendUnacknowledged(std::move(c));
+}
+
+void RemoteWorker::SendUnacknowledged(v1::Command c) {
+  pw::MutexLock lock(&mu_);
+  if (!failed_.empty()) return;  // The worker is gone, and with it its buffers and runs.
+  if (stream_ == nullptr) {
+    programs_sent_.clear();
+    stream_ = new Stream(this);
   }
+  c.set_seq(next_seq_++);
+  stream_->Write(std::move(c));
 }
 
 absl::Status RemoteWorker::LoadFunction(FunctionId id, const FunctionDef& def) {

@@ -1,7 +1,7 @@
 // RemoteWorker: WorkerInterface over gRPC, for the controller (commands) and for peer workers
 // (the data plane's FetchShard, collectives).
 //
-// Commands (Dispatch, PutShard, DeleteBuffers) go on one stream, opened on first use, so the
+// Commands (Dispatch, PutShard, DeleteBuffers, CancelRuns, ForgetRuns) go on one stream, opened on first use, so the
 // worker applies them in call order; each host program's body is sent once per stream. When the
 // stream breaks (the worker died) or Fail() is called (missed heartbeats), every outstanding and
 // later command fails with Unavailable naming the host and why. Thread-safe.
@@ -36,6 +36,8 @@ class RemoteWorker final : public WorkerInterface {
   Future<> PutShard(BufferId id, DeviceId device, HostArray shard) override;
   Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) override;
   void DeleteBuffers(const std::vector<BufferId>& ids) override;
+  void CancelRuns(const std::vector<RunId>& runs, const absl::Status& reason) override;
+  void ForgetRuns(const std::vector<RunId>& runs) override;
   absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) override;
   absl::Status RestoreDevice(DeviceId device) override;
   // Asks the worker; a worker that cannot be reached reports its devices as not alive.
@@ -57,6 +59,8 @@ class RemoteWorker final : public WorkerInterface {
   };
   // Sends `c` (with seq set) on the stream, opening it if needed; `p` is kept until DONE.
   void Send(::pathways::v1::Command c, Pending p);
+  // A command no event answers (deletes, cancellations): dropped once the worker has failed.
+  void SendUnacknowledged(::pathways::v1::Command c);
   void OnEvent(const ::pathways::v1::CommandEvent& e);
   void OnStreamEnd(Stream* stream, const absl::Status& s);
   absl::Status Where(const absl::Status& s) const;

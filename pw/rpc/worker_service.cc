@@ -197,6 +197,22 @@ class WorkerService::CommandStream final
         worker->DeleteBuffers(ids);
         return;
       }
+      case v1::Command::kCancelRuns:
+      case v1::Command::kForgetRuns: {
+        const bool cancel = c.has_cancel_runs();
+        const auto& ids = cancel ? c.cancel_runs().runs() : c.forget_runs().runs();
+        std::vector<RunId> runs;
+        for (int64_t r : ids) {
+          if (r < 0) return fail(absl::InvalidArgumentError(absl::StrCat(
+                                     "command ", seq, ": negative run id ", r)), false);
+          runs.push_back(RunId(r));
+        }
+        if (!cancel) return worker->ForgetRuns(runs);
+        absl::Status reason = FromProto(c.cancel_runs().reason());
+        if (reason.ok()) reason = absl::CancelledError("cancelled by the controller");
+        worker->CancelRuns(runs, reason);
+        return;
+      }
       case v1::Command::COMMAND_NOT_SET:
         return fail(absl::InvalidArgumentError(absl::StrCat("command ", seq, " is empty")), false);
     }

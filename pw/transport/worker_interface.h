@@ -30,6 +30,12 @@ class WorkerInterface {
   // dispatch has not reached this host yet is waited for.
   virtual Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) = 0;
   virtual void DeleteBuffers(const std::vector<BufferId>& ids) = 0;
+  // The runs' work on this host that has not launched yet (including work dispatched later)
+  // fails with `reason` instead of running; collectives it would join are failed for the other
+  // shards. Already launched computations finish. Ordered with Dispatch like DeleteBuffers.
+  virtual void CancelRuns(const std::vector<RunId>& runs, const absl::Status& reason) = 0;
+  // The runs have ended everywhere: drops their cancellation records.
+  virtual void ForgetRuns(const std::vector<RunId>& runs) = 0;
   // Told for every device of the cluster: the owner fails the device's work, every worker aborts
   // its collectives that include the device.
   virtual absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) = 0;

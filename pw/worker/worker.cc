@@ -187,6 +187,7 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
               s = v.status();
             }
           }
+          if (s.ok()) s = Cancelled(work->run);
           if (s.ok()) {
             launch.key = {work->run.value(), node.node, 0};
             launch.rank = rank;
@@ -296,17 +297,22 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
     }
     std::vector<int> src_ranks;
     for (const Source& s : sources) src_ranks.push_back(s.rank);
-    JoinFutures(deps).OnReady([this, t, src_ranks, fetched = std::move(fetched), dst_box, shard_spec,
-                               device_id, esize, where, out = std::move(out),
+    JoinFutures(deps).OnReady([this, run = work.run, t, src_ranks, fetched = std::move(fetched),
+                               dst_box, shard_spec, device_id, esize, where, out = std::move(out),
                                shard_done](const absl::Status& s) mutable {
       if (!s.ok()) {
         out.Set(Annotate(s, where));
         shard_done->Done(Annotate(s, where));
         return;
       }
-      data_plane_.Post([this, t = std::move(t), src_ranks = std::move(src_ranks),
+      data_plane_.Post([this, run, t = std::move(t), src_ranks = std::move(src_ranks),
                         fetched = std::move(fetched), dst_box, shard_spec, device_id, esize, where,
                         out = std::move(out), shard_done]() mutable {
+        if (absl::Status c = Cancelled(run); !c.ok()) {
+          out.Set(Annotate(c, where));
+          shard_done->Done(Annotate(c, where));
+          return;
+        }
         auto dst = HostDeviceBuffer::Create(shard_spec, device_id);
         int64_t copied = 0;
         for (size_t i = 0; i < fetched.size(); ++i) {
@@ -365,6 +371,25 @@ Future<DeviceBufferRef> Worker::FetchShard(BufferId id, DeviceId device) {
 
 void Worker::DeleteBuffers(const std::vector<BufferId>& ids) {
   store_.DeleteMany(ids);
+}
+
+void Worker::CancelRuns(const std::vector<RunId>& runs, const absl::Status& reason) {
+  pw::MutexLock lock(&cancel_mu_);
+  for (RunId r : runs) cancelled_.try_emplace(r, reason);
+  num_cancelled_.store(cancelled_.size(), std::memory_order_release);
+}
+
+void Worker::ForgetRuns(const std::vector<RunId>& runs) {
+  pw::MutexLock lock(&cancel_mu_);
+  for (RunId r : runs) cancelled_.erase(r);
+  num_cancelled_.store(cancelled_.size(), std::memory_order_release);
+}
+
+absl::Status Worker::Cancelled(RunId run) const {
+  if (num_cancelled_.load(std::memory_order_acquire) == 0) return absl::OkStatus();
+  pw::MutexLock lock(&cancel_mu_);
+  auto it = cancelled_.find(run);
+  return it == cancelled_.end() ? absl::OkStatus() : it->second;
 }
 
 absl::Status Worker::RemoveDevice(DeviceId device_id, const absl::Status& reason) {

@@ -50,6 +50,8 @@ class Worker final : public WorkerInterface {
   Future<> PutShard(BufferId id, DeviceId device, HostArray shard) override;
   Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) override;
   void DeleteBuffers(const std::vector<BufferId>& ids) override;
+  void CancelRuns(const std::vector<RunId>& runs, const absl::Status& reason) override;
+  void ForgetRuns(const std::vector<RunId>& runs) override;
   absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) override;
   absl::Status RestoreDevice(DeviceId device) override;
   HostStatus Status() const override;
@@ -65,6 +67,8 @@ class Worker final : public WorkerInterface {
   absl::StatusOr<ExecutableRef> LoadExecutable(FunctionId id,
                                                absl::Span<const DeviceId> slice_devices);
   Device* FindDevice(DeviceId id) const;
+  // Why `run` was cancelled, or OK.
+  absl::Status Cancelled(RunId run) const;
   // Registers a failed shard so consumers see `error` too.
   void PutFailed(BufferId id, DeviceId device, const absl::Status& error);
 
@@ -80,6 +84,9 @@ class Worker final : public WorkerInterface {
   absl::flat_hash_map<ExecutableKey, ExecutableRef> executables_ ABSL_GUARDED_BY(fn_mu_);
   // After the PJRT client and executables: shards (possibly PJRT buffers) are destroyed first.
   ObjectStore store_;
+  mutable pw::Mutex cancel_mu_;
+  absl::flat_hash_map<RunId, absl::Status> cancelled_ ABSL_GUARDED_BY(cancel_mu_);
+  std::atomic<size_t> num_cancelled_{0};  // cancelled_.size(), read without the lock.
   std::atomic<int64_t> ici_bytes_{0};
   std::atomic<int64_t> dcn_bytes_{0};
   WorkQueue data_plane_;
