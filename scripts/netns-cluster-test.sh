@@ -60,13 +60,14 @@ done
 [ "$shaped" = "bandwidth cap" ] && echo "note: tc netem is not available in this kernel: DCN links get a bandwidth cap but no added latency"
 
 export PW_TOKEN=$TOKEN PW_STATE_DIR=$DIR
-"$PW" controller --islands 2 --hosts-per-island 2 --devices-per-host 2 --listen "$CTRL:0" \
+CLUSTER_TOKEN="netns-cluster-$$-$RANDOM$RANDOM"  # The controller's and workers' only.
+PW_CLUSTER_TOKEN=$CLUSTER_TOKEN "$PW" controller --islands 2 --hosts-per-island 2 --devices-per-host 2 --listen "$CTRL:0" \
   --address-file "$DIR/addr" >"$DIR/controller.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 200); do [ -s "$DIR/addr" ] && break; sleep 0.05; done
 ADDRESS=$(cat "$DIR/addr" 2>/dev/null) || { cat "$DIR/controller.log"; echo "FAIL: controller did not start"; exit 1; }
 for i in 0 1 2 3; do
-  ip netns exec "${NS[$i]}" "$PW" worker --controller "$ADDRESS" --host "$i" --listen "${ADDR[$i]}:0" \
+  PW_CLUSTER_TOKEN=$CLUSTER_TOKEN ip netns exec "${NS[$i]}" "$PW" worker --controller "$ADDRESS" --host "$i" --listen "${ADDR[$i]}:0" \
     --machine "netns-host-$i" >"$DIR/worker-$i.log" 2>&1 &
   PIDS+=($!)
 done

@@ -24,9 +24,10 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
-std::string Token(const std::string& flag) {
+// `flag`, else the environment variable `env`, else "".
+std::string Token(const std::string& flag, const char* env = "PW_TOKEN") {
   if (!flag.empty()) return flag;
-  const char* t = std::getenv("PW_TOKEN");
+  const char* t = std::getenv(env);
   return t == nullptr ? "" : t;
 }
 
@@ -91,7 +92,10 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   controller_->add_option("--devices-per-host", devices_per_host_, "Devices per host");
   controller_->add_option("--listen", listen_, "host:port to serve on (port 0: any)");
   controller_->add_option("--address-file", address_file_, "Write the bound address here");
-  controller_->add_option("--token", token_, "Required token (default $PW_TOKEN)");
+  controller_->add_option("--token", token_, "Token clients must present (default $PW_TOKEN)");
+  controller_->add_option("--cluster-token", cluster_token_,
+                          "Token shared with the workers only (default $PW_CLUSTER_TOKEN; "
+                          "prefer the variable: flags show in ps)");
   controller_->add_option("--failure-timeout-ms", failure_timeout_ms_,
                           "A worker silent this long is declared failed");
 
@@ -99,7 +103,8 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   worker_->add_option("--controller", controller_address_, "The controller's address")->required();
   worker_->add_option("--host", host_, "Which host of the cluster spec")->required();
   worker_->add_option("--listen", listen_, "host:port to serve on (port 0: any)");
-  worker_->add_option("--token", token_, "Token (default $PW_TOKEN)");
+  worker_->add_option("--cluster-token", cluster_token_,
+                      "The controller's cluster token (default $PW_CLUSTER_TOKEN)");
   worker_->add_option("--machine", machine_, "This machine's name (default: the host name); "
                                              "workers on one machine share memory");
 }
@@ -187,6 +192,7 @@ int ClusterCommands::Status() {
       h["ici_bytes_received"] = hs.ici_bytes_received();
       h["dcn_bytes_received"] = hs.dcn_bytes_received();
       h["dispatch_queue_depth"] = hs.dispatch_queue_depth();
+      h["cancelled_shards"] = hs.cancelled_shards();
       ici += hs.ici_bytes_received();
       dcn += hs.dcn_bytes_received();
       h["devices"] = nlohmann::json::array();
@@ -247,6 +253,12 @@ int ClusterCommands::Controller() {
   server::ControllerServer::Options o;
   o.listen = listen_;
   o.channel.token = Token(token_);
+  o.cluster_token = Token(cluster_token_, "PW_CLUSTER_TOKEN");
+  if (o.cluster_token.empty())
+    return Fail(absl::InvalidArgumentError(
+        "pw controller needs a cluster token, shared with its workers and no one else: set "
+        "PW_CLUSTER_TOKEN (e.g. to the output of `head -c16 /dev/urandom | od -An -tx1 | tr -d "
+        "' \\n'`) for the controller and every worker"));
   o.failure_timeout = absl::Milliseconds(failure_timeout_ms_);
   o.heartbeat_interval = std::min(absl::Milliseconds(200), o.failure_timeout / 4);
   auto server = server::ControllerServer::Start(*spec, o);
@@ -284,7 +296,7 @@ int ClusterCommands::Worker() {
   o.controller = controller_address_;
   o.host = HostId(host_);
   o.listen = listen_;
-  o.channel.token = Token(token_);
+  o.channel.token = Token(cluster_token_, "PW_CLUSTER_TOKEN");
   o.machine = machine_;
   auto server = server::WorkerServer::Start(o);
   if (!server.ok()) return Fail(server.status());

@@ -37,6 +37,7 @@ class ClusterCommands {
   std::string listen_ = "127.0.0.1:0";
   std::string address_file_;
   std::string token_;
+  std::string cluster_token_;
   int64_t failure_timeout_ms_ = 1000;
   std::string controller_address_;
   int64_t host_ = -1;

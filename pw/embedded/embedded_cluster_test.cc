@@ -457,6 +457,9 @@ TEST_F(ClusterTest, DisconnectCancelsRunsThatHaveNotLaunched) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
     EXPECT_TRUE(absl::StrContains(r.status().message(), "disconnected")) << r.status();
   }
+  size_t cancelled = 0;
+  for (const auto& h : cluster_->controller().Status().hosts) cancelled += h.cancelled_shards;
+  EXPECT_EQ(cancelled, 40u);  // 20 runs, one shard per device.
   held.clear();
   queued.clear();
   ExpectNothingLeft();

@@ -32,15 +32,25 @@ std::string Metadata(const grpc::ServerContextBase* ctx, absl::string_view key) 
   return std::string(it->second.data(), it->second.size());
 }
 
-absl::Status CheckToken(const grpc::ServerContextBase* ctx, const std::string& token) {
-  if (token.empty()) return absl::OkStatus();
+namespace {
+bool CarriesToken(const grpc::ServerContextBase* ctx, const std::string& token) {
   const std::string got = Metadata(ctx, "authorization");
-  if (!absl::StartsWith(got, kBearer) ||
-      !SecretEquals(absl::string_view(got).substr(kBearer.size()), token)) {
-    return absl::UnauthenticatedError(
-        "this pathways server requires a token: set PW_TOKEN (or --token) to the cluster's token");
-  }
-  return absl::OkStatus();
+  return absl::StartsWith(got, kBearer) &&
+         SecretEquals(absl::string_view(got).substr(kBearer.size()), token);
+}
+}  // namespace
+
+absl::Status CheckToken(const grpc::ServerContextBase* ctx, const std::string& token) {
+  if (token.empty() || CarriesToken(ctx, token)) return absl::OkStatus();
+  return absl::UnauthenticatedError(
+      "this pathways server requires a token: set PW_TOKEN (or --token) to the cluster's token");
+}
+
+absl::Status CheckClusterToken(const grpc::ServerContextBase* ctx, const std::string& token) {
+  if (token.empty() || CarriesToken(ctx, token)) return absl::OkStatus();
+  return absl::UnauthenticatedError(
+      "this call is only for the controller and its workers: it needs the cluster token "
+      "(PW_CLUSTER_TOKEN), which clients do not hold");
 }
 
 bool IsLoopback(absl::string_view address) {
@@ -87,7 +97,7 @@ absl::StatusOr<Serving> StartServer(const std::string& listen, const ChannelOpti
   return s;
 }
 
-std::string NewClientKey() {
+std::string NewSecret() {
   std::random_device rd;
   return absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
 }

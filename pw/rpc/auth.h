@@ -1,9 +1,13 @@
 // Authentication and channel settings of the gRPC transport.
 //
-// Servers listen on loopback by default. Listening on any other address requires a shared token
-// (--token / PW_TOKEN); every call then carries it as "authorization: Bearer <token>" metadata and
-// calls without it are refused with UNAUTHENTICATED. Per-client keys (ConnectResponse.client_key,
-// sent as "pw-client-key") stop one client from acting as another. Thread-safe pure functions.
+// Two credentials, both sent as "authorization: Bearer <token>" metadata:
+// - the client token (--token / PW_TOKEN): clients' calls to the controller. Required when the
+//   controller listens on a non-loopback address; calls without it get UNAUTHENTICATED.
+// - the cluster token (--cluster-token / PW_CLUSTER_TOKEN; `pw up` makes a random one): every
+//   call between the controller and workers, and any call to a worker. Only those processes hold
+//   it, so a client cannot read shards from a worker, pose as a host, or stop the cluster.
+// Per-client keys (ConnectResponse.client_key, sent as "pw-client-key") stop one client from
+// acting as another. Thread-safe pure functions.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +24,7 @@ namespace pw::rpc {
 inline constexpr int64_t kDefaultMaxMessageBytes = int64_t{1} << 30;
 
 struct ChannelOptions {
-  std::string token;                            // Empty: no authentication.
+  std::string token;  // Sent with every call (client or cluster token); empty: none.
   int64_t max_message_bytes = kDefaultMaxMessageBytes;
 };
 
@@ -28,6 +32,8 @@ struct ChannelOptions {
 void AddToken(grpc::ClientContext* ctx, const std::string& token);
 // OK when `token` is empty or the call carries it.
 absl::Status CheckToken(const grpc::ServerContextBase* ctx, const std::string& token);
+// The same for the cluster token (its own error message).
+absl::Status CheckClusterToken(const grpc::ServerContextBase* ctx, const std::string& token);
 // The value of metadata `key` on an incoming call, or "".
 std::string Metadata(const grpc::ServerContextBase* ctx, absl::string_view key);
 
@@ -45,7 +51,7 @@ struct Serving {
 absl::StatusOr<Serving> StartServer(const std::string& listen, const ChannelOptions& o,
                                     grpc::Service* service);
 
-// A random key for a client (hex, 128 bits).
-std::string NewClientKey();
+// A random secret (hex, 128 bits): client keys, cluster tokens.
+std::string NewSecret();
 
 }  // namespace pw::rpc

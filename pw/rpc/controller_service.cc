@@ -15,8 +15,12 @@ namespace v1 = ::pathways::v1;
   if (absl::Status auth_ = Authorize(__VA_ARGS__); !auth_.ok()) return Reply(ctx, auth_)
 
 ControllerService::ControllerService(ControllerInterface* controller,
-                                     ClusterMembership* membership, std::string token)
-    : controller_(controller), membership_(membership), token_(std::move(token)) {}
+                                     ClusterMembership* membership, std::string client_token,
+                                     std::string cluster_token)
+    : controller_(controller),
+      membership_(membership),
+      token_(std::move(client_token)),
+      cluster_token_(std::move(cluster_token)) {}
 
 size_t ControllerService::num_clients() const {
   pw::MutexLock lock(&mu_);
@@ -25,6 +29,10 @@ size_t ControllerService::num_clients() const {
 
 absl::Status ControllerService::Authorize(const grpc::CallbackServerContext* ctx) const {
   return CheckToken(ctx, token_);
+}
+
+absl::Status ControllerService::AuthorizeMember(const grpc::CallbackServerContext* ctx) const {
+  return CheckClusterToken(ctx, cluster_token_);
 }
 
 absl::Status ControllerService::Authorize(const grpc::CallbackServerContext* ctx,
@@ -65,7 +73,7 @@ grpc::ServerUnaryReactor* ControllerService::Connect(grpc::CallbackServerContext
   }
   absl::StatusOr<ClientId> id = controller_->Connect(req->name());
   if (!id.ok()) return Reply(ctx, id.status());
-  std::string key = NewClientKey();
+  std::string key = NewSecret();
   {
     pw::MutexLock lock(&mu_);
     keys_[*id] = key;
@@ -242,7 +250,7 @@ grpc::ServerUnaryReactor* ControllerService::Status(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* ControllerService::RegisterWorker(
     grpc::CallbackServerContext* ctx, const v1::RegisterWorkerRequest* req,
     v1::RegisterWorkerResponse* resp) {
-  PW_AUTHORIZE(ctx);
+  if (absl::Status a = AuthorizeMember(ctx); !a.ok()) return Reply(ctx, a);
   if (req->protocol_version() != kProtocolVersion) {
     return Reply(ctx, absl::FailedPreconditionError(absl::StrCat(
                           "worker for host:", req->host(), " speaks pathways protocol version ",
@@ -257,14 +265,14 @@ grpc::ServerUnaryReactor* ControllerService::RegisterWorker(
 grpc::ServerUnaryReactor* ControllerService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                        const v1::HeartbeatRequest* req,
                                                        v1::Empty*) {
-  PW_AUTHORIZE(ctx);
+  if (absl::Status a = AuthorizeMember(ctx); !a.ok()) return Reply(ctx, a);
   return Reply(ctx, membership_->Heartbeat(HostId(req->host())));
 }
 
 grpc::ServerUnaryReactor* ControllerService::LookupHost(grpc::CallbackServerContext* ctx,
                                                         const v1::LookupHostRequest* req,
                                                         v1::HostAddress* resp) {
-  PW_AUTHORIZE(ctx);
+  if (absl::Status a = AuthorizeMember(ctx); !a.ok()) return Reply(ctx, a);
   auto a = membership_->LookupHost(HostId(req->host()));
   if (a.ok()) *resp = *std::move(a);
   return Reply(ctx, a.status());
@@ -272,14 +280,14 @@ grpc::ServerUnaryReactor* ControllerService::LookupHost(grpc::CallbackServerCont
 
 grpc::ServerUnaryReactor* ControllerService::GetClusterSpec(grpc::CallbackServerContext* ctx,
                                                           const v1::Empty*, v1::Text* resp) {
-  PW_AUTHORIZE(ctx);
+  if (absl::Status a = AuthorizeMember(ctx); !a.ok()) return Reply(ctx, a);
   resp->set_text(membership_->ClusterSpecJson());
   return Reply(ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* ControllerService::Shutdown(grpc::CallbackServerContext* ctx,
                                                       const v1::Empty*, v1::Empty*) {
-  PW_AUTHORIZE(ctx);
+  if (absl::Status a = AuthorizeMember(ctx); !a.ok()) return Reply(ctx, a);
   membership_->Shutdown();
   return Reply(ctx, absl::OkStatus());
 }

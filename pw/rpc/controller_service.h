@@ -4,7 +4,12 @@
 // Connect checks the protocol version and hands the client a key that every later call for that
 // client must carry, so one client cannot use, read or free another's slices and buffers. A
 // client's Session stream lives as long as the client; when it ends, the client is disconnected
-// (its slices and buffers are released). Thread-safe.
+// (its slices and buffers are released).
+//
+// Two credentials: client calls carry the client token (empty: none required); membership calls
+// (RegisterWorker, Heartbeat, LookupHost, GetClusterSpec, Shutdown) carry the cluster token,
+// which only the controller and its workers hold, so a client cannot pose as a host or stop
+// the cluster. Thread-safe.
 #pragma once
 
 #include <memory>
@@ -36,7 +41,7 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
  public:
   // Both must outlive the service.
   ControllerService(ControllerInterface* controller, ClusterMembership* membership,
-                    std::string token);
+                    std::string client_token, std::string cluster_token);
   size_t num_clients() const;
 
 #define PW_UNARY(Method, Req, Resp)                                                  \
@@ -72,12 +77,15 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   // The call's token and, for `client`, its key.
   absl::Status Authorize(const grpc::CallbackServerContext* ctx, int64_t client) const;
   absl::Status Authorize(const grpc::CallbackServerContext* ctx) const;
+  // A membership call: the cluster token.
+  absl::Status AuthorizeMember(const grpc::CallbackServerContext* ctx) const;
   // Disconnects `client` once (the Session stream ended or the client asked).
   absl::Status DropClient(ClientId client);
 
   ControllerInterface* const controller_;
   ClusterMembership* const membership_;
   const std::string token_;
+  const std::string cluster_token_;
   mutable pw::Mutex mu_;
   absl::flat_hash_map<ClientId, std::string> keys_ ABSL_GUARDED_BY(mu_);
   // Runs submitted and not yet waited for by RunDone.

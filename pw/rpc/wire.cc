@@ -527,6 +527,7 @@ void ToProto(const HostStatus& h, v1::HostStatus* out) {
   out->set_ici_bytes_received(h.ici_bytes_received);
   out->set_dcn_bytes_received(h.dcn_bytes_received);
   out->set_dispatch_queue_depth(static_cast<int64_t>(h.dispatch_queue_depth));
+  out->set_cancelled_shards(h.cancelled_shards);
 }
 
 absl::StatusOr<HostStatus> FromProto(const v1::HostStatus& p) {
@@ -540,6 +541,8 @@ absl::StatusOr<HostStatus> FromProto(const v1::HostStatus& p) {
   h.dcn_bytes_received = p.dcn_bytes_received();
   PW_ASSIGN_OR_RETURN(h.dispatch_queue_depth,
                       Count(p.dispatch_queue_depth(), "host status dispatch_queue_depth"));
+  PW_ASSIGN_OR_RETURN(h.cancelled_shards,
+                      Count(p.cancelled_shards(), "host status cancelled_shards"));
   return h;
 }
 

@@ -39,7 +39,7 @@ absl::StatusOr<std::shared_ptr<const HostProgram>> WorkerService::Program(
 grpc::ServerUnaryReactor* WorkerService::LoadFunction(grpc::CallbackServerContext* ctx,
                                                       const v1::WorkerLoadFunctionRequest* req,
                                                       v1::Empty*) {
-  if (absl::Status s = CheckToken(ctx, token_); !s.ok()) return Reply(ctx, s);
+  if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
   absl::StatusOr<FunctionDef> def = FromProto(req->def());
   if (!def.ok()) return Reply(ctx, Annotate(def.status(), "LoadFunction"));
   if (req->function() < 0) return Reply(ctx, absl::InvalidArgumentError("LoadFunction: negative function id"));
@@ -60,7 +60,7 @@ class WorkerService::CommandStream final
 
   CommandStream(WorkerService* service, grpc::CallbackServerContext* ctx)
       : service_(service), sink_(std::make_shared<Sink>()) {
-    if (absl::Status s = CheckToken(ctx, service->token_); !s.ok()) {
+    if (absl::Status s = CheckClusterToken(ctx, service->token_); !s.ok()) {
       Finish(ToGrpc(s));
       return;
     }
@@ -268,7 +268,7 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
               const v1::ShardRequest& req)
       : state_(std::make_shared<State>()) {
     state_->stream = this;
-    if (absl::Status s = CheckToken(ctx, service->token_); !s.ok()) {
+    if (absl::Status s = CheckClusterToken(ctx, service->token_); !s.ok()) {
       End(s);
       return;
     }
@@ -446,7 +446,7 @@ grpc::ServerWriteReactor<v1::ShardChunk>* WorkerService::FetchShard(
 grpc::ServerUnaryReactor* WorkerService::RemoveDevice(grpc::CallbackServerContext* ctx,
                                                       const v1::RemoveDeviceRequest* req,
                                                       v1::Empty*) {
-  if (absl::Status s = CheckToken(ctx, token_); !s.ok()) return Reply(ctx, s);
+  if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
   if (req->device() < 0) return Reply(ctx, absl::InvalidArgumentError("RemoveDevice: negative device id"));
   absl::Status reason = FromProto(req->reason());
   if (reason.ok()) reason = absl::UnavailableError("device removed");
@@ -456,7 +456,7 @@ grpc::ServerUnaryReactor* WorkerService::RemoveDevice(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* WorkerService::RestoreDevice(grpc::CallbackServerContext* ctx,
                                                        const v1::RemoveDeviceRequest* req,
                                                        v1::Empty*) {
-  if (absl::Status s = CheckToken(ctx, token_); !s.ok()) return Reply(ctx, s);
+  if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
   if (req->device() < 0) return Reply(ctx, absl::InvalidArgumentError("RestoreDevice: negative device id"));
   if (on_restore_) on_restore_(DeviceId(req->device()));
   return Reply(ctx, worker_->RestoreDevice(DeviceId(req->device())));
@@ -464,7 +464,7 @@ grpc::ServerUnaryReactor* WorkerService::RestoreDevice(grpc::CallbackServerConte
 
 grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx,
                                                 const v1::Empty*, v1::HostStatus* resp) {
-  if (absl::Status s = CheckToken(ctx, token_); !s.ok()) return Reply(ctx, s);
+  if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
   ToProto(worker_->Status(), resp);
   return Reply(ctx, absl::OkStatus());
 }
@@ -472,7 +472,7 @@ grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx
 grpc::ServerUnaryReactor* WorkerService::Collective(grpc::CallbackServerContext* ctx,
                                                     const v1::CollectiveContribution* req,
                                                     v1::Empty*) {
-  if (absl::Status s = CheckToken(ctx, token_); !s.ok()) return Reply(ctx, s);
+  if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
   return Reply(ctx, Deliver(collectives_, *req));
 }
 

@@ -4,7 +4,8 @@
 // applied in arrival order; their progress (enqueued, done) goes back on the same stream. Host
 // programs are cached by id, so a program's body crosses the wire once per worker. FetchShard
 // streams a shard in chunks once it is ready (the data plane's read side); Collective delivers a
-// peer's inputs to this process's Collectives.
+// peer's inputs to this process's Collectives. Every call needs the cluster token: only the
+// controller and peer workers may call a worker.
 //
 // Thread-safe: gRPC calls the handlers on its own threads; all state is under mu_.
 #pragma once
@@ -25,7 +26,7 @@ namespace pw::rpc {
 class WorkerService final : public ::pathways::v1::Worker::CallbackService {
  public:
   // `worker` and `collectives` must outlive the service (and the server running it).
-  WorkerService(WorkerInterface* worker, Collectives* collectives, std::string token,
+  WorkerService(WorkerInterface* worker, Collectives* collectives, std::string cluster_token,
                 std::function<void(DeviceId)> on_restore = nullptr);
   // Hands a peer's contribution (from RPC or shared memory) to `collectives`.
   static absl::Status Deliver(Collectives* collectives,

@@ -17,10 +17,11 @@ ControllerServer::ControllerServer(const ClusterSpec& spec, Options options)
 absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const ClusterSpec& spec,
                                                                           Options options) {
   PW_RETURN_IF_ERROR(rpc::CheckListenAddress(options.listen, options.channel.token));
+  if (options.cluster_token.empty()) options.cluster_token = rpc::NewSecret();
   std::unique_ptr<ControllerServer> s(new ControllerServer(spec, std::move(options)));
   s->controller_ = std::make_unique<Controller>(spec);
-  s->service_ = std::make_unique<rpc::ControllerService>(s->controller_.get(), s.get(),
-                                                         s->options_.channel.token);
+  s->service_ = std::make_unique<rpc::ControllerService>(
+      s->controller_.get(), s.get(), s->options_.channel.token, s->options_.cluster_token);
   PW_ASSIGN_OR_RETURN(rpc::Serving serving,
                       rpc::StartServer(s->options_.listen, s->options_.channel, s->service_.get()));
   s->server_ = std::move(serving.server);
@@ -86,7 +87,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> ControllerServer::RegisterWorker(
   }
   // A host registering again replaces its old worker (which may not have been noticed dead yet).
   if (rejoin) FailHost(host, "its worker registered again");
-  auto worker = std::make_unique<rpc::RemoteWorker>(host, req.address(), options_.channel,
+  rpc::ChannelOptions to_worker = options_.channel;
+  to_worker.token = options_.cluster_token;
+  auto worker = std::make_unique<rpc::RemoteWorker>(host, req.address(), to_worker,
                                                     /*same_machine=*/req.machine() == name);
   rpc::RemoteWorker* w = worker.get();
   {

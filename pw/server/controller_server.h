@@ -28,7 +28,9 @@ class ControllerServer final : public rpc::ClusterMembership {
  public:
   struct Options {
     std::string listen = "127.0.0.1:0";  // Port 0: any free port (see address()).
-    rpc::ChannelOptions channel;          // Token and message limit.
+    rpc::ChannelOptions channel;          // Client token and message limit.
+    // Shared with the workers only (see pw/rpc/auth.h). Empty: a random one (cluster_token()).
+    std::string cluster_token;
     absl::Duration heartbeat_interval = absl::Milliseconds(200);
     // A worker silent this long is failed; its futures fail within about this time.
     absl::Duration failure_timeout = absl::Seconds(1);
@@ -40,6 +42,8 @@ class ControllerServer final : public rpc::ClusterMembership {
 
   // The address clients and workers dial ("127.0.0.1:port").
   const std::string& address() const { return address_; }
+  // What workers must present (WorkerServer::Options::channel.token).
+  const std::string& cluster_token() const { return options_.cluster_token; }
   Controller& controller() { return *controller_; }
   // Blocks until Shutdown() (an RPC from `pw down`, or a signal handler's call).
   void WaitForShutdown();

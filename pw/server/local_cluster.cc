@@ -20,6 +20,7 @@
 #include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 #include "pw/base/status_macros.h"
+#include "pw/rpc/auth.h"
 #include "pw/rpc/remote_controller.h"
 
 namespace pw::server {
@@ -33,12 +34,23 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
+// Written owner-only (cluster.json holds the cluster token).
 absl::Status WriteFile(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << text;
-    if (!out) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
+    size_t done = 0;
+    while (done < text.size()) {
+      const ssize_t n = write(fd, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        close(fd);
+        return absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
+      }
+      done += static_cast<size_t>(n);
+    }
+    close(fd);
   }
   if (std::rename(tmp.c_str(), path.c_str()) != 0)
     return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", std::strerror(errno)));
@@ -48,7 +60,8 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
 absl::Status SaveState(const LocalClusterState& s) {
   nlohmann::json j = {{"address", s.address},
                       {"controller_pid", s.controller_pid},
-                      {"worker_pids", s.worker_pids}};
+                      {"worker_pids", s.worker_pids},
+                      {"cluster_token", s.cluster_token}};
   return WriteFile(s.state_dir + "/cluster.json", j.dump(2) + "\n");
 }
 
@@ -97,6 +110,7 @@ absl::StatusOr<LocalClusterState> LoadState() {
   s.address = j.value("address", "");
   s.controller_pid = j.value("controller_pid", 0);
   s.worker_pids = j.value("worker_pids", std::vector<int>{});
+  s.cluster_token = j.value("cluster_token", "");
   return s;
 }
 
@@ -134,7 +148,11 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
   std::remove(address_file.c_str());
   PW_RETURN_IF_ERROR(WriteFile(spec_path, spec.ToJson()));
   if (!o.token.empty()) setenv("PW_TOKEN", o.token.c_str(), 1);
+  // The processes' shared secret, in their environment only (not on command lines).
+  s.cluster_token = rpc::NewSecret();
+  setenv("PW_CLUSTER_TOKEN", s.cluster_token.c_str(), 1);
   auto fail = [&](absl::Status error) -> absl::Status {
+    unsetenv("PW_CLUSTER_TOKEN");
     (void)StopLocalCluster(s, absl::Seconds(2));
     return Annotate(error, absl::StrCat("pw up (logs in ", dir, ")"));
   };
@@ -161,6 +179,7 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
     s.worker_pids.push_back(*pid);
   }
   PW_RETURN_IF_ERROR(SaveState(s));
+  unsetenv("PW_CLUSTER_TOKEN");
   // Ready when every host's worker has registered.
   auto controller = rpc::RemoteController::Dial(s.address, {.token = o.token}, absl::Seconds(10));
   if (!controller.ok()) return fail(controller.status());
@@ -181,9 +200,8 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
 }
 
 absl::Status StopLocalCluster(const LocalClusterState& s, absl::Duration grace) {
-  const char* token = std::getenv("PW_TOKEN");
   if (!s.address.empty() && ProcessAlive(s.controller_pid)) {
-    auto c = rpc::RemoteController::Dial(s.address, {.token = token ? token : ""}, absl::Seconds(2));
+    auto c = rpc::RemoteController::Dial(s.address, {.token = s.cluster_token}, absl::Seconds(2));
     if (c.ok()) (void)(*c)->Shutdown();
   }
   std::vector<int> pids = s.worker_pids;

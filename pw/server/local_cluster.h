@@ -18,6 +18,7 @@ struct LocalClusterState {
   std::string address;  // The controller's.
   int controller_pid = 0;
   std::vector<int> worker_pids;
+  std::string cluster_token;  // The processes' (pw down presents it to shut the controller down).
   std::string state_dir;
 };
 

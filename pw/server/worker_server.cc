@@ -28,7 +28,10 @@ grpc::ClientContext* WorkerServer::Prepare(grpc::ClientContext* ctx, absl::Durat
 }
 
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options options) {
-  PW_RETURN_IF_ERROR(rpc::CheckListenAddress(options.listen, options.channel.token));
+  if (options.channel.token.empty())
+    return absl::InvalidArgumentError(
+        "a worker needs the cluster token (--cluster-token or PW_CLUSTER_TOKEN) that its "
+        "controller was given or printed");
   std::unique_ptr<WorkerServer> s(new WorkerServer(std::move(options)));
   auto channel = rpc::MakeChannel(s->options_.controller, s->options_.channel);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(10))))

@@ -35,7 +35,7 @@ class WorkerServer final : public CollectivePeers {
     std::string controller;               // The controller's address.
     HostId host;                          // Which host of the cluster spec this worker serves.
     std::string listen = "127.0.0.1:0";
-    rpc::ChannelOptions channel;
+    rpc::ChannelOptions channel;  // token: the cluster token (required; ControllerServer's).
     std::string pjrt_plugin = pjrt::DefaultCpuPluginPath();
     absl::Duration controller_lost_timeout = absl::Seconds(10);
     // This worker's machine: peers reporting the same one exchange shards through shared memory,

@@ -103,6 +103,7 @@ struct HostStatus {
   int64_t ici_bytes_received = 0;
   int64_t dcn_bytes_received = 0;
   size_t dispatch_queue_depth = 0;
+  size_t cancelled_shards = 0;  // Shards of cancelled runs that were not run.
 };
 
 }  // namespace pw

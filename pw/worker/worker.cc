@@ -385,11 +385,13 @@ void Worker::ForgetRuns(const std::vector<RunId>& runs) {
   num_cancelled_.store(cancelled_.size(), std::memory_order_release);
 }
 
-absl::Status Worker::Cancelled(RunId run) const {
+absl::Status Worker::Cancelled(RunId run) {
   if (num_cancelled_.load(std::memory_order_acquire) == 0) return absl::OkStatus();
   pw::MutexLock lock(&cancel_mu_);
   auto it = cancelled_.find(run);
-  return it == cancelled_.end() ? absl::OkStatus() : it->second;
+  if (it == cancelled_.end()) return absl::OkStatus();
+  cancelled_shards_.fetch_add(1, std::memory_order_relaxed);
+  return it->second;
 }
 
 absl::Status Worker::RemoveDevice(DeviceId device_id, const absl::Status& reason) {
@@ -424,6 +426,7 @@ HostStatus Worker::Status() const {
   s.ici_bytes_received = ici_bytes_.load();
   s.dcn_bytes_received = dcn_bytes_.load();
   s.dispatch_queue_depth = dispatch_.depth();
+  s.cancelled_shards = static_cast<size_t>(cancelled_shards_.load());
   return s;
 }
 

@@ -67,8 +67,8 @@ class Worker final : public WorkerInterface {
   absl::StatusOr<ExecutableRef> LoadExecutable(FunctionId id,
                                                absl::Span<const DeviceId> slice_devices);
   Device* FindDevice(DeviceId id) const;
-  // Why `run` was cancelled, or OK.
-  absl::Status Cancelled(RunId run) const;
+  // Why `run` was cancelled (counting one more shard not run), or OK.
+  absl::Status Cancelled(RunId run);
   // Registers a failed shard so consumers see `error` too.
   void PutFailed(BufferId id, DeviceId device, const absl::Status& error);
 
@@ -87,6 +87,7 @@ class Worker final : public WorkerInterface {
   mutable pw::Mutex cancel_mu_;
   absl::flat_hash_map<RunId, absl::Status> cancelled_ ABSL_GUARDED_BY(cancel_mu_);
   std::atomic<size_t> num_cancelled_{0};  // cancelled_.size(), read without the lock.
+  std::atomic<int64_t> cancelled_shards_{0};
   std::atomic<int64_t> ici_bytes_{0};
   std::atomic<int64_t> dcn_bytes_{0};
   WorkQueue data_plane_;

@@ -104,8 +104,10 @@ def test_killed_worker_leaves_and_rejoins(cluster):
     assert pw("example", "figure2", env=env).stdout.strip() == FIGURE2
     # A restarted worker rejoins.
     log = open(Path(env["PW_STATE_DIR"]) / "worker-1-restarted.log", "w")
+    # Workers present the cluster's own token, which `pw up` keeps in its (owner-only) state.
+    worker_env = dict(env, PW_CLUSTER_TOKEN=state["cluster_token"])
     new = subprocess.Popen([str(PW), "worker", "--controller", address, "--host", "1"],
-                           stdout=log, stderr=log, start_new_session=True)
+                           stdout=log, stderr=log, start_new_session=True, env=worker_env)
     try:
         t0 = time.monotonic()
         while time.monotonic() - t0 < 30 and not status(env)["hosts"][1]["alive"]:
