@@ -36,7 +36,8 @@ want="(array([3., 5.]), array([2., 4.]))"
 if [ "$got" != "$want" ]; then echo "gpu-check: figure2 printed '$got', want '$want'" >&2; exit 1; fi
 
 echo "== xla-overhead on the GPU"
+# JAX's own CUDA backend is the jax-cuda13-pjrt plugin, the same library as $PLUGIN: builtin.
 PW_DEVICES_PER_HOST=1 timeout 150 build/bin/pw bench xla-overhead --json --min-seconds 0.5 \
-  --sizes 64,256,1024,2048,4096 > "$OUT/xla_overhead.json"
+  --sizes 64,256,1024,2048,4096 --jax-backend builtin > "$OUT/xla_overhead.json"
 cat "$OUT/xla_overhead.json"
 echo "gpu-check: OK"

@@ -275,7 +275,7 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
     for (const auto& [host, ranks] : ranks_by_host) {
       NodeWork nw{static_cast<int32_t>(i), n.name, {}};
       if (n.kind == LoweredNode::Kind::kCompute) {
-        nw.work = ComputeWork{n.function, n.slice.devices, ranks, n.inputs, n.outputs};
+        nw.work = ComputeWork{n.function, n.slice.devices, ranks, n.inputs, n.outputs, n.release};
       } else {
         const Placement& src = *lowered.values[n.inputs[0]].placement;
         const Placement& dst = *lowered.values[n.outputs[0]].placement;

@@ -223,6 +223,27 @@ TEST_F(ClusterTest, BackPressureWaitsForMemoryAndNeverFitFails) {
   EXPECT_NE(never.status().message().find("device:"), std::string::npos);
 }
 
+TEST_F(ClusterTest, ChainLongerThanMemoryRunsBecauseIntermediatesAreReleased) {
+  Start(1, 1, 2, /*memory=*/16);  // Room for four f32 scalars per device.
+  auto c = Connect("c");
+  Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  BoundFunction inc = *c->Pmap(ScalarFn("inc", "add_scalar", 1), s);
+  // 50 intermediates per device; at most two are alive at once.
+  Program chain = *c->Trace("chain", {{DType::kF32, Shape({2})}}, [&](std::vector<Value> v) {
+    Value x = v[0];
+    for (int i = 0; i < 50; ++i) x = inc(x);
+    return std::vector<Value>{x};
+  });
+  Array x = *c->Put(F32({0, 10}), s.info().id, Sharding::Split({2}, 1, 0));
+  for (int run = 0; run < 3; ++run) {
+    auto out = chain.Run({x});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(Values((*out)[0]), (std::vector<float>{50, 60}));
+  }
+  x = Array();
+  ExpectNothingLeft();
+}
+
 TEST_F(ClusterTest, DeviceRemovalMidRunFailsOnlyAffectedPrograms) {
   Start(1, 2, 2);
   auto c = Connect("c");

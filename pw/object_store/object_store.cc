@@ -62,6 +62,23 @@ int ObjectStore::Delete(BufferId id) {
   return DeleteAll(ids);
 }
 
+void ObjectStore::DeleteShard(BufferId id, DeviceId device) {
+  Shard dropped;  // Destroyed (memory released) after the lock is released.
+  pw::MutexLock lock(&mu_);
+  auto it = buffers_.find(id);
+  if (it == buffers_.end()) return;
+  Shards& shards = it->second;
+  for (auto s = shards.begin(); s != shards.end(); ++s) {
+    if (s->first != device) continue;
+    bytes_ -= s->second.bytes;
+    --shards_;
+    dropped = std::move(s->second);
+    shards.erase(s);
+    break;
+  }
+  if (shards.empty()) buffers_.erase(it);
+}
+
 void ObjectStore::DeleteMany(absl::Span<const BufferId> ids) { DeleteAll(ids); }
 
 int ObjectStore::DeleteAll(absl::Span<const BufferId> ids) {

@@ -37,6 +37,8 @@ class ObjectStore {
   Future<DeviceBufferRef> GetWhenCreated(BufferId id, DeviceId device);
   // Removes every shard of `id` on this host; returns how many.
   int Delete(BufferId id);
+  // Removes the shard of `id` on `device` (if any).
+  void DeleteShard(BufferId id, DeviceId device);
   // Delete for many buffers under one lock.
   void DeleteMany(absl::Span<const BufferId> ids);
   // Ready when every shard of `id` on this host is ready (NotFound if there is none).

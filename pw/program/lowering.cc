@@ -138,6 +138,43 @@ absl::Status CheckLayout(const std::string& where, const ArraySpec& global,
 
 }  // namespace
 
+namespace {
+// Fills LoweredNode::release and the peak of LoweredProgram::device_bytes.
+void PlanReleases(LoweredProgram& p) {
+  std::vector<int> last_reader(p.values.size(), -1);
+  std::vector<bool> keep(p.values.size(), false);
+  for (int v : p.outputs) keep[v] = true;
+  for (size_t i = 0; i < p.nodes.size(); ++i) {
+    for (int v : p.nodes[i].inputs) {
+      if (p.nodes[i].kind == LoweredNode::Kind::kCompute) last_reader[v] = static_cast<int>(i);
+      else keep[v] = true;
+    }
+  }
+  absl::flat_hash_map<DeviceId, int64_t> live;
+  auto add = [&](int v, int64_t sign) {
+    const Placement& pl = *p.values[v].placement;
+    for (DeviceId d : pl.devices) {
+      int64_t& b = live[d];
+      b += sign * pl.shard_bytes();
+      p.device_bytes[d] = std::max(p.device_bytes[d], b);
+    }
+  };
+  for (size_t i = 0; i < p.nodes.size(); ++i) {
+    LoweredNode& n = p.nodes[i];
+    if (n.kind != LoweredNode::Kind::kCompute && n.kind != LoweredNode::Kind::kTransfer) continue;
+    for (int v : n.outputs) add(v, +1);
+    if (n.kind != LoweredNode::Kind::kCompute) continue;
+    for (int v : n.inputs) {
+      if (p.values[v].arg >= 0 || keep[v] || last_reader[v] != static_cast<int>(i) ||
+          std::find(n.release.begin(), n.release.end(), v) != n.release.end())
+        continue;
+      n.release.push_back(v);
+      add(v, -1);
+    }
+  }
+}
+}  // namespace
+
 absl::StatusOr<LoweredProgram> Lower(const ProgramIr& ir, const std::vector<Placement>& args,
                                      const LoweringContext& ctx) {
   LoweredProgram out;
@@ -277,10 +314,7 @@ absl::StatusOr<LoweredProgram> Lower(const ProgramIr& ir, const std::vector<Plac
     out.outputs.push_back(v);
   }
   out.nodes.push_back(std::move(result));
-  for (const auto& v : out.values) {
-    if (v.arg >= 0) continue;
-    for (DeviceId d : v.placement->devices) out.device_bytes[d] += v.placement->shard_bytes();
-  }
+  PlanReleases(out);
   return out;
 }
 

@@ -42,6 +42,10 @@ struct LoweredNode {
   std::vector<int> outputs;  // Value indices.
   // Transfer:
   LinkClass link = LinkClass::kSameDevice;
+  // Compute: intermediates this node reads last. They are read only by compute nodes (on the
+  // devices holding them), so each device drops its shard once its shard of this node has run.
+  // Arguments, results and values a transfer reads live until the run ends.
+  std::vector<int> release;
 };
 
 struct LoweredProgram {
@@ -49,7 +53,8 @@ struct LoweredProgram {
   std::vector<LoweredValue> values;
   std::vector<LoweredNode> nodes;  // Topological order: Arg, then work, then Result.
   std::vector<int> outputs;        // Value indices of the program's results.
-  // Bytes each device must hold for the values the program produces.
+  // Peak bytes each device holds at once for the values the program produces (intermediates
+  // count from their producer until their last reader, the rest until the run ends).
   absl::flat_hash_map<DeviceId, int64_t> device_bytes;
   int num_compute() const;
   int num_transfers() const;

@@ -64,6 +64,31 @@ TEST(LoweringTest, ChainOnOneSliceIsFourNodes) {
   EXPECT_EQ(lp->device_bytes.at(s.devices[0]), 8);  // Two f32[1] shards.
 }
 
+TEST(LoweringTest, LongChainReleasesEachIntermediateAtItsReader) {
+  TestContext ctx;
+  auto s = ctx.Slice(2);
+  FunctionId b = ctx.Add(Scalar("b", "add_scalar", 1));
+  ProgramIr ir{"chain", {{DType::kF32, Shape({2})}}, {}, {}};
+  for (int i = 0; i < 6; ++i)
+    ir.nodes.push_back({"B", Pmap(b, s), {{i == 0 ? ValueRef::kArgNode : i - 1, 0}}});
+  ir.outputs = {{5, 0}};
+  auto lp = Lower(ir, {ArgOn(s)}, ctx);
+  ASSERT_TRUE(lp.ok()) << lp.status();
+  // Two f32[1] shards at a time (a node's input and output), not six.
+  EXPECT_EQ(lp->device_bytes.at(s.devices[0]), 8);
+  int released = 0;
+  for (const LoweredNode& n : lp->nodes) {
+    if (n.kind != LoweredNode::Kind::kCompute) continue;
+    // Each node after the first drops the intermediate it read; the argument is kept.
+    for (int v : n.release) {
+      EXPECT_EQ(lp->values[v].arg, -1);
+      EXPECT_EQ(n.inputs, std::vector<int>{v});
+      ++released;
+    }
+  }
+  EXPECT_EQ(released, 5);
+}
+
 TEST(LoweringTest, TransfersBetweenSlicesUseIciOrDcn) {
   TestContext ctx;
   auto s0 = ctx.Slice(2);  // island 0

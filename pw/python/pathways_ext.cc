@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "pw/client/client.h"
 #include "pw/embedded/embedded_cluster.h"
+#include "pw/pjrt/pjrt_plugin.h"
 #include "pw/rpc/remote_controller.h"
 #include "pw/server/local_cluster.h"
 
@@ -119,6 +120,8 @@ NB_MODULE(_pathways, m) {
   // --cluster resolution: `flag`, else $PW_CLUSTER, else the last `pw up` cluster; "" if none.
   m.def("cluster_address", [](const std::string& flag) { return server::ClusterAddress(flag); },
         nb::arg("flag") = "");
+  // The PJRT plugin this process's workers load ($PW_PJRT_PLUGIN, else the pinned CPU plugin).
+  m.def("pjrt_plugin_path", [] { return pjrt::DefaultCpuPluginPath(); });
 
   nb::class_<Slice>(m, "Slice")
       .def_prop_ro("num_devices", &Slice::num_devices)

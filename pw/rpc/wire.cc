@@ -400,6 +400,7 @@ static void ToProto(const NodeWork& n, v1::NodeWork* out) {
     o->mutable_local_ranks()->Assign(c->local_ranks.begin(), c->local_ranks.end());
     o->mutable_inputs()->Assign(c->inputs.begin(), c->inputs.end());
     o->mutable_outputs()->Assign(c->outputs.begin(), c->outputs.end());
+    o->mutable_release()->Assign(c->release.begin(), c->release.end());
   } else {
     const auto& t = std::get<TransferWork>(n.work);
     v1::TransferWork* o = out->mutable_transfer();
@@ -424,6 +425,7 @@ static absl::StatusOr<ComputeWork> FromProto(const v1::ComputeWork& p) {
                       Indices(p.local_ranks(), "local_ranks", c.slice_devices.size()));
   PW_ASSIGN_OR_RETURN(c.inputs, Indices(p.inputs(), "inputs"));
   PW_ASSIGN_OR_RETURN(c.outputs, Indices(p.outputs(), "outputs"));
+  PW_ASSIGN_OR_RETURN(c.release, Indices(p.release(), "release"));
   return c;
 }
 

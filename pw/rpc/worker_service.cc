@@ -232,6 +232,7 @@ class WorkerService::CommandStream final
       if (const auto* c = std::get_if<ComputeWork>(&n.work)) {
         for (int v : c->inputs) PW_RETURN_IF_ERROR(check(v, n));
         for (int v : c->outputs) PW_RETURN_IF_ERROR(check(v, n));
+        for (int v : c->release) PW_RETURN_IF_ERROR(check(v, n));
       } else {
         const auto& t = std::get<TransferWork>(n.work);
         PW_RETURN_IF_ERROR(check(t.src, n));

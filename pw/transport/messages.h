@@ -36,6 +36,9 @@ struct ComputeWork {
   std::vector<int> local_ranks;         // The ranks on this host.
   std::vector<int> inputs;              // Value indices.
   std::vector<int> outputs;
+  // Intermediates this node reads last: each device drops its shard of them once its shard of
+  // this node has run, so a long chain holds a few buffers at a time, not one per node.
+  std::vector<int> release;
 };
 
 // One transfer node's destination shards on one host: the host receives (pulls) the regions of

@@ -197,6 +197,7 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
             // Native kernels complete before returning; a backend with its own streams (PJRT)
             // hands its output buffers on once the computation is enqueued, and the device moves
             // on to its next item meanwhile. The shard is done when the computation has run.
+            in_flight_.count.fetch_add(1, std::memory_order_relaxed);
             Executable::Run run = exe->Launch(launch);
             // Fails this shard: its outputs (if not yet handed on) and its launch's collectives.
             auto fail = [work, &node, device_id, shard_done, collectives = collectives_](
@@ -211,13 +212,26 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
               shard_done->Done(error);
             };
             run.outputs.OnReady(
-                [outputs = std::move(outputs), computed = run.computed, fail, shard_done](
-                    const absl::StatusOr<std::vector<DeviceBufferRef>>& r) mutable {
-                  if (!r.ok()) return fail(r.status(), &outputs);
+                [this, work, &node, device_id, outputs = std::move(outputs),
+                 computed = run.computed, fail,
+                 shard_done](const absl::StatusOr<std::vector<DeviceBufferRef>>& r) mutable {
+                  if (!r.ok()) {
+                    fail(r.status(), &outputs);
+                    in_flight_.count.fetch_sub(1, std::memory_order_release);
+                    return;
+                  }
                   for (size_t k = 0; k < outputs.size(); ++k) outputs[k].Set((*r)[k]);
-                  computed.OnReady([fail, shard_done](const absl::Status& s) {
-                    if (s.ok()) return shard_done->Done();
-                    fail(s, nullptr);
+                  computed.OnReady([this, work, &node, device_id, fail,
+                                    shard_done](const absl::Status& s) {
+                    if (s.ok()) {
+                      // Intermediates this node read last: this device's shard can go now.
+                      for (int v : std::get<ComputeWork>(node.work).release)
+                        store_.DeleteShard(work->buffer(v), device_id);
+                      shard_done->Done();
+                    } else {
+                      fail(s, nullptr);
+                    }
+                    in_flight_.count.fetch_sub(1, std::memory_order_release);
                   });
                 });
             return;

@@ -91,6 +91,14 @@ class Worker final : public WorkerInterface {
   std::atomic<int64_t> ici_bytes_{0};
   std::atomic<int64_t> dcn_bytes_{0};
   WorkQueue data_plane_;
+  // Launched computations whose completion callback (which uses the store) has not run yet.
+  // Destroyed after the devices (no new launches) and before the store: waits for them.
+  struct InFlight {
+    std::atomic<int64_t> count{0};
+    ~InFlight() {
+      while (count.load(std::memory_order_acquire) > 0) absl::SleepFor(absl::Microseconds(100));
+    }
+  } in_flight_;
   absl::flat_hash_map<DeviceId, std::unique_ptr<Device>> devices_;  // Fixed at construction.
   WorkQueue dispatch_;  // Last: destroyed (drained) first.
 };

@@ -3,14 +3,18 @@
 The same jitted function, f(x, w) = tanh(x @ w) / 2 on n x n float32 matrices, at sizes from about
 10 µs to about 10 ms of compute, is run back to back (each output feeding the next call):
 
-- jax:      a Python loop of `x = f(x, w)` with JAX's dispatch (jaxlib's CPU client), blocked at
-            the end of each batch;
+- jax:      a Python loop of `x = f(x, w)` with JAX's dispatch, blocked at the end of each batch.
+            With --jax-backend same-plugin (the default) JAX drives the very PJRT plugin pathways
+            loads (registered with jax as a plugin backend), so both run the same XLA build and
+            the ratio measures dispatch alone; with builtin, jaxlib's own client (on CPU a
+            different XLA version than the plugin). Both JAX rates are reported;
 - pathways: `f` bound with pw.pmap to a one-device slice, `chain` calls of it traced into one
             program (parallel asynchronous dispatch in C++), the program run back to back with its
             result handle fed to the next run;
 - pathways_opbyop_per_second: one pathways call per Python call (a one-node program each).
 
-compute_us is the device time of one call: the fastest of several synchronous JAX calls.
+compute_us is the device time of one call: the fastest of several synchronous JAX calls on the
+--jax-backend backend.
 Prints one JSON object to stdout: {"results": [{"compute_us", "pathways_per_second",
 "jax_per_second", "ratio", ...}], ...}; progress goes to stderr.
 """
@@ -47,12 +51,25 @@ def main(argv=None) -> int:
     parser.add_argument("--min-seconds", type=float, default=1.0)
     parser.add_argument("--chain", type=int, default=32, help="calls per traced program")
     parser.add_argument("--sizes", type=str, default=",".join(map(str, SIZES)))
+    parser.add_argument("--jax-backend", choices=("same-plugin", "builtin"), default="same-plugin",
+                        help="which JAX client the ratio compares against (see module doc)")
     args = parser.parse_args(argv)
 
     import jax
     import jax.numpy as jnp
 
     import pathways as pw
+    from pathways import _pathways
+
+    plugin = _pathways.pjrt_plugin_path()
+    if args.jax_backend == "same-plugin":
+        # Before JAX creates any backend. (jax_plugins' documented way to load a plugin by path.)
+        from jax._src import xla_bridge
+
+        xla_bridge.register_plugin("pathways_plugin", priority=-1, library_path=plugin)
+    backends = {"builtin": jax.devices()[0]}
+    if args.jax_backend == "same-plugin":
+        backends["same-plugin"] = jax.devices("pathways_plugin")[0]
 
     def f(x, w):
         return jnp.tanh(x @ w) * 0.5
@@ -74,7 +91,8 @@ def main(argv=None) -> int:
         w0 = (rng.standard_normal((n, n)) / np.sqrt(n)).astype(np.float32)
 
         # Compute time of one call: fastest of synchronous JAX calls.
-        xj, wj = jnp.asarray(x0), jnp.asarray(w0)
+        dev = backends[args.jax_backend]
+        xj, wj = jax.device_put(x0, dev), jax.device_put(w0, dev)
         jf(xj, wj).block_until_ready()
         best = float("inf")
         for _ in range(20):
@@ -84,13 +102,18 @@ def main(argv=None) -> int:
         compute_us = best * 1e6
         batch = max(1, min(args.chain, int(0.05 / best)))  # JAX blocks every ~50 ms.
 
-        def jax_batch():
-            y = xj
-            for _ in range(batch):
-                y = jf(y, wj)
-            y.block_until_ready()
+        jax_rates = {}
+        for name, d in backends.items():
+            xb, wb = jax.device_put(x0, d), jax.device_put(w0, d)
 
-        jax_rate = _rate(jax_batch, batch, args.min_seconds)
+            def jax_batch():
+                y = xb
+                for _ in range(batch):
+                    y = jf(y, wb)
+                y.block_until_ready()
+
+            jax_rates[name] = _rate(jax_batch, batch, args.min_seconds)
+        jax_rate = jax_rates[args.jax_backend]
 
         # Pathways: arguments put once on the slice; every run chains `chain` calls.
         x_dev = pw.device_put(x0[None], devices)
@@ -120,12 +143,14 @@ def main(argv=None) -> int:
         row = {"n": n, "compute_us": round(compute_us, 2),
                "pathways_per_second": round(pw_rate, 1), "jax_per_second": round(jax_rate, 1),
                "ratio": round(pw_rate / jax_rate, 3),
+               "jax_builtin_per_second": round(jax_rates["builtin"], 1),
+               "ratio_vs_jax_builtin": round(pw_rate / jax_rates["builtin"], 3),
                "pathways_opbyop_per_second": round(opbyop_rate, 1), "results_agree": agree}
         _log(json.dumps(row))
         results.append(row)
 
     out = {"benchmark": "xla-overhead", "chain": args.chain, "min_seconds": args.min_seconds,
-           "results": results}
+           "jax_backend": args.jax_backend, "pjrt_plugin": plugin, "results": results}
     if args.json:
         print(json.dumps(out))
     else:
