@@ -20,7 +20,18 @@ ControllerService::ControllerService(ControllerInterface* controller,
     : controller_(controller),
       membership_(membership),
       token_(std::move(client_token)),
-      cluster_token_(std::move(cluster_token)) {}
+      cluster_token_(std::move(cluster_token)) {
+  for (int i = 0; i < 4; ++i)
+    blocking_.push_back(std::make_unique<WorkQueue>(absl::StrCat("pw-ctrl-rpc", i)));
+}
+
+grpc::ServerUnaryReactor* ControllerService::Offload(grpc::CallbackServerContext* ctx,
+                                                     absl::AnyInvocable<absl::Status() &&> fn) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  const size_t i = next_blocking_.fetch_add(1, std::memory_order_relaxed) % blocking_.size();
+  blocking_[i]->Post([r, fn = std::move(fn)]() mutable { r->Finish(ToGrpc(std::move(fn)())); });
+  return r;
+}
 
 size_t ControllerService::num_clients() const {
   pw::MutexLock lock(&mu_);
@@ -42,7 +53,7 @@ absl::Status ControllerService::Authorize(const grpc::CallbackServerContext* ctx
   pw::MutexLock lock(&mu_);
   auto it = keys_.find(ClientId(client));
   if (it == keys_.end())
-    return absl::NotFoundError(absl::StrCat(ClientId(client).ToString(), " is not connected"));
+    return absl::UnauthenticatedError(absl::StrCat(ClientId(client).ToString(), " is not connected"));
   if (key != it->second)
     return absl::PermissionDeniedError(
         absl::StrCat("this call does not carry ", ClientId(client).ToString(), "'s client key"));
@@ -113,9 +124,11 @@ grpc::ServerUnaryReactor* ControllerService::RegisterFunction(
   PW_AUTHORIZE(ctx, req->client());
   absl::StatusOr<FunctionDef> def = FromProto(req->def());
   if (!def.ok()) return Reply(ctx, Annotate(def.status(), "RegisterFunction"));
-  absl::StatusOr<FunctionInfo> info = controller_->RegisterFunction(ClientId(req->client()), *def);
-  if (info.ok()) ToProto(*info, resp);
-  return Reply(ctx, info.status());
+  return Offload(ctx, [this, req, resp, def = *std::move(def)]() {
+    absl::StatusOr<FunctionInfo> info = controller_->RegisterFunction(ClientId(req->client()), def);
+    if (info.ok()) ToProto(*info, resp);
+    return info.status();
+  });
 }
 
 grpc::ServerUnaryReactor* ControllerService::LoadFunction(grpc::CallbackServerContext* ctx,
@@ -241,10 +254,12 @@ grpc::ServerUnaryReactor* ControllerService::ReleaseArray(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* ControllerService::Status(grpc::CallbackServerContext* ctx,
                                                     const v1::Empty*, v1::ClusterStatus* resp) {
   PW_AUTHORIZE(ctx);
-  ToProto(controller_->Status(), resp);
-  membership_->AddMembers(resp);
-  resp->set_clients(static_cast<int64_t>(num_clients()));
-  return Reply(ctx, absl::OkStatus());
+  return Offload(ctx, [this, resp] {
+    ToProto(controller_->Status(), resp);
+    membership_->AddMembers(resp);
+    resp->set_clients(static_cast<int64_t>(num_clients()));
+    return absl::OkStatus();
+  });
 }
 
 grpc::ServerUnaryReactor* ControllerService::RegisterWorker(
@@ -257,9 +272,11 @@ grpc::ServerUnaryReactor* ControllerService::RegisterWorker(
                           req->protocol_version(), " but this controller speaks version ",
                           kProtocolVersion)));
   }
-  auto r = membership_->RegisterWorker(*req);
-  if (r.ok()) *resp = *std::move(r);
-  return Reply(ctx, r.status());
+  return Offload(ctx, [this, req, resp] {
+    auto r = membership_->RegisterWorker(*req);
+    if (r.ok()) *resp = *std::move(r);
+    return r.status();
+  });
 }
 
 grpc::ServerUnaryReactor* ControllerService::Heartbeat(grpc::CallbackServerContext* ctx,

@@ -17,6 +17,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "pw/base/mutex.h"
+#include "pw/base/work_queue.h"
 #include "pw/rpc/auth.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
 #include "pw/transport/controller_interface.h"
@@ -81,6 +82,11 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   absl::Status AuthorizeMember(const grpc::CallbackServerContext* ctx) const;
   // Disconnects `client` once (the Session stream ended or the client asked).
   absl::Status DropClient(ClientId client);
+  // Runs `fn` (which returns the call's status) on a thread of the service's own, then finishes
+  // the call: for handlers whose controller call waits on RPCs to workers, which must not hold
+  // gRPC's callback threads (in one process, the workers' replies may need them).
+  grpc::ServerUnaryReactor* Offload(grpc::CallbackServerContext* ctx,
+                                    absl::AnyInvocable<absl::Status() &&> fn);
 
   ControllerInterface* const controller_;
   ClusterMembership* const membership_;
@@ -90,6 +96,8 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   absl::flat_hash_map<ClientId, std::string> keys_ ABSL_GUARDED_BY(mu_);
   // Runs submitted and not yet waited for by RunDone.
   absl::flat_hash_map<RunId, std::pair<ClientId, Future<>>> runs_ ABSL_GUARDED_BY(mu_);
+  std::atomic<size_t> next_blocking_{0};
+  std::vector<std::unique_ptr<WorkQueue>> blocking_;  // Offload's threads; last: drained first.
 };
 
 }  // namespace pw::rpc

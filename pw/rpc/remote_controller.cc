@@ -199,7 +199,43 @@ absl::StatusOr<ArrayInfo> RemoteController::PutArray(ClientId client, SliceId sl
   return FromProto(resp);
 }
 
+void RemoteController::Core::BeginRead(ClientId client, BufferId id) {
+  pw::MutexLock lock(&mu);
+  ++reads[{client, id}].pending;
+}
+
+void RemoteController::Core::EndRead(const std::shared_ptr<Core>& self, ClientId client,
+                                     BufferId id) {
+  {
+    pw::MutexLock lock(&mu);
+    auto it = reads.find({client, id});
+    if (it == reads.end() || --it->second.pending > 0) return;
+    const bool release = it->second.release;
+    reads.erase(it);
+    if (!release) return;
+  }
+  // The deferred release (its caller was already told OK).
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::ArrayRequest req;
+    v1::Empty resp;
+  };
+  auto call = std::make_shared<Call>();
+  Prepare(&call->ctx, client);
+  call->req.set_client(client.value());
+  call->req.set_buffer(id.value());
+  stub->async()->ReleaseArray(&call->ctx, &call->req, &call->resp,
+                              [self, call](grpc::Status) {});
+}
+
 absl::Status RemoteController::ReleaseArray(ClientId client, BufferId id) {
+  {
+    pw::MutexLock lock(&core_->mu);
+    if (auto it = core_->reads.find({client, id}); it != core_->reads.end()) {
+      it->second.release = true;
+      return absl::OkStatus();
+    }
+  }
   v1::ArrayRequest req;
   req.set_client(client.value());
   req.set_buffer(id.value());
@@ -263,11 +299,13 @@ Future<HostArray> RemoteController::FetchArray(ClientId client, BufferId id) {
   call->req.set_buffer(id.value());
   auto promise = std::make_shared<Promise<HostArray>>();
   Future<HostArray> result = promise->future();
+  core_->BeginRead(client, id);
   core_->stub->async()->FetchArray(&call->ctx, &call->req, &call->resp,
-                             [core = core_, call, promise](grpc::Status s) {
-                               if (!s.ok()) return promise->Set(core->Where(s));
-                               promise->Set(FromProto(&call->resp));
-                             });
+                                   [core = core_, call, promise, client, id](grpc::Status s) {
+                                     core->EndRead(core, client, id);
+                                     if (!s.ok()) return promise->Set(core->Where(s));
+                                     promise->Set(FromProto(&call->resp));
+                                   });
   return result;
 }
 
@@ -278,10 +316,12 @@ Future<> RemoteController::ArrayReady(ClientId client, BufferId id) {
   call->req.set_buffer(id.value());
   auto promise = std::make_shared<Promise<>>();
   Future<> result = promise->future();
+  core_->BeginRead(client, id);
   core_->stub->async()->ArrayReady(&call->ctx, &call->req, &call->resp,
-                             [core = core_, call, promise](grpc::Status s) {
-                               promise->Set(s.ok() ? absl::OkStatus() : core->Where(s));
-                             });
+                                   [core = core_, call, promise, client, id](grpc::Status s) {
+                                     core->EndRead(core, client, id);
+                                     promise->Set(s.ok() ? absl::OkStatus() : core->Where(s));
+                                   });
   return result;
 }
 

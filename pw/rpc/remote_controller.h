@@ -61,6 +61,15 @@ class RemoteController final : public ControllerInterface {
     std::unique_ptr<::pathways::v1::Controller::Stub> stub;
     mutable pw::Mutex mu;
     absl::flat_hash_map<ClientId, std::string> keys ABSL_GUARDED_BY(mu);
+    // Buffers with FetchArray/ArrayReady calls in flight. A ReleaseArray meanwhile is sent once
+    // they have finished, so (as in process) a read started before a release completes.
+    struct Reads {
+      int pending = 0;
+      bool release = false;
+    };
+    absl::flat_hash_map<std::pair<ClientId, BufferId>, Reads> reads ABSL_GUARDED_BY(mu);
+    void BeginRead(ClientId client, BufferId id);
+    void EndRead(const std::shared_ptr<Core>& self, ClientId client, BufferId id);
     // A context carrying the token and `client`'s key.
     void Prepare(grpc::ClientContext* ctx, ClientId client) const;
     absl::Status Where(const grpc::Status& s) const;

@@ -55,7 +55,7 @@ class GrpcClusterTest : public ::testing::Test {
  protected:
   void Start(int islands, int hosts, int devices, ControllerServer::Options o = {},
              bool worker_processes = false) {
-    spec_ = *ClusterSpec::Uniform(islands, hosts, devices, device_memory_);
+    spec_ = *ClusterSpec::Uniform(islands, hosts, devices);
     auto c = ControllerServer::Start(spec_, o);
     ASSERT_TRUE(c.ok()) << c.status();
     controller_ = *std::move(c);
@@ -77,7 +77,6 @@ class GrpcClusterTest : public ::testing::Test {
     ASSERT_TRUE(r.ok()) << r.status();
     remote_ = *std::move(r);
   }
-  int64_t device_memory_ = ClusterSpec::kDefaultDeviceMemory;
   void TearDown() override {
     remote_.reset();
     controller_.reset();  // First: it closes the workers' command streams.
@@ -254,31 +253,6 @@ TEST_F(GrpcClusterTest, ClientThatGoesAwayIsDisconnectedAndItsBuffersFreed) {
   // Its slices were released too: both devices can be taken again.
   auto id = *remote_->Connect("next");
   EXPECT_TRUE(remote_->AllocateSlice(id, {.num_devices = 2}).ok());
-}
-
-TEST_F(GrpcClusterTest, DisconnectCancelsRunsThatHaveNotLaunched) {
-  device_memory_ = 16;  // Room for four f32 scalars per device.
-  Start(1, 2, 1);
-  auto conn = *rpc::RemoteController::Dial(controller_->address(), {});
-  {
-    auto c = *Client::Connect(conn.get(), "c");
-    Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
-    NativeFunctionBuilder b("inc");
-    int x = b.Input({DType::kF32, Shape({})});
-    BoundFunction f = *c->Pmap(b.Build({b.Op("add_scalar", {x}, {{"value", 1.0}})}), s);
-    Array in = *c->Put(F32({0, 0}), s.info().id, Sharding::Split({2}, 1, 0));
-    std::vector<Array> held, queued;
-    for (int i = 0; i < 3; ++i) held.push_back((*f.Call({in}))[0]);  // Device memory now full.
-    for (auto& h : held) ASSERT_TRUE(h.Ready().status().ok());
-    for (int i = 0; i < 10; ++i) queued.push_back((*f.Call({in}))[0]);  // Wait for memory.
-    EXPECT_FALSE(queued[0].Ready().AwaitFor(absl::Milliseconds(100)));
-    c.reset();  // Disconnects: its waiting runs are cancelled on the workers, then freed.
-  }
-  ExpectNothingLeft();
-  // Every shard of the ten waiting runs (one per device) was cancelled, none ran.
-  size_t cancelled = 0;
-  for (const auto& h : remote_->Status().hosts) cancelled += h.cancelled_shards;
-  EXPECT_EQ(cancelled, 20u);
 }
 
 TEST_F(GrpcClusterTest, MalformedTruncatedAndOversizedMessagesGetErrors) {
