@@ -108,46 +108,60 @@ absl::StatusOr<std::vector<DispatchBenchResult>> RunDispatchBenchOn(ControllerIn
     PW_ASSIGN_OR_RETURN(HostArray h0, HostArray::Of<float>(DType::kF32, Shape({n}), zeros));
     PW_ASSIGN_OR_RETURN(Array x0, client->Put(h0, slice.info().id, Sharding::Split({n}, 1, 0)));
     PW_RETURN_IF_ERROR(x0.Ready().status());
-    for (DispatchMode mode : {DispatchMode::kParallel, DispatchMode::kSequential}) {
-      for (const Workload& w : workloads) {
-        if (!o.only.empty() && w.name != o.only) continue;
-        const std::string what = absl::StrCat(w.name, "/", DispatchModeName(mode));
-        // Warm up (compiles, plans, caches), and check the result.
-        PW_ASSIGN_OR_RETURN(Array warm, w.run(x0, mode));
-        PW_RETURN_IF_ERROR(Check(warm, static_cast<float>(o.chain), what));
-        // Issue iterations back to back, each starting from the previous output, with at most
-        // kWindow in flight so the queues stay short and the measurement ends on time.
-        constexpr int kWindow = 2;
-        std::deque<Array> in_flight;
-        int iters = 0;
-        auto start = Clock::now();
-        double elapsed = 0;
-        Array x = x0;
-        while (iters < o.min_iterations || elapsed < o.min_seconds) {
-          PW_ASSIGN_OR_RETURN(x, w.run(x, mode));
-          ++iters;
-          in_flight.push_back(x);
-          if (in_flight.size() > kWindow) {
-            PW_RETURN_IF_ERROR(in_flight.front().Ready().status());
-            in_flight.pop_front();
+    // Each workload and mode in `rounds` interleaved rounds (so a burst of noise on this shared
+    // machine hits them alike); each keeps its best round.
+    const int rounds = std::max(1, o.rounds);
+    for (int round = 0; round < rounds; ++round) {
+      size_t slot = 0;
+      for (DispatchMode mode : {DispatchMode::kParallel, DispatchMode::kSequential}) {
+        for (const Workload& w : workloads) {
+          if (!o.only.empty() && w.name != o.only) continue;
+          const std::string what = absl::StrCat(w.name, "/", DispatchModeName(mode));
+          if (round == 0) {
+            // Warm up (compiles, plans, caches), and check the result.
+            PW_ASSIGN_OR_RETURN(Array warm, w.run(x0, mode));
+            PW_RETURN_IF_ERROR(Check(warm, static_cast<float>(o.chain), what));
           }
+          // Issue iterations back to back, each starting from the previous output, with at
+          // most kWindow in flight so the queues stay short and the measurement ends on time.
+          constexpr int kWindow = 2;
+          std::deque<Array> in_flight;
+          int iters = 0;
+          auto start = Clock::now();
+          double elapsed = 0;
+          Array x = x0;
+          while (iters < o.min_iterations || elapsed < o.min_seconds / rounds) {
+            PW_ASSIGN_OR_RETURN(x, w.run(x, mode));
+            ++iters;
+            in_flight.push_back(x);
+            if (in_flight.size() > kWindow) {
+              PW_RETURN_IF_ERROR(in_flight.front().Ready().status());
+              in_flight.pop_front();
+            }
+            elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+          }
+          in_flight.clear();
+          PW_RETURN_IF_ERROR(x.Ready().status());
           elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+          PW_RETURN_IF_ERROR(Check(x, static_cast<float>(o.chain) * iters, what));
+          DispatchBenchResult r;
+          r.workload = w.name;
+          r.dispatch = std::string(DispatchModeName(mode));
+          r.hosts = o.hosts;
+          r.devices_per_host = o.devices_per_host;
+          r.computations = static_cast<int64_t>(iters) * o.chain;
+          r.seconds = elapsed;
+          r.computations_per_second = r.computations / elapsed;
+          std::fprintf(stderr,
+                       "dispatch bench: round %d %-20s %10.0f computations/s (%d x %d in %.2fs)\n",
+                       round + 1, what.c_str(), r.computations_per_second, iters, o.chain, elapsed);
+          if (round == 0) {
+            results.push_back(r);
+          } else if (r.computations_per_second > results[slot].computations_per_second) {
+            results[slot] = r;
+          }
+          ++slot;
         }
-        in_flight.clear();
-        PW_RETURN_IF_ERROR(x.Ready().status());
-        elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-        PW_RETURN_IF_ERROR(Check(x, static_cast<float>(o.chain) * iters, what));
-        DispatchBenchResult r;
-        r.workload = w.name;
-        r.dispatch = std::string(DispatchModeName(mode));
-        r.hosts = o.hosts;
-        r.devices_per_host = o.devices_per_host;
-        r.computations = static_cast<int64_t>(iters) * o.chain;
-        r.seconds = elapsed;
-        r.computations_per_second = r.computations / elapsed;
-        std::fprintf(stderr, "dispatch bench: %-20s %10.0f computations/s (%d x %d in %.2fs)\n",
-                     what.c_str(), r.computations_per_second, iters, o.chain, elapsed);
-        results.push_back(r);
       }
     }
   }
@@ -188,6 +202,7 @@ std::string DispatchBenchJson(const DispatchBenchOptions& o,
       {"cluster", o.cluster.empty() ? "embedded" : o.cluster},
       {"islands", o.islands},
       {"chain", o.chain},
+      {"rounds", o.rounds},
       {"chained_over_fused", cps("chained", "parallel") / cps("fused", "parallel")},
       {"chained_over_opbyop", cps("chained", "parallel") / cps("opbyop", "parallel")},
       {"chained_parallel_over_sequential",

@@ -19,7 +19,8 @@ struct DispatchBenchOptions {
   int hosts = 4;             // In all, spread evenly over the islands.
   int devices_per_host = 2;
   int chain = 128;
-  double min_seconds = 0.5;  // Per workload and mode.
+  double min_seconds = 0.5;  // Per workload and mode, over all rounds.
+  int rounds = 3;            // Interleaved rounds; each workload and mode reports its best.
   int min_iterations = 3;
   std::string only;  // Run just this workload (opbyop | chained | fused); all when empty.
   std::string cluster;  // Address of the cluster it ran on (for the JSON); empty: embedded.

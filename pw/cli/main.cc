@@ -106,6 +106,7 @@ int main(int argc, char** argv) {
   dispatch->add_option("--devices-per-host", bo.devices_per_host, "Devices per host");
   dispatch->add_option("--chain", bo.chain, "Computations per chain");
   dispatch->add_option("--min-seconds", bo.min_seconds, "Minimum time per measurement");
+  dispatch->add_option("--rounds", bo.rounds, "Interleaved rounds; each measurement keeps its best");
   dispatch->add_option("--only", bo.only, "Run one workload: opbyop, chained or fused")
       ->check(CLI::IsMember({"opbyop", "chained", "fused"}));
   dispatch->add_flag("--json", json, "Print one JSON object to stdout");

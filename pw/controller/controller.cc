@@ -473,8 +473,10 @@ void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin, Promis
                            const absl::Status& s) {
   Free(buffers_.Unpin(unpin));
   {
+    // Workers keep records of cancelled and failed runs (so late work and collective inputs of
+    // them are dropped); now they can go.
     pw::MutexLock cancel(&cancel_mu_);
-    if (cancelled_.erase(run) > 0)
+    if (cancelled_.erase(run) > 0 || !s.ok())
       for (WorkerInterface* w : AllWorkers()) w->ForgetRuns({run});
   }
   run_done.Set(s);

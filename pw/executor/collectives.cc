@@ -126,7 +126,9 @@ void Collectives::Deliver(const CollectiveKey& key, int rank, std::string input)
   std::shared_ptr<Rendezvous> r;
   {
     pw::MutexLock lock(&mu_);
-    if (failed_launches_.contains(std::make_pair(key.run, key.node))) return;
+    if (failed_launches_.contains(std::make_pair(key.run, key.node)) ||
+        forgotten_.contains(key.run))
+      return;
     auto it = pending_.find(key);
     if (it == pending_.end()) {
       early_[key].emplace_back(rank, std::move(input));
@@ -195,6 +197,29 @@ void Collectives::AbortPending(
     if (r->Claim()) r->Publish(reason);
     pw::MutexLock wake(&r->remote_mu);  // Re-evaluates a cross-process wait's condition.
   }
+}
+
+void Collectives::ForgetRun(int64_t run) {
+  pw::MutexLock lock(&mu_);
+  for (auto it = failed_launches_.begin(); it != failed_launches_.end();) {
+    if (it->first.first == run) failed_launches_.erase(it++);
+    else ++it;
+  }
+  for (auto it = early_.begin(); it != early_.end();) {
+    if (it->first.run == run) early_.erase(it++);
+    else ++it;
+  }
+  if (!forgotten_.insert(run).second) return;
+  forgotten_order_.push_back(run);
+  if (forgotten_order_.size() > kForgottenRuns) {
+    forgotten_.erase(forgotten_order_.front());
+    forgotten_order_.pop_front();
+  }
+}
+
+size_t Collectives::records() const {
+  pw::MutexLock lock(&mu_);
+  return failed_launches_.size() + early_.size();
 }
 
 size_t Collectives::pending() const {

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -78,7 +79,13 @@ class Collectives {
   // With peers, the processes holding other `devices` of the launch are told too.
   void FailLaunch(int64_t run, int32_t node, const absl::Status& reason,
                   absl::Span<const DeviceId> devices = {});
+  // Run `run` has ended everywhere: drops its failure records and early inputs, and drops
+  // inputs for it that still arrive (the last kForgottenRuns forgotten runs are remembered).
+  void ForgetRun(int64_t run);
+  static constexpr size_t kForgottenRuns = 4096;
   size_t pending() const;
+  // Failure records and early inputs held (what ForgetRun drops).
+  size_t records() const;
 
   // Set once, before any Run, in a process that holds only some devices of a cluster.
   void SetPeers(CollectivePeers* peers) { peers_ = peers; }
@@ -129,6 +136,8 @@ class Collectives {
   // Inputs from other processes that arrived before any local shard of their collective.
   absl::flat_hash_map<CollectiveKey, std::vector<std::pair<int, std::string>>> early_
       ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<int64_t> forgotten_ ABSL_GUARDED_BY(mu_);
+  std::deque<int64_t> forgotten_order_ ABSL_GUARDED_BY(mu_);  // Oldest first.
   CollectivePeers* peers_ = nullptr;
 };
 

@@ -34,7 +34,8 @@ class WorkerInterface {
   // fails with `reason` instead of running; collectives it would join are failed for the other
   // shards. Already launched computations finish. Ordered with Dispatch like DeleteBuffers.
   virtual void CancelRuns(const std::vector<RunId>& runs, const absl::Status& reason) = 0;
-  // The runs have ended everywhere: drops their cancellation records.
+  // The runs (cancelled or failed) have ended everywhere: drops their cancellation and
+  // collective failure records.
   virtual void ForgetRuns(const std::vector<RunId>& runs) = 0;
   // Told for every device of the cluster: the owner fails the device's work, every worker aborts
   // its collectives that include the device.

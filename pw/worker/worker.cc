@@ -394,6 +394,7 @@ void Worker::CancelRuns(const std::vector<RunId>& runs, const absl::Status& reas
 }
 
 void Worker::ForgetRuns(const std::vector<RunId>& runs) {
+  for (RunId r : runs) collectives_->ForgetRun(r.value());
   pw::MutexLock lock(&cancel_mu_);
   for (RunId r : runs) cancelled_.erase(r);
   num_cancelled_.store(cancelled_.size(), std::memory_order_release);
