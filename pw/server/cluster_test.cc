@@ -405,3 +405,23 @@ TEST_F(GrpcClusterTest, KilledWorkerFailsItsRunsOthersContinueAndItRejoins) {
 
 }  // namespace
 }  // namespace pw::server
+
+namespace pw::server {
+namespace {
+
+// `pw down` signals only processes that are still the cluster's: a recorded pid that now
+// belongs to another process (here: this test) is left alone.
+TEST(LocalClusterTest, StopNeverSignalsAProcessThatIsNotTheClusters) {
+  LocalClusterState s;
+  s.address = "127.0.0.1:1";
+  s.state_dir = ::testing::TempDir() + "/pw-reused-pids";
+  std::filesystem::create_directories(s.state_dir);
+  s.controller_pid = getpid();
+  s.worker_pids = {getpid()};
+  EXPECT_FALSE(IsClusterProcess(getpid(), s));
+  EXPECT_TRUE(StopLocalCluster(s, absl::Milliseconds(100)).ok());
+  EXPECT_TRUE(ProcessAlive(getpid()));  // Still here: nothing was sent.
+}
+
+}  // namespace
+}  // namespace pw::server

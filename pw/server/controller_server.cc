@@ -81,8 +81,10 @@ absl::StatusOr<v1::RegisterWorkerResponse> ControllerServer::RegisterWorker(
     pw::MutexLock lock(&mu_);
     auto it = members_.find(host);
     rejoin = it != members_.end();
-    // The replaced worker's shared-memory mailbox outlives a killed process: remove it.
-    if (rejoin && it->second.machine == name && it->second.data_address.rfind("/pw-mbox-", 0) == 0)
+    // The replaced worker's shared-memory mailbox outlives a killed process: remove it (unless
+    // the same process registers again with the same, live mailbox).
+    if (rejoin && it->second.machine == name && it->second.data_address != req.data_address() &&
+        it->second.data_address.rfind("/pw-mbox-", 0) == 0)
       shm_unlink(it->second.data_address.c_str());
   }
   // A host registering again replaces its old worker (which may not have been noticed dead yet).

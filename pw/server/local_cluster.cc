@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -138,7 +139,8 @@ absl::StatusOr<int> SpawnDetached(const std::vector<std::string>& argv, const st
 absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
                                                      const LaunchOptions& o) {
   PW_ASSIGN_OR_RETURN(std::string dir, StateDir());
-  if (absl::StatusOr<LocalClusterState> old = LoadState(); old.ok() && ProcessAlive(old->controller_pid))
+  if (absl::StatusOr<LocalClusterState> old = LoadState();
+      old.ok() && IsClusterProcess(old->controller_pid, *old))
     return absl::AlreadyExistsError(absl::StrCat("a cluster started by pw up is running at ",
                                                  old->address, " (pw down stops it)"));
   LocalClusterState s;
@@ -199,15 +201,29 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
   return s;
 }
 
+bool IsClusterProcess(int pid, const LocalClusterState& s) {
+  if (!ProcessAlive(pid)) return false;
+  absl::StatusOr<std::string> cmdline = ReadFile(absl::StrCat("/proc/", pid, "/cmdline"));
+  if (!cmdline.ok()) return false;
+  // Arguments are NUL-separated; ours name this cluster's address file or address.
+  std::vector<std::string> args = absl::StrSplit(*cmdline, '\0');
+  auto has = [&](absl::string_view a) { return std::find(args.begin(), args.end(), a) != args.end(); };
+  if (pid == s.controller_pid) return has("controller") && has(s.state_dir + "/controller.address");
+  return has("worker") && has(s.address);
+}
+
 absl::Status StopLocalCluster(const LocalClusterState& s, absl::Duration grace) {
-  if (!s.address.empty() && ProcessAlive(s.controller_pid)) {
+  // Only processes that are still this cluster's are signalled (a pid may have been reused).
+  std::vector<int> pids;
+  for (int pid : s.worker_pids)
+    if (IsClusterProcess(pid, s)) pids.push_back(pid);
+  const bool controller = IsClusterProcess(s.controller_pid, s);
+  if (!s.address.empty() && controller) {
     auto c = rpc::RemoteController::Dial(s.address, {.token = s.cluster_token}, absl::Seconds(2));
     if (c.ok()) (void)(*c)->Shutdown();
   }
-  std::vector<int> pids = s.worker_pids;
-  for (int pid : pids)
-    if (ProcessAlive(pid)) kill(pid, SIGTERM);
-  pids.push_back(s.controller_pid);
+  for (int pid : pids) kill(pid, SIGTERM);
+  if (controller) pids.push_back(s.controller_pid);
   const absl::Time deadline = absl::Now() + grace;
   std::vector<int> stuck;
   for (int pid : pids) {
@@ -229,7 +245,7 @@ std::string ClusterAddress(const std::string& flag) {
   if (!flag.empty()) return flag;
   if (const char* env = std::getenv("PW_CLUSTER"); env != nullptr && *env != '\0') return env;
   absl::StatusOr<LocalClusterState> s = LoadState();
-  if (s.ok() && ProcessAlive(s->controller_pid)) return s->address;
+  if (s.ok() && IsClusterProcess(s->controller_pid, *s)) return s->address;
   return "";
 }
 

@@ -47,6 +47,9 @@ std::string ClusterAddress(const std::string& flag);
 
 // Whether process `pid` is alive (not a zombie).
 bool ProcessAlive(int pid);
+// Whether `pid` is alive and still the controller or a worker of cluster `s` (by its command
+// line), not another process that reused the pid.
+bool IsClusterProcess(int pid, const LocalClusterState& s);
 // Starts `argv` in a new session with stdout/stderr appended to `log`; returns its pid.
 absl::StatusOr<int> SpawnDetached(const std::vector<std::string>& argv, const std::string& log);
 
