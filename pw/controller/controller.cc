@@ -475,13 +475,18 @@ void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin, Promis
   {
     // Workers keep records of cancelled and failed runs (so late work and collective inputs of
     // them are dropped); now they can go.
+    // The run stops being its client's under cancel_mu_, so a Disconnect cannot cancel it after
+    // this (its record would never be forgotten).
     pw::MutexLock cancel(&cancel_mu_);
+    {
+      pw::MutexLock lock(&mu_);
+      run_owner_.erase(run);
+    }
     if (cancelled_.erase(run) > 0 || !s.ok())
       for (WorkerInterface* w : AllWorkers()) w->ForgetRuns({run});
   }
   run_done.Set(s);
   pw::MutexLock lock(&mu_);
-  run_owner_.erase(run);
   --runs_in_flight_;
   ++runs_completed_;
 }

@@ -164,6 +164,7 @@ void Collectives::FailLaunch(int64_t run, int32_t node, const absl::Status& reas
                              absl::Span<const DeviceId> devices) {
   {
     pw::MutexLock lock(&mu_);
+    if (forgotten_.contains(run)) return;  // A late failure of a run that has ended.
     // A repeat with devices still tells the peers (the first may have come without them).
     if (!failed_launches_.emplace(std::make_pair(run, node), reason).second && devices.empty())
       return;

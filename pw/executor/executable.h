@@ -51,6 +51,10 @@ class Executable {
     Future<std::vector<DeviceBufferRef>> outputs;
     Future<> computed;
   };
+  // Whether a launch's shards may be skipped independently: false when the shards meet in a
+  // rendezvous the runtime cannot abort (an SPMD executable's partitions inside the backend), so
+  // once one shard has launched, the others must too.
+  virtual bool shards_skippable() const { return true; }
   virtual Run Launch(const ShardLaunch& launch) const {
     Future<std::vector<DeviceBufferRef>> f = ExecuteShard(launch);
     return {f, AsStatusFuture(f)};

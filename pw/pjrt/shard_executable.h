@@ -45,6 +45,7 @@ class PjrtShardExecutable final : public Executable {
   Future<std::vector<DeviceBufferRef>> ExecuteShard(const ShardLaunch& launch) const override;
   // Outputs as soon as the partition is enqueued on its PJRT device.
   Run Launch(const ShardLaunch& launch) const override;
+  bool shards_skippable() const override { return exe_->num_partitions() <= 1; }
 
  private:
   PjrtShardExecutable(std::shared_ptr<PjrtBackend> backend,

@@ -26,9 +26,14 @@ ControllerService::ControllerService(ControllerInterface* controller,
 }
 
 grpc::ServerUnaryReactor* ControllerService::Offload(grpc::CallbackServerContext* ctx,
-                                                     absl::AnyInvocable<absl::Status() &&> fn) {
+                                                     absl::AnyInvocable<absl::Status() &&> fn,
+                                                     bool membership) {
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-  const size_t i = next_blocking_.fetch_add(1, std::memory_order_relaxed) % blocking_.size();
+  // Queue 0 is membership's alone: a worker (re)joining never waits behind client calls stuck
+  // on a hung worker.
+  const size_t i =
+      membership ? 0
+                 : 1 + next_blocking_.fetch_add(1, std::memory_order_relaxed) % (blocking_.size() - 1);
   blocking_[i]->Post([r, fn = std::move(fn)]() mutable { r->Finish(ToGrpc(std::move(fn)())); });
   return r;
 }
@@ -272,11 +277,14 @@ grpc::ServerUnaryReactor* ControllerService::RegisterWorker(
                           req->protocol_version(), " but this controller speaks version ",
                           kProtocolVersion)));
   }
-  return Offload(ctx, [this, req, resp] {
-    auto r = membership_->RegisterWorker(*req);
-    if (r.ok()) *resp = *std::move(r);
-    return r.status();
-  });
+  return Offload(
+      ctx,
+      [this, req, resp] {
+        auto r = membership_->RegisterWorker(*req);
+        if (r.ok()) *resp = *std::move(r);
+        return r.status();
+      },
+      /*membership=*/true);
 }
 
 grpc::ServerUnaryReactor* ControllerService::Heartbeat(grpc::CallbackServerContext* ctx,

@@ -86,7 +86,8 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   // the call: for handlers whose controller call waits on RPCs to workers, which must not hold
   // gRPC's callback threads (in one process, the workers' replies may need them).
   grpc::ServerUnaryReactor* Offload(grpc::CallbackServerContext* ctx,
-                                    absl::AnyInvocable<absl::Status() &&> fn);
+                                    absl::AnyInvocable<absl::Status() &&> fn,
+                                    bool membership = false);
 
   ControllerInterface* const controller_;
   ClusterMembership* const membership_;

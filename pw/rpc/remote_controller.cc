@@ -199,40 +199,45 @@ absl::StatusOr<ArrayInfo> RemoteController::PutArray(ClientId client, SliceId sl
   return FromProto(resp);
 }
 
-void RemoteController::Core::BeginRead(ClientId client, BufferId id) {
+bool RemoteController::Core::BeginRead(ClientId client, BufferId id) {
   pw::MutexLock lock(&mu);
-  ++reads[{client, id}].pending;
+  Reads& r = reads[{client, id}];
+  if (r.releases > 0) return false;
+  ++r.pending;
+  return true;
 }
 
 void RemoteController::Core::EndRead(const std::shared_ptr<Core>& self, ClientId client,
                                      BufferId id) {
+  int releases = 0;
   {
     pw::MutexLock lock(&mu);
     auto it = reads.find({client, id});
     if (it == reads.end() || --it->second.pending > 0) return;
-    const bool release = it->second.release;
+    releases = it->second.releases;
     reads.erase(it);
-    if (!release) return;
   }
-  // The deferred release (its caller was already told OK).
+  // The deferred releases (their callers were already told OK; an error has no one to go to).
   struct Call {
     grpc::ClientContext ctx;
     v1::ArrayRequest req;
     v1::Empty resp;
   };
-  auto call = std::make_shared<Call>();
-  Prepare(&call->ctx, client);
-  call->req.set_client(client.value());
-  call->req.set_buffer(id.value());
-  stub->async()->ReleaseArray(&call->ctx, &call->req, &call->resp,
-                              [self, call](grpc::Status) {});
+  for (int i = 0; i < releases; ++i) {
+    auto call = std::make_shared<Call>();
+    Prepare(&call->ctx, client);
+    call->req.set_client(client.value());
+    call->req.set_buffer(id.value());
+    stub->async()->ReleaseArray(&call->ctx, &call->req, &call->resp,
+                                [self, call](grpc::Status) {});
+  }
 }
 
 absl::Status RemoteController::ReleaseArray(ClientId client, BufferId id) {
   {
     pw::MutexLock lock(&core_->mu);
     if (auto it = core_->reads.find({client, id}); it != core_->reads.end()) {
-      it->second.release = true;
+      ++it->second.releases;
       return absl::OkStatus();
     }
   }
@@ -299,7 +304,9 @@ Future<HostArray> RemoteController::FetchArray(ClientId client, BufferId id) {
   call->req.set_buffer(id.value());
   auto promise = std::make_shared<Promise<HostArray>>();
   Future<HostArray> result = promise->future();
-  core_->BeginRead(client, id);
+  if (!core_->BeginRead(client, id))
+    return Future<HostArray>::Ready(absl::NotFoundError(
+        absl::StrCat(id.ToString(), " was released by ", client.ToString())));
   core_->stub->async()->FetchArray(&call->ctx, &call->req, &call->resp,
                                    [core = core_, call, promise, client, id](grpc::Status s) {
                                      core->EndRead(core, client, id);
@@ -316,7 +323,9 @@ Future<> RemoteController::ArrayReady(ClientId client, BufferId id) {
   call->req.set_buffer(id.value());
   auto promise = std::make_shared<Promise<>>();
   Future<> result = promise->future();
-  core_->BeginRead(client, id);
+  if (!core_->BeginRead(client, id))
+    return Future<>::Ready(absl::NotFoundError(
+        absl::StrCat(id.ToString(), " was released by ", client.ToString())));
   core_->stub->async()->ArrayReady(&call->ctx, &call->req, &call->resp,
                                    [core = core_, call, promise, client, id](grpc::Status s) {
                                      core->EndRead(core, client, id);

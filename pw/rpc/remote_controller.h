@@ -65,10 +65,12 @@ class RemoteController final : public ControllerInterface {
     // they have finished, so (as in process) a read started before a release completes.
     struct Reads {
       int pending = 0;
-      bool release = false;
+      int releases = 0;  // ReleaseArray calls deferred (a buffer may have several handles).
     };
     absl::flat_hash_map<std::pair<ClientId, BufferId>, Reads> reads ABSL_GUARDED_BY(mu);
-    void BeginRead(ClientId client, BufferId id);
+    // False if a release of the buffer is already deferred (the read must fail as it would in
+    // process: the handle is gone).
+    bool BeginRead(ClientId client, BufferId id);
     void EndRead(const std::shared_ptr<Core>& self, ClientId client, BufferId id);
     // A context carrying the token and `client`'s key.
     void Prepare(grpc::ClientContext* ctx, ClientId client) const;

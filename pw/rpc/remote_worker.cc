@@ -109,7 +109,7 @@ RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOption
     : host_(host),
       address_(std::move(address)),
       options_(options),
-      same_machine_(same_machine),
+      arena_(same_machine ? std::make_shared<ShmArena>() : nullptr),
       channel_(MakeChannel(address_, options)),
       stub_(v1::Worker::NewStub(channel_)) {}
 
@@ -322,13 +322,19 @@ namespace {
 // Reads one shard's chunks into a host-memory buffer.
 class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
  public:
+  // `arena`: this reader's reusable segments for a peer on this machine (null otherwise).
   FetchCall(v1::Worker::Stub* stub, const std::string& token, BufferId id, DeviceId device,
-            bool shared_memory, std::string where, Promise<DeviceBufferRef> promise)
-      : device_(device), where_(std::move(where)), promise_(std::move(promise)) {
+            std::shared_ptr<ShmArena> arena, std::string where, Promise<DeviceBufferRef> promise)
+      : device_(device),
+        where_(std::move(where)),
+        promise_(std::move(promise)),
+        arena_(std::move(arena)) {
     AddToken(&ctx_, token);
     req_.set_buffer(id.value());
     req_.set_device(device.value());
-    req_.set_shared_memory(shared_memory);
+    req_.set_shared_memory(arena_ != nullptr);
+    if (arena_ != nullptr && (segment_ = arena_->Take()) != nullptr)
+      req_.set_shm_dest(segment_->name());
     stub->async()->FetchShard(&ctx_, &req_, this);
     StartRead(&chunk_);
     StartCall();
@@ -346,6 +352,9 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
     absl::Status status = error_.ok() ? FromGrpc(s) : error_;
     if (status.ok() && (buffer_ == nullptr || offset_ != static_cast<size_t>(buffer_->size_bytes())))
       status = absl::DataLossError(absl::StrCat("shard stream ended after ", offset_, " bytes"));
+    if (segment_ != nullptr) arena_->Give(std::move(segment_));
+    // The shard came in a fresh segment: next time one of the pool's can take it.
+    if (status.ok() && used_fresh_segment_) arena_->Grow(offset_).IgnoreError();
     if (status.ok()) {
       promise_.Set(DeviceBufferRef(std::move(buffer_)));
     } else {
@@ -362,10 +371,25 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
       buffer_ = HostDeviceBuffer::Create(spec, device_);
     }
     const size_t size = static_cast<size_t>(buffer_->size_bytes());
+    if (chunk_.in_dest()) {
+      if (offset_ != 0 || segment_ == nullptr || segment_->capacity() < size)
+        return absl::DataLossError("shard stream: the shard is said to be in a segment it cannot be in");
+      std::memcpy(buffer_->mutable_data(), segment_->data(), size);
+      offset_ = size;
+      return absl::OkStatus();
+    }
+    if (!chunk_.dest_error().empty() && segment_ != nullptr) {
+      // The writer could not use our segment (gone from its view, or too small): a too-small one
+      // goes back to the pool; one it cannot open is dropped.
+      if (segment_->capacity() >= size) arena_->Discard(segment_);
+      else arena_->Give(segment_);
+      segment_ = nullptr;
+    }
     if (!chunk_.shm_name().empty()) {
       if (offset_ != 0) return absl::DataLossError("shard stream: segment after data");
       PW_RETURN_IF_ERROR(ReadSharedMemory(chunk_.shm_name(), buffer_->mutable_data(), size));
       offset_ = size;
+      used_fresh_segment_ = true;
       return absl::OkStatus();
     }
     if (chunk_.data().size() > size - offset_)
@@ -385,13 +409,16 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
   std::shared_ptr<HostDeviceBuffer> buffer_;
   size_t offset_ = 0;
   absl::Status error_;
+  const std::shared_ptr<ShmArena> arena_;
+  std::shared_ptr<ShmSegment> segment_;  // Taken from arena_ for this fetch, if any.
+  bool used_fresh_segment_ = false;
 };
 }  // namespace
 
 Future<DeviceBufferRef> RemoteWorker::FetchShard(BufferId id, DeviceId device) {
   Promise<DeviceBufferRef> p;
   Future<DeviceBufferRef> f = p.future();
-  new FetchCall(stub_.get(), options_.token, id, device, same_machine_,
+  new FetchCall(stub_.get(), options_.token, id, device, arena_,
                 absl::StrCat("fetching ", id.ToString(), " on ", device.ToString(), " from ",
                              host_.ToString(), " at ", address_),
                 std::move(p));

@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "pw/base/mutex.h"
 #include "pw/rpc/auth.h"
+#include "pw/rpc/shm_arena.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
 #include "pw/transport/worker_interface.h"
 
@@ -68,7 +69,8 @@ class RemoteWorker final : public WorkerInterface {
   const HostId host_;
   const std::string address_;
   const ChannelOptions options_;
-  const bool same_machine_;
+  // Reusable segments for fetching from a worker on this machine (null: another machine).
+  const std::shared_ptr<ShmArena> arena_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<::pathways::v1::Worker::Stub> stub_;
 

@@ -274,6 +274,8 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
       return;
     }
     shared_memory_ = req.shared_memory();
+    shm_dest_ = req.shm_dest();
+    arena_writer_ = &service->arena_writer_;
     if (req.buffer() < 0 || req.device() < 0) {
       End(absl::InvalidArgumentError("fetch shard: negative buffer or device id"));
       return;
@@ -382,12 +384,30 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
 
   void WriteNext() {
     const size_t total = static_cast<size_t>(spec_.size_bytes());
+    if (shared_memory_ && chunks_ == 0 && !shm_dest_.empty()) {  // Into the reader's segment.
+      absl::Status s = arena_writer_->Write(shm_dest_, data_, total);
+      if (s.ok()) {
+        chunk_.Clear();
+        ToProto(spec_, chunk_.mutable_spec());
+        chunk_.set_in_dest(true);
+        offset_ = total;
+        ++chunks_;
+        {
+          pw::MutexLock lock(&state_->mu);
+          if (state_->finished || state_->ending) return;
+          state_->writing = true;
+        }
+        return StartWrite(&chunk_);
+      }
+      dest_error_ = s.ToString();  // Told to the reader with the fallback below.
+    }
     if (shared_memory_ && chunks_ == 0) {  // One chunk naming a segment with every byte.
       absl::StatusOr<std::string> name = WriteSharedMemory(data_, total);
       if (!name.ok()) return End(name.status());
       chunk_.Clear();
       ToProto(spec_, chunk_.mutable_spec());
       chunk_.set_shm_name(*name);
+      if (!dest_error_.empty()) chunk_.set_dest_error(dest_error_);
       shm_name_ = *name;
       offset_ = total;
       ++chunks_;
@@ -434,6 +454,9 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
   int chunks_ = 0;  // An empty shard still sends one chunk (with the spec).
   bool shared_memory_ = false;
   std::string shm_name_;  // The segment sent, if any.
+  std::string shm_dest_;  // The reader's segment to write into, if any.
+  std::string dest_error_;
+  ShmWriterCache* arena_writer_ = nullptr;
   v1::ShardChunk chunk_;
 };
 

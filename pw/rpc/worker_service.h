@@ -19,6 +19,7 @@
 #include "pw/executor/collectives.h"
 #include "pw/rpc/auth.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
+#include "pw/rpc/shm_arena.h"
 #include "pw/transport/worker_interface.h"
 
 namespace pw::rpc {
@@ -66,6 +67,7 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   Collectives* const collectives_;
   const std::string token_;
   const std::function<void(DeviceId)> on_restore_;
+  ShmWriterCache arena_writer_;  // Readers' arena segments that shard streams write into.
   pw::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<const HostProgram>> programs_ ABSL_GUARDED_BY(mu_);
 };

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -39,7 +40,8 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 absl::Status WriteFile(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   {
-    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    unlink(tmp.c_str());  // A leftover could have other permissions, or be a link.
+    const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
     if (fd < 0) return absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", std::strerror(errno)));
     size_t done = 0;
     while (done < text.size()) {
@@ -153,8 +155,8 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
   // The processes' shared secret, in their environment only (not on command lines).
   s.cluster_token = rpc::NewSecret();
   setenv("PW_CLUSTER_TOKEN", s.cluster_token.c_str(), 1);
+  absl::Cleanup forget_token = [] { unsetenv("PW_CLUSTER_TOKEN"); };  // On every return.
   auto fail = [&](absl::Status error) -> absl::Status {
-    unsetenv("PW_CLUSTER_TOKEN");
     (void)StopLocalCluster(s, absl::Seconds(2));
     return Annotate(error, absl::StrCat("pw up (logs in ", dir, ")"));
   };
@@ -181,7 +183,7 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
     s.worker_pids.push_back(*pid);
   }
   PW_RETURN_IF_ERROR(SaveState(s));
-  unsetenv("PW_CLUSTER_TOKEN");
+  std::move(forget_token).Invoke();
   // Ready when every host's worker has registered.
   auto controller = rpc::RemoteController::Dial(s.address, {.token = o.token}, absl::Seconds(10));
   if (!controller.ok()) return fail(controller.status());

@@ -173,6 +173,10 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
              memory = std::move(memory), outputs = std::move(outputs),
              shard_done = done](const absl::Status& health) mutable {
           absl::Status s = health;
+          // A cancelled run's shard fails before waiting for memory or inputs (unless its
+          // shards cannot be skipped one by one: then cancellation leaves it alone).
+          const bool skippable = exe->shards_skippable();
+          if (s.ok() && skippable) s = Cancelled(work->run);
           for (size_t k = 0; s.ok() && k < memory.size(); ++k) s = memory[k].status();
           // The store entries hold the reservations from here on; dropping ours now means the
           // memory is free as soon as the run deletes its buffers, not when this closure dies.
@@ -187,7 +191,7 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
               s = v.status();
             }
           }
-          if (s.ok()) s = Cancelled(work->run);
+          if (s.ok() && skippable) s = Cancelled(work->run);
           if (s.ok()) {
             launch.key = {work->run.value(), node.node, 0};
             launch.rank = rank;

@@ -166,7 +166,7 @@ def main(argv=None) -> int:
         results.append(row)
 
     out = {"benchmark": "xla-overhead", "chain": args.chain, "min_seconds": args.min_seconds,
-           "rounds": args.rounds,
+           "rounds": args.rounds, "statistic": "best round of each contender",
            "jax_backend": args.jax_backend, "pjrt_plugin": plugin, "results": results}
     if args.json:
         print(json.dumps(out))

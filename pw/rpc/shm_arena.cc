@@ -1,0 +1,174 @@
+#include "pw/rpc/shm_arena.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+
+namespace pw::rpc {
+namespace {
+
+constexpr absl::string_view kPrefix = "/pw-arena-";
+
+absl::Status Errno(absl::string_view what, const std::string& name) {
+  return absl::InternalError(
+      absl::StrCat("shared memory ", name, ": ", what, ": ", std::strerror(errno)));
+}
+
+}  // namespace
+
+ShmSegment::~ShmSegment() {
+  if (data_ != nullptr) munmap(data_, capacity_);
+}
+
+ShmArena::ShmArena(size_t max_segments, size_t max_bytes)
+    : max_segments_(max_segments), max_bytes_(max_bytes) {}
+
+ShmArena::~ShmArena() {
+  pw::MutexLock lock(&mu_);
+  for (const std::string& n : names_) shm_unlink(n.c_str());
+}
+
+std::shared_ptr<ShmSegment> ShmArena::Take() {
+  pw::MutexLock lock(&mu_);
+  if (free_.empty()) return nullptr;
+  auto it = std::max_element(free_.begin(), free_.end(), [](const auto& a, const auto& b) {
+    return a->capacity() < b->capacity();
+  });
+  std::shared_ptr<ShmSegment> s = std::move(*it);
+  free_.erase(it);
+  return s;
+}
+
+void ShmArena::Give(std::shared_ptr<ShmSegment> segment) {
+  pw::MutexLock lock(&mu_);
+  free_.push_back(std::move(segment));
+}
+
+void ShmArena::Unlink(const std::string& name) {
+  shm_unlink(name.c_str());
+  names_.erase(std::remove(names_.begin(), names_.end(), name), names_.end());
+}
+
+void ShmArena::Discard(const std::shared_ptr<ShmSegment>& segment) {
+  pw::MutexLock lock(&mu_);
+  bytes_ -= segment->capacity();
+  Unlink(segment->name());
+}
+
+absl::Status ShmArena::Grow(size_t size) {
+  size_t capacity = size_t{1} << 20;
+  while (capacity < size) capacity <<= 1;
+  {
+    pw::MutexLock lock(&mu_);
+    // Room: drop the smallest free segments while over a limit.
+    std::sort(free_.begin(), free_.end(),
+              [](const auto& a, const auto& b) { return a->capacity() > b->capacity(); });
+    while ((names_.size() + 1 > max_segments_ || bytes_ + capacity > max_bytes_) &&
+           !free_.empty()) {
+      bytes_ -= free_.back()->capacity();
+      Unlink(free_.back()->name());
+      free_.pop_back();
+    }
+    if (names_.size() + 1 > max_segments_ || bytes_ + capacity > max_bytes_)
+      return absl::ResourceExhaustedError("shared-memory arena is full");
+    bytes_ += capacity;  // Reserved; given back below on failure.
+  }
+  static std::atomic<uint64_t> counter{0};
+  static const uint32_t salt = std::random_device()();
+  const std::string name = absl::StrFormat("%s%d-%08x-%d", kPrefix, getpid(), salt, counter++);
+  auto undo = [&](absl::Status s) {
+    pw::MutexLock lock(&mu_);
+    bytes_ -= capacity;
+    return s;
+  };
+  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  if (fd < 0) return undo(Errno("shm_open", name));
+  void* p = MAP_FAILED;
+  if (ftruncate(fd, static_cast<off_t>(capacity)) == 0)
+    p = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  const absl::Status error = p == MAP_FAILED ? Errno("ftruncate/mmap", name) : absl::OkStatus();
+  close(fd);
+  if (!error.ok()) {
+    shm_unlink(name.c_str());
+    return undo(error);
+  }
+  std::shared_ptr<ShmSegment> segment(new ShmSegment(name, static_cast<char*>(p), capacity));
+  pw::MutexLock lock(&mu_);
+  names_.push_back(name);
+  free_.push_back(std::move(segment));
+  return absl::OkStatus();
+}
+
+ShmWriterCache::ShmWriterCache(size_t max_mappings) : max_mappings_(max_mappings) {}
+
+absl::Status ShmWriterCache::Write(const std::string& name, const void* data, size_t size) {
+  if (!absl::StartsWith(name, kPrefix) || name.find('/', 1) != std::string::npos)
+    return absl::InvalidArgumentError(absl::StrCat("not a pathways arena segment: ", name));
+  std::shared_ptr<ShmSegment> segment;
+  {
+    pw::MutexLock lock(&mu_);
+    if (auto it = by_name_.find(name); it != by_name_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      segment = *it->second;
+    }
+  }
+  if (segment == nullptr) {
+    const int fd = shm_open(name.c_str(), O_RDWR, 0);
+    if (fd < 0) {
+      return errno == ENOENT ? absl::NotFoundError(absl::StrCat("shared memory ", name, " is gone"))
+                             : Errno("shm_open", name);
+    }
+    struct stat st;
+    void* p = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_size > 0)
+      p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return Errno("fstat/mmap", name);
+    segment.reset(new ShmSegment(name, static_cast<char*>(p), static_cast<size_t>(st.st_size)));
+    pw::MutexLock lock(&mu_);
+    if (!by_name_.contains(name)) {
+      lru_.push_front(segment);
+      by_name_[name] = lru_.begin();
+      if (lru_.size() > max_mappings_) {
+        by_name_.erase(lru_.back()->name());
+        lru_.pop_back();  // Unmapped once no Write still uses it.
+      }
+    }
+  }
+  if (segment->capacity() < size)
+    return absl::InvalidArgumentError(absl::StrCat("shared memory ", name, " holds ",
+                                                   segment->capacity(), " bytes, need ", size));
+  std::memcpy(segment->data(), data, size);
+  return absl::OkStatus();
+}
+
+void RemoveStaleArenas() {
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) return;
+  const std::string prefix(kPrefix.substr(1));
+  while (dirent* e = readdir(dir)) {
+    absl::string_view n = e->d_name;
+    if (!absl::ConsumePrefix(&n, prefix)) continue;
+    int pid = 0;
+    if (!absl::SimpleAtoi(n.substr(0, n.find('-')), &pid) || pid <= 0) continue;
+    if (kill(pid, 0) != 0 && errno == ESRCH) shm_unlink(absl::StrCat("/", e->d_name).c_str());
+  }
+  closedir(dir);
+}
+
+}  // namespace pw::rpc

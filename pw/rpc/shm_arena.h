@@ -1,0 +1,89 @@
+// Reusable shared-memory segments for shards moving between workers on one machine.
+//
+// A fresh segment per transfer costs page allocation and faults on both sides (slow in VMs).
+// Instead the reader keeps a small pool of segments (ShmArena) and names a free one in its
+// FetchShard request; the serving worker maps it once (ShmWriterCache), copies the shard in,
+// and the reader copies it out and returns the segment to its pool. When no segment fits, the
+// old path (a fresh segment per transfer) is used and the pool grows to the size seen.
+//
+// Thread-safe. Segment names are "/pw-arena-<pid>-<salt>-<n>", never reused; the reader unlinks
+// its segments when the pool goes away, and RemoveStaleArenas() removes those of dead processes.
+#pragma once
+
+#include <cstddef>
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "pw/base/mutex.h"
+
+namespace pw::rpc {
+
+// One mapped segment (unmapped when the last reference goes).
+class ShmSegment {
+ public:
+  ~ShmSegment();
+  const std::string& name() const { return name_; }
+  char* data() const { return data_; }
+  size_t capacity() const { return capacity_; }
+
+ private:
+  friend class ShmArena;
+  friend class ShmWriterCache;
+  ShmSegment(std::string name, char* data, size_t capacity)
+      : name_(std::move(name)), data_(data), capacity_(capacity) {}
+  const std::string name_;
+  char* const data_;
+  const size_t capacity_;
+};
+
+class ShmArena {
+ public:
+  explicit ShmArena(size_t max_segments = 8, size_t max_bytes = size_t{1} << 30);
+  ~ShmArena();  // Unlinks every segment it made.
+  ShmArena(const ShmArena&) = delete;
+  ShmArena& operator=(const ShmArena&) = delete;
+
+  // Takes the largest free segment out of the pool (nullptr if none is free).
+  std::shared_ptr<ShmSegment> Take();
+  // Returns a taken segment to the pool.
+  void Give(std::shared_ptr<ShmSegment> segment);
+  // Adds a segment of at least `size` bytes for later transfers, if the limits allow (dropping
+  // smaller free ones to make room). Errors are not fatal: transfers fall back.
+  absl::Status Grow(size_t size);
+  // Forgets (and unlinks) a segment the writer could not use.
+  void Discard(const std::shared_ptr<ShmSegment>& segment);
+
+ private:
+  void Unlink(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const size_t max_segments_;
+  const size_t max_bytes_;
+  pw::Mutex mu_;
+  std::vector<std::shared_ptr<ShmSegment>> free_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> names_ ABSL_GUARDED_BY(mu_);  // Every live segment made here.
+  size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The writer's side: readers' segments mapped by name, the most recently used kept mapped.
+class ShmWriterCache {
+ public:
+  explicit ShmWriterCache(size_t max_mappings = 32);
+  // Copies `size` bytes of `data` to the start of segment `name`. NotFound if it no longer
+  // exists; InvalidArgument if the name is not an arena's or the segment is too small.
+  absl::Status Write(const std::string& name, const void* data, size_t size);
+
+ private:
+  const size_t max_mappings_;
+  pw::Mutex mu_;
+  std::list<std::shared_ptr<ShmSegment>> lru_ ABSL_GUARDED_BY(mu_);  // Most recent first.
+  absl::flat_hash_map<std::string, std::list<std::shared_ptr<ShmSegment>>::iterator> by_name_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// Unlinks arena segments whose creating process is gone (e.g. killed with SIGKILL).
+void RemoveStaleArenas();
+
+}  // namespace pw::rpc
