@@ -129,11 +129,14 @@ absl::StatusOr<std::vector<TransferBenchResult>> RunTransferBench(const Transfer
   // One host with one device whose memory holds the largest shard.
   PW_ASSIGN_OR_RETURN(ClusterSpec spec, ClusterSpec::Uniform(1, 1, 1, 2 * largest + (1 << 20)));
   PW_ASSIGN_OR_RETURN(auto controller, server::ControllerServer::Start(spec, {}));
-  PW_ASSIGN_OR_RETURN(auto worker, server::WorkerServer::Start(
-                                       {.controller = controller->address(), .host = HostId(0)}));
+  // The readers are peers, so they present the cluster token as workers do.
+  const rpc::ChannelOptions peer{.token = controller->cluster_token()};
+  PW_ASSIGN_OR_RETURN(auto worker,
+                      server::WorkerServer::Start(
+                          {.controller = controller->address(), .host = HostId(0), .channel = peer}));
   // Readers: a peer on this machine (shared memory) and one on another (TCP stream).
-  rpc::RemoteWorker ici(HostId(0), worker->address(), {}, /*same_machine=*/true);
-  rpc::RemoteWorker dcn(HostId(0), worker->address(), {}, /*same_machine=*/false);
+  rpc::RemoteWorker ici(HostId(0), worker->address(), peer, /*same_machine=*/true);
+  rpc::RemoteWorker dcn(HostId(0), worker->address(), peer, /*same_machine=*/false);
   RawTcp tcp;
   PW_RETURN_IF_ERROR(tcp.Open());
 
