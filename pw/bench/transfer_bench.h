@@ -16,7 +16,8 @@ namespace pw {
 
 struct TransferBenchOptions {
   std::vector<int64_t> sizes;  // Bytes; default 1 KiB ... 256 MiB in powers of 4.
-  double min_seconds = 0.2;    // Per measurement.
+  double min_seconds = 0.2;    // Per measurement, over all rounds.
+  int rounds = 3;              // Interleaved rounds; each measurement keeps its best.
   int min_iterations = 3;
 };
 

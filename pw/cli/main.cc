@@ -119,6 +119,7 @@ int main(int argc, char** argv) {
   pw::TransferBenchOptions to;
   transfer->add_option("--sizes", to.sizes, "Sizes in bytes (default 1 KiB ... 256 MiB)");
   transfer->add_option("--min-seconds", to.min_seconds, "Minimum time per measurement");
+  transfer->add_option("--rounds", to.rounds, "Interleaved rounds; each measurement keeps its best");
   transfer->add_flag("--json", json, "Print one JSON object to stdout");
 
   // Python: it compares against JAX's own dispatch in the same process (python/pathways).

@@ -53,8 +53,10 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
                                        const ::pathways::v1::CollectiveContribution* req,
                                        ::pathways::v1::Empty* resp) override;
 
-  // Chunk size of FetchShard streams.
-  static constexpr size_t kChunkBytes = size_t{4} << 20;
+  // Chunk size of FetchShard streams: chunks that stay in cache while protobuf and gRPC copy
+  // them (measured on 64 MiB transfers: 1 MiB and 512 KiB reach 0.8-0.95 of raw TCP, 4 MiB
+  // ~0.7, 16 MiB ~0.5, 256 KiB ~0.4).
+  static constexpr size_t kChunkBytes = size_t{1} << 20;
 
  private:
   class CommandStream;
