@@ -274,8 +274,12 @@ TEST_P(ClusterTest, BackPressureWaitsForMemoryAndNeverFitFails) {
   Future<> ready = (*blocked)[0].Ready();
   EXPECT_FALSE(ready.AwaitFor(absl::Milliseconds(200)));
   size_t waiters = 0;
-  for (const auto& h : controller().Status().hosts)
-    for (const auto& d : h.devices) waiters += d.memory_waiters;
+  const absl::Time deadline = absl::Now() + kDeadlockTimeout;
+  while (waiters != 2 && absl::Now() < deadline) {  // Both devices' reservations wait.
+    waiters = 0;
+    for (const auto& h : controller().Status().hosts)
+      for (const auto& d : h.devices) waiters += d.memory_waiters;
+  }
   EXPECT_EQ(waiters, 2u);
   held.pop_back();  // Frees 4 bytes per device.
   ASSERT_TRUE(ready.AwaitFor(kDeadlockTimeout));
