@@ -179,6 +179,9 @@ int ClusterCommands::Status() {
   j["logical_buffers"] = st->logical_buffers();
   j["scheduler_queue_depth"] = std::vector<int64_t>(st->scheduler_queue_depth().begin(),
                                                     st->scheduler_queue_depth().end());
+  j["running"] = nlohmann::json::array();  // Oldest first; at most kMaxRunningListed.
+  for (const auto& r : st->running())
+    j["running"].push_back({{"run", r.run()}, {"client", r.client()}, {"program", r.program()}});
   int64_t ici = 0, dcn = 0;
   j["hosts"] = nlohmann::json::array();
   for (const auto& m : st->members()) {
@@ -217,6 +220,12 @@ int ClusterCommands::Status() {
   std::printf("transfers received: ICI %s, DCN %s; scheduler queues:", Bytes(ici).c_str(),
               Bytes(dcn).c_str());
   for (int64_t q : st->scheduler_queue_depth()) std::printf(" %lld", (long long)q);
+  if (st->running_size() > 0) {
+    std::printf("\nrunning:");
+    for (const auto& r : st->running())
+      std::printf(" run:%lld '%s' (client:%lld)", (long long)r.run(), r.program().c_str(),
+                  (long long)r.client());
+  }
   std::printf("\n%-6s %-7s %-22s %-6s %-10s %-8s %s\n", "host", "island", "address", "alive",
               "buffers", "dispatch", "devices (memory in use / capacity, queue, executed)");
   for (const auto& h : j["hosts"]) {

@@ -150,7 +150,7 @@ absl::Status Controller::Disconnect(ClientId client) {
     {
       pw::MutexLock lock(&mu_);
       for (const auto& [run, owner] : run_owner_)
-        if (owner == client) runs.push_back(run);
+        if (owner.client == client) runs.push_back(run);
     }
     if (!runs.empty()) {
       const absl::Status why =
@@ -409,7 +409,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
     pw::MutexLock lock(&mu_);
     run = RunId(next_run_++);
     ++runs_in_flight_;
-    run_owner_[run] = client;
+    run_owner_[run] = {client, lp.name};
   }
   // Allocate every buffer the run produces; outputs get client handles, all get a run pin.
   Promise<> run_done;
@@ -627,7 +627,12 @@ ClusterStatus Controller::Status() {
     s.runs_in_flight = static_cast<size_t>(runs_in_flight_);
     s.runs_completed = runs_completed_;
     for (const auto& sched : schedulers_) s.scheduler_queue_depth.push_back(sched->queue_depth());
+    for (const auto& [run, owner] : run_owner_) s.running.push_back({run, owner.client, owner.program});
   }
+  std::sort(s.running.begin(), s.running.end(),
+            [](const auto& a, const auto& b) { return a.run < b.run; });
+  if (s.running.size() > ClusterStatus::kMaxRunningListed)
+    s.running.resize(ClusterStatus::kMaxRunningListed);
   for (WorkerInterface* w : workers) s.hosts.push_back(w->Status());
   std::sort(s.hosts.begin(), s.hosts.end(),
             [](const HostStatus& a, const HostStatus& b) { return a.host < b.host; });

@@ -112,7 +112,11 @@ class Controller final : public ControllerInterface {
   std::vector<std::unique_ptr<IslandScheduler>> schedulers_ ABSL_GUARDED_BY(mu_);
   int64_t next_run_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t runs_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<RunId, ClientId> run_owner_ ABSL_GUARDED_BY(mu_);  // Runs in flight.
+  struct RunOwner {
+    ClientId client;
+    std::string program;
+  };
+  absl::flat_hash_map<RunId, RunOwner> run_owner_ ABSL_GUARDED_BY(mu_);  // Runs in flight.
   int64_t runs_completed_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Held while handing one run's subgraphs to their islands' schedulers, so that runs spanning

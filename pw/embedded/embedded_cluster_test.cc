@@ -281,6 +281,11 @@ TEST_P(ClusterTest, BackPressureWaitsForMemoryAndNeverFitFails) {
       for (const auto& d : h.devices) waiters += d.memory_waiters;
   }
   EXPECT_EQ(waiters, 2u);
+  // Status lists the waiting run (through the transport under test), naming its program.
+  ClusterStatus st = api()->Status();
+  ASSERT_EQ(st.running.size(), 1u);
+  EXPECT_EQ(st.running[0].client, c->id());
+  EXPECT_TRUE(absl::StrContains(st.running[0].program, "inc")) << st.running[0].program;
   held.pop_back();  // Frees 4 bytes per device.
   ASSERT_TRUE(ready.AwaitFor(kDeadlockTimeout));
   EXPECT_EQ(Values((*blocked)[0]), (std::vector<float>{1, 1}));

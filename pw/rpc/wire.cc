@@ -555,6 +555,12 @@ void ToProto(const ClusterStatus& c, v1::ClusterStatus* out) {
   out->set_runs_completed(c.runs_completed);
   out->mutable_scheduler_queue_depth()->Assign(c.scheduler_queue_depth.begin(),
                                                c.scheduler_queue_depth.end());
+  for (const auto& r : c.running) {
+    v1::RunningProgram* o = out->add_running();
+    o->set_run(r.run.value());
+    o->set_client(r.client.value());
+    o->set_program(r.program);
+  }
 }
 
 absl::StatusOr<ClusterStatus> FromProto(const v1::ClusterStatus& p) {
@@ -568,6 +574,11 @@ absl::StatusOr<ClusterStatus> FromProto(const v1::ClusterStatus& p) {
     PW_ASSIGN_OR_RETURN(size_t depth, Count(p.scheduler_queue_depth(i),
                                             absl::StrCat("scheduler_queue_depth[", i, "]")));
     c.scheduler_queue_depth.push_back(depth);
+  }
+  for (const v1::RunningProgram& r : p.running()) {
+    PW_ASSIGN_OR_RETURN(RunId run, IdOf<RunId>(r.run(), "running run"));
+    PW_ASSIGN_OR_RETURN(ClientId client, IdOf<ClientId>(r.client(), "running client"));
+    c.running.push_back({run, client, r.program()});
   }
   return c;
 }

@@ -44,6 +44,13 @@ struct ClusterStatus {
   size_t runs_in_flight = 0;
   int64_t runs_completed = 0;
   std::vector<size_t> scheduler_queue_depth;  // Per island.
+  struct Running {
+    RunId run;
+    ClientId client;
+    std::string program;
+  };
+  std::vector<Running> running;  // Runs in flight, oldest first (at most kMaxRunningListed).
+  static constexpr size_t kMaxRunningListed = 64;
 };
 
 class ControllerInterface {
