@@ -157,18 +157,23 @@ absl::Status ShmWriterCache::Write(const std::string& name, const void* data, si
   return absl::OkStatus();
 }
 
-void RemoveStaleArenas() {
+int RemoveStaleSegments() {
   DIR* dir = opendir("/dev/shm");
-  if (dir == nullptr) return;
-  const std::string prefix(kPrefix.substr(1));
+  if (dir == nullptr) return 0;
+  int removed = 0;
   while (dirent* e = readdir(dir)) {
+    // Arena segments, mailboxes and one-transfer segments: "pw-[arena-|mbox-]<pid>-...".
     absl::string_view n = e->d_name;
-    if (!absl::ConsumePrefix(&n, prefix)) continue;
+    if (!absl::ConsumePrefix(&n, "pw-")) continue;
+    if (!absl::ConsumePrefix(&n, "arena-")) absl::ConsumePrefix(&n, "mbox-");
     int pid = 0;
     if (!absl::SimpleAtoi(n.substr(0, n.find('-')), &pid) || pid <= 0) continue;
-    if (kill(pid, 0) != 0 && errno == ESRCH) shm_unlink(absl::StrCat("/", e->d_name).c_str());
+    if (kill(pid, 0) != 0 && errno == ESRCH &&
+        shm_unlink(absl::StrCat("/", e->d_name).c_str()) == 0)
+      ++removed;
   }
   closedir(dir);
+  return removed;
 }
 
 }  // namespace pw::rpc

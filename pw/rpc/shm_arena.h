@@ -7,7 +7,7 @@
 // old path (a fresh segment per transfer) is used and the pool grows to the size seen.
 //
 // Thread-safe. Segment names are "/pw-arena-<pid>-<salt>-<n>", never reused; the reader unlinks
-// its segments when the pool goes away, and RemoveStaleArenas() removes those of dead processes.
+// its segments when the pool goes away, and RemoveStaleSegments() removes those of dead processes.
 #pragma once
 
 #include <cstddef>
@@ -83,7 +83,8 @@ class ShmWriterCache {
       ABSL_GUARDED_BY(mu_);
 };
 
-// Unlinks arena segments whose creating process is gone (e.g. killed with SIGKILL).
-void RemoveStaleArenas();
+// Unlinks pathways segments (arenas, mailboxes, one-transfer segments) whose creating process
+// is gone (e.g. killed with SIGKILL); returns how many.
+int RemoveStaleSegments();
 
 }  // namespace pw::rpc

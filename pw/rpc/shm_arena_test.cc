@@ -1,8 +1,13 @@
 #include "pw/rpc/shm_arena.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstring>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pw::rpc {
@@ -38,6 +43,22 @@ TEST(ShmArenaTest, LimitsAndDiscardedSegments) {
   arena.Discard(held);  // Unlinked: a writer that never mapped it cannot open it.
   EXPECT_TRUE(absl::IsNotFound(writer.Write(held->name(), "x", 1)));
   EXPECT_TRUE(arena.Grow(1 << 20).ok());  // Room again.
+}
+
+TEST(ShmArenaTest, StaleSegmentsOfDeadProcessesAreRemoved) {
+  // A pid that cannot be alive (above the kernel's maximum), and ours.
+  const std::string dead = "/pw-mbox-2147483640-test", live = absl::StrCat("/pw-arena-", getpid(), "-test");
+  for (const std::string& n : {dead, live}) {
+    const int fd = shm_open(n.c_str(), O_CREAT | O_RDWR, 0600);
+    ASSERT_GE(fd, 0) << n;
+    close(fd);
+  }
+  EXPECT_GE(RemoveStaleSegments(), 1);
+  EXPECT_LT(shm_open(dead.c_str(), O_RDONLY, 0), 0) << "the dead process's segment is still there";
+  const int fd = shm_open(live.c_str(), O_RDONLY, 0);
+  EXPECT_GE(fd, 0) << "a live process's segment was removed";
+  if (fd >= 0) close(fd);
+  shm_unlink(live.c_str());
 }
 
 }  // namespace

@@ -33,7 +33,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
         "a worker needs the cluster token (--cluster-token or PW_CLUSTER_TOKEN) that its "
         "controller was given or printed");
   std::unique_ptr<WorkerServer> s(new WorkerServer(std::move(options)));
-  rpc::RemoveStaleArenas();  // Segments of killed workers on this machine.
+  rpc::RemoveStaleSegments();  // Segments of killed workers on this machine.
   auto channel = rpc::MakeChannel(s->options_.controller, s->options_.channel);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(10))))
     return absl::UnavailableError(
