@@ -354,7 +354,8 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
       status = absl::DataLossError(absl::StrCat("shard stream ended after ", offset_, " bytes"));
     if (segment_ != nullptr) arena_->Give(std::move(segment_));
     // The shard came in a fresh segment: next time one of the pool's can take it.
-    if (status.ok() && used_fresh_segment_) arena_->Grow(offset_).IgnoreError();
+    if (status.ok() && used_fresh_segment_ && !writer_cannot_open_)
+      arena_->Grow(offset_).IgnoreError();
     if (status.ok()) {
       promise_.Set(DeviceBufferRef(std::move(buffer_)));
     } else {
@@ -381,8 +382,12 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
     if (!chunk_.dest_error().empty() && segment_ != nullptr) {
       // The writer could not use our segment (gone from its view, or too small): a too-small one
       // goes back to the pool; one it cannot open is dropped.
-      if (segment_->capacity() >= size) arena_->Discard(segment_);
-      else arena_->Give(segment_);
+      if (segment_->capacity() >= size) {
+        arena_->Discard(segment_);
+        writer_cannot_open_ = true;  // Growing the pool would not help this reader.
+      } else {
+        arena_->Give(segment_);
+      }
       segment_ = nullptr;
     }
     if (!chunk_.shm_name().empty()) {
@@ -412,6 +417,7 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
   const std::shared_ptr<ShmArena> arena_;
   std::shared_ptr<ShmSegment> segment_;  // Taken from arena_ for this fetch, if any.
   bool used_fresh_segment_ = false;
+  bool writer_cannot_open_ = false;
 };
 }  // namespace
 

@@ -384,37 +384,27 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
 
   void WriteNext() {
     const size_t total = static_cast<size_t>(spec_.size_bytes());
-    if (shared_memory_ && chunks_ == 0 && !shm_dest_.empty()) {  // Into the reader's segment.
-      absl::Status s = arena_writer_->Write(shm_dest_, data_, total);
-      if (s.ok()) {
-        chunk_.Clear();
-        ToProto(spec_, chunk_.mutable_spec());
-        chunk_.set_in_dest(true);
-        offset_ = total;
-        ++chunks_;
-        {
-          pw::MutexLock lock(&state_->mu);
-          if (state_->finished || state_->ending) return;
-          state_->writing = true;
-        }
-        return StartWrite(&chunk_);
-      }
-      dest_error_ = s.ToString();  // Told to the reader with the fallback below.
-    }
-    if (shared_memory_ && chunks_ == 0) {  // One chunk naming a segment with every byte.
-      absl::StatusOr<std::string> name = WriteSharedMemory(data_, total);
-      if (!name.ok()) return End(name.status());
+    if (shared_memory_ && chunks_ == 0) {  // One chunk: the reader's segment, or a fresh one.
       chunk_.Clear();
       ToProto(spec_, chunk_.mutable_spec());
-      chunk_.set_shm_name(*name);
-      if (!dest_error_.empty()) chunk_.set_dest_error(dest_error_);
-      shm_name_ = *name;
+      const absl::Status in_dest = shm_dest_.empty()
+                                       ? absl::NotFoundError("no segment offered")
+                                       : arena_writer_->Write(shm_dest_, data_, total);
+      if (in_dest.ok()) {
+        chunk_.set_in_dest(true);
+      } else {
+        if (!shm_dest_.empty()) chunk_.set_dest_error(in_dest.ToString());
+        absl::StatusOr<std::string> name = WriteSharedMemory(data_, total);
+        if (!name.ok()) return End(name.status());
+        chunk_.set_shm_name(*name);
+        shm_name_ = *name;
+      }
       offset_ = total;
       ++chunks_;
       {
         pw::MutexLock lock(&state_->mu);
         if (state_->finished || state_->ending) {
-          UnlinkSharedMemory(*name);
+          if (!shm_name_.empty()) UnlinkSharedMemory(shm_name_);
           return;
         }
         state_->writing = true;
@@ -455,7 +445,6 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
   bool shared_memory_ = false;
   std::string shm_name_;  // The segment sent, if any.
   std::string shm_dest_;  // The reader's segment to write into, if any.
-  std::string dest_error_;
   ShmWriterCache* arena_writer_ = nullptr;
   v1::ShardChunk chunk_;
 };
