@@ -190,23 +190,42 @@ PjrtClient::PjrtClient(std::shared_ptr<const PjrtPlugin> plugin, PJRT_Client* cl
 absl::StatusOr<std::unique_ptr<PjrtClient>> PjrtClient::Create(
     std::shared_ptr<const PjrtPlugin> plugin, int cpu_device_count) {
   const PJRT_Api* api = plugin->api();
-  auto create = PW_PJRT_ARGS(PJRT_Client_Create_Args);
-  static constexpr char kDeviceCount[] = "cpu_device_count";
-  auto option = PW_PJRT_ARGS(PJRT_NamedValue);
   if (cpu_device_count < 0)
     return absl::InvalidArgumentError(absl::StrCat("cpu_device_count must be >= 0, got ",
                                                    cpu_device_count));
+  static constexpr char kDeviceCount[] = "cpu_device_count";
+  static constexpr char kAsynchronous[] = "asynchronous";
+  std::vector<PJRT_NamedValue> options;
   if (cpu_device_count > 0) {
-    option.name = kDeviceCount;
-    option.name_size = sizeof(kDeviceCount) - 1;
-    option.type = PJRT_NamedValue_kInt64;
-    option.int64_value = cpu_device_count;
-    option.value_size = 1;
-    create.create_options = &option;
-    create.num_options = 1;
+    auto count = PW_PJRT_ARGS(PJRT_NamedValue);
+    count.name = kDeviceCount;
+    count.name_size = sizeof(kDeviceCount) - 1;
+    count.type = PJRT_NamedValue_kInt64;
+    count.int64_value = cpu_device_count;
+    count.value_size = 1;
+    // Synchronous: a computation whose inputs are ready runs on the calling thread (the
+    // runtime's device executor, which is the device's stream) instead of hopping to the CPU
+    // client's thread pool, which costs a wake-up per computation.
+    auto sync = PW_PJRT_ARGS(PJRT_NamedValue);
+    sync.name = kAsynchronous;
+    sync.name_size = sizeof(kAsynchronous) - 1;
+    sync.type = PJRT_NamedValue_kBool;
+    sync.bool_value = false;
+    sync.value_size = 1;
+    options = {count, sync};
   }
-  PW_RETURN_IF_ERROR(plugin->Consume(api->PJRT_Client_Create(&create),
-                                     absl::StrCat("creating a client of '", plugin->path(), "'")));
+  auto create = PW_PJRT_ARGS(PJRT_Client_Create_Args);
+  create.create_options = options.data();
+  create.num_options = options.size();
+  absl::Status created = plugin->Consume(api->PJRT_Client_Create(&create),
+                                         absl::StrCat("creating a client of '", plugin->path(), "'"));
+  if (!created.ok() && options.size() > 1) {
+    // A CPU plugin without the "asynchronous" option: its default execution mode.
+    create.num_options = 1;
+    created = plugin->Consume(api->PJRT_Client_Create(&create),
+                              absl::StrCat("creating a client of '", plugin->path(), "'"));
+  }
+  PW_RETURN_IF_ERROR(created);
   std::unique_ptr<PjrtClient> c(new PjrtClient(plugin, create.client));
   auto devices = PW_PJRT_ARGS(PJRT_Client_AddressableDevices_Args);
   devices.client = create.client;

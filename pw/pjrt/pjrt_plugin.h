@@ -71,7 +71,9 @@ class PjrtBuffer final : public DeviceBuffer {
 class PjrtClient {
  public:
   // `cpu_device_count` > 0 asks a CPU plugin for that many devices (its "cpu_device_count"
-  // create option; one host's devices of a slice); 0 keeps the plugin's default.
+  // create option; one host's devices of a slice), executing synchronously where the plugin
+  // allows ("asynchronous" = false): a computation whose inputs are ready runs on the thread that
+  // launches it. 0 keeps the plugin's defaults.
   static absl::StatusOr<std::unique_ptr<PjrtClient>> Create(
       std::shared_ptr<const PjrtPlugin> plugin, int cpu_device_count = 0);
   ~PjrtClient();

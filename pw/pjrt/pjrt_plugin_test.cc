@@ -65,6 +65,36 @@ TEST_F(PjrtTest, CpuClientWithOneDevicePerSliceShard) {
   EXPECT_FALSE(PjrtClient::Create(*plugin, -1).ok());
 }
 
+// A client made for a slice's devices runs each computation on the launching thread (the device
+// executor is the device's stream), once its inputs are ready: a chain of launches from a fresh
+// buffer has computed at each return. (An asynchronous client would queue the chain on its own
+// threads, waking one per computation.)
+TEST(PjrtClientTest, CpuClientForDevicesComputesOnTheLaunchingThread) {
+  auto plugin = PjrtPlugin::Load(PW_PJRT_CPU_PLUGIN);
+  ASSERT_TRUE(plugin.ok());
+  auto two = PjrtClient::Create(*plugin, /*cpu_device_count=*/2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  const ArraySpec spec{DType::kF32, Shape({128, 128})};
+  auto exe = (*two)->Compile(
+      "tanh_matmul", ReadFile(std::string(PW_STABLEHLO_TESTDATA) + "/tanh_matmul.mlirbc"), {spec});
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  for (int round = 0; round < 3; ++round) {
+    HostArray zeros{spec, std::vector<uint8_t>(spec.size_bytes())};
+    auto x = (*two)->BufferFromHost(zeros, 1);
+    ASSERT_TRUE(x.ok()) << x.status();
+    std::shared_ptr<PjrtBuffer> y = *x;
+    for (int i = 0; i < 4; ++i) {
+      auto launched = (*exe)->Launch({y}, 1, DeviceId(1));
+      ASSERT_TRUE(launched.ok()) << launched.status();
+      EXPECT_TRUE(launched->computed.IsReady()) << "round " << round << ", launch " << i;
+      y = launched->outputs[0];
+    }
+    std::vector<float> out(128 * 128, 1.f);
+    ASSERT_TRUE(y->CopyToHost(out.data()).Await().ok());
+    EXPECT_EQ(out, std::vector<float>(128 * 128, 0.f));
+  }
+}
+
 TEST_F(PjrtTest, JaxExportCompilesAndRuns) {
   ArraySpec f32_2{DType::kF32, Shape({2})};
   auto exe = client_->Compile("times_two",

@@ -14,7 +14,8 @@
 // outputs, put arrays) are staged through host memory, once per buffer (the staged copy is kept
 // as the buffer's mirror). Outputs are PJRT buffers owned by the plugin, handed on as soon as the
 // computation is enqueued (Launch), so chains of XLA computations queue up inside PJRT; the
-// PJRT execution event is their completion.
+// PJRT execution event is their completion. (The CPU plugin runs synchronously: a computation
+// with ready inputs runs on the device executor's thread, and Launch returns once it has run.)
 //
 // Thread-safe and immutable.
 #pragma once
