@@ -1,5 +1,6 @@
 #include "pw/bench/dispatch_bench.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -158,8 +159,10 @@ absl::StatusOr<std::vector<DispatchBenchResult>> RunDispatchBenchOn(ControllerIn
           if (round == 0) {
             results.push_back(r);
           } else if (r.computations_per_second > results[slot].computations_per_second) {
+            r.round_rates = std::move(results[slot].round_rates);
             results[slot] = r;
           }
+          results[slot].round_rates.push_back(r.computations_per_second);
           ++slot;
         }
       }
@@ -196,23 +199,48 @@ std::string DispatchBenchJson(const DispatchBenchOptions& o,
                             {"overhead_us_per_node", r.overhead_us_per_node}});
   }
   double chained_overhead = 0;
-  for (const auto& r : results)
-    if (r.workload == "chained" && r.dispatch == "parallel") chained_overhead = r.overhead_us_per_node;
+  const DispatchBenchResult* chained = nullptr;
+  const DispatchBenchResult* fused = nullptr;
+  for (const auto& r : results) {
+    if (r.dispatch != "parallel") continue;
+    if (r.workload == "chained") chained_overhead = r.overhead_us_per_node, chained = &r;
+    if (r.workload == "fused") fused = &r;
+  }
+  // Chained's overhead per node in each round against Fused's in the same round (the two run
+  // back to back, so slow drifts of this machine cancel), and the median over rounds.
+  std::vector<double> paired;
+  if (chained != nullptr && fused != nullptr) {
+    for (size_t i = 0; i < chained->round_rates.size() && i < fused->round_rates.size(); ++i)
+      paired.push_back(1e6 / chained->round_rates[i] - 1e6 / fused->round_rates[i]);
+  }
+  double paired_median = 0;
+  if (!paired.empty()) {
+    std::vector<double> sorted = paired;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t m = sorted.size() / 2;
+    paired_median = sorted.size() % 2 == 1 ? sorted[m] : (sorted[m - 1] + sorted[m]) / 2;
+  }
   j["summary"] = {
       {"cluster", o.cluster.empty() ? "embedded" : o.cluster},
       {"islands", o.islands},
       {"chain", o.chain},
       {"rounds", o.rounds},
-      {"statistic", "best round of each workload and mode"},
+      {"statistic",
+       "best round of each workload and mode; chained_overhead_us_per_node_paired_median: "
+       "median over rounds of chained minus fused in the same round"},
       {"chained_over_fused", cps("chained", "parallel") / cps("fused", "parallel")},
       {"chained_over_opbyop", cps("chained", "parallel") / cps("opbyop", "parallel")},
       {"chained_parallel_over_sequential",
        cps("chained", "parallel") / cps("chained", "sequential")},
       {"chained_overhead_us_per_node", chained_overhead},
+      {"chained_overhead_us_per_node_by_round", paired},
+      {"chained_overhead_us_per_node_paired_median", paired_median},
   };
   if (o.loopback_rtt_us > 0) {
     j["summary"]["loopback_rtt_us"] = o.loopback_rtt_us;
     j["summary"]["chained_overhead_over_loopback_rtt"] = chained_overhead / o.loopback_rtt_us;
+    j["summary"]["chained_overhead_paired_median_over_loopback_rtt"] =
+        paired_median / o.loopback_rtt_us;
   }
   return j.dump(2);
 }

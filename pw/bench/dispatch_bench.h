@@ -36,6 +36,7 @@ struct DispatchBenchResult {
   double seconds = 0;
   double computations_per_second = 0;
   double overhead_us_per_node = 0;  // Time per computation beyond Fused's, same dispatch mode.
+  std::vector<double> round_rates;  // computations_per_second of each round, in order.
 };
 
 // On an embedded cluster of o.islands x o.hosts x o.devices_per_host.
