@@ -35,6 +35,7 @@ SPMD_FUNCTIONS = {
     "psum2": (lambda x: jax.lax.psum(x * 2.0, "i"), [VEC3], 2),
     "psum4": (lambda x: jax.lax.psum(x * 2.0, "i"), [VEC3], 4),
     "allgather_sum4": (lambda x: x + jnp.sum(jax.lax.all_gather(x, "i")), [VEC3], 4),
+    "psum2_i32": (lambda x: jax.lax.psum(x, "i"), [jax.ShapeDtypeStruct((3,), jnp.int32)], 2),
 }
 
 

@@ -166,6 +166,42 @@ TEST(XlaSpmdTest, SpmdFunctionSpansHostsOfTheProcess) {
   EXPECT_EQ((*out)[0].ToHost()->values<float>(), want);
 }
 
+// One partition's input fails (integer division by zero on that shard only) while its peer's is
+// fine: the peer, already inside XLA's all-reduce, is not left waiting, neither output is handed
+// on (the peer's would hold a sum without the failed shard), and the slice keeps serving.
+TEST_F(XlaFunctionsTest, SpmdPartitionWithAFailedInputFailsTheWholeLaunch) {
+  Slice s = NewSlice();
+  const ArraySpec i32x3{DType::kS32, Shape({3})};
+  StableHloFunctionDef def = Load("psum2_i32", {i32x3}, {i32x3});
+  def.num_partitions = 2;
+  auto psum = client_->Pmap(def, s);
+  NativeFunctionBuilder nb("divide");
+  int a = nb.Input(i32x3), b = nb.Input(i32x3);
+  auto divide = client_->Pmap(nb.Build({nb.Op("div", {a, b})}), s);
+  ASSERT_TRUE(psum.ok() && divide.ok()) << psum.status() << divide.status();
+  auto f = client_->Trace("divide_then_psum", {{DType::kS32, Shape({2, 3})},
+                                               {DType::kS32, Shape({2, 3})}},
+                          [&](std::vector<Value> v) {
+                            return std::vector<Value>{(*psum)((*divide)(v)[0])};
+                          });
+  ASSERT_TRUE(f.ok()) << f.status();
+  const auto x = *HostArray::Of<int32_t>(DType::kS32, Shape({2, 3}), {2, 4, 6, 8, 10, 12});
+  const auto bad = *HostArray::Of<int32_t>(DType::kS32, Shape({2, 3}), {2, 2, 2, 0, 2, 2});
+  const auto good = *HostArray::Of<int32_t>(DType::kS32, Shape({2, 3}), {2, 2, 2, 2, 2, 2});
+  for (int i = 0; i < 2; ++i) {
+    auto out = f->Call({x, bad});
+    ASSERT_TRUE(out.ok()) << out.status();
+    absl::Status st = (*out)[0].Ready().status();
+    EXPECT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("integer division by zero"), std::string::npos) << st;
+    auto y = f->Call({x, good});
+    ASSERT_TRUE(y.ok()) << y.status();
+    auto h = (*y)[0].ToHost();
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(h->template values<int32_t>(), (std::vector<int32_t>{5, 7, 9, 5, 7, 9}));
+  }
+}
+
 TEST_F(XlaFunctionsTest, SpmdFunctionBindsOnlyToSlicesOfItsPartitionCount) {
   Slice s = NewSlice();  // 2 devices.
   auto wrong = client_->Pmap(LoadSpmd("psum4", 4), s);

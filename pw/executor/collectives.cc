@@ -179,6 +179,12 @@ void Collectives::FailLaunch(int64_t run, int32_t node, const absl::Status& reas
   });
 }
 
+absl::Status Collectives::LaunchFailure(int64_t run, int32_t node) const {
+  pw::MutexLock lock(&mu_);
+  auto it = failed_launches_.find(std::make_pair(run, node));
+  return it == failed_launches_.end() ? absl::OkStatus() : it->second;
+}
+
 void Collectives::AbortPending(
     const absl::Status& reason,
     absl::FunctionRef<bool(const CollectiveKey&, const Rendezvous&)> matches) {

@@ -79,6 +79,8 @@ class Collectives {
   // With peers, the processes holding other `devices` of the launch are told too.
   void FailLaunch(int64_t run, int32_t node, const absl::Status& reason,
                   absl::Span<const DeviceId> devices = {});
+  // The failure FailLaunch recorded for launch (run, node); OK if none.
+  absl::Status LaunchFailure(int64_t run, int32_t node) const;
   // Run `run` has ended everywhere: drops its failure records and early inputs, and drops
   // inputs for it that still arrive (the last kForgottenRuns forgotten runs are remembered).
   void ForgetRun(int64_t run);

@@ -1,6 +1,7 @@
 #include "pw/worker/worker.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
@@ -156,7 +157,13 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
       memory.push_back(std::move(mem));
       outputs.push_back(std::move(p));
     }
-    if (!setup.ok()) {
+    if (!setup.ok() && exe.ok() && device != nullptr && !(*exe)->shards_skippable()) {
+      // An SPMD partition: the device still runs it, as a stand-in on zeros (see below), so its
+      // peers are not left inside XLA's collectives.
+      for (size_t k = outputs.size(); k < c.outputs.size(); ++k)
+        PutFailed(work->buffer(c.outputs[k]), device_id, setup);
+      inputs = {Future<DeviceBufferRef>::Ready(setup)};
+    } else if (!setup.ok()) {
       absl::Status error = Annotate(setup, NodeWhere(*work, node, device_id));
       collectives_->FailLaunch(work->run.value(), node.node, error, c.slice_devices);
       for (auto& p : outputs) p.Set(error);
@@ -192,7 +199,23 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
             }
           }
           if (s.ok() && skippable) s = Cancelled(work->run);
-          if (s.ok()) {
+          // An SPMD partition whose inputs or memory failed still has peers that launched, and
+          // they wait inside the backend's collectives, which the runtime cannot abort: it runs
+          // on zeros as a stand-in so they complete. The launch is marked failed first, and
+          // partitions of a failed launch fail their outputs instead of handing them on.
+          const bool stand_in = !s.ok() && !skippable && health.ok();
+          if (stand_in) {
+            collectives_->FailLaunch(work->run.value(), node.node,
+                                     Annotate(s, NodeWhere(*work, node, device_id)),
+                                     std::get<ComputeWork>(node.work).slice_devices);
+            launch.inputs.clear();
+            for (const ArraySpec& spec : exe->input_specs()) {
+              auto zeros = HostDeviceBuffer::Create(spec, device_id);
+              std::memset(zeros->mutable_data(), 0, spec.size_bytes());
+              launch.inputs.push_back(std::move(zeros));
+            }
+          }
+          if (s.ok() || stand_in) {
             launch.key = {work->run.value(), node.node, 0};
             launch.rank = rank;
             launch.slice_devices = std::get<ComputeWork>(node.work).slice_devices;
@@ -217,23 +240,39 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
             };
             run.outputs.OnReady(
                 [this, work, &node, device_id, outputs = std::move(outputs),
-                 computed = run.computed, fail,
-                 shard_done](const absl::StatusOr<std::vector<DeviceBufferRef>>& r) mutable {
-                  if (!r.ok()) {
-                    fail(r.status(), &outputs);
-                    in_flight_.count.fetch_sub(1, std::memory_order_release);
+                 computed = run.computed, fail, skippable, shard_done,
+                 stand_in_error = stand_in ? s : absl::OkStatus()](const absl::StatusOr<std::vector<DeviceBufferRef>>& r) mutable {
+                  if (!r.ok() || !stand_in_error.ok()) {
+                    // A stand-in's outputs fail as soon as it has run (its peers need it to).
+                    computed.OnReady([this, fail, outputs = std::move(outputs),
+                                      error = r.ok() ? stand_in_error : r.status()](
+                                         const absl::Status&) mutable {
+                      fail(error, &outputs);
+                      in_flight_.count.fetch_sub(1, std::memory_order_release);
+                    });
                     return;
                   }
-                  for (size_t k = 0; k < outputs.size(); ++k) outputs[k].Set((*r)[k]);
-                  computed.OnReady([this, work, &node, device_id, fail,
-                                    shard_done](const absl::Status& s) {
+                  std::vector<DeviceBufferRef> held;  // Until the launch is known to be whole.
+                  if (skippable) {
+                    for (size_t k = 0; k < outputs.size(); ++k) outputs[k].Set((*r)[k]);
+                    outputs.clear();
+                  } else {
+                    held = *r;
+                  }
+                  computed.OnReady([this, work, &node, device_id, fail, shard_done, skippable,
+                                    outputs = std::move(outputs),
+                                    held = std::move(held)](const absl::Status& done) mutable {
+                    absl::Status s = done;
+                    if (s.ok() && !skippable)
+                      s = collectives_->LaunchFailure(work->run.value(), node.node);
                     if (s.ok()) {
+                      for (size_t k = 0; k < outputs.size(); ++k) outputs[k].Set(held[k]);
                       // Intermediates this node read last: this device's shard can go now.
                       for (int v : std::get<ComputeWork>(node.work).release)
                         store_.DeleteShard(work->buffer(v), device_id);
                       shard_done->Done();
                     } else {
-                      fail(s, nullptr);
+                      fail(s, &outputs);
                     }
                     in_flight_.count.fetch_sub(1, std::memory_order_release);
                   });
