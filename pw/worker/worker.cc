@@ -241,7 +241,8 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
             run.outputs.OnReady(
                 [this, work, &node, device_id, outputs = std::move(outputs),
                  computed = run.computed, fail, skippable, shard_done,
-                 stand_in_error = stand_in ? s : absl::OkStatus()](const absl::StatusOr<std::vector<DeviceBufferRef>>& r) mutable {
+                 stand_in_error = stand_in ? s : absl::OkStatus()](
+                    const absl::StatusOr<std::vector<DeviceBufferRef>>& r) mutable {
                   if (!r.ok() || !stand_in_error.ok()) {
                     // A stand-in's outputs fail as soon as it has run (its peers need it to).
                     computed.OnReady([this, fail, outputs = std::move(outputs),
