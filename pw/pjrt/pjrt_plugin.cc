@@ -217,13 +217,12 @@ absl::StatusOr<std::unique_ptr<PjrtClient>> PjrtClient::Create(
   auto create = PW_PJRT_ARGS(PJRT_Client_Create_Args);
   create.create_options = options.data();
   create.num_options = options.size();
-  absl::Status created = plugin->Consume(api->PJRT_Client_Create(&create),
-                                         absl::StrCat("creating a client of '", plugin->path(), "'"));
+  const std::string what = absl::StrCat("creating a client of '", plugin->path(), "'");
+  absl::Status created = plugin->Consume(api->PJRT_Client_Create(&create), what);
   if (!created.ok() && options.size() > 1) {
     // A CPU plugin without the "asynchronous" option: its default execution mode.
     create.num_options = 1;
-    created = plugin->Consume(api->PJRT_Client_Create(&create),
-                              absl::StrCat("creating a client of '", plugin->path(), "'"));
+    created = plugin->Consume(api->PJRT_Client_Create(&create), what);
   }
   PW_RETURN_IF_ERROR(created);
   std::unique_ptr<PjrtClient> c(new PjrtClient(plugin, create.client));
