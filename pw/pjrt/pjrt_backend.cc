@@ -39,7 +39,11 @@ absl::StatusOr<std::shared_ptr<const PjrtClient>> PjrtBackend::ClientLocked() {
   if (!client.ok()) {
     // Not a CPU plugin (no cpu_device_count option): use its own devices.
     auto plain = PjrtClient::Create(plugin, 0);
-    if (!plain.ok()) return client.status();
+    if (!plain.ok()) {
+      return absl::Status(plain.status().code(),
+                          absl::StrCat(plain.status().message(), " (asking for ", num_devices_,
+                                       " CPU devices: ", client.status().message(), ")"));
+    }
     client = std::move(plain);
   }
   pjrt_devices_.store(std::max(1, std::min(num_devices_, (*client)->num_devices())),
