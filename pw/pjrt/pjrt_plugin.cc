@@ -470,18 +470,29 @@ absl::StatusOr<PjrtExecutable::Launched> PjrtExecutable::Launch(
     s = absl::InternalError(absl::StrCat(where, ": ", output_views.size(), " output views for ",
                                          num_outputs_, " outputs"));
   }
+  // The outputs' specs: asked of the first launch's buffers, then known (shapes are static).
+  absl::call_once(output_specs_once_, [&] {
+    for (size_t o = 0; o < outputs.size() && output_specs_status_.ok(); ++o) {
+      auto type = PW_PJRT_ARGS(PJRT_Buffer_ElementType_Args);
+      type.buffer = outputs[o];
+      auto dims = PW_PJRT_ARGS(PJRT_Buffer_Dimensions_Args);
+      dims.buffer = outputs[o];
+      absl::Status ts = plugin_->Consume(api->PJRT_Buffer_ElementType(&type), where);
+      if (ts.ok()) ts = plugin_->Consume(api->PJRT_Buffer_Dimensions(&dims), where);
+      absl::StatusOr<DType> dtype = ts.ok() ? FromPjrtType(type.type) : absl::StatusOr<DType>(ts);
+      if (!dtype.ok()) {
+        output_specs_status_ = Annotate(dtype.status(), absl::StrCat(where, " output ", o));
+        break;
+      }
+      output_specs_.push_back(
+          {*dtype, Shape(std::vector<int64_t>(dims.dims, dims.dims + dims.num_dims))});
+    }
+  });
+  if (s.ok()) s = output_specs_status_;
   std::vector<std::shared_ptr<PjrtBuffer>> result;
   for (size_t o = 0; o < outputs.size(); ++o) {
     PJRT_Buffer* b = outputs[o];
-    auto type = PW_PJRT_ARGS(PJRT_Buffer_ElementType_Args);
-    type.buffer = b;
-    auto dims = PW_PJRT_ARGS(PJRT_Buffer_Dimensions_Args);
-    dims.buffer = b;
-    absl::Status ts = plugin_->Consume(api->PJRT_Buffer_ElementType(&type), where);
-    if (ts.ok()) ts = plugin_->Consume(api->PJRT_Buffer_Dimensions(&dims), where);
-    absl::StatusOr<DType> dtype = ts.ok() ? FromPjrtType(type.type) : absl::StatusOr<DType>(ts);
-    ArraySpec spec{dtype.ok() ? *dtype : DType::kInvalid,
-                   Shape(std::vector<int64_t>(dims.dims, dims.dims + dims.num_dims))};
+    ArraySpec spec = s.ok() ? output_specs_[o] : ArraySpec{DType::kInvalid, Shape({})};
     ArraySpec view = spec;
     if (s.ok() && !output_views.empty()) {
       view = output_views[o];
@@ -491,7 +502,6 @@ absl::StatusOr<PjrtExecutable::Launched> PjrtExecutable::Launch(
     }
     result.push_back(std::make_shared<PjrtBuffer>(plugin_, b, std::move(view), device,
                                                   device_index, std::move(spec)));
-    if (!dtype.ok() && s.ok()) s = Annotate(dtype.status(), where);
   }
   if (!s.ok()) {
     plugin_->Await(done[0], where).status().IgnoreError();  // Completes and destroys the event.

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -154,6 +155,11 @@ class PjrtExecutable {
   const size_t num_outputs_;
   const std::vector<PJRT_Device*> devices_;
   const int num_partitions_;
+  // The outputs' PJRT specs (static shapes: the same at every launch), read from the first
+  // launch's buffers under output_specs_once_ and immutable after it.
+  mutable absl::once_flag output_specs_once_;
+  mutable std::vector<ArraySpec> output_specs_;
+  mutable absl::Status output_specs_status_;
 };
 
 // The CPU plugin to use when none is configured: $PW_PJRT_PLUGIN if set, else the one installed

@@ -44,6 +44,19 @@ absl::StatusOr<ExecutableRef> PjrtShardExecutable::Compile(
                                                std::move(exe)));
 }
 
+PjrtShardExecutable::PjrtShardExecutable(std::shared_ptr<PjrtBackend> backend,
+                                         std::shared_ptr<const PjrtClient> client,
+                                         StableHloFunctionDef def, int num_shards,
+                                         std::vector<ArraySpec> pjrt_inputs,
+                                         std::shared_ptr<const PjrtExecutable> exe)
+    : backend_(std::move(backend)), client_(std::move(client)), def_(std::move(def)),
+      num_shards_(num_shards), pjrt_inputs_(std::move(pjrt_inputs)), exe_(std::move(exe)) {
+  for (const ArraySpec& spec : pjrt_inputs_) {
+    std::vector<const void*>& keys = staging_keys_.emplace_back();
+    for (int d = 0; d < client_->num_devices(); ++d) keys.push_back(backend_->StagingKey(d, spec));
+  }
+}
+
 absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtShardExecutable::Stage(
     const DeviceBufferRef& input, size_t i, int device_index, DeviceId device) const {
   const ArraySpec& want = def_.inputs[i];
@@ -58,7 +71,7 @@ absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtShardExecutable::Stage(
                                                    input->spec().ToString()));
   }
   // Same elements in another layout or memory: through the host, with the declared shape, once.
-  const void* key = backend_->StagingKey(device_index, pjrt_inputs_[i]);
+  const void* key = staging_keys_[i][device_index];
   if (auto mirror = std::static_pointer_cast<PjrtBuffer>(input->Mirror(key))) return mirror;
   HostArray staged{want, std::vector<uint8_t>(want.size_bytes())};
   PW_RETURN_IF_ERROR(input->CopyToHost(staged.bytes.data()).status());

@@ -52,9 +52,7 @@ class PjrtShardExecutable final : public Executable {
   PjrtShardExecutable(std::shared_ptr<PjrtBackend> backend,
                       std::shared_ptr<const PjrtClient> client, StableHloFunctionDef def,
                       int num_shards, std::vector<ArraySpec> pjrt_inputs,
-                      std::shared_ptr<const PjrtExecutable> exe)
-      : backend_(std::move(backend)), client_(std::move(client)), def_(std::move(def)),
-        num_shards_(num_shards), pjrt_inputs_(std::move(pjrt_inputs)), exe_(std::move(exe)) {}
+                      std::shared_ptr<const PjrtExecutable> exe);
   absl::StatusOr<std::shared_ptr<PjrtBuffer>> Stage(const DeviceBufferRef& input, size_t i,
                                                     int device_index, DeviceId device) const;
 
@@ -64,6 +62,8 @@ class PjrtShardExecutable final : public Executable {
   const int num_shards_;
   const std::vector<ArraySpec> pjrt_inputs_;  // Per-partition PJRT shapes of the inputs.
   const std::shared_ptr<const PjrtExecutable> exe_;
+  // StagingKey of input i on PJRT device d: staging_keys_[i][d].
+  std::vector<std::vector<const void*>> staging_keys_;
 };
 
 }  // namespace pw::pjrt
