@@ -114,3 +114,21 @@ def test_mlp_data_parallel_matches_single_device_training():
     assert sum(line.startswith("step") for line in lines) == 12
     assert any(line.startswith("held-out accuracy") for line in lines)
     assert lines[-1].endswith(": OK"), lines[-1]
+
+
+def test_xla_overhead_bench_prints_its_json():
+    # A smoke test of `pw bench xla-overhead --json` (its module, as the CLI runs it): the JSON's
+    # fields and that pathways and JAX computed the same result. Not a timing.
+    out = subprocess.run([sys.executable, "-m", "pathways.xla_overhead_bench", "--json",
+                          "--sizes", "16", "--min-seconds", "0.2", "--rounds", "2", "--chain", "4"],
+                         capture_output=True, text=True, timeout=300, check=True)
+    import json
+    result = json.loads(out.stdout)
+    assert result["benchmark"] == "xla-overhead" and result["jax_backend"] == "same-plugin"
+    (row,) = result["results"]
+    assert row["results_agree"]
+    assert row["pathways_per_second"] > 0 and row["jax_per_second"] > 0
+    assert row["ratio"] == pytest.approx(row["pathways_per_second"] / row["jax_per_second"],
+                                         rel=1e-2)
+    assert len(row["ratio_by_round"]) == 2
+    assert min(row["ratio_by_round"]) <= row["ratio_paired_median"] <= max(row["ratio_by_round"])
