@@ -193,25 +193,24 @@ absl::StatusOr<std::unique_ptr<PjrtClient>> PjrtClient::Create(
   if (cpu_device_count < 0)
     return absl::InvalidArgumentError(absl::StrCat("cpu_device_count must be >= 0, got ",
                                                    cpu_device_count));
-  static constexpr char kDeviceCount[] = "cpu_device_count";
-  static constexpr char kAsynchronous[] = "asynchronous";
+  // A scalar create option; `name` must outlive the call.
+  auto option = [](absl::string_view name, PJRT_NamedValue_Type type) {
+    auto v = PW_PJRT_ARGS(PJRT_NamedValue);
+    v.name = name.data();
+    v.name_size = name.size();
+    v.type = type;
+    v.value_size = 1;
+    return v;
+  };
   std::vector<PJRT_NamedValue> options;
   if (cpu_device_count > 0) {
-    auto count = PW_PJRT_ARGS(PJRT_NamedValue);
-    count.name = kDeviceCount;
-    count.name_size = sizeof(kDeviceCount) - 1;
-    count.type = PJRT_NamedValue_kInt64;
+    PJRT_NamedValue count = option("cpu_device_count", PJRT_NamedValue_kInt64);
     count.int64_value = cpu_device_count;
-    count.value_size = 1;
     // Synchronous: a computation whose inputs are ready runs on the calling thread (the
     // runtime's device executor, which is the device's stream) instead of hopping to the CPU
     // client's thread pool, which costs a wake-up per computation.
-    auto sync = PW_PJRT_ARGS(PJRT_NamedValue);
-    sync.name = kAsynchronous;
-    sync.name_size = sizeof(kAsynchronous) - 1;
-    sync.type = PJRT_NamedValue_kBool;
+    PJRT_NamedValue sync = option("asynchronous", PJRT_NamedValue_kBool);
     sync.bool_value = false;
-    sync.value_size = 1;
     options = {count, sync};
   }
   auto create = PW_PJRT_ARGS(PJRT_Client_Create_Args);
