@@ -202,6 +202,34 @@ TEST_F(XlaFunctionsTest, SpmdPartitionWithAFailedInputFailsTheWholeLaunch) {
   }
 }
 
+// A device of an SPMD slice is removed while its partition is queued behind slow work and the
+// other partition may already wait inside XLA's all-reduce: the removed device's partition still
+// runs (a stand-in on zeros, on its device's thread), so the other is not left waiting (XLA would
+// end the process after 40 s), and the run fails, naming the removal.
+TEST_F(XlaFunctionsTest, SpmdPartitionOfARemovedDeviceStillMeetsItsPeer) {
+  Slice s = NewSlice();
+  auto psum = client_->Pmap(LoadSpmd("psum2", 2), s);
+  NativeFunctionBuilder nb("busy");  // Tens of milliseconds of tiny kernels.
+  int v = nb.Input({DType::kF32, Shape({3})});
+  for (int i = 0; i < 200000; ++i) v = nb.Op("add_scalar", {v}, {{"value", 0.0}});
+  auto busy = client_->Pmap(nb.Build({v}), s);
+  ASSERT_TRUE(psum.ok() && busy.ok()) << psum.status() << busy.status();
+  auto f = client_->Trace("busy_then_psum", {{DType::kF32, Shape({2, 3})}},
+                          [&](std::vector<Value> in) {
+                            return std::vector<Value>{(*psum)((*busy)(in[0]))};
+                          });
+  ASSERT_TRUE(f.ok()) << f.status();
+  const HostArray x = *HostArray::Of<float>(DType::kF32, Shape({2, 3}), Rows(2));
+  auto warm = f->Call({x});  // Compiles both functions.
+  ASSERT_TRUE(warm.ok() && (*warm)[0].Ready().status().ok());
+  auto out = f->Call({x});
+  ASSERT_TRUE(out.ok()) << out.status();
+  ASSERT_TRUE(cluster_->RemoveDevice(s.info().devices[1], "pulled for the test").ok());
+  absl::Status st = (*out)[0].Ready().status();
+  EXPECT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("pulled for the test"), std::string::npos) << st;
+}
+
 TEST_F(XlaFunctionsTest, SpmdFunctionBindsOnlyToSlicesOfItsPartitionCount) {
   Slice s = NewSlice();  // 2 devices.
   auto wrong = client_->Pmap(LoadSpmd("psum4", 4), s);

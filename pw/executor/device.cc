@@ -30,7 +30,7 @@ void Device::Enqueue(Work work) {
   absl::Status removed;
   {
     pw::MutexLock lock(&mu_);
-    if (removed_.ok()) {
+    if (!stopping_) {
       queue_.push_back(std::move(work));
       pending_.fetch_add(1, std::memory_order_release);
       return;

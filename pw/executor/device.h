@@ -5,8 +5,9 @@
 // (futures) when it runs, blocking the device as a stream waits on events. Each item receives the
 // device's health: an error once the device is removed, so it fails its outputs instead of running.
 //
-// Remove() takes the device out of service: queued and later items receive `reason` and never
-// run; the memory budget fails its waiters.
+// Remove() takes the device out of service: queued and later items receive `reason` instead of
+// running (still in order, on the device's thread); the memory budget fails its waiters. Items
+// enqueued once the device is being destroyed run at once, on the caller's thread.
 #pragma once
 
 #include <atomic>
@@ -38,7 +39,8 @@ class Device {
   IslandId island() const { return island_; }
   DeviceMemory& memory() { return memory_; }
 
-  // Appends one item to the queue (or runs it at once with the error if the device is removed).
+  // Appends one item to the queue (or runs it at once, with the error, once the device is being
+  // destroyed).
   void Enqueue(Work work);
   void Remove(const absl::Status& reason);
   // Non-OK once removed.

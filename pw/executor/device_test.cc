@@ -47,8 +47,14 @@ TEST(DeviceTest, RemoveFailsQueuedAndLaterWork) {
   dev.Remove(absl::UnavailableError("device:5 removed"));
   gate.Set();
   second.status().IgnoreError();
+  Promise<> later_done;
+  Future<> later_f = later_done.future();
   absl::Status later;
-  dev.Enqueue([&](const absl::Status& s) { later = s; });
+  dev.Enqueue([&, p = std::move(later_done)](const absl::Status& s) mutable {
+    later = s;
+    p.Set();
+  });
+  later_f.status().IgnoreError();  // Later work still runs on the device thread, with the error.
   EXPECT_EQ(failed.load(), 1);
   EXPECT_EQ(later.code(), absl::StatusCode::kUnavailable);
   EXPECT_FALSE(dev.health().ok());
