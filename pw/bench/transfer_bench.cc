@@ -23,7 +23,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Bytes per second of `op` (which moves `bytes`), repeated for at least min_seconds.
 // Bytes per second of `op` over `seconds` (at least min_iterations calls).
 absl::StatusOr<double> Rate(int64_t bytes, const TransferBenchOptions& o, double seconds,
                             const std::function<absl::Status()>& op) {

@@ -627,7 +627,8 @@ ClusterStatus Controller::Status() {
     s.runs_in_flight = static_cast<size_t>(runs_in_flight_);
     s.runs_completed = runs_completed_;
     for (const auto& sched : schedulers_) s.scheduler_queue_depth.push_back(sched->queue_depth());
-    for (const auto& [run, owner] : run_owner_) s.running.push_back({run, owner.client, owner.program});
+    for (const auto& [run, owner] : run_owner_)
+      s.running.push_back({run, owner.client, owner.program});
   }
   std::sort(s.running.begin(), s.running.end(),
             [](const auto& a, const auto& b) { return a.run < b.run; });

@@ -403,12 +403,6 @@ TEST_F(GrpcClusterTest, KilledWorkerFailsItsRunsOthersContinueAndItRejoins) {
   EXPECT_LE(threads_after, threads_before + 4);
 }
 
-}  // namespace
-}  // namespace pw::server
-
-namespace pw::server {
-namespace {
-
 // `pw down` signals only processes that are still the cluster's: a recorded pid that now
 // belongs to another process (here: this test) is left alone.
 TEST(LocalClusterTest, StopNeverSignalsAProcessThatIsNotTheClusters) {

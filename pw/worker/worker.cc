@@ -201,8 +201,9 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
           if (s.ok() && skippable) s = Cancelled(work->run);
           // An SPMD partition whose inputs or memory failed, or whose device was removed, still
           // has peers that launched, and they wait inside the backend's collectives, which the
-          // runtime cannot abort: it runs on zeros as a stand-in so they complete. The launch is marked failed first, and
-          // partitions of a failed launch fail their outputs instead of handing them on.
+          // runtime cannot abort: it runs on zeros as a stand-in so they complete. The launch is
+          // marked failed first, and partitions of a failed launch fail their outputs instead of
+          // handing them on.
           const bool stand_in = !s.ok() && !skippable;
           if (stand_in) {
             collectives_->FailLaunch(work->run.value(), node.node,
