@@ -10,6 +10,7 @@ DEB_PACKAGES=(
   libabsl-dev libopenblas-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev libbenchmark-dev libgoogle-perftools-dev valgrind
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc iproute2
+  iptables libnetfilter-queue-dev  # The multi-host test adds DCN latency where tc netem is absent.
 )
 
 missing=()

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Multi-host test: a controller and 4 workers in 2 islands, each worker in its own network
 # namespace ("host") with its own address, joined by a bridge. Links between the islands (DCN)
-# are shaped with tc: a bandwidth cap (htb), and added latency (netem) where the kernel has it.
-# Runs Figure 2 and the dispatch benchmark across the hosts and checks DCN/ICI accounting.
+# are shaped: a bandwidth cap (tc htb) and 2 ms of added latency each way (tc netem, or where the
+# kernel lacks netem, pw-netdelay on an iptables NFQUEUE rule at each host's input).
+# Checks the added latency, then runs Figure 2 and the dispatch benchmark across the hosts and
+# checks DCN/ICI accounting.
 #
 # Needs root, `ip netns` and veth/bridge links; exits 0 with "SKIP: ..." when they cannot be made.
-# Usage: scripts/netns-cluster-test.sh [path/to/pw]
+# Usage: scripts/netns-cluster-test.sh [path/to/pw [path/to/pw-netdelay]]
 set -uo pipefail
 PW=$(readlink -f "${1:-build/bin/pw}")
+NETDELAY=$(readlink -f "${2:-$(dirname "$PW")/pw-netdelay}")
+DELAY_MS=2
 TOKEN="netns-test-$$-$RANDOM"
 BR=pwbr$$
 NS=(pwh0-$$ pwh1-$$ pwh2-$$ pwh3-$$)
@@ -43,21 +47,29 @@ for i in 0 1 2 3; do
   ip netns exec "$n" ip link set lo up
 done
 
-# Shape every host's traffic to the other island: 200 Mbit/s cap (+ 2 ms delay if netem exists).
-shaped="bandwidth cap"
+# Shape every host's traffic to and from the other island: a 200 Mbit/s cap on what it sends, and
+# DELAY_MS on each packet one way (netem on what it sends; else pw-netdelay on what it receives:
+# delaying at the sender would hold packets inside the sending socket's small-queue budget).
+shaped=""
 for i in 0 1 2 3; do
   n=${NS[$i]}
   other=$([ "$i" -lt 2 ] && echo 10.77.1.0/24 || echo 10.77.0.0/24)
   ip netns exec "$n" tc qdisc add dev eth0 root handle 1: htb default 10 || skip "tc htb unavailable"
   ip netns exec "$n" tc class add dev eth0 parent 1: classid 1:10 htb rate 10gbit
   ip netns exec "$n" tc class add dev eth0 parent 1: classid 1:20 htb rate 200mbit ceil 200mbit
-  if ip netns exec "$n" tc qdisc add dev eth0 parent 1:20 handle 20: netem delay 2ms 2>/dev/null; then
-    shaped="bandwidth cap + 2 ms delay"
+  if ip netns exec "$n" tc qdisc add dev eth0 parent 1:20 handle 20: netem delay ${DELAY_MS}ms 2>/dev/null; then
+    shaped="200 Mbit/s + ${DELAY_MS} ms netem delay"
+  elif [ -x "$NETDELAY" ] && ip netns exec "$n" iptables -A INPUT -s "$other" -j NFQUEUE --queue-num 1 --queue-bypass; then
+    ip netns exec "$n" "$NETDELAY" --queue 1 --delay-ms $DELAY_MS 2>"$DIR/netdelay-$i.log" &
+    PIDS+=($!)
+    shaped="200 Mbit/s + ${DELAY_MS} ms pw-netdelay delay"
+  else
+    shaped="200 Mbit/s, no added latency (no tc netem, and no iptables NFQUEUE with $NETDELAY)"
   fi
   ip netns exec "$n" tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dst "$other" flowid 1:20 \
     || skip "tc u32 filters unavailable"
 done
-[ "$shaped" = "bandwidth cap" ] && echo "note: tc netem is not available in this kernel: DCN links get a bandwidth cap but no added latency"
+echo "DCN links: $shaped"
 
 export PW_TOKEN=$TOKEN PW_STATE_DIR=$DIR
 CLUSTER_TOKEN="netns-cluster-$$-$RANDOM$RANDOM"  # The controller's and workers' only.
@@ -77,6 +89,28 @@ alive_hosts() {
 }
 for _ in $(seq 200); do [ "$(alive_hosts)" = 4 ] && break; sleep 0.1; done
 "$PW" status --cluster "$ADDRESS" || { tail "$DIR"/*.log; echo "FAIL: status"; exit 1; }
+
+# The added latency is in effect: a TCP connect (one round trip) from host 0 to a worker in the
+# other island takes at least 2 x DELAY_MS; to its island peer it is not delayed.
+if [[ "$shaped" == *delay* ]]; then
+  "$PW" status --cluster "$ADDRESS" --json >"$DIR/hosts.json"
+  ip netns exec "${NS[0]}" python3 - "$DIR/hosts.json" "$DELAY_MS" <<'PY' || { tail "$DIR"/*.log; exit 1; }
+import json, socket, sys, time
+hosts = {h["host"]: h["address"].rsplit(":", 1) for h in json.load(open(sys.argv[1]))["hosts"]}
+delay_ms = float(sys.argv[2])
+def connect_ms(addr):
+    best = float("inf")
+    for _ in range(5):
+        t = time.perf_counter()
+        socket.create_connection((addr[0], int(addr[1])), timeout=5).close()
+        best = min(best, (time.perf_counter() - t) * 1e3)
+    return best
+ici, dcn = connect_ms(hosts[1]), connect_ms(hosts[2])
+print(f"TCP connect from host 0: to host 1 (same island) {ici:.2f} ms, to host 2 (other island) {dcn:.2f} ms")
+if dcn < 2 * delay_ms:
+    sys.exit(f"FAIL: a round trip between islands took {dcn:.2f} ms, less than 2 x {delay_ms} ms of added latency")
+PY
+fi
 
 # Unauthenticated calls are refused on a non-loopback address.
 if PW_TOKEN= "$PW" example figure2 --cluster "$ADDRESS" >/dev/null 2>"$DIR/noauth.err"; then
