@@ -3,7 +3,7 @@
 # an ICI and a DCN result per size (ctest GrpcClusterBenchTransfer; a smoke test, not a timing).
 set -euo pipefail
 PW=${1:?usage: bench-transfer-smoke-test.sh PATH_TO_PW}
-"$PW" bench transfer --json --sizes 4096 --sizes 1048576 --min-seconds 0.02 | python3 -c '
+"$PW" bench transfer --json --sizes 4096,1048576 --min-seconds 0.02 | python3 -c '
 import json, sys
 results = json.load(sys.stdin)["results"]
 got = sorted((r["path"], r["bytes"]) for r in results)

@@ -3,8 +3,8 @@
 # namespace ("host") with its own address, joined by a bridge. Links between the islands (DCN)
 # are shaped: a bandwidth cap (tc htb) and 2 ms of added latency each way (tc netem, or where the
 # kernel lacks netem, pw-netdelay on an iptables NFQUEUE rule at each host's input).
-# Checks the added latency, then runs Figure 2 and the dispatch benchmark across the hosts and
-# checks DCN/ICI accounting.
+# Checks the added latency, then runs Figure 2, the dispatch benchmark and the transfer benchmark
+# across the hosts and checks DCN/ICI accounting.
 #
 # Needs root, `ip netns` and veth/bridge links; exits 0 with "SKIP: ..." when they cannot be made.
 # Usage: scripts/netns-cluster-test.sh [path/to/pw [path/to/pw-netdelay]]
@@ -129,6 +129,19 @@ j = json.load(open(sys.argv[1]))
 s = j["summary"]
 print("dispatch bench across namespaced hosts:", {k: round(v, 3) if isinstance(v, float) else v for k, v in s.items()})
 assert j["results"] and all(r["computations_per_second"] > 0 for r in j["results"])
+PY
+# Transfers through the shaped links complete, arrive intact (the bench checks the bytes), and
+# the workers count exactly the bytes moved, on the right link.
+"$PW" bench transfer --cluster "$ADDRESS" --sizes 1048576,16777216 --rounds 1 --min-seconds 0 --json \
+  >"$DIR/transfer.json" 2>"$DIR/transfer.err" || { tail "$DIR"/*.log "$DIR/transfer.err"; echo "FAIL: transfer bench"; exit 1; }
+python3 - "$DIR/transfer.json" <<'PY' || exit 1
+import json, sys
+results = json.load(open(sys.argv[1]))["results"]
+for r in results:
+    print(f"transfer {r['path']} {r['bytes']} B: {r['pathways_bytes_per_second'] / 1e6:.1f} MB/s "
+          f"(resident {r['baseline_bytes_per_second'] / 1e6:.1f}); moved {r['moved_bytes']} B, counted {r['counted_bytes']} B")
+    assert r["moved_bytes"] > 0 and r["counted_bytes"] == r["moved_bytes"], r
+assert {r["path"] for r in results} == {"ici", "dcn"}, results
 PY
 "$PW" status --cluster "$ADDRESS" --json >"$DIR/status.json"
 python3 - "$DIR/status.json" "$shaped" <<'PY' || exit 1

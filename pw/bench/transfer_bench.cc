@@ -9,11 +9,13 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 #include "pw/base/status_macros.h"
+#include "pw/client/client.h"
 #include "pw/rpc/remote_worker.h"
 #include "pw/server/controller_server.h"
 #include "pw/server/worker_server.h"
@@ -115,15 +117,31 @@ class RawTcp {
   std::thread sink_;
 };
 
+absl::Status CheckSizes(const std::vector<int64_t>& sizes) {
+  for (int64_t s : sizes)
+    if (s <= 0 || s % 4 != 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("transfer size ", s, " is not a positive multiple of 4"));
+  return absl::OkStatus();
+}
+
+// Bytes the cluster's workers have received over ICI and over DCN.
+std::pair<int64_t, int64_t> LinkBytes(ControllerInterface* controller) {
+  std::pair<int64_t, int64_t> b{0, 0};
+  for (const HostStatus& h : controller->Status().hosts) {
+    b.first += h.ici_bytes_received;
+    b.second += h.dcn_bytes_received;
+  }
+  return b;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<TransferBenchResult>> RunTransferBench(const TransferBenchOptions& opts) {
   TransferBenchOptions o = opts;
   if (o.sizes.empty())
     for (int64_t s = 1024; s <= (int64_t{256} << 20); s *= 4) o.sizes.push_back(s);
-  for (int64_t s : o.sizes)
-    if (s <= 0 || s % 4 != 0)
-      return absl::InvalidArgumentError(absl::StrCat("transfer size ", s, " is not a positive multiple of 4"));
+  PW_RETURN_IF_ERROR(CheckSizes(o.sizes));
   const int64_t largest = *std::max_element(o.sizes.begin(), o.sizes.end());
   // One host with one device whose memory holds the largest shard.
   PW_ASSIGN_OR_RETURN(ClusterSpec spec, ClusterSpec::Uniform(1, 1, 1, 2 * largest + (1 << 20)));
@@ -184,6 +202,95 @@ absl::StatusOr<std::vector<TransferBenchResult>> RunTransferBench(const Transfer
   return results;
 }
 
+absl::StatusOr<std::vector<TransferBenchResult>> RunTransferBenchOn(
+    ControllerInterface* controller, const TransferBenchOptions& opts) {
+  TransferBenchOptions o = opts;
+  if (o.sizes.empty())
+    for (int64_t s = 1024; s <= (int64_t{16} << 20); s *= 4) o.sizes.push_back(s);
+  PW_RETURN_IF_ERROR(CheckSizes(o.sizes));
+  PW_ASSIGN_OR_RETURN(auto client, Client::Connect(controller, "transfer-bench"));
+  // One-device slices until one is on another island than the first and one on another host of
+  // the first's island: the resource manager gives each to the least-loaded island, then device.
+  // All stay allocated until the client goes, so each lands on a device not yet used.
+  int alive = 0;
+  for (const HostStatus& h : controller->Status().hosts)
+    for (const DeviceStatus& d : h.devices) alive += d.alive;
+  std::optional<Slice> src, dcn_dst, ici_dst;
+  for (int i = 0; i < alive && !(src && dcn_dst && ici_dst); ++i) {
+    PW_ASSIGN_OR_RETURN(Slice s, client->MakeVirtualDeviceSet().AddSlice({.num_devices = 1}));
+    if (!src) {
+      src = s;
+    } else if (s.info().islands != src->info().islands) {
+      if (!dcn_dst) dcn_dst = s;
+    } else if (s.info().hosts != src->info().hosts) {
+      if (!ici_dst) ici_dst = s;
+    }
+  }
+  if (!dcn_dst && !ici_dst)
+    return absl::FailedPreconditionError(
+        "transfer bench: the cluster has no live device on another host than its first");
+  struct Path {
+    const char* name;
+    const std::optional<Slice>& dst;
+  };
+  std::vector<TransferBenchResult> results;
+  for (int64_t size : o.sizes) {
+    const int64_t n = size / 4;
+    NativeFunctionBuilder b(absl::StrCat("copy_", n));
+    const int x = b.Input({DType::kF32, Shape({n})});
+    PW_ASSIGN_OR_RETURN(FunctionInfo copy_fn, client->Register(b.Build({b.Op("copy", {x})})));
+    HostArray host{{DType::kF32, Shape({1, n})}, std::vector<uint8_t>(size)};
+    for (int64_t i = 0; i < size; ++i) host.bytes[i] = static_cast<uint8_t>(i * 131);
+    const Sharding one = Sharding::Split({1}, 2, 0);
+    PW_ASSIGN_OR_RETURN(Array at_src, client->Put(host, src->info().id, one));
+    for (const Path& path : {Path{"ici", ici_dst}, Path{"dcn", dcn_dst}}) {
+      if (!path.dst) continue;
+      PW_ASSIGN_OR_RETURN(BoundFunction copy, client->Pmap(copy_fn, *path.dst));
+      PW_ASSIGN_OR_RETURN(Array resident, client->Put(host, path.dst->info().id, one));
+      int64_t moved = 0;
+      auto run = [&](const Array& in, bool remote) -> absl::Status {
+        PW_ASSIGN_OR_RETURN(auto outs, copy.Call({in}));
+        PW_RETURN_IF_ERROR(outs[0].Ready().status());
+        moved += remote ? size : 0;
+        return absl::OkStatus();
+      };
+      const auto before = LinkBytes(controller);
+      {  // Warm, and check what arrived.
+        PW_ASSIGN_OR_RETURN(auto outs, copy.Call({at_src}));
+        PW_ASSIGN_OR_RETURN(HostArray got, outs[0].ToHost());
+        if (got.bytes != host.bytes)
+          return absl::DataLossError(absl::StrCat("transfer bench: ", path.name, " ", size,
+                                                  " B arrived different"));
+        moved += size;
+        PW_RETURN_IF_ERROR(run(resident, false));
+      }
+      // The path and its baseline in interleaved rounds; each keeps its best round.
+      double best = 0, best_resident = 0;
+      const int rounds = std::max(1, o.rounds);
+      for (int round = 0; round < rounds; ++round) {
+        PW_ASSIGN_OR_RETURN(double r, Rate(size, o, o.min_seconds / rounds,
+                                           [&] { return run(at_src, true); }));
+        PW_ASSIGN_OR_RETURN(double l, Rate(size, o, o.min_seconds / rounds,
+                                           [&] { return run(resident, false); }));
+        best = std::max(best, r);
+        best_resident = std::max(best_resident, l);
+      }
+      const auto after = LinkBytes(controller);
+      const bool dcn = std::string(path.name) == "dcn";
+      TransferBenchResult r{path.name, "resident", size, best, best_resident, best / best_resident};
+      r.moved_bytes = moved;
+      r.counted_bytes = dcn ? after.second - before.second : after.first - before.first;
+      std::fprintf(stderr,
+                   "transfer bench: %10lld B  %s %8.1f MB/s (resident %8.1f)  moved %lld B, "
+                   "counted %lld B\n",
+                   (long long)size, path.name, best / 1e6, best_resident / 1e6, (long long)moved,
+                   (long long)r.counted_bytes);
+      results.push_back(r);
+    }
+  }
+  return results;
+}
+
 std::string TransferBenchJson(const std::vector<TransferBenchResult>& results) {
   nlohmann::json j;
   j["results"] = nlohmann::json::array();
@@ -195,6 +302,10 @@ std::string TransferBenchJson(const std::vector<TransferBenchResult>& results) {
                             {"pathways_bytes_per_second", r.pathways_bytes_per_second},
                             {"baseline_bytes_per_second", r.baseline_bytes_per_second},
                             {"ratio", r.ratio}});
+    if (r.moved_bytes >= 0) {
+      j["results"].back()["moved_bytes"] = r.moved_bytes;
+      j["results"].back()["counted_bytes"] = r.counted_bytes;
+    }
   }
   return j.dump(2);
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "pw/transport/controller_interface.h"
 
 namespace pw {
 
@@ -28,9 +29,19 @@ struct TransferBenchResult {
   double pathways_bytes_per_second = 0;
   double baseline_bytes_per_second = 0;
   double ratio = 0;  // pathways / baseline
+  // Cluster runs (RunTransferBenchOn): bytes this path moved, and what the workers counted on
+  // its link (ICI or DCN) meanwhile; -1 elsewhere.
+  int64_t moved_bytes = -1;
+  int64_t counted_bytes = -1;
 };
 
 absl::StatusOr<std::vector<TransferBenchResult>> RunTransferBench(const TransferBenchOptions& o);
+// On a running cluster, through a client: a one-device `copy` reads an array that a device on
+// another island (DCN), or on another host of the same island (ICI), holds; the baseline
+// ("resident") is the same call with the array already on its device. Default sizes 1 KiB ...
+// 16 MiB. Needs the cluster to itself for the byte counts to match.
+absl::StatusOr<std::vector<TransferBenchResult>> RunTransferBenchOn(ControllerInterface* controller,
+                                                                    const TransferBenchOptions& o);
 std::string TransferBenchJson(const std::vector<TransferBenchResult>& results);
 
 }  // namespace pw

@@ -12,7 +12,7 @@
 // Client commands use --cluster ADDRESS, else $PW_CLUSTER, else the cluster `pw up` started
 // most recently (if it is running), else an embedded cluster in this process. Servers listening
 // on a non-loopback address need a token (--token or $PW_TOKEN); clients send $PW_TOKEN.
-//   pw bench transfer [--json] [--sizes B,B,...] [--min-seconds S]
+//   pw bench transfer [--json] [--sizes B,B,...] [--min-seconds S] [--cluster ADDRESS]
 //   pw bench xla-overhead [--json] [--min-seconds S] [--chain N] [--sizes N,N,...]
 //   pw kernels
 //
@@ -117,10 +117,18 @@ int main(int argc, char** argv) {
   auto* transfer = bench->add_subcommand(
       "transfer", "Data-plane throughput (ICI: shared memory, DCN: TCP stream) beside memcpy/raw TCP");
   pw::TransferBenchOptions to;
-  transfer->add_option("--sizes", to.sizes, "Sizes in bytes (default 1 KiB ... 256 MiB)");
+  transfer
+      ->add_option("--sizes", to.sizes,
+                   "Sizes in bytes, comma-separated (default 1 KiB ... 256 MiB; with --cluster, "
+                   "... 16 MiB)")
+      ->delimiter(',');
   transfer->add_option("--min-seconds", to.min_seconds, "Minimum time per measurement");
   transfer->add_option("--rounds", to.rounds, "Interleaved rounds; each measurement keeps its best");
   transfer->add_flag("--json", json, "Print one JSON object to stdout");
+  transfer->add_option("--cluster", cluster,
+                       "Measure between the hosts of a running cluster (ICI: same island, DCN: "
+                       "another island; baseline: the array already on its device) instead of "
+                       "one in this process beside memcpy/raw TCP");
 
   // Python: it compares against JAX's own dispatch in the same process (python/pathways).
   auto* xla_overhead = bench->add_subcommand(
@@ -181,7 +189,16 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (transfer->parsed()) {
-    auto r = pw::RunTransferBench(to);
+    absl::StatusOr<std::vector<pw::TransferBenchResult>> r;
+    if (cluster.empty()) {
+      r = pw::RunTransferBench(to);
+    } else {
+      const std::string address = pw::server::ClusterAddress(cluster);
+      auto remote = pw::rpc::RemoteController::Dial(address, {.token = EnvToken()});
+      if (!remote.ok()) return Fail(remote.status());
+      std::fprintf(stderr, "pw: transfer bench on the cluster at %s\n", address.c_str());
+      r = pw::RunTransferBenchOn(remote->get(), to);
+    }
     if (!r.ok()) return Fail(r.status());
     if (json) {
       std::printf("%s\n", pw::TransferBenchJson(*r).c_str());

@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
   }
   if (argc % 2 == 0) return Usage(argv[0], std::string("flag without a value: ") + argv[argc - 1]);
   if (queue < 0 || queue > 65535) return Usage(argv[0], "--queue must be in [0, 65535]");
-  if (!(delay_ms >= 0 && delay_ms <= 10000)) return Usage(argv[0], "--delay-ms must be in [0, 10000]");
+  if (!(delay_ms >= 0 && delay_ms <= 10000))
+    return Usage(argv[0], "--delay-ms must be in [0, 10000]");
 
   State s;
   s.delay = std::chrono::duration_cast<Clock::duration>(
