@@ -19,8 +19,10 @@ bool SpinYieldUntil(const F& pred) {
   return SpinYieldUntil(+[](const void* f) { return (*static_cast<const F*>(f))(); }, &pred);
 }
 
-// Waits until `word` != `value`. Pair with WakeAll(word) after every store that changes it.
-void SpinThenWait(const std::atomic<uint32_t>& word, uint32_t value);
+// Waits until `word` != `value`, yielding the core up to `yields` times before sleeping. Pair
+// with WakeAll(word) after every store that changes it.
+inline constexpr int kSpinYields = 64;
+void SpinThenWait(const std::atomic<uint32_t>& word, uint32_t value, int yields = kSpinYields);
 void WakeAll(std::atomic<uint32_t>& word);
 
 }  // namespace pw

@@ -16,7 +16,9 @@ void Collectives::Rendezvous::Publish(absl::Status s) {
 const absl::Status& Collectives::Rendezvous::Wait() {
   for (uint32_t s = state.load(std::memory_order_acquire); s != kFinished;
        s = state.load(std::memory_order_acquire)) {
-    SpinThenWait(state, s);
+    // Across processes the wait lasts at least a message hop: yielding would only take the core
+    // from the threads doing the work, so it sleeps at once.
+    SpinThenWait(state, s, local < devices.size() ? 0 : kSpinYields);
   }
   return status;
 }

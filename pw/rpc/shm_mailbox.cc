@@ -146,12 +146,8 @@ void ShmMailbox::ReceiveLoop() {
     uint64_t head = header_->head.load(std::memory_order_relaxed);
     const uint64_t tail = header_->tail.load(std::memory_order_acquire);
     if (head == tail) {
-      bool more = false;
-      for (int i = 0; i < 64 && !more; ++i) {  // Briefly yield before sleeping.
-        sched_yield();
-        more = header_->tail.load(std::memory_order_acquire) != head || stop_.load();
-      }
-      if (more) continue;
+      // Sleeps at once: messages come from other processes, far apart next to a yield, and
+      // yielding here took the core from the threads the message was waiting for.
       header_->sleeping.store(1, std::memory_order_seq_cst);
       if (header_->seq.load(std::memory_order_seq_cst) == seen && !stop_.load())
         Futex(&header_->seq, FUTEX_WAIT, seen);

@@ -4,8 +4,8 @@
 //
 // The owner creates the mailbox and runs one receiver thread that hands each message to a
 // callback; other processes open it by name and Send. Producers serialize on a spin lock in the
-// segment; the receiver sleeps on a futex word (shared, not process-private) after spinning
-// briefly. A message that does not fit is refused (the caller falls back to RPC). Thread-safe.
+// segment; the receiver sleeps on a futex word (shared, not process-private). A message that
+// does not fit is refused (the caller falls back to RPC). Thread-safe.
 #pragma once
 
 #include <atomic>
