@@ -70,8 +70,7 @@ absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceI
     // Last to arrive: every local slot is written. Claim before touching other shards' buffers,
     // so an abort that won cannot have let them return.
     if (r->local < r->devices.size()) {
-      absl::Status s = CombineAcrossProcesses(key, *r, input_bytes, output_bytes, combine);
-      if (r->Claim()) r->Publish(std::move(s));
+      CombineAcrossProcesses(key, *r, input_bytes, output_bytes, combine);
     } else if (r->Claim()) {
       r->Publish(combine(absl::MakeConstSpan(r->inputs), absl::MakeConstSpan(r->outputs)));
     }
@@ -82,9 +81,9 @@ absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceI
   return r->Wait();
 }
 
-absl::Status Collectives::CombineAcrossProcesses(const CollectiveKey& key, Rendezvous& r,
-                                                size_t input_bytes, size_t output_bytes,
-                                                const Combine& combine) {
+void Collectives::CombineAcrossProcesses(const CollectiveKey& key, Rendezvous& r,
+                                         size_t input_bytes, size_t output_bytes,
+                                         const Combine& combine) {
   const size_t n = r.devices.size();
   std::vector<int> ranks;
   std::vector<std::string> inputs;
@@ -101,8 +100,16 @@ absl::Status Collectives::CombineAcrossProcesses(const CollectiveKey& key, Rende
            r.state.load(std::memory_order_acquire) != Rendezvous::kPending;
   };
   r.remote_mu.Await(done);
-  if (r.state.load(std::memory_order_acquire) != Rendezvous::kPending)
-    return absl::AbortedError("collective aborted");  // The abort's status is published instead.
+  // Claim before touching the local shards' buffers: an abort that claimed first has published
+  // its status and let those shards return.
+  if (!r.Claim()) return;
+  r.Publish(CombineClaimed(key, r, input_bytes, output_bytes, combine));
+}
+
+absl::Status Collectives::CombineClaimed(const CollectiveKey& key, Rendezvous& r,
+                                         size_t input_bytes, size_t output_bytes,
+                                         const Combine& combine) {
+  const size_t n = r.devices.size();
   std::vector<const void*> in(n);
   std::vector<void*> out(n);
   std::vector<std::string> scratch(n);

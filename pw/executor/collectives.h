@@ -124,9 +124,14 @@ class Collectives {
     std::vector<std::string> remote_inputs ABSL_GUARDED_BY(remote_mu);
     size_t remote_arrived ABSL_GUARDED_BY(remote_mu) = 0;
   };
-  // Runs on the last local shard when other processes hold ranks: exchanges inputs, combines.
-  absl::Status CombineAcrossProcesses(const CollectiveKey& key, Rendezvous& r, size_t input_bytes,
-                                      size_t output_bytes, const Combine& combine);
+  // Runs on the last local shard when other processes hold ranks: exchanges inputs, then, unless
+  // an abort claimed the rendezvous first, claims it, combines and publishes.
+  void CombineAcrossProcesses(const CollectiveKey& key, Rendezvous& r, size_t input_bytes,
+                              size_t output_bytes, const Combine& combine);
+  // The combine itself, by the claimant, with every input in.
+  absl::Status CombineClaimed(const CollectiveKey& key, Rendezvous& r, size_t input_bytes,
+                              size_t output_bytes, const Combine& combine)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(r.remote_mu);
   // Fails and forgets every pending rendezvous that `matches`.
   void AbortPending(const absl::Status& reason,
                     absl::FunctionRef<bool(const CollectiveKey&, const Rendezvous&)> matches);

@@ -1,5 +1,9 @@
 #include "pw/executor/collectives.h"
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -27,6 +31,66 @@ TEST(CollectivesTest, ForgetRunDropsRecordsAndLateInputs) {
     c.ForgetRun(r);
   c.Deliver({.run = 1, .node = 0, .op = 0}, 1, "much later");
   EXPECT_EQ(c.records(), 1u);
+}
+
+// Devices 0 and 1 are this process's; device 2 is another's, whose input arrives as soon as
+// ours are sent.
+class OneRemotePeer : public CollectivePeers {
+ public:
+  explicit OneRemotePeer(Collectives* c) : c_(c) {}
+  bool IsLocal(DeviceId d) const override { return d.value() < 2; }
+  void Send(const CollectiveKey& key, absl::Span<const DeviceId>, std::vector<int>,
+            std::vector<std::string> inputs) override {
+    c_->Deliver(key, 2, inputs[0]);
+  }
+  void SendFailure(int64_t, int32_t, absl::Span<const DeviceId>, const absl::Status&) override {}
+
+ private:
+  Collectives* c_;
+};
+
+// A device removed while the last local shard combines the other process's input: the combine
+// writes every local shard's output, so no local shard may return before it ends (the removal
+// loses the race and the collective completes).
+TEST(CollectivesTest, RemovalDuringACrossProcessCombineWaitsForIt) {
+  Collectives c;
+  OneRemotePeer peer(&c);
+  c.SetPeers(&peer);
+  const std::vector<DeviceId> devices = {DeviceId(0), DeviceId(1), DeviceId(2)};
+  float in[2] = {1, 2}, out[2] = {0, 0};
+  std::atomic<bool> returned[2] = {false, false};
+  std::atomic<int> combines{0};
+  std::atomic<bool> returned_during_combine{false};
+  std::thread remover;
+  // Runs on whichever local shard arrives last.
+  auto combine = [&](absl::Span<const void* const> ins, absl::Span<void* const> outs) {
+    ++combines;
+    remover = std::thread(
+        [&] { c.AbortDevice(DeviceId(0), absl::UnavailableError("device 0 removed")); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));  // Time for the removal to run.
+    returned_during_combine = returned[0] || returned[1];
+    float sum = 0;
+    for (const void* p : ins) sum += *static_cast<const float*>(p);
+    for (void* p : outs) *static_cast<float*>(p) = sum;
+    return absl::OkStatus();
+  };
+  absl::Status status[2];
+  std::vector<std::thread> shards;
+  for (int rank = 0; rank < 2; ++rank) {
+    shards.emplace_back([&, rank] {
+      status[rank] = c.Run({.run = 1, .node = 0, .op = 0}, devices, rank, &in[rank], 4,
+                           &out[rank], 4, combine);
+      returned[rank] = true;
+    });
+  }
+  for (auto& t : shards) t.join();
+  remover.join();
+  EXPECT_EQ(combines, 1);
+  EXPECT_FALSE(returned_during_combine);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(status[rank].ok()) << rank << ": " << status[rank];
+    EXPECT_EQ(out[rank], 4.0f);  // 1 + 2 + the other process's input (a copy of rank 0's).
+  }
 }
 
 }  // namespace
