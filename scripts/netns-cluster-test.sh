@@ -50,24 +50,34 @@ done
 # Shape every host's traffic to and from the other island: a 200 Mbit/s cap on what it sends, and
 # DELAY_MS on each packet one way (netem on what it sends; else pw-netdelay on what it receives:
 # delaying at the sender would hold packets inside the sending socket's small-queue budget).
-shaped=""
+shaped="" delayed=0
 for i in 0 1 2 3; do
   n=${NS[$i]}
   other=$([ "$i" -lt 2 ] && echo 10.77.1.0/24 || echo 10.77.0.0/24)
   ip netns exec "$n" tc qdisc add dev eth0 root handle 1: htb default 10 || skip "tc htb unavailable"
   ip netns exec "$n" tc class add dev eth0 parent 1: classid 1:10 htb rate 10gbit
   ip netns exec "$n" tc class add dev eth0 parent 1: classid 1:20 htb rate 200mbit ceil 200mbit
-  if ip netns exec "$n" tc qdisc add dev eth0 parent 1:20 handle 20: netem delay ${DELAY_MS}ms 2>/dev/null; then
-    shaped="200 Mbit/s + ${DELAY_MS} ms netem delay"
-  elif [ -x "$NETDELAY" ] && ip netns exec "$n" iptables -A INPUT -s "$other" -j NFQUEUE --queue-num 1 --queue-bypass; then
+  if ip netns exec "$n" tc qdisc add dev eth0 parent 1:20 handle 20: netem delay ${DELAY_MS}ms \
+      2>/dev/null; then
+    shaped="200 Mbit/s + ${DELAY_MS} ms netem delay" delayed=1
+  elif [ -x "$NETDELAY" ] &&
+       ip netns exec "$n" iptables -A INPUT -s "$other" -j NFQUEUE --queue-num 1 \
+         --queue-bypass; then
     ip netns exec "$n" "$NETDELAY" --queue 1 --delay-ms $DELAY_MS 2>"$DIR/netdelay-$i.log" &
     PIDS+=($!)
-    shaped="200 Mbit/s + ${DELAY_MS} ms pw-netdelay delay"
+    # Until it has bound the queue, packets bypass it undelayed.
+    for _ in $(seq 100); do
+      grep -q "pw-netdelay: queue" "$DIR/netdelay-$i.log" && break
+      sleep 0.05
+    done
+    grep -q "pw-netdelay: queue" "$DIR/netdelay-$i.log" ||
+      { cat "$DIR/netdelay-$i.log"; echo "FAIL: pw-netdelay did not bind its queue"; exit 1; }
+    shaped="200 Mbit/s + ${DELAY_MS} ms pw-netdelay delay" delayed=1
   else
-    shaped="200 Mbit/s, no added latency (no tc netem, and no iptables NFQUEUE with $NETDELAY)"
+    shaped="200 Mbit/s, no added latency (neither tc netem nor iptables NFQUEUE with pw-netdelay)"
   fi
-  ip netns exec "$n" tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dst "$other" flowid 1:20 \
-    || skip "tc u32 filters unavailable"
+  ip netns exec "$n" tc filter add dev eth0 parent 1: protocol ip prio 1 u32 match ip dst "$other" \
+    flowid 1:20 || skip "tc u32 filters unavailable"
 done
 echo "DCN links: $shaped"
 
@@ -91,10 +101,10 @@ for _ in $(seq 200); do [ "$(alive_hosts)" = 4 ] && break; sleep 0.1; done
 "$PW" status --cluster "$ADDRESS" || { tail "$DIR"/*.log; echo "FAIL: status"; exit 1; }
 
 # The added latency is in effect: a TCP connect (one round trip) from host 0 to a worker in the
-# other island takes at least 2 x DELAY_MS; to its island peer it is not delayed.
-if [[ "$shaped" == *delay* ]]; then
+# other island takes at least 2 x DELAY_MS (its island peer's is printed beside it).
+if [ "$delayed" = 1 ]; then
   "$PW" status --cluster "$ADDRESS" --json >"$DIR/hosts.json"
-  ip netns exec "${NS[0]}" python3 - "$DIR/hosts.json" "$DELAY_MS" <<'PY' || { tail "$DIR"/*.log; exit 1; }
+  ip netns exec "${NS[0]}" python3 - "$DIR/hosts.json" "$DELAY_MS" <<'PY' || exit 1
 import json, socket, sys, time
 hosts = {h["host"]: h["address"].rsplit(":", 1) for h in json.load(open(sys.argv[1]))["hosts"]}
 delay_ms = float(sys.argv[2])
@@ -106,9 +116,11 @@ def connect_ms(addr):
         best = min(best, (time.perf_counter() - t) * 1e3)
     return best
 ici, dcn = connect_ms(hosts[1]), connect_ms(hosts[2])
-print(f"TCP connect from host 0: to host 1 (same island) {ici:.2f} ms, to host 2 (other island) {dcn:.2f} ms")
+print(f"TCP connect from host 0: to host 1 (same island) {ici:.2f} ms, "
+      f"to host 2 (other island) {dcn:.2f} ms")
 if dcn < 2 * delay_ms:
-    sys.exit(f"FAIL: a round trip between islands took {dcn:.2f} ms, less than 2 x {delay_ms} ms of added latency")
+    sys.exit(f"FAIL: a round trip between islands took {dcn:.2f} ms, "
+             f"less than 2 x {delay_ms} ms of added latency")
 PY
 fi
 
@@ -132,14 +144,16 @@ assert j["results"] and all(r["computations_per_second"] > 0 for r in j["results
 PY
 # Transfers through the shaped links complete, arrive intact (the bench checks the bytes), and
 # the workers count exactly the bytes moved, on the right link.
-"$PW" bench transfer --cluster "$ADDRESS" --sizes 1048576,16777216 --rounds 1 --min-seconds 0 --json \
-  >"$DIR/transfer.json" 2>"$DIR/transfer.err" || { tail "$DIR"/*.log "$DIR/transfer.err"; echo "FAIL: transfer bench"; exit 1; }
+"$PW" bench transfer --cluster "$ADDRESS" --sizes 1048576,16777216 --rounds 1 --min-seconds 0 \
+  --json >"$DIR/transfer.json" 2>"$DIR/transfer.err" ||
+  { tail "$DIR"/*.log "$DIR/transfer.err"; echo "FAIL: transfer bench"; exit 1; }
 python3 - "$DIR/transfer.json" <<'PY' || exit 1
 import json, sys
 results = json.load(open(sys.argv[1]))["results"]
 for r in results:
     print(f"transfer {r['path']} {r['bytes']} B: {r['pathways_bytes_per_second'] / 1e6:.1f} MB/s "
-          f"(resident {r['baseline_bytes_per_second'] / 1e6:.1f}); moved {r['moved_bytes']} B, counted {r['counted_bytes']} B")
+          f"(resident {r['baseline_bytes_per_second'] / 1e6:.1f}); "
+          f"moved {r['moved_bytes']} B, counted {r['counted_bytes']} B")
     assert r["moved_bytes"] > 0 and r["counted_bytes"] == r["moved_bytes"], r
 assert {r["path"] for r in results} == {"ici", "dcn"}, results
 PY

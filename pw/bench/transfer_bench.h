@@ -1,10 +1,11 @@
 // `pw bench transfer`: throughput of the worker-to-worker data plane, beside the raw path it
 // runs on, measured in the same run.
 //
-// A worker process (in this process, served over gRPC on loopback) holds a shard; a peer fetches
-// it with the same call a transfer node uses (RemoteWorker::FetchShard). ICI: a peer on the same
-// machine (shared memory), beside memcpy. DCN: a peer on another machine (a TCP stream), beside
-// raw TCP on loopback (one connection, write/read of the same size).
+// RunTransferBench: a worker process (in this process, served over gRPC on loopback) holds a
+// shard; a peer fetches it with the same call a transfer node uses (RemoteWorker::FetchShard).
+// ICI: a peer on the same machine (shared memory), beside memcpy. DCN: a peer on another machine
+// (a TCP stream), beside raw TCP on loopback (one connection, write/read of the same size).
+// RunTransferBenchOn (`--cluster`): between the hosts of a running cluster, through a client.
 #pragma once
 
 #include <string>
@@ -24,7 +25,7 @@ struct TransferBenchOptions {
 
 struct TransferBenchResult {
   std::string path;      // "ici" | "dcn"
-  std::string baseline;  // "memcpy" | "tcp"
+  std::string baseline;  // "memcpy" | "tcp" | "resident" (cluster runs)
   int64_t bytes = 0;
   double pathways_bytes_per_second = 0;
   double baseline_bytes_per_second = 0;

@@ -12,6 +12,7 @@
 // Client commands use --cluster ADDRESS, else $PW_CLUSTER, else the cluster `pw up` started
 // most recently (if it is running), else an embedded cluster in this process. Servers listening
 // on a non-loopback address need a token (--token or $PW_TOKEN); clients send $PW_TOKEN.
+// `pw bench transfer` is the exception: it runs in this process unless given --cluster.
 //   pw bench transfer [--json] [--sizes B,B,...] [--min-seconds S] [--cluster ADDRESS]
 //   pw bench xla-overhead [--json] [--min-seconds S] [--chain N] [--sizes N,N,...]
 //   pw kernels
@@ -115,7 +116,8 @@ int main(int argc, char** argv) {
                                              "else embedded)");
 
   auto* transfer = bench->add_subcommand(
-      "transfer", "Data-plane throughput (ICI: shared memory, DCN: TCP stream) beside memcpy/raw TCP");
+      "transfer", "Data-plane throughput (ICI: shared memory, DCN: TCP stream) beside memcpy/raw "
+                  "TCP, or with --cluster between a running cluster's hosts");
   pw::TransferBenchOptions to;
   transfer
       ->add_option("--sizes", to.sizes,

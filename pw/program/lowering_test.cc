@@ -105,14 +105,18 @@ TEST(LoweringTest, TransfersBetweenSlicesUseIciOrDcn) {
   ASSERT_TRUE(lp.ok()) << lp.status();
   ASSERT_EQ(lp->num_transfers(), 1) << "one transfer feeds both consumers\n" << lp->ToString();
   for (const auto& n : lp->nodes)
-    if (n.kind == LoweredNode::Kind::kTransfer) EXPECT_EQ(n.link, LinkClass::kDcn);
+    if (n.kind == LoweredNode::Kind::kTransfer) {
+      EXPECT_EQ(n.link, LinkClass::kDcn);
+    }
   // Same island, different slice object with the same devices: no transfer at all.
   ProgramIr ir2{"y", {{DType::kF32, Shape({2})}},
                 {{"p", Pmap(a, s0), {{ValueRef::kArgNode, 0}}}, {"q", Pmap(a, s2), {{0, 0}}}},
                 {{1, 0}}};
   auto lp2 = Lower(ir2, {ArgOn(s0)}, ctx);
   ASSERT_TRUE(lp2.ok()) << lp2.status();
-  if (s2.devices == s0.devices) EXPECT_EQ(lp2->num_transfers(), 0);
+  if (s2.devices == s0.devices) {
+    EXPECT_EQ(lp2->num_transfers(), 0);
+  }
   // Resharding on the same devices (replicated input) is an ICI transfer.
   Binding rep = Pmap(a, s0);
   rep.in_global = {{DType::kF32, Shape({1})}};

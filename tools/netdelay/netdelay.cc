@@ -1,16 +1,18 @@
 // pw-netdelay: adds a fixed one-way latency to the packets of an NFQUEUE queue, in the network
 // namespace it runs in. A stand-in for `tc qdisc ... netem delay` on kernels built without netem
 // (CONFIG_NET_SCH_NETEM unset, as in the VMs our CI runs on); the multi-host test uses it to delay
-// the links between islands (scripts/netns-cluster-test.sh).
+// the links between islands (scripts/netns-cluster-test.sh), on each host's input:
 //
-//   iptables -A OUTPUT -d 10.77.1.0/24 -j NFQUEUE --queue-num 7 --queue-bypass
+//   iptables -A INPUT -s 10.77.1.0/24 -j NFQUEUE --queue-num 7 --queue-bypass
 //   pw-netdelay --queue 7 --delay-ms 2
 //
-// The kernel holds each queued packet until its verdict; this process accepts every packet
-// `delay` after it arrived, in arrival order (one queue, one fixed delay, so first in is first
-// due). Only packet metadata is copied to user space. Bandwidth caps stay with tc (htb), which
-// runs after the OUTPUT hook. It stops on SIGINT/SIGTERM, accepting what it still holds; with
-// --queue-bypass in the rule, packets pass undelayed while no process is bound.
+// Delay what arrives, not what leaves: packets held at the sender's OUTPUT hook count against the
+// sending socket's TCP small-queue budget, which then throttles it (measured: a 64 MiB send took
+// 61 s instead of 0.17 s). The kernel holds each queued packet until its verdict; this process
+// accepts every packet `delay` after it arrived, in arrival order (one queue, one fixed delay, so
+// first in is first due). Only packet metadata is copied to user space; bandwidth caps stay with
+// tc (htb). It stops on SIGINT/SIGTERM, accepting what it still holds; with --queue-bypass in the
+// rule, packets pass undelayed while no process is bound.
 #include <libnetfilter_queue/libnetfilter_queue.h>
 #include <arpa/inet.h>
 #include <linux/netfilter.h>
@@ -106,10 +108,17 @@ int main(int argc, char** argv) {
   const int rcvbuf = 8 << 20;
   setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof(rcvbuf));
 
+  // The stop signals are blocked except inside ppoll, so one cannot land between the loop's check
+  // and the wait and go unnoticed.
   struct sigaction sa = {};
   sa.sa_handler = [](int) { stop = 1; };
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigset_t stops, unblocked;
+  sigemptyset(&stops);
+  sigaddset(&stops, SIGINT);
+  sigaddset(&stops, SIGTERM);
+  sigprocmask(SIG_BLOCK, &stops, &unblocked);
   std::fprintf(stderr, "pw-netdelay: queue %ld, delay %.3f ms\n", queue, delay_ms);
 
   auto release_due = [&](Clock::time_point now) {
@@ -129,7 +138,7 @@ int main(int argc, char** argv) {
       timeout = {static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
     }
     pollfd p = {fd, POLLIN, 0};
-    const int ready = ppoll(&p, 1, s.held.empty() ? nullptr : &timeout, nullptr);
+    const int ready = ppoll(&p, 1, s.held.empty() ? nullptr : &timeout, &unblocked);
     if (ready < 0 && errno != EINTR) {
       std::fprintf(stderr, "pw-netdelay: poll: %s\n", std::strerror(errno));
       status = 1;
