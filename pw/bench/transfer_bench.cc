@@ -231,6 +231,7 @@ absl::StatusOr<std::vector<TransferBenchResult>> RunTransferBenchOn(
         "transfer bench: the cluster has no live device on another host than its first");
   struct Path {
     const char* name;
+    bool dcn;  // Which link counter its bytes land in.
     const std::optional<Slice>& dst;
   };
   std::vector<TransferBenchResult> results;
@@ -243,7 +244,7 @@ absl::StatusOr<std::vector<TransferBenchResult>> RunTransferBenchOn(
     for (int64_t i = 0; i < size; ++i) host.bytes[i] = static_cast<uint8_t>(i * 131);
     const Sharding one = Sharding::Split({1}, 2, 0);
     PW_ASSIGN_OR_RETURN(Array at_src, client->Put(host, src->info().id, one));
-    for (const Path& path : {Path{"ici", ici_dst}, Path{"dcn", dcn_dst}}) {
+    for (const Path& path : {Path{"ici", false, ici_dst}, Path{"dcn", true, dcn_dst}}) {
       if (!path.dst) continue;
       PW_ASSIGN_OR_RETURN(BoundFunction copy, client->Pmap(copy_fn, *path.dst));
       PW_ASSIGN_OR_RETURN(Array resident, client->Put(host, path.dst->info().id, one));
@@ -276,10 +277,9 @@ absl::StatusOr<std::vector<TransferBenchResult>> RunTransferBenchOn(
         best_resident = std::max(best_resident, l);
       }
       const auto after = LinkBytes(controller);
-      const bool dcn = std::string(path.name) == "dcn";
       TransferBenchResult r{path.name, "resident", size, best, best_resident, best / best_resident};
       r.moved_bytes = moved;
-      r.counted_bytes = dcn ? after.second - before.second : after.first - before.first;
+      r.counted_bytes = path.dcn ? after.second - before.second : after.first - before.first;
       std::fprintf(stderr,
                    "transfer bench: %10lld B  %s %8.1f MB/s (resident %8.1f)  moved %lld B, "
                    "counted %lld B\n",

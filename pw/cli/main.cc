@@ -58,15 +58,22 @@ struct Target {
   pw::ControllerInterface* controller = nullptr;
 };
 
+// A client's connection to the cluster at `address`, with $PW_TOKEN; says so on stderr.
+absl::StatusOr<std::unique_ptr<pw::rpc::RemoteController>> Dial(const std::string& address,
+                                                                const char* what) {
+  auto remote = pw::rpc::RemoteController::Dial(address, {.token = EnvToken()});
+  if (remote.ok()) std::fprintf(stderr, "pw: %s the cluster at %s\n", what, address.c_str());
+  return remote;
+}
+
 absl::StatusOr<Target> Connect(const std::string& cluster_flag, const pw::ClusterSpec& spec) {
   Target t;
   const std::string address = pw::server::ClusterAddress(cluster_flag);
   if (!address.empty()) {
-    auto remote = pw::rpc::RemoteController::Dial(address, {.token = EnvToken()});
+    auto remote = Dial(address, "using");
     if (!remote.ok()) return remote.status();
     t.remote = *std::move(remote);
     t.controller = t.remote.get();
-    std::fprintf(stderr, "pw: using the cluster at %s\n", address.c_str());
     return t;
   }
   auto cluster = pw::EmbeddedCluster::Create(spec);
@@ -167,9 +174,8 @@ int main(int argc, char** argv) {
     if (address.empty()) {
       r = pw::RunDispatchBench(bo);
     } else {
-      auto remote = pw::rpc::RemoteController::Dial(address, {.token = EnvToken()});
+      auto remote = Dial(address, "dispatch bench on");
       if (!remote.ok()) return Fail(remote.status());
-      std::fprintf(stderr, "pw: dispatch bench on the cluster at %s\n", address.c_str());
       std::set<int64_t> isl;
       for (const auto& h : (*remote)->Status().hosts) isl.insert(h.island.value());
       bo.islands = std::max<int>(1, static_cast<int>(isl.size()));
@@ -196,9 +202,8 @@ int main(int argc, char** argv) {
       r = pw::RunTransferBench(to);
     } else {
       const std::string address = pw::server::ClusterAddress(cluster);
-      auto remote = pw::rpc::RemoteController::Dial(address, {.token = EnvToken()});
+      auto remote = Dial(address, "transfer bench on");
       if (!remote.ok()) return Fail(remote.status());
-      std::fprintf(stderr, "pw: transfer bench on the cluster at %s\n", address.c_str());
       r = pw::RunTransferBenchOn(remote->get(), to);
     }
     if (!r.ok()) return Fail(r.status());
