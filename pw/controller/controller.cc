@@ -485,10 +485,15 @@ void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin, Promis
     if (cancelled_.erase(run) > 0 || !s.ok())
       for (WorkerInterface* w : AllWorkers()) w->ForgetRuns({run});
   }
+  {
+    // Counted before the client can see the run done, so a Status() after it includes the run.
+    pw::MutexLock lock(&mu_);
+    ++runs_completed_;
+  }
   run_done.Set(s);
+  // In flight until here: WaitIdle (and so the destructor) waits for Set's callbacks too.
   pw::MutexLock lock(&mu_);
   --runs_in_flight_;
-  ++runs_completed_;
 }
 
 void Controller::Free(const std::vector<LogicalBuffer>& freed) {
