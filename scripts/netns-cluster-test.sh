@@ -30,10 +30,19 @@ cleanup() {
   rm -rf "$DIR"
 }
 trap cleanup EXIT
+trap 'exit 1' INT TERM  # Runs cleanup too.
 
 [ -x "$PW" ] || { echo "FAIL: $PW not built"; exit 1; }
 [ "$(id -u)" -eq 0 ] || skip "not root: network namespaces cannot be made"
 command -v ip >/dev/null || skip "iproute2 (ip) is not installed"
+# What an earlier run killed outright (SIGKILL skips cleanup) left behind would clash with our
+# addresses: its namespaces and bridge, named by its pid.
+for n in $(ip netns list 2>/dev/null | grep -o '^pwh[0-9]-[0-9]*'); do
+  kill -0 "${n#*-}" 2>/dev/null || ip netns del "$n" 2>/dev/null
+done
+for b in $(ip -o link show type bridge 2>/dev/null | grep -o 'pwbr[0-9]*'); do
+  kill -0 "${b#pwbr}" 2>/dev/null || ip link del "$b" 2>/dev/null
+done
 ip netns add "${NS[0]}" 2>/dev/null || skip "ip netns add failed: namespaces cannot be made here"
 ip link add "$BR" type bridge 2>/dev/null || skip "cannot create a bridge"
 ip addr add "$CTRL/16" dev "$BR" && ip link set "$BR" up
@@ -84,7 +93,7 @@ echo "DCN links: $shaped"
 export PW_TOKEN=$TOKEN PW_STATE_DIR=$DIR
 CLUSTER_TOKEN="netns-cluster-$$-$RANDOM$RANDOM"  # The controller's and workers' only.
 PW_CLUSTER_TOKEN=$CLUSTER_TOKEN "$PW" controller --islands 2 --hosts-per-island 2 --devices-per-host 2 --listen "$CTRL:0" \
-  --address-file "$DIR/addr" >"$DIR/controller.log" 2>&1 &
+  --failure-timeout-ms 60000 --address-file "$DIR/addr" >"$DIR/controller.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 200); do [ -s "$DIR/addr" ] && break; sleep 0.05; done
 ADDRESS=$(cat "$DIR/addr" 2>/dev/null) || { cat "$DIR/controller.log"; echo "FAIL: controller did not start"; exit 1; }
@@ -97,8 +106,9 @@ alive_hosts() {
   "$PW" status --cluster "$ADDRESS" --json 2>/dev/null |
     python3 -c 'import json,sys; print(sum(h["alive"] for h in json.load(sys.stdin)["hosts"]))' 2>/dev/null
 }
-for _ in $(seq 200); do [ "$(alive_hosts)" = 4 ] && break; sleep 0.1; done
+for _ in $(seq 300); do [ "$(alive_hosts)" = 4 ] && break; sleep 0.1; done
 "$PW" status --cluster "$ADDRESS" || { tail "$DIR"/*.log; echo "FAIL: status"; exit 1; }
+[ "$(alive_hosts)" = 4 ] || { tail "$DIR"/*.log; echo "FAIL: the 4 workers did not all join"; exit 1; }
 
 # The added latency is in effect: a TCP connect (one round trip) from host 0 to a worker in the
 # other island takes at least 2 x DELAY_MS (its island peer's is printed beside it).
@@ -130,10 +140,10 @@ if PW_TOKEN= "$PW" example figure2 --cluster "$ADDRESS" >/dev/null 2>"$DIR/noaut
 fi
 grep -q UNAUTHENTICATED "$DIR/noauth.err" || { cat "$DIR/noauth.err"; echo "FAIL: expected UNAUTHENTICATED"; exit 1; }
 
-out=$("$PW" example figure2 --cluster "$ADDRESS") || { tail "$DIR"/*.log; echo "FAIL: figure2"; exit 1; }
+out=$(timeout 300 "$PW" example figure2 --cluster "$ADDRESS") || { tail "$DIR"/*.log; echo "FAIL: figure2"; exit 1; }
 [ "$out" = "(array([3., 5.]), array([2., 4.]))" ] || { echo "FAIL: figure2 printed $out"; exit 1; }
 echo "figure2 across 4 namespaced hosts: $out"
-"$PW" bench dispatch --cluster "$ADDRESS" --chain 16 --min-seconds 0.2 --json >"$DIR/dispatch.json" \
+timeout 300 "$PW" bench dispatch --cluster "$ADDRESS" --chain 16 --min-seconds 0.2 --json >"$DIR/dispatch.json" \
   || { tail "$DIR"/*.log; echo "FAIL: dispatch bench"; exit 1; }
 python3 - "$DIR/dispatch.json" <<'PY' || exit 1
 import json, sys
@@ -144,7 +154,7 @@ assert j["results"] and all(r["computations_per_second"] > 0 for r in j["results
 PY
 # Transfers through the shaped links complete, arrive intact (the bench checks the bytes), and
 # the workers count exactly the bytes moved, on the right link.
-"$PW" bench transfer --cluster "$ADDRESS" --sizes 1048576,16777216 --rounds 1 --min-seconds 0 \
+timeout 300 "$PW" bench transfer --cluster "$ADDRESS" --sizes 1048576,16777216 --rounds 1 --min-seconds 0 \
   --json >"$DIR/transfer.json" 2>"$DIR/transfer.err" ||
   { tail "$DIR"/*.log "$DIR/transfer.err"; echo "FAIL: transfer bench"; exit 1; }
 python3 - "$DIR/transfer.json" <<'PY' || exit 1

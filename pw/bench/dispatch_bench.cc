@@ -65,7 +65,7 @@ absl::StatusOr<std::vector<DispatchBenchResult>> RunDispatchBenchOn(ControllerIn
   if (o.chain <= 0) return absl::InvalidArgumentError("dispatch bench needs chain > 0");
   // The slice spans every live device of the cluster.
   int n = 0;
-  const ClusterStatus status = controller->Status();
+  PW_ASSIGN_OR_RETURN(const ClusterStatus status, StatusOfEveryHost(*controller));
   for (const HostStatus& h : status.hosts)
     for (const DeviceStatus& d : h.devices) n += d.alive;
   if (n == 0) return absl::UnavailableError("dispatch bench: the cluster has no live devices");

@@ -20,7 +20,8 @@ TEST(TransferBenchOnTest, MovesBetweenHostsAndCountsEachLink) {
                          .min_iterations = 2};
   auto link_bytes = [&] {
     std::pair<int64_t, int64_t> b{0, 0};
-    for (const HostStatus& h : cluster->controller().Status().hosts) {
+    const std::vector<HostStatus> hosts = StatusOfEveryHost(cluster->controller()).value().hosts;
+    for (const HostStatus& h : hosts) {
       b.first += h.ici_bytes_received;
       b.second += h.dcn_bytes_received;
     }

@@ -190,6 +190,10 @@ int ClusterCommands::Status() {
     for (const auto& hs : st->hosts()) {
       if (hs.host() != m.host()) continue;
       h["island"] = hs.island();
+      if (!hs.error().empty()) {  // The controller could not ask this host.
+        h["status_error"] = hs.error();
+        continue;
+      }
       h["buffers"] = hs.buffers();
       h["buffer_bytes"] = hs.buffer_bytes();
       h["ici_bytes_received"] = hs.ici_bytes_received();
@@ -230,6 +234,8 @@ int ClusterCommands::Status() {
               "buffers", "dispatch", "devices (memory in use / capacity, queue, executed)");
   for (const auto& h : j["hosts"]) {
     std::string devices;
+    if (h.contains("status_error"))
+      devices = absl::StrCat("no status: ", h["status_error"].get<std::string>());
     if (h.contains("devices"))
       for (const auto& d : h["devices"])
         absl::StrAppend(&devices, "d", d["device"].get<int64_t>(), ": ",
@@ -315,14 +321,15 @@ int ClusterCommands::Worker() {
   }
   std::fprintf(stderr, "pw worker: host:%lld serving at %s\n", (long long)host_,
                (*server)->address().c_str());
-  (*server)->WaitForStop();
-  std::fprintf(stderr, "pw worker: host:%lld stopping\n", (long long)host_);
+  const absl::Status why = (*server)->WaitForStop();
+  std::fprintf(stderr, "pw worker: host:%lld stopping%s%s\n", (long long)host_,
+               why.ok() ? "" : ": ", why.ok() ? "" : why.ToString().c_str());
   {
     pw::MutexLock lock(&mu);
     running = nullptr;
   }
   server->reset();
-  return 0;
+  return why.ok() ? 0 : 1;  // Non-zero: a cluster manager restarts it.
 }
 
 }  // namespace pw::cli

@@ -176,8 +176,10 @@ int main(int argc, char** argv) {
     } else {
       auto remote = Dial(address, "dispatch bench on");
       if (!remote.ok()) return Fail(remote.status());
+      auto status = (*remote)->Status();
+      if (!status.ok()) return Fail(status.status());
       std::set<int64_t> isl;
-      for (const auto& h : (*remote)->Status().hosts) isl.insert(h.island.value());
+      for (const auto& h : status->hosts) isl.insert(h.island.value());
       bo.islands = std::max<int>(1, static_cast<int>(isl.size()));
       auto rtt = pw::MeasureLoopbackRttUs();
       if (rtt.ok()) bo.loopback_rtt_us = *rtt;

@@ -623,12 +623,17 @@ absl::Status Controller::ReleaseArray(ClientId client, BufferId id) {
   return absl::OkStatus();
 }
 
-ClusterStatus Controller::Status() {
+absl::StatusOr<ClusterStatus> Controller::Status() {
   ClusterStatus s;
-  std::vector<WorkerInterface*> workers;
+  struct Asked {
+    HostId host;
+    IslandId island;
+    WorkerInterface* worker;
+  };
+  std::vector<Asked> workers;
   {
     pw::MutexLock lock(&mu_);
-    for (const auto& [h, w] : workers_) workers.push_back(w);
+    for (const auto& [h, w] : workers_) workers.push_back({h, host_island_.at(h), w});
     s.runs_in_flight = static_cast<size_t>(runs_in_flight_);
     s.runs_completed = runs_completed_;
     for (const auto& sched : schedulers_) s.scheduler_queue_depth.push_back(sched->queue_depth());
@@ -639,7 +644,17 @@ ClusterStatus Controller::Status() {
             [](const auto& a, const auto& b) { return a.run < b.run; });
   if (s.running.size() > ClusterStatus::kMaxRunningListed)
     s.running.resize(ClusterStatus::kMaxRunningListed);
-  for (WorkerInterface* w : workers) s.hosts.push_back(w->Status());
+  for (const Asked& a : workers) {
+    absl::StatusOr<HostStatus> h = a.worker->Status();
+    if (h.ok()) {
+      s.hosts.push_back(*std::move(h));
+      continue;
+    }
+    HostStatus& unknown = s.hosts.emplace_back();
+    unknown.host = a.host;
+    unknown.island = a.island;
+    unknown.error = h.status().ToString();
+  }
   std::sort(s.hosts.begin(), s.hosts.end(),
             [](const HostStatus& a, const HostStatus& b) { return a.host < b.host; });
   s.logical_buffers = buffers_.size();

@@ -65,7 +65,7 @@ class Controller final : public ControllerInterface {
   Future<HostArray> FetchArray(ClientId client, BufferId id) override;
   Future<> ArrayReady(ClientId client, BufferId id) override;
   absl::Status ReleaseArray(ClientId client, BufferId id) override;
-  ClusterStatus Status() override;
+  absl::StatusOr<ClusterStatus> Status() override;
 
  private:
   struct Function {

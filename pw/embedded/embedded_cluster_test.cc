@@ -102,7 +102,7 @@ class ClusterTest : public ::testing::TestWithParam<Transport> {
     const absl::Time deadline = absl::Now() + kDeadlockTimeout;
     ClusterStatus s;
     auto empty = [&] {
-      s = controller().Status();
+      s = StatusOfEveryHost(controller()).value();
       if (s.logical_buffers != 0 || s.runs_in_flight != 0) return false;
       for (const auto& h : s.hosts) {
         if (h.buffers != 0 || h.buffer_bytes != 0) return false;
@@ -180,7 +180,8 @@ TEST_P(ClusterTest, ReshardsBetweenShardings) {
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(Values((*out)[0]), (std::vector<float>{1, 2, 3, 4}));
   int64_t dcn = 0;
-  for (const auto& h : controller().Status().hosts) dcn += h.dcn_bytes_received;
+  const std::vector<HostStatus> hosts = StatusOfEveryHost(controller()).value().hosts;
+  for (const auto& h : hosts) dcn += h.dcn_bytes_received;
   EXPECT_EQ(dcn, 2 * 16) << "each replica receives the whole f32[4] over DCN";
 }
 
@@ -255,7 +256,7 @@ TEST_P(ClusterTest, NoBufferLeftAfterThousandsOfPrograms) {
       }
     }
     for (auto& f : window) ASSERT_TRUE(f.status().ok());
-    EXPECT_EQ(controller().Status().runs_completed, runs);
+    EXPECT_EQ(controller().Status().value().runs_completed, runs);
   }
   ExpectNothingLeft();
 }
@@ -277,14 +278,15 @@ TEST_P(ClusterTest, BackPressureWaitsForMemoryAndNeverFitFails) {
   const absl::Time deadline = absl::Now() + kDeadlockTimeout;
   while (true) {  // Until both devices' reservations wait.
     waiters = 0;
-    for (const auto& h : controller().Status().hosts)
+    const std::vector<HostStatus> hosts = StatusOfEveryHost(controller()).value().hosts;
+    for (const auto& h : hosts)
       for (const auto& d : h.devices) waiters += d.memory_waiters;
     if (waiters == 2 || absl::Now() >= deadline) break;
     absl::SleepFor(absl::Milliseconds(1));
   }
   EXPECT_EQ(waiters, 2u);
   // Status lists the waiting run (through the transport under test), naming its program.
-  ClusterStatus st = api()->Status();
+  ClusterStatus st = api()->Status().value();
   ASSERT_EQ(st.running.size(), 1u);
   EXPECT_EQ(st.running[0].client, c->id());
   EXPECT_TRUE(absl::StrContains(st.running[0].program, "inc")) << st.running[0].program;
@@ -565,7 +567,8 @@ TEST_P(ClusterTest, DisconnectCancelsRunsThatHaveNotLaunched) {
     EXPECT_TRUE(absl::StrContains(r.status().message(), "disconnected")) << r.status();
   }
   size_t cancelled = 0;
-  for (const auto& h : controller().Status().hosts) cancelled += h.cancelled_shards;
+  const std::vector<HostStatus> hosts = StatusOfEveryHost(controller()).value().hosts;
+  for (const auto& h : hosts) cancelled += h.cancelled_shards;
   EXPECT_EQ(cancelled, 40u);  // 20 runs, one shard per device.
   held.clear();
   queued.clear();

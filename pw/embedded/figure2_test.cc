@@ -29,7 +29,8 @@ TEST(Figure2Test, CrossIslandTransfersAreCountedAsDcn) {
   auto cluster = *EmbeddedCluster::Create(*ClusterSpec::Uniform(2, 1, 2));
   ASSERT_TRUE(RunFigure2(&cluster->controller()).ok());
   int64_t dcn = 0, ici = 0;
-  for (const auto& h : cluster->controller().Status().hosts) {
+  const std::vector<HostStatus> hosts = StatusOfEveryHost(cluster->controller()).value().hosts;
+  for (const auto& h : hosts) {
     dcn += h.dcn_bytes_received;
     ici += h.ici_bytes_received;
   }

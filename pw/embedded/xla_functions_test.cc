@@ -202,10 +202,10 @@ TEST_F(XlaFunctionsTest, SpmdPartitionWithAFailedInputFailsTheWholeLaunch) {
   }
 }
 
-// A device of an SPMD slice is removed while its partition is queued behind slow work and the
-// other partition may already wait inside XLA's all-reduce: the removed device's partition still
-// runs (a stand-in on zeros, on its device's thread), so the other is not left waiting (XLA would
-// end the process after 40 s), and the run fails, naming the removal.
+// A device of an SPMD slice is removed while its partition is queued (behind an item the test
+// holds) and the other partition may already wait inside XLA's all-reduce: the removed device's
+// partition still runs (a stand-in on zeros, on its device's thread), so the other is not left
+// waiting (XLA would end the process after 40 s), and the run fails, naming the removal.
 TEST_F(XlaFunctionsTest, SpmdPartitionOfARemovedDeviceStillMeetsItsPeer) {
   Slice s = NewSlice();
   auto psum = client_->Pmap(LoadSpmd("psum2", 2), s);
@@ -222,9 +222,18 @@ TEST_F(XlaFunctionsTest, SpmdPartitionOfARemovedDeviceStillMeetsItsPeer) {
   const HostArray x = *HostArray::Of<float>(DType::kF32, Shape({2, 3}), Rows(2));
   auto warm = f->Call({x});  // Compiles both functions.
   ASSERT_TRUE(warm.ok() && (*warm)[0].Ready().status().ok());
+  // Hold the second device, so its partitions are still queued when it is removed.
+  const DeviceId held = s.info().devices[1];
+  Device* device = nullptr;
+  for (HostId h : {HostId(0), HostId(1)})
+    if (device == nullptr) device = cluster_->worker(h)->FindDevice(held);
+  ASSERT_NE(device, nullptr);
+  Promise<> release;
+  device->Enqueue([gate = release.future()](const absl::Status&) { gate.Await(); });
   auto out = f->Call({x});
   ASSERT_TRUE(out.ok()) << out.status();
-  ASSERT_TRUE(cluster_->RemoveDevice(s.info().devices[1], "pulled for the test").ok());
+  ASSERT_TRUE(cluster_->RemoveDevice(held, "pulled for the test").ok());
+  release.Set();
   absl::Status st = (*out)[0].Ready().status();
   EXPECT_FALSE(st.ok());
   EXPECT_NE(st.message().find("pulled for the test"), std::string::npos) << st;

@@ -259,8 +259,9 @@ grpc::ServerUnaryReactor* ControllerService::ReleaseArray(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* ControllerService::Status(grpc::CallbackServerContext* ctx,
                                                     const v1::Empty*, v1::ClusterStatus* resp) {
   PW_AUTHORIZE(ctx);
-  return Offload(ctx, [this, resp] {
-    ToProto(controller_->Status(), resp);
+  return Offload(ctx, [this, resp]() -> absl::Status {
+    PW_ASSIGN_OR_RETURN(ClusterStatus status, controller_->Status());
+    ToProto(status, resp);
     membership_->AddMembers(resp);
     resp->set_clients(static_cast<int64_t>(num_clients()));
     return absl::OkStatus();

@@ -344,11 +344,9 @@ absl::StatusOr<v1::ClusterStatus> RemoteController::FullStatus() {
   return resp;
 }
 
-ClusterStatus RemoteController::Status() {
-  absl::StatusOr<v1::ClusterStatus> s = FullStatus();
-  if (!s.ok()) return ClusterStatus();
-  absl::StatusOr<ClusterStatus> c = FromProto(*s);
-  return c.ok() ? *std::move(c) : ClusterStatus();
+absl::StatusOr<ClusterStatus> RemoteController::Status() {
+  PW_ASSIGN_OR_RETURN(v1::ClusterStatus s, FullStatus());
+  return FromProto(s);
 }
 
 absl::Status RemoteController::Shutdown() {

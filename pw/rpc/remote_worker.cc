@@ -143,10 +143,7 @@ void RemoteWorker::Send(v1::Command c, Pending p) {
   {
     pw::MutexLock lock(&mu_);
     if (failed_.empty()) {
-      if (stream_ == nullptr) {
-        programs_sent_.clear();
-        stream_ = new Stream(this);
-      }
+      OpenStreamLocked();
       const uint64_t seq = next_seq_++;
       c.set_seq(seq);
       pending_.emplace(seq, std::move(p));
@@ -196,6 +193,17 @@ void RemoteWorker::OnStreamEnd(Stream* stream, const absl::Status& s) {
   // Last: the destructor waits for this, so nothing above may run after it.
   pw::MutexLock lock(&mu_);
   if (stream_ == stream) stream_ = nullptr;
+}
+
+void RemoteWorker::OpenStreamLocked() {
+  if (stream_ != nullptr) return;
+  programs_sent_.clear();
+  stream_ = new Stream(this);
+}
+
+void RemoteWorker::OpenCommandStream() {
+  pw::MutexLock lock(&mu_);
+  if (failed_.empty()) OpenStreamLocked();
 }
 
 std::string RemoteWorker::failure() const {
@@ -259,10 +267,7 @@ void RemoteWorker::ForgetRuns(const std::vector<RunId>& runs) {
 void RemoteWorker::SendUnacknowledged(v1::Command c) {
   pw::MutexLock lock(&mu_);
   if (!failed_.empty()) return;  // The worker is gone, and with it its buffers and runs.
-  if (stream_ == nullptr) {
-    programs_sent_.clear();
-    stream_ = new Stream(this);
-  }
+  OpenStreamLocked();
   c.set_seq(next_seq_++);
   stream_->Write(std::move(c));
 }
@@ -285,7 +290,7 @@ absl::Status RemoteWorker::RemoveDevice(DeviceId device, const absl::Status& rea
   ToProto(reason, req.mutable_reason());
   grpc::ClientContext ctx;
   AddToken(&ctx, options_.token);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::Empty resp;
   absl::Status s = FromGrpc(stub_->RemoveDevice(&ctx, req, &resp));
   return s.ok() ? s : Where(s);
@@ -296,24 +301,22 @@ absl::Status RemoteWorker::RestoreDevice(DeviceId device) {
   req.set_device(device.value());
   grpc::ClientContext ctx;
   AddToken(&ctx, options_.token);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::Empty resp;
   absl::Status s = FromGrpc(stub_->RestoreDevice(&ctx, req, &resp));
   return s.ok() ? s : Where(s);
 }
 
-HostStatus RemoteWorker::Status() const {
+absl::StatusOr<HostStatus> RemoteWorker::Status() const {
   grpc::ClientContext ctx;
   AddToken(&ctx, options_.token);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   v1::Empty req;
   v1::HostStatus resp;
-  if (stub_->Status(&ctx, req, &resp).ok()) {
-    if (auto s = FromProto(resp); s.ok()) return *std::move(s);
-  }
-  HostStatus s;
-  s.host = host_;
-  return s;
+  if (absl::Status s = FromGrpc(stub_->Status(&ctx, req, &resp)); !s.ok()) return Where(s);
+  absl::StatusOr<HostStatus> h = FromProto(resp);
+  if (!h.ok()) return Where(h.status());
+  return h;
 }
 
 // ---------------------------------------------------------------- the data plane's write side

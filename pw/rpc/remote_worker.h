@@ -42,7 +42,7 @@ class RemoteWorker final : public WorkerInterface {
   absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) override;
   absl::Status RestoreDevice(DeviceId device) override;
   // Asks the worker; a worker that cannot be reached reports its devices as not alive.
-  HostStatus Status() const override;
+  absl::StatusOr<HostStatus> Status() const override;
 
   // Sends a collective contribution (fire and forget); `on_error` runs if it cannot be delivered.
   void SendCollective(::pathways::v1::CollectiveContribution c,
@@ -51,6 +51,9 @@ class RemoteWorker final : public WorkerInterface {
   void Fail(const std::string& reason);
   // Why commands fail now ("" while the worker is reachable).
   std::string failure() const;
+  // Opens the command stream now (else the first command opens it), so that a worker process
+  // that dies while idle is noticed at once, by the stream breaking.
+  void OpenCommandStream();
 
  private:
   class Stream;
@@ -60,6 +63,7 @@ class RemoteWorker final : public WorkerInterface {
   };
   // Sends `c` (with seq set) on the stream, opening it if needed; `p` is kept until DONE.
   void Send(::pathways::v1::Command c, Pending p);
+  void OpenStreamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A command no event answers (deletes, cancellations): dropped once the worker has failed.
   void SendUnacknowledged(::pathways::v1::Command c);
   void OnEvent(const ::pathways::v1::CommandEvent& e);

@@ -53,7 +53,9 @@ TEST(ShmArenaTest, StaleSegmentsOfDeadProcessesAreRemoved) {
     ASSERT_GE(fd, 0) << n;
     close(fd);
   }
-  EXPECT_GE(RemoveStaleSegments(), 1);
+  // Another test process starting a worker at the same time may remove it first: the count is
+  // not checked, only that it is gone.
+  RemoveStaleSegments();
   EXPECT_LT(shm_open(dead.c_str(), O_RDONLY, 0), 0) << "the dead process's segment is still there";
   const int fd = shm_open(live.c_str(), O_RDONLY, 0);
   EXPECT_GE(fd, 0) << "a live process's segment was removed";

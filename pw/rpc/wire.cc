@@ -530,6 +530,7 @@ void ToProto(const HostStatus& h, v1::HostStatus* out) {
   out->set_dcn_bytes_received(h.dcn_bytes_received);
   out->set_dispatch_queue_depth(static_cast<int64_t>(h.dispatch_queue_depth));
   out->set_cancelled_shards(h.cancelled_shards);
+  out->set_error(h.error);
 }
 
 absl::StatusOr<HostStatus> FromProto(const v1::HostStatus& p) {
@@ -545,6 +546,7 @@ absl::StatusOr<HostStatus> FromProto(const v1::HostStatus& p) {
                       Count(p.dispatch_queue_depth(), "host status dispatch_queue_depth"));
   PW_ASSIGN_OR_RETURN(h.cancelled_shards,
                       Count(p.cancelled_shards(), "host status cancelled_shards"));
+  h.error = p.error();
   return h;
 }
 

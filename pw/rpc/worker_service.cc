@@ -478,8 +478,9 @@ grpc::ServerUnaryReactor* WorkerService::RestoreDevice(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx,
                                                 const v1::Empty*, v1::HostStatus* resp) {
   if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
-  ToProto(worker_->Status(), resp);
-  return Reply(ctx, absl::OkStatus());
+  absl::StatusOr<HostStatus> status = worker_->Status();
+  if (status.ok()) ToProto(*status, resp);
+  return Reply(ctx, status.status());
 }
 
 grpc::ServerUnaryReactor* WorkerService::Collective(grpc::CallbackServerContext* ctx,

@@ -30,7 +30,7 @@ class FakeWorker final : public WorkerInterface {
   void ForgetRuns(const std::vector<RunId>&) override {}
   absl::Status RemoveDevice(DeviceId, const absl::Status&) override { return absl::OkStatus(); }
   absl::Status RestoreDevice(DeviceId) override { return absl::OkStatus(); }
-  HostStatus Status() const override { return {}; }
+  absl::StatusOr<HostStatus> Status() const override { return HostStatus{}; }
 
   std::vector<std::vector<int>> messages() {
     pw::MutexLock lock(&mu_);

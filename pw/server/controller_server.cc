@@ -94,6 +94,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> ControllerServer::RegisterWorker(
   auto worker = std::make_unique<rpc::RemoteWorker>(host, req.address(), to_worker,
                                                     /*same_machine=*/req.machine() == name);
   rpc::RemoteWorker* w = worker.get();
+  w->OpenCommandStream();
   {
     pw::MutexLock lock(&mu_);
     workers_.push_back(std::move(worker));

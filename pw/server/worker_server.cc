@@ -112,14 +112,17 @@ absl::Status WorkerServer::Register() {
   return absl::OkStatus();
 }
 
-void WorkerServer::Stop() {
+void WorkerServer::Stop(const absl::Status& why) {
   pw::MutexLock lock(&mu_);
+  if (stop_) return;
   stop_ = true;
+  stop_reason_ = why;
 }
 
-void WorkerServer::WaitForStop() {
+absl::Status WorkerServer::WaitForStop() {
   pw::MutexLock lock(&mu_);
   mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_; });
+  return stop_reason_;
 }
 
 void WorkerServer::HeartbeatLoop() {
@@ -135,18 +138,19 @@ void WorkerServer::HeartbeatLoop() {
     grpc::ClientContext ctx;
     absl::Status s = rpc::FromGrpc(controller_->Heartbeat(Prepare(&ctx, absl::Seconds(2)), req, &resp));
     if (absl::IsFailedPrecondition(s)) {
-      std::fprintf(stderr, "pw worker %s: %s; registering again\n",
-                   options_.host.ToString().c_str(), std::string(s.message()).c_str());
-      s = Register();
+      // Declared failed (say, after a stall) or the controller restarted: what this process
+      // holds is stale (its work was failed, its devices removed from the others' collectives).
+      Stop(absl::AbortedError(absl::StrCat(
+          options_.host.ToString(), ": the controller no longer counts this worker as live (",
+          s.message(), "); exiting, to be restarted afresh")));
+      return;
     }
     if (s.ok()) {
       last_ok = absl::Now();
     } else if (absl::Now() - last_ok > options_.controller_lost_timeout) {
-      std::fprintf(stderr, "pw worker %s: controller unreachable for %s (%s); stopping\n",
-                   options_.host.ToString().c_str(),
-                   absl::FormatDuration(absl::Now() - last_ok).c_str(),
-                   std::string(s.message()).c_str());
-      Stop();
+      Stop(absl::UnavailableError(absl::StrCat(
+          options_.host.ToString(), ": controller unreachable for ",
+          absl::FormatDuration(absl::Now() - last_ok), " (", s.message(), "); exiting")));
       return;
     }
   }

@@ -48,9 +48,12 @@ class WorkerServer final : public CollectivePeers {
 
   const std::string& address() const { return address_; }
   HostId host() const { return options_.host; }
-  // Blocks until Stop() or the controller has been unreachable too long.
-  void WaitForStop();
-  void Stop();
+  // Blocks until Stop(), the controller has been unreachable too long, or it no longer counts
+  // this worker as live (it declared the host failed, or it restarted): then this worker's state
+  // is stale, and it must start afresh as a new process (its cluster manager restarts it).
+  // Returns OK after Stop(), else why the worker stopped.
+  absl::Status WaitForStop();
+  void Stop(const absl::Status& why = absl::OkStatus());
 
   // --- CollectivePeers.
   bool IsLocal(DeviceId device) const override;
@@ -94,6 +97,7 @@ class WorkerServer final : public CollectivePeers {
   std::unique_ptr<rpc::ShmMailbox> mailbox_;  // Ours.
   std::vector<std::unique_ptr<rpc::RemoteWorker>> stubs_ ABSL_GUARDED_BY(mu_);  // Never freed early.
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status stop_reason_ ABSL_GUARDED_BY(mu_);
   std::thread heartbeat_;
 };
 

@@ -86,7 +86,13 @@ class ControllerInterface {
   virtual Future<> ArrayReady(ClientId client, BufferId id) = 0;
   virtual absl::Status ReleaseArray(ClientId client, BufferId id) = 0;
 
-  virtual ClusterStatus Status() = 0;
+  // An error only when the controller cannot be asked; a host it cannot ask is listed with
+  // HostStatus::error.
+  virtual absl::StatusOr<ClusterStatus> Status() = 0;
 };
+
+// The cluster's status with every host's counts: an error naming the first host that could not
+// be asked (for callers that add up counts, where a missing host would read as zeros).
+absl::StatusOr<ClusterStatus> StatusOfEveryHost(ControllerInterface& controller);
 
 }  // namespace pw

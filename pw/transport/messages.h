@@ -107,6 +107,8 @@ struct HostStatus {
   int64_t dcn_bytes_received = 0;
   size_t dispatch_queue_depth = 0;
   size_t cancelled_shards = 0;  // Shards of cancelled runs that were not run.
+  // Non-empty when the host's status could not be had (the counts above are then empty).
+  std::string error;
 };
 
 }  // namespace pw

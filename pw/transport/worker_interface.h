@@ -42,7 +42,8 @@ class WorkerInterface {
   virtual absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) = 0;
   // A removed device is back in service (its host's worker rejoined).
   virtual absl::Status RestoreDevice(DeviceId device) = 0;
-  virtual HostStatus Status() const = 0;
+  // An error (naming the host) when the host cannot be asked.
+  virtual absl::StatusOr<HostStatus> Status() const = 0;
 };
 
 }  // namespace pw

@@ -470,7 +470,7 @@ absl::Status Worker::RestoreDevice(DeviceId device_id) {
   return absl::OkStatus();
 }
 
-HostStatus Worker::Status() const {
+absl::StatusOr<HostStatus> Worker::Status() const {
   HostStatus s;
   s.host = host_;
   s.island = island_;

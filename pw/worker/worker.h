@@ -54,7 +54,9 @@ class Worker final : public WorkerInterface {
   void ForgetRuns(const std::vector<RunId>& runs) override;
   absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) override;
   absl::Status RestoreDevice(DeviceId device) override;
-  HostStatus Status() const override;
+  absl::StatusOr<HostStatus> Status() const override;
+  // This host's device `id`, or nullptr.
+  Device* FindDevice(DeviceId id) const;
 
  private:
   void RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued, Promise<> done);
@@ -66,7 +68,6 @@ class Worker final : public WorkerInterface {
                         const std::shared_ptr<Countdown>& done);
   absl::StatusOr<ExecutableRef> LoadExecutable(FunctionId id,
                                                absl::Span<const DeviceId> slice_devices);
-  Device* FindDevice(DeviceId id) const;
   // Why `run` was cancelled (counting one more shard not run), or OK.
   absl::Status Cancelled(RunId run);
   // Registers a failed shard so consumers see `error` too.
