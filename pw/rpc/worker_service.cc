@@ -13,11 +13,13 @@ namespace pw::rpc {
 namespace v1 = ::pathways::v1;
 
 WorkerService::WorkerService(WorkerInterface* worker, Collectives* collectives, std::string token,
-                             std::function<void(DeviceId)> on_restore)
+                             std::function<void(DeviceId)> on_restore,
+                             std::function<void(const v1::CollectiveContribution&)> on_collective)
     : worker_(worker),
       collectives_(collectives),
       token_(std::move(token)),
-      on_restore_(std::move(on_restore)) {}
+      on_restore_(std::move(on_restore)),
+      on_collective_(std::move(on_collective)) {}
 
 absl::StatusOr<std::shared_ptr<const HostProgram>> WorkerService::Program(
     uint64_t id, const v1::HostProgram* body) {
@@ -487,6 +489,7 @@ grpc::ServerUnaryReactor* WorkerService::Collective(grpc::CallbackServerContext*
                                                     const v1::CollectiveContribution* req,
                                                     v1::Empty*) {
   if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
+  if (on_collective_) on_collective_(*req);
   return Reply(ctx, Deliver(collectives_, *req));
 }
 

@@ -171,6 +171,36 @@ TEST_F(GrpcClusterTest, CollectivesSpanWorkerProcessesAndDispatchBenchChecksResu
   ExpectNothingLeft();
 }
 
+// Each process sends its shards' collective inputs to the others: the receivers count them on
+// the link they crossed, as transfers are counted.
+TEST_F(GrpcClusterTest, CollectiveInputsFromOtherProcessesAreCountedPerLink) {
+  Start(2, 2, 1);  // Four processes: two per island, one device each.
+  auto client = *Client::Connect(remote_.get(), "c");
+  Slice all = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 4});
+  BoundFunction sum = *client->Pmap(ReduceAdd("sum"), all);
+  Array x = *client->Put(F32({1, 2, 3, 4}), all.info().id, Sharding::Split({4}, 1, 0));
+  ASSERT_TRUE(x.Ready().status().ok());
+  auto links = [&] {
+    std::pair<int64_t, int64_t> b{0, 0};
+    const std::vector<HostStatus> hosts = StatusOfEveryHost(*remote_).value().hosts;
+    for (const auto& h : hosts) {
+      b.first += h.ici_bytes_received;
+      b.second += h.dcn_bytes_received;
+    }
+    return b;
+  };
+  const auto before = links();
+  auto y = sum.Call({x});
+  ASSERT_TRUE(y.ok()) << y.status();
+  auto yh = (*y)[0].ToHost();
+  ASSERT_TRUE(yh.ok()) << yh.status();
+  EXPECT_EQ(yh->values<float>(), (std::vector<float>{11, 11, 11, 11}));
+  const auto after = links();
+  // Every host receives one f32 from its island's other host and two from the other island's.
+  EXPECT_EQ(after.first - before.first, 4 * 4);
+  EXPECT_EQ(after.second - before.second, 4 * 2 * 4);
+}
+
 TEST_F(GrpcClusterTest, ProtocolVersionMismatchIsRefused) {
   Start(1, 1, 1);
   auto stub = v1::Controller::NewStub(rpc::MakeChannel(controller_->address(), {}));

@@ -61,8 +61,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   // Peers on this machine send collective inputs through shared memory.
   PW_ASSIGN_OR_RETURN(s->mailbox_, rpc::ShmMailbox::Create([p = s.get()](absl::string_view m) {
                         v1::CollectiveContribution c;
-                        if (c.ParseFromArray(m.data(), static_cast<int>(m.size())))
-                          (void)rpc::WorkerService::Deliver(&p->collectives_, c);
+                        if (!c.ParseFromArray(m.data(), static_cast<int>(m.size()))) return;
+                        p->CountReceived(c);
+                        (void)rpc::WorkerService::Deliver(&p->collectives_, c);
                       }));
   s->service_ = std::make_unique<rpc::WorkerService>(
       s->worker_.get(), &s->collectives_, s->options_.channel.token,
@@ -73,7 +74,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
           p->peers_.erase(h);
           p->mailboxes_.erase(h);
         }
-      });
+      },
+      [p = s.get()](const v1::CollectiveContribution& c) { p->CountReceived(c); });
   PW_ASSIGN_OR_RETURN(rpc::Serving serving,
                       rpc::StartServer(s->options_.listen, s->options_.channel, s->service_.get()));
   s->server_ = std::move(serving.server);
@@ -237,9 +239,18 @@ std::vector<HostId> WorkerServer::RemoteHosts(absl::Span<const DeviceId> devices
   return hosts;
 }
 
+void WorkerServer::CountReceived(const v1::CollectiveContribution& c) {
+  int64_t bytes = 0;
+  for (const std::string& in : c.inputs()) bytes += static_cast<int64_t>(in.size());
+  if (bytes == 0) return;
+  const bool same_island = c.from_island() == spec_.host(options_.host).island.value();
+  worker_->CountReceived(same_island ? LinkClass::kIci : LinkClass::kDcn, bytes);
+}
+
 void WorkerServer::Send(const CollectiveKey& key, absl::Span<const DeviceId> devices,
                         std::vector<int> ranks, std::vector<std::string> inputs) {
   v1::CollectiveContribution c;
+  c.set_from_island(spec_.host(options_.host).island.value());
   c.set_run(key.run);
   c.set_node(key.node);
   c.set_op(key.op);

@@ -57,6 +57,11 @@ class Worker final : public WorkerInterface {
   absl::StatusOr<HostStatus> Status() const override;
   // This host's device `id`, or nullptr.
   Device* FindDevice(DeviceId id) const;
+  // Counts bytes received from another process by another path than a transfer node (a
+  // collective's inputs), in the ICI or DCN totals of Status().
+  void CountReceived(LinkClass link, int64_t bytes) {
+    (link == LinkClass::kDcn ? dcn_bytes_ : ici_bytes_) += bytes;
+  }
 
  private:
   void RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued, Promise<> done);
