@@ -187,6 +187,7 @@ Future<> AsStatusFuture(const Future<T>& f) {
   if constexpr (std::is_void_v<T>) {
     return f;
   } else {
+    if (f.IsReady()) return Future<>::Ready(f.status());
     Promise<> p;
     Future<> out = p.future();
     f.OnReady([p = std::move(p)](const absl::StatusOr<T>& v) mutable { p.Set(v.status()); });

@@ -20,10 +20,12 @@ bool SpinYieldUntil(const F& pred) {
 }
 
 // Waits until `word` != `value`, yielding the core up to `yields` times before sleeping. Pair
-// with WakeAll(word) after every store that changes it.
+// with WakeAll(word, sleepers) after every store that changes it (the store seq_cst).
+// `sleepers` counts the threads asleep on `word`, so that a wake with none costs no system call.
 // Measured: ~6 us per 8-thread rendezvous on 2 cores yielding, vs ~50 us sleeping.
 inline constexpr int kSpinYields = 64;
-void SpinThenWait(const std::atomic<uint32_t>& word, uint32_t value, int yields = kSpinYields);
-void WakeAll(std::atomic<uint32_t>& word);
+void SpinThenWait(const std::atomic<uint32_t>& word, uint32_t value,
+                  std::atomic<uint32_t>& sleepers, int yields = kSpinYields);
+void WakeAll(std::atomic<uint32_t>& word, const std::atomic<uint32_t>& sleepers);
 
 }  // namespace pw

@@ -9,8 +9,8 @@ namespace pw {
 
 void Collectives::Rendezvous::Publish(absl::Status s) {
   status = std::move(s);
-  state.store(kFinished, std::memory_order_release);
-  WakeAll(state);
+  state.store(kFinished, std::memory_order_seq_cst);
+  WakeAll(state, sleepers);
 }
 
 const absl::Status& Collectives::Rendezvous::Wait() {
@@ -18,7 +18,7 @@ const absl::Status& Collectives::Rendezvous::Wait() {
        s = state.load(std::memory_order_acquire)) {
     // Across processes the wait lasts at least a message hop: yielding would only take the core
     // from the threads doing the work, so it sleeps at once.
-    SpinThenWait(state, s, local < devices.size() ? 0 : kSpinYields);
+    SpinThenWait(state, s, sleepers, local < devices.size() ? 0 : kSpinYields);
   }
   return status;
 }

@@ -117,6 +117,7 @@ class Collectives {
     absl::InlinedVector<void*, 8> outputs;
     std::atomic<size_t> arrived{0};
     std::atomic<uint32_t> state{kPending};
+    std::atomic<uint32_t> sleepers{0};  // Threads asleep in Wait().
     absl::Status status;  // Written by the claimant, read after kFinished.
     const size_t local;   // Shards on this process's devices.
     // Other processes' inputs, by rank (empty when every shard is local).
