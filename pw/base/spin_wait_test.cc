@@ -14,29 +14,36 @@ namespace {
 TEST(SpinWaitTest, PingPongNeverLosesAWake) {
   constexpr uint32_t kRounds = 20000;
   std::atomic<uint32_t> ping{0}, pong{0}, ping_sleepers{0}, pong_sleepers{0};
-  Promise<> finished;
-  Future<> done = finished.future();
-  std::thread other([&, finished = std::move(finished)]() mutable {
+  Promise<> a_done, b_done;
+  Future<> a_finished = a_done.future(), b_finished = b_done.future();
+  std::thread a([&, done = std::move(a_done)]() mutable {
+    for (uint32_t i = 0; i < kRounds; ++i) {
+      ping.store(i + 1, std::memory_order_seq_cst);
+      WakeAll(ping, ping_sleepers);
+      SpinThenWait(pong, i, pong_sleepers, /*yields=*/i % 2 == 0 ? 0 : kSpinYields);
+    }
+    done.Set();
+  });
+  std::thread b([&, done = std::move(b_done)]() mutable {
     for (uint32_t i = 0; i < kRounds; ++i) {
       SpinThenWait(ping, i, ping_sleepers, /*yields=*/0);
       pong.store(i + 1, std::memory_order_seq_cst);
       WakeAll(pong, pong_sleepers);
     }
-    finished.Set();
+    done.Set();
   });
-  for (uint32_t i = 0; i < kRounds; ++i) {
-    ping.store(i + 1, std::memory_order_seq_cst);
+  // A lost wake leaves a thread asleep: fail instead of hanging (a guard, not a timing goal).
+  const bool finished =
+      a_finished.AwaitFor(absl::Seconds(60)) && b_finished.AwaitFor(absl::Seconds(60));
+  EXPECT_TRUE(finished) << "a wake was lost";
+  if (!finished) {  // Words no wait can match: both run to the end.
+    ping.store(kRounds + 1, std::memory_order_seq_cst);
+    pong.store(kRounds + 1, std::memory_order_seq_cst);
     WakeAll(ping, ping_sleepers);
-    SpinThenWait(pong, i, pong_sleepers, /*yields=*/i % 2 == 0 ? 0 : kSpinYields);
+    WakeAll(pong, pong_sleepers);
   }
-  // A lost wake leaves `other` asleep: fail instead of hanging (a guard, not a timing goal).
-  const bool finished_in_time = done.AwaitFor(absl::Seconds(60));
-  EXPECT_TRUE(finished_in_time) << "a wake was lost";
-  if (!finished_in_time) {
-    ping.store(kRounds + 1);  // Unblock it so the test can end.
-    WakeAll(ping, ping_sleepers);
-  }
-  other.join();
+  a.join();
+  b.join();
   EXPECT_EQ(ping_sleepers.load(), 0u);
   EXPECT_EQ(pong_sleepers.load(), 0u);
 }

@@ -38,7 +38,7 @@ class ClusterCommands {
   std::string address_file_;
   std::string token_;
   std::string cluster_token_;
-  int64_t failure_timeout_ms_ = 1000;
+  int64_t failure_timeout_ms_ = 5000;
   std::string controller_address_;
   int64_t host_ = -1;
   std::string machine_;

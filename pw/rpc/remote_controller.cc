@@ -337,7 +337,7 @@ Future<> RemoteController::ArrayReady(ClientId client, BufferId id) {
 absl::StatusOr<v1::ClusterStatus> RemoteController::FullStatus() {
   grpc::ClientContext ctx;
   AddToken(&ctx, core_->options.token);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   v1::Empty req;
   v1::ClusterStatus resp;
   if (grpc::Status s = core_->stub->Status(&ctx, req, &resp); !s.ok()) return core_->Where(s);

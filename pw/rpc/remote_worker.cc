@@ -290,7 +290,7 @@ absl::Status RemoteWorker::RemoveDevice(DeviceId device, const absl::Status& rea
   ToProto(reason, req.mutable_reason());
   grpc::ClientContext ctx;
   AddToken(&ctx, options_.token);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::Empty resp;
   absl::Status s = FromGrpc(stub_->RemoveDevice(&ctx, req, &resp));
   return s.ok() ? s : Where(s);
@@ -301,7 +301,7 @@ absl::Status RemoteWorker::RestoreDevice(DeviceId device) {
   req.set_device(device.value());
   grpc::ClientContext ctx;
   AddToken(&ctx, options_.token);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   v1::Empty resp;
   absl::Status s = FromGrpc(stub_->RestoreDevice(&ctx, req, &resp));
   return s.ok() ? s : Where(s);
@@ -310,7 +310,7 @@ absl::Status RemoteWorker::RestoreDevice(DeviceId device) {
 absl::StatusOr<HostStatus> RemoteWorker::Status() const {
   grpc::ClientContext ctx;
   AddToken(&ctx, options_.token);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
   v1::Empty req;
   v1::HostStatus resp;
   if (absl::Status s = FromGrpc(stub_->Status(&ctx, req, &resp)); !s.ok()) return Where(s);

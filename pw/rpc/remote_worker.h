@@ -41,7 +41,7 @@ class RemoteWorker final : public WorkerInterface {
   void ForgetRuns(const std::vector<RunId>& runs) override;
   absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) override;
   absl::Status RestoreDevice(DeviceId device) override;
-  // Asks the worker; a worker that cannot be reached reports its devices as not alive.
+  // Asks the worker (3 s at most); an error naming the host if it cannot be reached.
   absl::StatusOr<HostStatus> Status() const override;
 
   // Sends a collective contribution (fire and forget); `on_error` runs if it cannot be delivered.

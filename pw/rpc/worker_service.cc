@@ -489,8 +489,9 @@ grpc::ServerUnaryReactor* WorkerService::Collective(grpc::CallbackServerContext*
                                                     const v1::CollectiveContribution* req,
                                                     v1::Empty*) {
   if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
-  if (on_collective_) on_collective_(*req);
-  return Reply(ctx, Deliver(collectives_, *req));
+  absl::Status delivered = Deliver(collectives_, *req);
+  if (delivered.ok() && on_collective_) on_collective_(*req);
+  return Reply(ctx, delivered);
 }
 
 absl::Status WorkerService::Deliver(Collectives* collectives, const v1::CollectiveContribution& c) {

@@ -27,7 +27,7 @@ namespace pw::rpc {
 class WorkerService final : public ::pathways::v1::Worker::CallbackService {
  public:
   // `worker` and `collectives` must outlive the service (and the server running it).
-  // `on_collective` sees each contribution that arrives by RPC before it is delivered.
+  // `on_collective` sees each contribution that arrived by RPC and was delivered.
   WorkerService(WorkerInterface* worker, Collectives* collectives, std::string cluster_token,
                 std::function<void(DeviceId)> on_restore = nullptr,
                 std::function<void(const ::pathways::v1::CollectiveContribution&)>

@@ -125,8 +125,7 @@ absl::Status ControllerServer::Heartbeat(HostId host) {
   if (it == members_.end() || !it->second.alive)
     return absl::FailedPreconditionError(absl::StrCat(
         host.ToString(), " is not a live member",
-        it == members_.end() ? "" : absl::StrCat(" (", it->second.reason, ")"),
-        "; register again"));
+        it == members_.end() ? "" : absl::StrCat(" (", it->second.reason, ")")));
   it->second.last_heartbeat = absl::Now();
   return absl::OkStatus();
 }
@@ -160,12 +159,14 @@ void ControllerServer::AddMembers(v1::ClusterStatus* out) {
   }
 }
 
-void ControllerServer::FailHost(HostId host, const std::string& reason) {
+void ControllerServer::FailHost(HostId host, const std::string& reason,
+                                rpc::RemoteWorker* observed) {
   rpc::RemoteWorker* w = nullptr;
   {
     pw::MutexLock lock(&mu_);
     auto it = members_.find(host);
     if (it == members_.end() || !it->second.alive || it->second.failing) return;
+    if (observed != nullptr && it->second.worker != observed) return;  // It has rejoined since.
     it->second.failing = true;
     w = it->second.worker;
   }
@@ -191,7 +192,12 @@ void ControllerServer::MonitorLoop() {
         [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return shutdown_; }, tick);
     mu_.Unlock();
     if (stop) return;
-    std::vector<std::pair<HostId, std::string>> failed;
+    struct Failed {
+      HostId host;
+      rpc::RemoteWorker* worker;  // The worker observed failing (the host may rejoin meanwhile).
+      std::string why;
+    };
+    std::vector<Failed> failed;
     std::vector<std::pair<HostId, rpc::RemoteWorker*>> live;
     {
       pw::MutexLock lock(&mu_);
@@ -199,17 +205,18 @@ void ControllerServer::MonitorLoop() {
       for (const auto& [h, m] : members_) {
         if (!m.alive || m.failing) continue;
         if (now - m.last_heartbeat > options_.failure_timeout) {
-          failed.emplace_back(h, absl::StrFormat("no heartbeat for %d ms",
-                                                 absl::ToInt64Milliseconds(now - m.last_heartbeat)));
+          failed.push_back({h, m.worker, absl::StrFormat("no heartbeat for %d ms",
+                                                         absl::ToInt64Milliseconds(
+                                                             now - m.last_heartbeat))});
         } else {
           live.emplace_back(h, m.worker);
         }
       }
     }
-    // A broken command stream fails the host too (it re-registers if it is still running).
+    // A broken command stream fails the host too (its process died, or was told it failed).
     for (const auto& [h, w] : live)
-      if (std::string why = w->failure(); !why.empty()) failed.emplace_back(h, why);
-    for (const auto& [h, why] : failed) FailHost(h, why);
+      if (std::string why = w->failure(); !why.empty()) failed.push_back({h, w, why});
+    for (const Failed& f : failed) FailHost(f.host, f.why, f.worker);
   }
 }
 

@@ -33,7 +33,7 @@ class ControllerServer final : public rpc::ClusterMembership {
     std::string cluster_token;
     absl::Duration heartbeat_interval = absl::Milliseconds(200);
     // A worker silent this long is failed; its futures fail within about this time.
-    absl::Duration failure_timeout = absl::Seconds(1);
+    absl::Duration failure_timeout = absl::Seconds(5);
   };
   static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(const ClusterSpec& spec,
                                                                  Options options);
@@ -50,7 +50,8 @@ class ControllerServer final : public rpc::ClusterMembership {
   // Hosts whose worker is registered and alive.
   int alive_hosts() const;
   // Declares `host` failed now (as missed heartbeats would).
-  void FailHost(HostId host, const std::string& reason);
+  // With `observed`: only if that is still the host's worker (it may have rejoined since).
+  void FailHost(HostId host, const std::string& reason, rpc::RemoteWorker* observed = nullptr);
 
   // --- rpc::ClusterMembership.
   absl::StatusOr<::pathways::v1::RegisterWorkerResponse> RegisterWorker(

@@ -25,7 +25,7 @@ struct LocalClusterState {
 struct LaunchOptions {
   std::string pw_binary;   // Path of the `pw` executable to run.
   std::string token;       // Passed to every process through PW_TOKEN.
-  int64_t failure_timeout_ms = 1000;
+  int64_t failure_timeout_ms = 5000;
   absl::Duration ready_timeout = absl::Seconds(60);
 };
 

@@ -62,8 +62,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   PW_ASSIGN_OR_RETURN(s->mailbox_, rpc::ShmMailbox::Create([p = s.get()](absl::string_view m) {
                         v1::CollectiveContribution c;
                         if (!c.ParseFromArray(m.data(), static_cast<int>(m.size()))) return;
-                        p->CountReceived(c);
-                        (void)rpc::WorkerService::Deliver(&p->collectives_, c);
+                        if (rpc::WorkerService::Deliver(&p->collectives_, c).ok())
+                          p->CountReceived(c);
                       }));
   s->service_ = std::make_unique<rpc::WorkerService>(
       s->worker_.get(), &s->collectives_, s->options_.channel.token,

@@ -5,8 +5,9 @@
 // the slice's other devices.
 //
 // Thread-safe. If the controller declares this host failed (e.g. after a pause), the next
-// heartbeat re-registers it; if the controller cannot be reached for `controller_lost_timeout`,
-// the server asks to stop (the process exits).
+// heartbeat learns it and the server stops with that reason (`pw worker` exits with status 1, to
+// be restarted afresh); so it does if the controller cannot be reached for
+// `controller_lost_timeout`.
 #pragma once
 
 #include <memory>

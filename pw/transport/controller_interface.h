@@ -41,6 +41,8 @@ struct RunInfo {
 struct ClusterStatus {
   std::vector<HostStatus> hosts;
   size_t logical_buffers = 0;
+  // A finishing run is counted completed before it leaves runs_in_flight (its client may see it
+  // done in between), so for a moment it can be in both.
   size_t runs_in_flight = 0;
   int64_t runs_completed = 0;
   std::vector<size_t> scheduler_queue_depth;  // Per island.
