@@ -504,6 +504,28 @@ TEST_F(GrpcClusterTest, SilentWorkerIsFailedByMissedHeartbeatsAndExitsWhenItWake
   EXPECT_EQ(zh->values<float>(), (std::vector<float>{4, 4}));
 }
 
+// A host that does not answer is listed with its error (the others with their counts); callers
+// that add counts up get an error naming it instead of zeros.
+TEST_F(GrpcClusterTest, StatusListsAHostThatDoesNotAnswer) {
+  Start(1, 2, 1, Patient(), /*worker_processes=*/true);
+  ASSERT_EQ(kill(pids_[1], SIGSTOP), 0);
+  absl::StatusOr<ClusterStatus> s = remote_->Status();
+  const absl::StatusOr<ClusterStatus> every = StatusOfEveryHost(*remote_);
+  ASSERT_EQ(kill(pids_[1], SIGCONT), 0);
+  ASSERT_TRUE(s.ok()) << s.status();
+  ASSERT_EQ(s->hosts.size(), 2u);
+  EXPECT_TRUE(s->hosts[0].error.empty()) << s->hosts[0].error;
+  EXPECT_EQ(s->hosts[0].devices.size(), 1u);
+  EXPECT_TRUE(absl::StrContains(s->hosts[1].error, "host:1")) << s->hosts[1].error;
+  EXPECT_TRUE(s->hosts[1].devices.empty());
+  EXPECT_TRUE(absl::IsUnavailable(every.status())) << every.status();
+  EXPECT_TRUE(absl::StrContains(every.status().message(), "host:1")) << every.status();
+  // Awake again, it answers.
+  const absl::StatusOr<ClusterStatus> again = StatusOfEveryHost(*remote_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->hosts[1].devices.size(), 1u);
+}
+
 // `pw down` signals only processes that are still the cluster's: a recorded pid that now
 // belongs to another process (here: this test) is left alone.
 TEST(LocalClusterTest, StopNeverSignalsAProcessThatIsNotTheClusters) {
