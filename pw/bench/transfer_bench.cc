@@ -125,17 +125,6 @@ absl::Status CheckSizes(const std::vector<int64_t>& sizes) {
   return absl::OkStatus();
 }
 
-// Bytes the cluster's workers have received over ICI and over DCN.
-absl::StatusOr<std::pair<int64_t, int64_t>> LinkBytes(ControllerInterface* controller) {
-  PW_ASSIGN_OR_RETURN(const ClusterStatus status, StatusOfEveryHost(*controller));
-  std::pair<int64_t, int64_t> b{0, 0};
-  for (const HostStatus& h : status.hosts) {
-    b.first += h.ici_bytes_received;
-    b.second += h.dcn_bytes_received;
-  }
-  return b;
-}
-
 }  // namespace
 
 absl::StatusOr<std::vector<TransferBenchResult>> RunTransferBench(const TransferBenchOptions& opts) {
@@ -259,7 +248,7 @@ absl::StatusOr<std::vector<TransferBenchResult>> RunTransferBenchOn(
         moved += remote ? size : 0;
         return absl::OkStatus();
       };
-      PW_ASSIGN_OR_RETURN(const auto before, LinkBytes(controller));
+      PW_ASSIGN_OR_RETURN(const LinkBytes before, ReceivedBytes(*controller));
       {  // Warm, and check what arrived.
         PW_ASSIGN_OR_RETURN(auto outs, copy.Call({at_src}));
         PW_ASSIGN_OR_RETURN(HostArray got, outs[0].ToHost());
@@ -280,10 +269,10 @@ absl::StatusOr<std::vector<TransferBenchResult>> RunTransferBenchOn(
         best = std::max(best, r);
         best_resident = std::max(best_resident, l);
       }
-      PW_ASSIGN_OR_RETURN(const auto after, LinkBytes(controller));
+      PW_ASSIGN_OR_RETURN(const LinkBytes after, ReceivedBytes(*controller));
       TransferBenchResult r{path.name, "resident", size, best, best_resident, best / best_resident};
       r.moved_bytes = moved;
-      r.counted_bytes = path.dcn ? after.second - before.second : after.first - before.first;
+      r.counted_bytes = path.dcn ? after.dcn - before.dcn : after.ici - before.ici;
       std::fprintf(stderr,
                    "transfer bench: %10lld B  %s %8.1f MB/s (resident %8.1f)  moved %lld B, "
                    "counted %lld B\n",

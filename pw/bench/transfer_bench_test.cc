@@ -18,19 +18,10 @@ TEST(TransferBenchOnTest, MovesBetweenHostsAndCountsEachLink) {
   auto cluster = Cluster(2, 2);
   TransferBenchOptions o{.sizes = {4096, 1 << 20}, .min_seconds = 0.01, .rounds = 2,
                          .min_iterations = 2};
-  auto link_bytes = [&] {
-    std::pair<int64_t, int64_t> b{0, 0};
-    const std::vector<HostStatus> hosts = StatusOfEveryHost(cluster->controller()).value().hosts;
-    for (const HostStatus& h : hosts) {
-      b.first += h.ici_bytes_received;
-      b.second += h.dcn_bytes_received;
-    }
-    return b;
-  };
-  const auto before = link_bytes();
+  const LinkBytes before = ReceivedBytes(cluster->controller()).value();
   auto r = RunTransferBenchOn(&cluster->controller(), o);
   ASSERT_TRUE(r.ok()) << r.status();
-  const auto after = link_bytes();
+  const LinkBytes after = ReceivedBytes(cluster->controller()).value();
   ASSERT_EQ(r->size(), 4u);  // ICI and DCN for each size.
   int64_t ici_moved = 0, dcn_moved = 0;
   for (const auto& x : *r) {
@@ -44,8 +35,8 @@ TEST(TransferBenchOnTest, MovesBetweenHostsAndCountsEachLink) {
     EXPECT_EQ(x.counted_bytes, x.moved_bytes);
   }
   // And nothing on the other link: each link's counter grew by its own path's bytes alone.
-  EXPECT_EQ(after.first - before.first, ici_moved);
-  EXPECT_EQ(after.second - before.second, dcn_moved);
+  EXPECT_EQ(after.ici - before.ici, ici_moved);
+  EXPECT_EQ(after.dcn - before.dcn, dcn_moved);
   EXPECT_EQ((*r)[0].path, "ici");
   EXPECT_EQ((*r)[1].path, "dcn");
 }

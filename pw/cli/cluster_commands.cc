@@ -19,6 +19,9 @@
 namespace pw::cli {
 namespace {
 
+constexpr char kFailureTimeoutHelp[] =
+    "A worker silent this long is declared failed (one whose process dies: at once)";
+
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "pw: %s\n", s.ToString().c_str());
   return 1;
@@ -76,7 +79,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   up_->add_flag("--detach", detach_, "Return once the cluster is ready (pw down stops it)");
   up_->add_option("--token", token_, "Shared token the processes require (default $PW_TOKEN)");
   up_->add_option("--failure-timeout-ms", failure_timeout_ms_,
-                  "A worker silent this long is declared failed (one whose process dies: at once)");
+                  kFailureTimeoutHelp);
 
   status_ = app->add_subcommand("status", "Show the cluster's hosts, devices, memory, queues");
   status_->add_flag("--json", json_, "Print one JSON object");
@@ -97,7 +100,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
                           "Token shared with the workers only (default $PW_CLUSTER_TOKEN; "
                           "prefer the variable: flags show in ps)");
   controller_->add_option("--failure-timeout-ms", failure_timeout_ms_,
-                          "A worker silent this long is declared failed (one whose process dies: at once)");
+                          kFailureTimeoutHelp);
 
   worker_ = app->add_subcommand("worker", "Run one host's worker process");
   worker_->add_option("--controller", controller_address_, "The controller's address")->required();

@@ -12,14 +12,13 @@
 namespace pw::rpc {
 namespace v1 = ::pathways::v1;
 
-WorkerService::WorkerService(WorkerInterface* worker, Collectives* collectives, std::string token,
-                             std::function<void(DeviceId)> on_restore,
-                             std::function<void(const v1::CollectiveContribution&)> on_collective)
+WorkerService::WorkerService(WorkerInterface* worker, std::string token,
+                             CollectiveReceiver receive_collective,
+                             std::function<void(DeviceId)> on_restore)
     : worker_(worker),
-      collectives_(collectives),
       token_(std::move(token)),
-      on_restore_(std::move(on_restore)),
-      on_collective_(std::move(on_collective)) {}
+      receive_collective_(std::move(receive_collective)),
+      on_restore_(std::move(on_restore)) {}
 
 absl::StatusOr<std::shared_ptr<const HostProgram>> WorkerService::Program(
     uint64_t id, const v1::HostProgram* body) {
@@ -489,9 +488,7 @@ grpc::ServerUnaryReactor* WorkerService::Collective(grpc::CallbackServerContext*
                                                     const v1::CollectiveContribution* req,
                                                     v1::Empty*) {
   if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
-  absl::Status delivered = Deliver(collectives_, *req);
-  if (delivered.ok() && on_collective_) on_collective_(*req);
-  return Reply(ctx, delivered);
+  return Reply(ctx, receive_collective_(*req));
 }
 
 absl::Status WorkerService::Deliver(Collectives* collectives, const v1::CollectiveContribution& c) {

@@ -26,12 +26,13 @@ namespace pw::rpc {
 
 class WorkerService final : public ::pathways::v1::Worker::CallbackService {
  public:
-  // `worker` and `collectives` must outlive the service (and the server running it).
-  // `on_collective` sees each contribution that arrived by RPC and was delivered.
-  WorkerService(WorkerInterface* worker, Collectives* collectives, std::string cluster_token,
-                std::function<void(DeviceId)> on_restore = nullptr,
-                std::function<void(const ::pathways::v1::CollectiveContribution&)>
-                    on_collective = nullptr);
+  // `worker` must outlive the service (and the server running it). `receive_collective` takes
+  // each contribution that arrives by RPC (the same receiver as the shared-memory mailbox's).
+  using CollectiveReceiver =
+      std::function<absl::Status(const ::pathways::v1::CollectiveContribution&)>;
+  WorkerService(WorkerInterface* worker, std::string cluster_token,
+                CollectiveReceiver receive_collective,
+                std::function<void(DeviceId)> on_restore = nullptr);
   // Hands a peer's contribution (from RPC or shared memory) to `collectives`.
   static absl::Status Deliver(Collectives* collectives,
                               const ::pathways::v1::CollectiveContribution& c);
@@ -69,10 +70,9 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
       uint64_t id, const ::pathways::v1::HostProgram* body);
 
   WorkerInterface* const worker_;
-  Collectives* const collectives_;
   const std::string token_;
+  const CollectiveReceiver receive_collective_;
   const std::function<void(DeviceId)> on_restore_;
-  const std::function<void(const ::pathways::v1::CollectiveContribution&)> on_collective_;
   ShmWriterCache arena_writer_;  // Readers' arena segments that shard streams write into.
   pw::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<const HostProgram>> programs_ ABSL_GUARDED_BY(mu_);

@@ -151,10 +151,7 @@ TEST_F(GrpcClusterTest, Figure2) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->ToString(), "(array([3., 5.]), array([2., 4.]))");
   // The transfers between islands went worker to worker and were counted as DCN.
-  int64_t dcn = 0;
-  const std::vector<HostStatus> hosts = StatusOfEveryHost(*remote_).value().hosts;
-  for (const auto& h : hosts) dcn += h.dcn_bytes_received;
-  EXPECT_GT(dcn, 0);
+  EXPECT_GT(ReceivedBytes(*remote_).value().dcn, 0);
   ExpectNothingLeft();
 }
 
@@ -180,25 +177,16 @@ TEST_F(GrpcClusterTest, CollectiveInputsFromOtherProcessesAreCountedPerLink) {
   BoundFunction sum = *client->Pmap(ReduceAdd("sum"), all);
   Array x = *client->Put(F32({1, 2, 3, 4}), all.info().id, Sharding::Split({4}, 1, 0));
   ASSERT_TRUE(x.Ready().status().ok());
-  auto links = [&] {
-    std::pair<int64_t, int64_t> b{0, 0};
-    const std::vector<HostStatus> hosts = StatusOfEveryHost(*remote_).value().hosts;
-    for (const auto& h : hosts) {
-      b.first += h.ici_bytes_received;
-      b.second += h.dcn_bytes_received;
-    }
-    return b;
-  };
-  const auto before = links();
+  const LinkBytes before = ReceivedBytes(*remote_).value();
   auto y = sum.Call({x});
   ASSERT_TRUE(y.ok()) << y.status();
   auto yh = (*y)[0].ToHost();
   ASSERT_TRUE(yh.ok()) << yh.status();
   EXPECT_EQ(yh->values<float>(), (std::vector<float>{11, 11, 11, 11}));
-  const auto after = links();
+  const LinkBytes after = ReceivedBytes(*remote_).value();
   // Every host receives one f32 from its island's other host and two from the other island's.
-  EXPECT_EQ(after.first - before.first, 4 * 4);
-  EXPECT_EQ(after.second - before.second, 4 * 2 * 4);
+  EXPECT_EQ(after.ici - before.ici, 4 * 4);
+  EXPECT_EQ(after.dcn - before.dcn, 4 * 2 * 4);
 }
 
 TEST_F(GrpcClusterTest, ProtocolVersionMismatchIsRefused) {

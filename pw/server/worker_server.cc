@@ -61,12 +61,12 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   // Peers on this machine send collective inputs through shared memory.
   PW_ASSIGN_OR_RETURN(s->mailbox_, rpc::ShmMailbox::Create([p = s.get()](absl::string_view m) {
                         v1::CollectiveContribution c;
-                        if (!c.ParseFromArray(m.data(), static_cast<int>(m.size()))) return;
-                        if (rpc::WorkerService::Deliver(&p->collectives_, c).ok())
-                          p->CountReceived(c);
+                        if (c.ParseFromArray(m.data(), static_cast<int>(m.size())))
+                          (void)p->ReceiveCollective(c);
                       }));
   s->service_ = std::make_unique<rpc::WorkerService>(
-      s->worker_.get(), &s->collectives_, s->options_.channel.token,
+      s->worker_.get(), s->options_.channel.token,
+      [p = s.get()](const v1::CollectiveContribution& c) { return p->ReceiveCollective(c); },
       [p = s.get()](DeviceId d) {  // A host rejoined: forget its old address and mailbox.
         if (d.valid() && d.value() < static_cast<int64_t>(p->spec_.devices().size())) {
           const HostId h = p->spec_.device(d).host;
@@ -74,8 +74,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
           p->peers_.erase(h);
           p->mailboxes_.erase(h);
         }
-      },
-      [p = s.get()](const v1::CollectiveContribution& c) { p->CountReceived(c); });
+      });
   PW_ASSIGN_OR_RETURN(rpc::Serving serving,
                       rpc::StartServer(s->options_.listen, s->options_.channel, s->service_.get()));
   s->server_ = std::move(serving.server);
@@ -239,12 +238,13 @@ std::vector<HostId> WorkerServer::RemoteHosts(absl::Span<const DeviceId> devices
   return hosts;
 }
 
-void WorkerServer::CountReceived(const v1::CollectiveContribution& c) {
+absl::Status WorkerServer::ReceiveCollective(const v1::CollectiveContribution& c) {
+  PW_RETURN_IF_ERROR(rpc::WorkerService::Deliver(&collectives_, c));
   int64_t bytes = 0;
   for (const std::string& in : c.inputs()) bytes += static_cast<int64_t>(in.size());
-  if (bytes == 0) return;
   const bool same_island = c.from_island() == spec_.host(options_.host).island.value();
   worker_->CountReceived(same_island ? LinkClass::kIci : LinkClass::kDcn, bytes);
+  return absl::OkStatus();
 }
 
 void WorkerServer::Send(const CollectiveKey& key, absl::Span<const DeviceId> devices,

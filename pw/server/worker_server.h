@@ -79,8 +79,9 @@ class WorkerServer final : public CollectivePeers {
   // The hosts holding non-local `devices`.
   std::vector<HostId> RemoteHosts(absl::Span<const DeviceId> devices) const;
   grpc::ClientContext* Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;
-  // Counts a peer's collective inputs as received over ICI or DCN (by the sender's island).
-  void CountReceived(const ::pathways::v1::CollectiveContribution& c);
+  // A peer's collective contribution, by mailbox or RPC: delivered to collectives_, its inputs
+  // counted as received over ICI or DCN (by the sender's island).
+  absl::Status ReceiveCollective(const ::pathways::v1::CollectiveContribution& c);
 
   const Options options_;
   std::string machine_;

@@ -15,4 +15,14 @@ absl::StatusOr<ClusterStatus> StatusOfEveryHost(ControllerInterface& controller)
   return s;
 }
 
+absl::StatusOr<LinkBytes> ReceivedBytes(ControllerInterface& controller) {
+  PW_ASSIGN_OR_RETURN(const ClusterStatus s, StatusOfEveryHost(controller));
+  LinkBytes b;
+  for (const HostStatus& h : s.hosts) {
+    b.ici += h.ici_bytes_received;
+    b.dcn += h.dcn_bytes_received;
+  }
+  return b;
+}
+
 }  // namespace pw

@@ -97,4 +97,12 @@ class ControllerInterface {
 // be asked (for callers that add up counts, where a missing host would read as zeros).
 absl::StatusOr<ClusterStatus> StatusOfEveryHost(ControllerInterface& controller);
 
+// Bytes the cluster's workers have received over each link class, summed over hosts (an error
+// as StatusOfEveryHost's when a host cannot be asked).
+struct LinkBytes {
+  int64_t ici = 0;
+  int64_t dcn = 0;
+};
+absl::StatusOr<LinkBytes> ReceivedBytes(ControllerInterface& controller);
+
 }  // namespace pw

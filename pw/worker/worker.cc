@@ -393,7 +393,7 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
           copied += CopyBoxIntersection(data, src_box, dst->mutable_data(), dst_box, esize) *
                     static_cast<int64_t>(esize);
         }
-        (t.link == LinkClass::kDcn ? dcn_bytes_ : ici_bytes_) += copied;
+        CountReceived(t.link, copied);
         out.Set(DeviceBufferRef(std::move(dst)));
         shard_done->Done();
       });

@@ -57,8 +57,8 @@ class Worker final : public WorkerInterface {
   absl::StatusOr<HostStatus> Status() const override;
   // This host's device `id`, or nullptr.
   Device* FindDevice(DeviceId id) const;
-  // Counts bytes received from another process by another path than a transfer node (a
-  // collective's inputs), in the ICI or DCN totals of Status().
+  // Counts bytes received over `link` in the ICI or DCN totals of Status(): transfer nodes'
+  // copies, and (from pw/server) collective inputs from other processes.
   void CountReceived(LinkClass link, int64_t bytes) {
     (link == LinkClass::kDcn ? dcn_bytes_ : ici_bytes_) += bytes;
   }
