@@ -179,7 +179,8 @@ TEST_P(ClusterTest, ReshardsBetweenShardings) {
   auto out = p.Call({F32({1, 2, 3, 4})});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(Values((*out)[0]), (std::vector<float>{1, 2, 3, 4}));
-  EXPECT_EQ(ReceivedBytes(controller()).value().dcn, 2 * 16) << "each replica receives the whole f32[4] over DCN";
+  EXPECT_EQ(ReceivedBytes(controller()).value().dcn, 2 * 16)
+      << "each replica receives the whole f32[4] over DCN";
 }
 
 // Two clients submit programs whose collectives span the same devices in different orders
