@@ -115,6 +115,7 @@ absl::StatusOr<std::vector<DispatchBenchResult>> RunDispatchBenchOn(ControllerIn
     for (int round = 0; round < rounds; ++round) {
       size_t slot = 0;
       for (DispatchMode mode : {DispatchMode::kParallel, DispatchMode::kSequential}) {
+        if (!o.dispatch.empty() && DispatchModeName(mode) != o.dispatch) continue;
         for (const Workload& w : workloads) {
           if (!o.only.empty() && w.name != o.only) continue;
           const std::string what = absl::StrCat(w.name, "/", DispatchModeName(mode));

@@ -23,6 +23,7 @@ struct DispatchBenchOptions {
   int rounds = 3;            // Interleaved rounds; each workload and mode reports its best.
   int min_iterations = 3;
   std::string only;  // Run just this workload (opbyop | chained | fused); all when empty.
+  std::string dispatch;  // Run just this mode (parallel | sequential); both when empty.
   std::string cluster;  // Address of the cluster it ran on (for the JSON); empty: embedded.
   double loopback_rtt_us = 0;  // Measured in the same run (0: not measured).
 };

@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "pw/rpc/remote_controller.h"
+#include "pw/server/cpu_binding.h"
 #include "pw/server/local_cluster.h"
 
 namespace pw::cli {
@@ -77,6 +78,10 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   up_->add_option("--hosts-per-island", hosts_per_island_, "Hosts per island");
   up_->add_option("--devices-per-host", devices_per_host_, "Devices per host");
   up_->add_flag("--detach", detach_, "Return once the cluster is ready (pw down stops it)");
+  up_->add_option("--cpu-bind", cpu_bind_,
+                  "host: each host's worker gets its own share of this machine's CPUs (hosts "
+                  "share CPUs only when there are fewer CPUs than hosts); none: unbound")
+      ->check(CLI::IsMember({"host", "none"}));
   up_->add_option("--token", token_, "Shared token the processes require (default $PW_TOKEN)");
   up_->add_option("--failure-timeout-ms", failure_timeout_ms_,
                   kFailureTimeoutHelp);
@@ -110,6 +115,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
                       "The controller's cluster token (default $PW_CLUSTER_TOKEN)");
   worker_->add_option("--machine", machine_, "This machine's name (default: the host name); "
                                              "workers on one machine share memory");
+  worker_->add_option("--cpus", cpus_, "Run on these CPUs only, e.g. 0-3,8 (default: any)");
 }
 
 bool ClusterCommands::parsed() const {
@@ -135,6 +141,7 @@ int ClusterCommands::Up(const char* argv0) {
   o.pw_binary = n > 0 ? std::string(self, n) : argv0;
   o.token = Token(token_);
   o.failure_timeout_ms = failure_timeout_ms_;
+  o.bind_cpus = cpu_bind_ == "host";
   if (!detach_) {
     // Foreground: a signal brings the cluster down. Set up before any thread starts.
     OnStopSignal([] {
@@ -303,6 +310,14 @@ int ClusterCommands::Controller() {
 }
 
 int ClusterCommands::Worker() {
+  if (!cpus_.empty()) {
+    // Before the server starts its threads (they inherit the binding).
+    absl::StatusOr<std::vector<int>> cpus = server::ParseCpuList(cpus_);
+    if (!cpus.ok()) return Fail(cpus.status());
+    if (absl::Status s = server::BindProcessToCpus(*cpus); !s.ok()) return Fail(s);
+    std::fprintf(stderr, "pw worker: host:%lld runs on CPUs %s\n", (long long)host_,
+                 server::FormatCpuList(*cpus).c_str());
+  }
   server::WorkerServer* running = nullptr;
   pw::Mutex mu;
   OnStopSignal([&] {

@@ -30,6 +30,7 @@ class ClusterCommands {
   std::string config_;
   int islands_ = 2, hosts_per_island_ = 2, devices_per_host_ = 2;
   bool detach_ = false;
+  std::string cpu_bind_ = "host";
   // pw status.
   bool json_ = false;
   std::string cluster_;
@@ -42,6 +43,7 @@ class ClusterCommands {
   std::string controller_address_;
   int64_t host_ = -1;
   std::string machine_;
+  std::string cpus_;
 };
 
 }  // namespace pw::cli

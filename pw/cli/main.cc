@@ -117,6 +117,8 @@ int main(int argc, char** argv) {
   dispatch->add_option("--rounds", bo.rounds, "Interleaved rounds; each measurement keeps its best");
   dispatch->add_option("--only", bo.only, "Run one workload: opbyop, chained or fused")
       ->check(CLI::IsMember({"opbyop", "chained", "fused"}));
+  dispatch->add_option("--dispatch", bo.dispatch, "Run one dispatch mode: parallel or sequential")
+      ->check(CLI::IsMember({"parallel", "sequential"}));
   dispatch->add_flag("--json", json, "Print one JSON object to stdout");
   dispatch->add_option("--cluster", cluster, "Address of a running cluster (default: "
                                              "$PW_CLUSTER, else the last `pw up` cluster, "

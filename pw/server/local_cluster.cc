@@ -24,6 +24,7 @@
 #include "pw/base/status_macros.h"
 #include "pw/rpc/auth.h"
 #include "pw/rpc/remote_controller.h"
+#include "pw/server/cpu_binding.h"
 
 namespace pw::server {
 namespace {
@@ -64,6 +65,7 @@ absl::Status SaveState(const LocalClusterState& s) {
   nlohmann::json j = {{"address", s.address},
                       {"controller_pid", s.controller_pid},
                       {"worker_pids", s.worker_pids},
+                      {"worker_cpus", s.worker_cpus},
                       {"cluster_token", s.cluster_token}};
   return WriteFile(s.state_dir + "/cluster.json", j.dump(2) + "\n");
 }
@@ -113,6 +115,7 @@ absl::StatusOr<LocalClusterState> LoadState() {
   s.address = j.value("address", "");
   s.controller_pid = j.value("controller_pid", 0);
   s.worker_pids = j.value("worker_pids", std::vector<int>{});
+  s.worker_cpus = j.value("worker_cpus", std::vector<std::string>{});
   s.cluster_token = j.value("cluster_token", "");
   return s;
 }
@@ -175,10 +178,20 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
     if (absl::Now() > deadline) return fail(absl::DeadlineExceededError("the controller did not start"));
     absl::SleepFor(absl::Milliseconds(20));
   }
-  for (const HostSpec& h : spec.hosts()) {
-    absl::StatusOr<int> pid = SpawnDetached(
-        {o.pw_binary, "worker", "--controller", s.address, "--host", absl::StrCat(h.id.value())},
-        absl::StrCat(dir, "/worker-", h.id.value(), ".log"));
+  std::vector<std::vector<int>> cpus(spec.hosts().size());
+  if (o.bind_cpus) {
+    absl::StatusOr<std::vector<int>> allowed = AllowedCpus();
+    if (!allowed.ok()) return fail(allowed.status());
+    cpus = SplitCpus(*allowed, static_cast<int>(spec.hosts().size()));
+  }
+  for (size_t i = 0; i < spec.hosts().size(); ++i) {
+    const HostSpec& h = spec.hosts()[i];
+    std::vector<std::string> argv = {o.pw_binary, "worker", "--controller", s.address,
+                                     "--host", absl::StrCat(h.id.value())};
+    s.worker_cpus.push_back(FormatCpuList(cpus[i]));
+    if (!cpus[i].empty()) argv.insert(argv.end(), {"--cpus", s.worker_cpus.back()});
+    absl::StatusOr<int> pid =
+        SpawnDetached(argv, absl::StrCat(dir, "/worker-", h.id.value(), ".log"));
     if (!pid.ok()) return fail(pid.status());
     s.worker_pids.push_back(*pid);
   }

@@ -18,6 +18,7 @@ struct LocalClusterState {
   std::string address;  // The controller's.
   int controller_pid = 0;
   std::vector<int> worker_pids;
+  std::vector<std::string> worker_cpus;  // Each worker's CPU list (pw worker --cpus); "" if unbound.
   std::string cluster_token;  // The processes' (pw down presents it to shut the controller down).
   std::string state_dir;
 };
@@ -26,6 +27,8 @@ struct LaunchOptions {
   std::string pw_binary;   // Path of the `pw` executable to run.
   std::string token;       // Passed to every process through PW_TOKEN.
   int64_t failure_timeout_ms = 5000;
+  // Give each host's worker its own share of the CPUs this process may use (SplitCpus).
+  bool bind_cpus = true;
   absl::Duration ready_timeout = absl::Seconds(60);
 };
 

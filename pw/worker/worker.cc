@@ -174,120 +174,124 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
       continue;
     }
     done->Add();
+    auto shard = std::make_unique<Shard>();
+    shard->work = work;
+    shard->node = &node;
+    shard->rank = rank;
+    shard->device = device_id;
+    shard->exe = *exe;
+    shard->inputs = std::move(inputs);
+    shard->memory = std::move(memory);
+    shard->outputs = std::move(outputs);
+    shard->done = done;
     // The device waits for inputs and memory itself, like a stream waiting on events.
-    device->Enqueue(
-        [this, exe = *exe, work, &node, rank, device_id, inputs = std::move(inputs),
-             memory = std::move(memory), outputs = std::move(outputs),
-             shard_done = done](const absl::Status& health) mutable {
-          absl::Status s = health;
-          // A cancelled run's shard fails before waiting for memory or inputs (unless its
-          // shards cannot be skipped one by one: then cancellation leaves it alone).
-          const bool skippable = exe->shards_skippable();
-          if (s.ok() && skippable) s = Cancelled(work->run);
-          for (size_t k = 0; s.ok() && k < memory.size(); ++k) s = memory[k].status();
-          // The store entries hold the reservations from here on; dropping ours now means the
-          // memory is free as soon as the run deletes its buffers, not when this closure dies.
-          memory.clear();
-          ShardLaunch launch;
-          launch.inputs.reserve(inputs.size());
-          for (size_t j = 0; s.ok() && j < inputs.size(); ++j) {
-            const auto& v = inputs[j].Await();
-            if (v.ok()) {
-              launch.inputs.push_back(*v);
-            } else {
-              s = v.status();
-            }
-          }
-          if (s.ok() && skippable) s = Cancelled(work->run);
-          // An SPMD partition whose inputs or memory failed, or whose device was removed, still
-          // has peers that launched, and they wait inside the backend's collectives, which the
-          // runtime cannot abort: it runs on zeros as a stand-in so they complete. The launch is
-          // marked failed first, and partitions of a failed launch fail their outputs instead of
-          // handing them on.
-          const bool stand_in = !s.ok() && !skippable;
-          if (stand_in) {
-            collectives_->FailLaunch(work->run.value(), node.node,
-                                     Annotate(s, NodeWhere(*work, node, device_id)),
-                                     std::get<ComputeWork>(node.work).slice_devices);
-            launch.inputs.clear();
-            for (const ArraySpec& spec : exe->input_specs()) {
-              auto zeros = HostDeviceBuffer::Create(spec, device_id);
-              std::memset(zeros->mutable_data(), 0, spec.size_bytes());
-              launch.inputs.push_back(std::move(zeros));
-            }
-          }
-          if (s.ok() || stand_in) {
-            launch.key = {work->run.value(), node.node, 0};
-            launch.rank = rank;
-            launch.slice_devices = std::get<ComputeWork>(node.work).slice_devices;
-            launch.device = device_id;
-            launch.collectives = collectives_;
-            // Native kernels complete before returning; a backend with its own streams (PJRT)
-            // hands its output buffers on once the computation is enqueued, and the device moves
-            // on to its next item meanwhile. The shard is done when the computation has run.
-            in_flight_.count.fetch_add(1, std::memory_order_relaxed);
-            Executable::Run run = exe->Launch(launch);
-            // Fails this shard: its outputs (if not yet handed on) and its launch's collectives.
-            auto fail = [work, &node, device_id, shard_done, collectives = collectives_](
-                            const absl::Status& status,
-                            std::vector<Promise<DeviceBufferRef>>* outs) {
-              absl::Status error = Annotate(status, NodeWhere(*work, node, device_id));
-              // Other shards may be waiting in a collective this shard will never reach.
-              collectives->FailLaunch(work->run.value(), node.node, error,
-                                      std::get<ComputeWork>(node.work).slice_devices);
-              if (outs != nullptr)
-                for (auto& p : *outs) p.Set(error);
-              shard_done->Done(error);
-            };
-            run.outputs.OnReady(
-                [this, work, &node, device_id, outputs = std::move(outputs),
-                 computed = run.computed, fail, skippable, shard_done,
-                 stand_in_error = stand_in ? s : absl::OkStatus()](
-                    const absl::StatusOr<std::vector<DeviceBufferRef>>& r) mutable {
-                  if (!r.ok() || !stand_in_error.ok()) {
-                    // A stand-in's outputs fail as soon as it has run (its peers need it to).
-                    computed.OnReady([this, fail, outputs = std::move(outputs),
-                                      error = r.ok() ? stand_in_error : r.status()](
-                                         const absl::Status&) mutable {
-                      fail(error, &outputs);
-                      in_flight_.count.fetch_sub(1, std::memory_order_release);
-                    });
-                    return;
-                  }
-                  std::vector<DeviceBufferRef> held;  // Until the launch is known to be whole.
-                  if (skippable) {
-                    for (size_t k = 0; k < outputs.size(); ++k) outputs[k].Set((*r)[k]);
-                    outputs.clear();
-                  } else {
-                    held = *r;
-                  }
-                  computed.OnReady([this, work, &node, device_id, fail, shard_done, skippable,
-                                    outputs = std::move(outputs),
-                                    held = std::move(held)](const absl::Status& done) mutable {
-                    absl::Status s = done;
-                    if (s.ok() && !skippable)
-                      s = collectives_->LaunchFailure(work->run.value(), node.node);
-                    if (s.ok()) {
-                      for (size_t k = 0; k < outputs.size(); ++k) outputs[k].Set(held[k]);
-                      // Intermediates this node read last: this device's shard can go now.
-                      for (int v : std::get<ComputeWork>(node.work).release)
-                        store_.DeleteShard(work->buffer(v), device_id);
-                      shard_done->Done();
-                    } else {
-                      fail(s, &outputs);
-                    }
-                    in_flight_.count.fetch_sub(1, std::memory_order_release);
-                  });
-                });
-            return;
-          }
-          absl::Status error = Annotate(s, NodeWhere(*work, node, device_id));
-          collectives_->FailLaunch(work->run.value(), node.node, error,
-                                   std::get<ComputeWork>(node.work).slice_devices);
-          for (auto& p : outputs) p.Set(error);
-          shard_done->Done(error);
-        });
+    device->Enqueue([this, shard = std::move(shard)](const absl::Status& health) mutable {
+      RunShard(std::move(shard), health);
+    });
   }
+}
+
+void Worker::RunShard(std::unique_ptr<Shard> shard, absl::Status s) {
+  const HostWork& work = *shard->work;
+  const Executable& exe = *shard->exe;
+  // A cancelled run's shard fails before waiting for memory or inputs (unless its shards cannot
+  // be skipped one by one: then cancellation leaves it alone).
+  const bool skippable = exe.shards_skippable();
+  if (s.ok() && skippable) s = Cancelled(work.run);
+  for (size_t k = 0; s.ok() && k < shard->memory.size(); ++k) s = shard->memory[k].status();
+  // The store entries hold the reservations from here on; dropping ours now means the memory is
+  // free as soon as the run deletes its buffers, not when the shard is done.
+  shard->memory.clear();
+  ShardLaunch launch;
+  launch.inputs.reserve(shard->inputs.size());
+  for (size_t j = 0; s.ok() && j < shard->inputs.size(); ++j) {
+    const auto& v = shard->inputs[j].Await();
+    if (v.ok()) {
+      launch.inputs.push_back(*v);
+    } else {
+      s = v.status();
+    }
+  }
+  shard->inputs.clear();
+  if (s.ok() && skippable) s = Cancelled(work.run);
+  if (!s.ok() && skippable) return FailShard(std::move(shard), s);
+  if (!s.ok()) {
+    // An SPMD partition whose inputs or memory failed, or whose device was removed, still has
+    // peers that launched, and they wait inside the backend's collectives, which the runtime
+    // cannot abort: it runs on zeros as a stand-in so they complete. The launch is marked failed
+    // first, and partitions of a failed launch fail their outputs instead of handing them on.
+    collectives_->FailLaunch(work.run.value(), shard->node->node,
+                             Annotate(s, NodeWhere(work, *shard->node, shard->device)),
+                             shard->compute().slice_devices);
+    launch.inputs.clear();
+    for (const ArraySpec& spec : exe.input_specs()) {
+      auto zeros = HostDeviceBuffer::Create(spec, shard->device);
+      std::memset(zeros->mutable_data(), 0, spec.size_bytes());
+      launch.inputs.push_back(std::move(zeros));
+    }
+    shard->stand_in_error = s;
+  }
+  launch.key = {work.run.value(), shard->node->node, 0};
+  launch.rank = shard->rank;
+  launch.slice_devices = shard->compute().slice_devices;
+  launch.device = shard->device;
+  launch.collectives = collectives_;
+  // Native kernels complete before returning (then the shard finishes here, with no callback); a
+  // backend with its own streams (PJRT) hands its output buffers on once the computation is
+  // enqueued, and the device moves on to its next item meanwhile. The shard is done when the
+  // computation has run.
+  in_flight_.count.fetch_add(1, std::memory_order_relaxed);
+  Executable::Run run = exe.Launch(launch);
+  if (run.outputs.IsReady())
+    return OnShardOutputs(std::move(shard), run.outputs.Await(), std::move(run.computed));
+  run.outputs.OnReady([this, shard = std::move(shard), computed = std::move(run.computed)](
+                          const absl::StatusOr<std::vector<DeviceBufferRef>>& r) mutable {
+    OnShardOutputs(std::move(shard), r, std::move(computed));
+  });
+}
+
+void Worker::OnShardOutputs(std::unique_ptr<Shard> shard,
+                            const absl::StatusOr<std::vector<DeviceBufferRef>>& r,
+                            Future<> computed) {
+  absl::Status error = r.ok() ? shard->stand_in_error : r.status();
+  if (error.ok()) {
+    if (shard->exe->shards_skippable()) {
+      for (size_t k = 0; k < shard->outputs.size(); ++k) shard->outputs[k].Set((*r)[k]);
+      shard->outputs.clear();
+    } else {
+      shard->held = *r;  // Until the launch is known to be whole.
+    }
+  }
+  // A stand-in's outputs fail as soon as it has run (its peers need it to).
+  auto finish = [this, error = std::move(error)](std::unique_ptr<Shard> shard,
+                                                 const absl::Status& computed) {
+    OnShardComputed(std::move(shard), error.ok() ? computed : error);
+    in_flight_.count.fetch_sub(1, std::memory_order_release);
+  };
+  if (computed.IsReady()) return finish(std::move(shard), computed.status());
+  computed.OnReady([shard = std::move(shard), finish = std::move(finish)](
+                       const absl::Status& s) mutable { finish(std::move(shard), s); });
+}
+
+void Worker::OnShardComputed(std::unique_ptr<Shard> shard, absl::Status s) {
+  if (s.ok() && !shard->exe->shards_skippable())
+    s = collectives_->LaunchFailure(shard->work->run.value(), shard->node->node);
+  if (!s.ok()) return FailShard(std::move(shard), s);
+  for (size_t k = 0; k < shard->outputs.size(); ++k) shard->outputs[k].Set(shard->held[k]);
+  // Intermediates this node read last: this device's shard can go now.
+  for (int v : shard->compute().release)
+    store_.DeleteShard(shard->work->buffer(v), shard->device);
+  shard->done->Done();
+}
+
+void Worker::FailShard(std::unique_ptr<Shard> shard, const absl::Status& status) {
+  const absl::Status error =
+      Annotate(status, NodeWhere(*shard->work, *shard->node, shard->device));
+  // Other shards may be waiting in a collective this shard will never reach.
+  collectives_->FailLaunch(shard->work->run.value(), shard->node->node, error,
+                           shard->compute().slice_devices);
+  for (auto& p : shard->outputs) p.Set(error);
+  shard->done->Done(error);
 }
 
 void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,

@@ -65,12 +65,37 @@ class Worker final : public WorkerInterface {
 
  private:
   void RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued, Promise<> done);
-  // Each adds its shards to `done` and finishes them when they complete. Closures keep `work`
+  // Each adds its shards to `done` and finishes them when they complete. Shards keep `work`
   // alive (it names the run and node in errors, and holds the slice's device list).
   void DispatchCompute(const std::shared_ptr<const HostWork>& work, const NodeWork& node,
                        const ComputeWork& c, const std::shared_ptr<Countdown>& done);
   void DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,
                         const std::shared_ptr<Countdown>& done);
+  // One shard of a compute node, owned by whichever step of it runs: RunShard on the device
+  // thread, then OnShardOutputs and OnShardComputed (inline for backends that complete before
+  // Launch returns, else from the launch's futures), or FailShard.
+  struct Shard {
+    std::shared_ptr<const HostWork> work;  // Names the run and node in errors.
+    const NodeWork* node = nullptr;        // In work's program.
+    int rank = 0;
+    DeviceId device;
+    ExecutableRef exe;
+    std::vector<Future<DeviceBufferRef>> inputs;
+    std::vector<Future<ReservationRef>> memory;
+    std::vector<Promise<DeviceBufferRef>> outputs;  // Those not yet handed on.
+    std::shared_ptr<Countdown> done;
+    absl::Status stand_in_error;          // Why it ran as a stand-in on zeros; OK if it did not.
+    std::vector<DeviceBufferRef> held;    // Outputs held until the launch is known to be whole.
+    const ComputeWork& compute() const { return std::get<ComputeWork>(node->work); }
+  };
+  // On the device thread: waits for memory and inputs, then launches (or fails) the shard.
+  void RunShard(std::unique_ptr<Shard> shard, absl::Status health);
+  void OnShardOutputs(std::unique_ptr<Shard> shard,
+                      const absl::StatusOr<std::vector<DeviceBufferRef>>& outputs,
+                      Future<> computed);
+  void OnShardComputed(std::unique_ptr<Shard> shard, absl::Status computed);
+  // Fails the shard's remaining outputs and its launch's collectives, naming where.
+  void FailShard(std::unique_ptr<Shard> shard, const absl::Status& status);
   absl::StatusOr<ExecutableRef> LoadExecutable(FunctionId id,
                                                absl::Span<const DeviceId> slice_devices);
   // Why `run` was cancelled (counting one more shard not run), or OK.
