@@ -229,14 +229,18 @@ std::string DispatchBenchJson(const DispatchBenchOptions& o,
       {"statistic",
        "best round of each workload and mode; chained_overhead_us_per_node_paired_median: "
        "median over rounds of chained minus fused in the same round"},
-      {"chained_over_fused", cps("chained", "parallel") / cps("fused", "parallel")},
-      {"chained_over_opbyop", cps("chained", "parallel") / cps("opbyop", "parallel")},
-      {"chained_parallel_over_sequential",
-       cps("chained", "parallel") / cps("chained", "sequential")},
       {"chained_overhead_us_per_node", chained_overhead},
       {"chained_overhead_us_per_node_by_round", paired},
       {"chained_overhead_us_per_node_paired_median", paired_median},
   };
+  // Ratios of workloads and modes that ran (--only and --dispatch leave some out).
+  auto ratio = [&](const char* key, double a, double b) {
+    if (a > 0 && b > 0) j["summary"][key] = a / b;
+  };
+  ratio("chained_over_fused", cps("chained", "parallel"), cps("fused", "parallel"));
+  ratio("chained_over_opbyop", cps("chained", "parallel"), cps("opbyop", "parallel"));
+  ratio("chained_parallel_over_sequential", cps("chained", "parallel"),
+        cps("chained", "sequential"));
   if (o.loopback_rtt_us > 0) {
     j["summary"]["loopback_rtt_us"] = o.loopback_rtt_us;
     j["summary"]["chained_overhead_over_loopback_rtt"] = chained_overhead / o.loopback_rtt_us;

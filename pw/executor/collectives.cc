@@ -16,9 +16,7 @@ void Collectives::Rendezvous::Publish(absl::Status s) {
 const absl::Status& Collectives::Rendezvous::Wait() {
   for (uint32_t s = state.load(std::memory_order_acquire); s != kFinished;
        s = state.load(std::memory_order_acquire)) {
-    // Across processes the wait lasts at least a message hop: yielding would only take the core
-    // from the threads doing the work, so it sleeps at once.
-    SpinThenWait(state, s, sleepers, local < devices.size() ? 0 : kSpinYields);
+    SpinThenWait(state, s, sleepers);
   }
   return status;
 }
@@ -50,7 +48,7 @@ absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceI
           if (rank >= 0 && rank < static_cast<int>(slot->remote_inputs.size()) &&
               slot->remote_inputs[rank].empty()) {
             slot->remote_inputs[rank] = std::move(bytes);
-            ++slot->remote_arrived;
+            slot->remote_arrived.fetch_add(1, std::memory_order_release);
           }
         }
         early_.erase(early);
@@ -93,12 +91,15 @@ void Collectives::CombineAcrossProcesses(const CollectiveKey& key, Rendezvous& r
     inputs.emplace_back(static_cast<const char*>(r.inputs[i]), input_bytes);
   }
   peers_->Send(key, r.devices, std::move(ranks), std::move(inputs));
-  // Wait for the other processes' inputs, or for an abort (a removed device, a failed launch).
-  pw::MutexLock lock(&r.remote_mu);
-  auto done = [&r]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(r.remote_mu) {
-    return r.remote_arrived == r.devices.size() - r.local ||
+  // Wait for the other processes' inputs, or for an abort (a removed device, a failed launch):
+  // yielding the core a bounded number of times (they arrive within microseconds when the
+  // processes keep pace), then asleep.
+  auto done = [&r] {
+    return r.remote_arrived.load(std::memory_order_acquire) == r.devices.size() - r.local ||
            r.state.load(std::memory_order_acquire) != Rendezvous::kPending;
   };
+  SpinYieldUntil(done);
+  pw::MutexLock lock(&r.remote_mu);
   r.remote_mu.Await(done);
   // Claim before touching the local shards' buffers: an abort that claimed first has published
   // its status and let those shards return.
@@ -150,7 +151,7 @@ void Collectives::Deliver(const CollectiveKey& key, int rank, std::string input)
       !r->remote_inputs[rank].empty())
     return;  // Not a remote rank of this collective, or a duplicate.
   r->remote_inputs[rank] = std::move(input);
-  ++r->remote_arrived;
+  r->remote_arrived.fetch_add(1, std::memory_order_release);
 }
 
 // Both record the failure first, so a rendezvous created after the scan fails in Run().

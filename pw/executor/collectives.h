@@ -123,7 +123,8 @@ class Collectives {
     // Other processes' inputs, by rank (empty when every shard is local).
     pw::Mutex remote_mu;
     std::vector<std::string> remote_inputs ABSL_GUARDED_BY(remote_mu);
-    size_t remote_arrived ABSL_GUARDED_BY(remote_mu) = 0;
+    // How many of them are in: written under remote_mu (whose waiters it wakes), read without.
+    std::atomic<size_t> remote_arrived{0};
   };
   // Runs on the last local shard when other processes hold ranks: exchanges inputs, then, unless
   // an abort claimed the rendezvous first, claims it, combines and publishes.
