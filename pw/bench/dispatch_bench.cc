@@ -63,6 +63,12 @@ absl::StatusOr<std::vector<DispatchBenchResult>> RunDispatchBench(const Dispatch
 absl::StatusOr<std::vector<DispatchBenchResult>> RunDispatchBenchOn(ControllerInterface* controller,
                                                                     DispatchBenchOptions o) {
   if (o.chain <= 0) return absl::InvalidArgumentError("dispatch bench needs chain > 0");
+  if (!o.only.empty() && o.only != "opbyop" && o.only != "chained" && o.only != "fused")
+    return absl::InvalidArgumentError(absl::StrCat("dispatch bench: no workload '", o.only,
+                                                   "' (opbyop, chained or fused)"));
+  if (!o.dispatch.empty() && o.dispatch != "parallel" && o.dispatch != "sequential")
+    return absl::InvalidArgumentError(absl::StrCat("dispatch bench: no dispatch mode '",
+                                                   o.dispatch, "' (parallel or sequential)"));
   // The slice spans every live device of the cluster.
   int n = 0;
   PW_ASSIGN_OR_RETURN(const ClusterStatus status, StatusOfEveryHost(*controller));
@@ -196,30 +202,16 @@ std::string DispatchBenchJson(const DispatchBenchOptions& o,
                             {"devices_per_host", r.devices_per_host},
                             {"computations", r.computations},
                             {"seconds", r.seconds},
-                            {"computations_per_second", r.computations_per_second},
-                            {"overhead_us_per_node", r.overhead_us_per_node}});
+                            {"computations_per_second", r.computations_per_second}});
+    if (cps("fused", r.dispatch) > 0)  // Beyond Fused's time, so only where Fused ran.
+      j["results"].back()["overhead_us_per_node"] = r.overhead_us_per_node;
   }
-  double chained_overhead = 0;
   const DispatchBenchResult* chained = nullptr;
   const DispatchBenchResult* fused = nullptr;
   for (const auto& r : results) {
     if (r.dispatch != "parallel") continue;
-    if (r.workload == "chained") chained_overhead = r.overhead_us_per_node, chained = &r;
+    if (r.workload == "chained") chained = &r;
     if (r.workload == "fused") fused = &r;
-  }
-  // Chained's overhead per node in each round against Fused's in the same round (the two run
-  // back to back, so slow drifts of this machine cancel), and the median over rounds.
-  std::vector<double> paired;
-  if (chained != nullptr && fused != nullptr) {
-    for (size_t i = 0; i < chained->round_rates.size() && i < fused->round_rates.size(); ++i)
-      paired.push_back(1e6 / chained->round_rates[i] - 1e6 / fused->round_rates[i]);
-  }
-  double paired_median = 0;
-  if (!paired.empty()) {
-    std::vector<double> sorted = paired;
-    std::sort(sorted.begin(), sorted.end());
-    const size_t m = sorted.size() / 2;
-    paired_median = sorted.size() % 2 == 1 ? sorted[m] : (sorted[m - 1] + sorted[m]) / 2;
   }
   j["summary"] = {
       {"cluster", o.cluster.empty() ? "embedded" : o.cluster},
@@ -229,11 +221,8 @@ std::string DispatchBenchJson(const DispatchBenchOptions& o,
       {"statistic",
        "best round of each workload and mode; chained_overhead_us_per_node_paired_median: "
        "median over rounds of chained minus fused in the same round"},
-      {"chained_overhead_us_per_node", chained_overhead},
-      {"chained_overhead_us_per_node_by_round", paired},
-      {"chained_overhead_us_per_node_paired_median", paired_median},
   };
-  // Ratios of workloads and modes that ran (--only and --dispatch leave some out).
+  // Ratios and overheads of workloads and modes that ran (--only and --dispatch leave some out).
   auto ratio = [&](const char* key, double a, double b) {
     if (a > 0 && b > 0) j["summary"][key] = a / b;
   };
@@ -241,8 +230,25 @@ std::string DispatchBenchJson(const DispatchBenchOptions& o,
   ratio("chained_over_opbyop", cps("chained", "parallel"), cps("opbyop", "parallel"));
   ratio("chained_parallel_over_sequential", cps("chained", "parallel"),
         cps("chained", "sequential"));
+  if (o.loopback_rtt_us > 0) j["summary"]["loopback_rtt_us"] = o.loopback_rtt_us;
+  if (chained == nullptr || fused == nullptr) return j.dump(2);
+  // Chained's overhead per node in each round against Fused's in the same round (the two run
+  // back to back, so slow drifts of this machine cancel), and the median over rounds.
+  std::vector<double> paired;
+  for (size_t i = 0; i < chained->round_rates.size() && i < fused->round_rates.size(); ++i)
+    paired.push_back(1e6 / chained->round_rates[i] - 1e6 / fused->round_rates[i]);
+  double paired_median = 0;
+  if (!paired.empty()) {
+    std::vector<double> sorted = paired;
+    std::sort(sorted.begin(), sorted.end());
+    const size_t m = sorted.size() / 2;
+    paired_median = sorted.size() % 2 == 1 ? sorted[m] : (sorted[m - 1] + sorted[m]) / 2;
+  }
+  const double chained_overhead = chained->overhead_us_per_node;
+  j["summary"]["chained_overhead_us_per_node"] = chained_overhead;
+  j["summary"]["chained_overhead_us_per_node_by_round"] = paired;
+  j["summary"]["chained_overhead_us_per_node_paired_median"] = paired_median;
   if (o.loopback_rtt_us > 0) {
-    j["summary"]["loopback_rtt_us"] = o.loopback_rtt_us;
     j["summary"]["chained_overhead_over_loopback_rtt"] = chained_overhead / o.loopback_rtt_us;
     j["summary"]["chained_overhead_paired_median_over_loopback_rtt"] =
         paired_median / o.loopback_rtt_us;

@@ -46,9 +46,18 @@ TEST(DispatchBenchTest, RunsOneWorkloadInOneModeWhenAsked) {
   ASSERT_EQ(r->size(), 1u);
   EXPECT_EQ(r->front().workload, "chained");
   EXPECT_EQ(r->front().dispatch, "parallel");
-  const auto s = nlohmann::json::parse(DispatchBenchJson(o, *r))["summary"];
-  EXPECT_FALSE(s.contains("chained_over_fused"));
-  EXPECT_FALSE(s.contains("chained_parallel_over_sequential"));
+  const auto j = nlohmann::json::parse(DispatchBenchJson(o, *r));
+  for (const char* key : {"chained_over_fused", "chained_parallel_over_sequential",
+                          "chained_overhead_us_per_node",
+                          "chained_overhead_us_per_node_paired_median"})
+    EXPECT_FALSE(j["summary"].contains(key)) << key;
+  EXPECT_FALSE(j["results"][0].contains("overhead_us_per_node"));
+  // Names that are neither are refused.
+  o.only = "chain";
+  EXPECT_EQ(RunDispatchBench(o).status().code(), absl::StatusCode::kInvalidArgument);
+  o.only = "";
+  o.dispatch = "async";
+  EXPECT_EQ(RunDispatchBench(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

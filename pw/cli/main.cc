@@ -1,13 +1,14 @@
 // pw: the pathways command line.
 //
 //   pw up [--config FILE | --islands I --hosts-per-island H --devices-per-host D] [--detach]
+//         [--cpu-bind host|none]
 //   pw status [--json] [--cluster ADDRESS]
 //   pw down
 //   pw controller --config FILE [--listen ADDR] [--address-file F]   (started by pw up)
-//   pw worker --controller ADDR --host N [--listen ADDR]             (started by pw up)
+//   pw worker --controller ADDR --host N [--listen ADDR] [--cpus LIST] (started by pw up)
 //   pw example figure2 [--cluster ADDRESS | --config FILE | --islands I --hosts-per-island H ...]
 //   pw bench dispatch [--cluster ADDRESS | --islands I --hosts H --devices-per-host D] [--chain N]
-//                     [--json]
+//                     [--rounds R] [--only W] [--dispatch parallel|sequential] [--json]
 //
 // Client commands use --cluster ADDRESS, else $PW_CLUSTER, else the cluster `pw up` started
 // most recently (if it is running), else an embedded cluster in this process. Servers listening

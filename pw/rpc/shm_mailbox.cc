@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "pw/base/spin_wait.h"
 #include "absl/strings/str_format.h"
+#include "pw/base/spin_wait.h"
 
 namespace pw::rpc {
 

@@ -7,6 +7,9 @@
 #include <cstring>
 #include <filesystem>
 
+#include "absl/algorithm/container.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -23,11 +26,14 @@ absl::StatusOr<std::vector<int>> ParseCpuList(absl::string_view list) {
   if (list.empty()) return absl::InvalidArgumentError("CPU list is empty");
   for (absl::string_view part : absl::StrSplit(list, ',')) {
     std::vector<absl::string_view> ends = absl::StrSplit(part, absl::MaxSplits('-', 1));
+    auto number = [](absl::string_view d, int* n) {
+      return !d.empty() && d.size() <= 9 && absl::c_all_of(d, absl::ascii_isdigit) &&
+             absl::SimpleAtoi(d, n);
+    };
     int first = 0, last = 0;
-    if (!absl::SimpleAtoi(ends[0], &first) ||
-        !absl::SimpleAtoi(ends.size() == 2 ? ends[1] : ends[0], &last))
+    if (!number(ends[0], &first) || !number(ends.size() == 2 ? ends[1] : ends[0], &last))
       return bad(part, "is not a CPU number or range (e.g. 3 or 0-3)");
-    if (first < 0 || last < first) return bad(part, "is not an ascending range of CPU numbers");
+    if (last < first) return bad(part, "is not an ascending range of CPU numbers");
     if (last >= CPU_SETSIZE) return bad(part, absl::StrCat("exceeds CPU ", CPU_SETSIZE - 1));
     for (int c = first; c <= last; ++c) cpus.push_back(c);
   }
@@ -73,19 +79,27 @@ absl::Status BindProcessToCpus(absl::Span<const int> cpus) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot bind to CPUs ", FormatCpuList(missing), ": this process may run on ",
                      FormatCpuList(*allowed), " only"));
-  // The calling thread first (threads it starts inherit the binding), then the others.
+  // The calling thread first (threads it starts inherit the binding), then the others, until a
+  // pass finds none it has not bound (one not yet bound may have started another meanwhile).
   if (sched_setaffinity(0, sizeof(set), &set) != 0)
     return absl::InternalError(absl::StrCat("sched_setaffinity: ", std::strerror(errno)));
-  std::error_code error;
-  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", error)) {
-    int tid = 0;
-    // A thread may exit meanwhile (ESRCH): nothing to bind.
-    if (absl::SimpleAtoi(task.path().filename().string(), &tid) &&
-        sched_setaffinity(tid, sizeof(set), &set) != 0 && errno != ESRCH)
-      return absl::InternalError(absl::StrCat("sched_setaffinity(", tid, "): ",
-                                              std::strerror(errno)));
+  absl::flat_hash_set<int> bound;
+  for (bool found_new = true; found_new;) {
+    found_new = false;
+    std::error_code error;
+    std::filesystem::directory_iterator it("/proc/self/task", error), end;
+    for (; !error && it != end; it.increment(error)) {
+      int tid = 0;
+      if (!absl::SimpleAtoi(it->path().filename().string(), &tid) || !bound.insert(tid).second)
+        continue;
+      found_new = true;
+      // A thread may exit meanwhile (ESRCH): nothing to bind.
+      if (sched_setaffinity(tid, sizeof(set), &set) != 0 && errno != ESRCH)
+        return absl::InternalError(absl::StrCat("sched_setaffinity(", tid, "): ",
+                                                std::strerror(errno)));
+    }
+    if (error) return absl::InternalError(absl::StrCat("/proc/self/task: ", error.message()));
   }
-  if (error) return absl::InternalError(absl::StrCat("/proc/self/task: ", error.message()));
   return absl::OkStatus();
 }
 

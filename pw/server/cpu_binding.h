@@ -20,7 +20,8 @@ std::string FormatCpuList(absl::Span<const int> cpus);
 // The CPUs the calling thread may run on.
 absl::StatusOr<std::vector<int>> AllowedCpus();
 // Binds every thread of this process, and the threads started afterwards, to `cpus`; each must
-// be one the calling thread may run on now (FAILED_PRECONDITION names those that are not).
+// be one the calling thread may run on now (FAILED_PRECONDITION names those that are not). Call
+// it before starting threads where possible (pw worker does).
 absl::Status BindProcessToCpus(absl::Span<const int> cpus);
 // Splits `cpus` among `hosts` hosts in order. With at least as many CPUs as hosts, each gets a
 // block of its own (sizes differ by at most one); with fewer, consecutive hosts (an island's

@@ -23,7 +23,8 @@ TEST(CpuBindingTest, ParsesAndFormatsCpuLists) {
 }
 
 TEST(CpuBindingTest, MalformedCpuListsAreRefusedNamingThePart) {
-  for (const char* bad : {"", "a", "1,,2", "3-1", "-1", "1-", "0-99999", "1.5"}) {
+  for (const char* bad : {"", "a", "1,,2", "3-1", "-1", "1-", "0-99999", "1.5", " 1", "1 - 3",
+                          "+2", "1-+3", "0--0", "99999999999"}) {
     absl::StatusOr<std::vector<int>> r = ParseCpuList(bad);
     ASSERT_FALSE(r.ok()) << bad;
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
@@ -77,6 +78,7 @@ TEST(CpuBindingTest, BindsEveryThreadOfTheProcess) {
   EXPECT_EQ(BindProcessToCpus({CPU_SETSIZE - 1}).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(BindProcessToCpus({}).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(*AllowedCpus(), *allowed);  // Unchanged by the refusals.
+  if (allowed->size() < 2) GTEST_SKIP() << "binding needs two CPUs to show; this process has one";
   // In a child process: the binding is process-wide.
   EXPECT_EXIT(BindAndCheck(allowed->back(), *allowed), ::testing::ExitedWithCode(0), "");
 }

@@ -18,7 +18,8 @@ struct LocalClusterState {
   std::string address;  // The controller's.
   int controller_pid = 0;
   std::vector<int> worker_pids;
-  std::vector<std::string> worker_cpus;  // Each worker's CPU list (pw worker --cpus); "" if unbound.
+  // Each worker's CPU list (pw worker --cpus); "" if unbound.
+  std::vector<std::string> worker_cpus;
   std::string cluster_token;  // The processes' (pw down presents it to shut the controller down).
   std::string state_dir;
 };
