@@ -174,16 +174,15 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
       continue;
     }
     done->Add();
-    auto shard = std::make_unique<Shard>();
-    shard->work = work;
-    shard->node = &node;
-    shard->rank = rank;
-    shard->device = device_id;
-    shard->exe = *exe;
-    shard->inputs = std::move(inputs);
-    shard->memory = std::move(memory);
-    shard->outputs = std::move(outputs);
-    shard->done = done;
+    std::unique_ptr<Shard> shard(new Shard{.work = work,
+                                           .node = &node,
+                                           .rank = rank,
+                                           .device = device_id,
+                                           .exe = *exe,
+                                           .inputs = std::move(inputs),
+                                           .memory = std::move(memory),
+                                           .outputs = std::move(outputs),
+                                           .done = done});
     // The device waits for inputs and memory itself, like a stream waiting on events.
     device->Enqueue([this, shard = std::move(shard)](const absl::Status& health) mutable {
       RunShard(std::move(shard), health);
@@ -229,7 +228,7 @@ void Worker::RunShard(std::unique_ptr<Shard> shard, absl::Status s) {
       std::memset(zeros->mutable_data(), 0, spec.size_bytes());
       launch.inputs.push_back(std::move(zeros));
     }
-    shard->stand_in_error = s;
+    shard->failed = s;
   }
   launch.key = {work.run.value(), shard->node->node, 0};
   launch.rank = shard->rank;
@@ -253,35 +252,36 @@ void Worker::RunShard(std::unique_ptr<Shard> shard, absl::Status s) {
 void Worker::OnShardOutputs(std::unique_ptr<Shard> shard,
                             const absl::StatusOr<std::vector<DeviceBufferRef>>& r,
                             Future<> computed) {
-  absl::Status error = r.ok() ? shard->stand_in_error : r.status();
-  if (error.ok()) {
-    if (shard->exe->shards_skippable()) {
-      for (size_t k = 0; k < shard->outputs.size(); ++k) shard->outputs[k].Set((*r)[k]);
-      shard->outputs.clear();
-    } else {
-      shard->held = *r;  // Until the launch is known to be whole.
-    }
+  if (!r.ok()) {
+    shard->failed = r.status();
+  } else if (shard->failed.ok() && shard->exe->shards_skippable()) {
+    for (size_t k = 0; k < shard->outputs.size(); ++k) shard->outputs[k].Set((*r)[k]);
+    shard->outputs.clear();
+  } else if (shard->failed.ok()) {
+    shard->held = *r;  // Until the launch is known to be whole.
   }
-  // A stand-in's outputs fail as soon as it has run (its peers need it to).
-  auto finish = [this, error = std::move(error)](std::unique_ptr<Shard> shard,
-                                                 const absl::Status& computed) {
-    OnShardComputed(std::move(shard), error.ok() ? computed : error);
-    in_flight_.count.fetch_sub(1, std::memory_order_release);
-  };
-  if (computed.IsReady()) return finish(std::move(shard), computed.status());
-  computed.OnReady([shard = std::move(shard), finish = std::move(finish)](
-                       const absl::Status& s) mutable { finish(std::move(shard), s); });
+  if (computed.IsReady()) return OnShardComputed(std::move(shard), computed.status());
+  computed.OnReady([this, shard = std::move(shard)](const absl::Status& s) mutable {
+    OnShardComputed(std::move(shard), s);
+  });
 }
 
 void Worker::OnShardComputed(std::unique_ptr<Shard> shard, absl::Status s) {
-  if (s.ok() && !shard->exe->shards_skippable())
+  // A failed shard (a stand-in's too) fails its outputs once it has run: its peers needed it to.
+  if (!shard->failed.ok()) s = shard->failed;
+  else if (s.ok() && !shard->exe->shards_skippable())
     s = collectives_->LaunchFailure(shard->work->run.value(), shard->node->node);
-  if (!s.ok()) return FailShard(std::move(shard), s);
-  for (size_t k = 0; k < shard->outputs.size(); ++k) shard->outputs[k].Set(shard->held[k]);
-  // Intermediates this node read last: this device's shard can go now.
-  for (int v : shard->compute().release)
-    store_.DeleteShard(shard->work->buffer(v), shard->device);
-  shard->done->Done();
+  if (!s.ok()) {
+    FailShard(std::move(shard), s);
+  } else {
+    for (size_t k = 0; k < shard->outputs.size(); ++k) shard->outputs[k].Set(shard->held[k]);
+    // Intermediates this node read last: this device's shard can go now.
+    for (int v : shard->compute().release)
+      store_.DeleteShard(shard->work->buffer(v), shard->device);
+    shard->done->Done();
+    shard.reset();
+  }
+  in_flight_.count.fetch_sub(1, std::memory_order_release);  // After the shard is gone.
 }
 
 void Worker::FailShard(std::unique_ptr<Shard> shard, const absl::Status& status) {

@@ -84,8 +84,9 @@ class Worker final : public WorkerInterface {
     std::vector<Future<ReservationRef>> memory;
     std::vector<Promise<DeviceBufferRef>> outputs;  // Those not yet handed on.
     std::shared_ptr<Countdown> done;
-    absl::Status stand_in_error;          // Why it ran as a stand-in on zeros; OK if it did not.
-    std::vector<DeviceBufferRef> held;    // Outputs held until the launch is known to be whole.
+    // Why it fails once it has run: it ran as a stand-in on zeros, or its launch failed.
+    absl::Status failed;
+    std::vector<DeviceBufferRef> held;  // Outputs held until the launch is known to be whole.
     const ComputeWork& compute() const { return std::get<ComputeWork>(node->work); }
   };
   // On the device thread: waits for memory and inputs, then launches (or fails) the shard.
@@ -93,6 +94,7 @@ class Worker final : public WorkerInterface {
   void OnShardOutputs(std::unique_ptr<Shard> shard,
                       const absl::StatusOr<std::vector<DeviceBufferRef>>& outputs,
                       Future<> computed);
+  // Ends a launched shard (and its count in in_flight_): hands on or fails its outputs.
   void OnShardComputed(std::unique_ptr<Shard> shard, absl::Status computed);
   // Fails the shard's remaining outputs and its launch's collectives, naming where.
   void FailShard(std::unique_ptr<Shard> shard, const absl::Status& status);
