@@ -4,6 +4,17 @@
 
 namespace pw {
 
+namespace internal {
+const std::shared_ptr<FutureState<void>>& ReadyOkState() {
+  static const auto* const state = [] {
+    auto* s = new std::shared_ptr<FutureState<void>>(std::make_shared<FutureState<void>>());
+    (*s)->Set(absl::OkStatus());
+    return s;
+  }();
+  return *state;
+}
+}  // namespace internal
+
 namespace {
 struct JoinState {
   explicit JoinState(size_t n) : remaining(n), statuses(n) {}

@@ -105,6 +105,9 @@ class FutureState {
   std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
 };
 
+// The shared state of every ready OK Future<> (see Future::Ready).
+const std::shared_ptr<FutureState<void>>& ReadyOkState();
+
 }  // namespace internal
 
 template <typename T>
@@ -116,6 +119,10 @@ class Future {
   // A future that is already ready with `value` (a T, a StatusOr<T>, or an error Status).
   template <typename V>
   static Future Ready(V&& value) {
+    if constexpr (std::is_void_v<T>) {
+      // Every ready OK Future<> shares one state: a ready state is immutable.
+      if (internal::StatusOf(value).ok()) return Future(internal::ReadyOkState());
+    }
     auto state = std::make_shared<internal::FutureState<T>>();
     state->Set(Value(std::forward<V>(value)));
     return Future(std::move(state));

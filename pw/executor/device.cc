@@ -56,13 +56,10 @@ absl::Status Device::health() const {
 
 size_t Device::queue_depth() const {
   pw::MutexLock lock(&mu_);
-  return queue_.size() + running_;
+  return queue_.size() + running_.load(std::memory_order_relaxed);
 }
 
-int64_t Device::executed() const {
-  pw::MutexLock lock(&mu_);
-  return executed_;
-}
+int64_t Device::executed() const { return executed_.load(std::memory_order_acquire); }
 
 void Device::Loop() {
   while (true) {
@@ -77,13 +74,12 @@ void Device::Loop() {
       item = std::move(queue_.front());
       queue_.pop_front();
       pending_.fetch_sub(1, std::memory_order_relaxed);
-      running_ = 1;
+      running_.store(1, std::memory_order_relaxed);
       removed = removed_;
     }
     std::move(item)(removed);
-    pw::MutexLock lock(&mu_);
-    running_ = 0;
-    ++executed_;
+    executed_.fetch_add(1, std::memory_order_release);
+    running_.store(0, std::memory_order_relaxed);
   }
 }
 

@@ -63,8 +63,9 @@ class Device {
   std::atomic<int64_t> pending_{0};  // queue_.size(), readable without mu_ for spinning.
   absl::Status removed_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  size_t running_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t executed_ ABSL_GUARDED_BY(mu_) = 0;
+  // Written by the device thread only; atomic so that finishing an item takes no lock.
+  std::atomic<size_t> running_{0};
+  std::atomic<int64_t> executed_{0};
   std::thread thread_;
 };
 

@@ -99,10 +99,18 @@ DispatchAck Worker::Dispatch(HostWork work) {
 void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued,
                          Promise<> done) {
   auto shard_done = std::make_shared<Countdown>();
+  // Consecutive nodes of one function on one slice (a chain of steps) share the lookup.
+  const ComputeWork* loaded_for = nullptr;
+  absl::StatusOr<ExecutableRef> exe;
   for (size_t i = work->begin; i < work->end; ++i) {
     const NodeWork& node = work->program->nodes[i];
     if (const auto* c = std::get_if<ComputeWork>(&node.work)) {
-      DispatchCompute(work, node, *c, shard_done);
+      if (loaded_for == nullptr || c->function != loaded_for->function ||
+          c->slice_devices != loaded_for->slice_devices) {
+        exe = LoadExecutable(c->function, c->slice_devices);
+        loaded_for = c;
+      }
+      DispatchCompute(work, node, *c, exe, shard_done);
     } else {
       DispatchTransfer(*work, node, std::get<TransferWork>(node.work), shard_done);
     }
@@ -120,8 +128,8 @@ void Worker::PutFailed(BufferId id, DeviceId device, const absl::Status& error) 
 }
 
 void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const NodeWork& node,
-                             const ComputeWork& c, const std::shared_ptr<Countdown>& done) {
-  auto exe = LoadExecutable(c.function, c.slice_devices);
+                             const ComputeWork& c, const absl::StatusOr<ExecutableRef>& exe,
+                             const std::shared_ptr<Countdown>& done) {
   for (int rank : c.local_ranks) {
     const DeviceId device_id = c.slice_devices[rank];
     Device* device = FindDevice(device_id);
@@ -129,8 +137,7 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
     if (setup.ok() && device == nullptr)
       setup = absl::InternalError(absl::StrCat(device_id.ToString(), " is not on ", host_.ToString()));
     // Inputs: futures of shards already in (or promised to) this host's store.
-    std::vector<Future<DeviceBufferRef>> inputs;
-    inputs.reserve(c.inputs.size());
+    decltype(Shard::inputs) inputs;
     for (int in : c.inputs) {
       if (!setup.ok()) break;
       auto f = store_.Get(work->buffer(in), device_id);
@@ -142,9 +149,8 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
       inputs.push_back(*std::move(f));
     }
     // Outputs: reserve memory now; each shard is a promise until the computation runs.
-    std::vector<Promise<DeviceBufferRef>> outputs;
-    std::vector<Future<ReservationRef>> memory;
-    outputs.reserve(c.outputs.size());
+    decltype(Shard::outputs) outputs;
+    decltype(Shard::memory) memory;
     for (size_t k = 0; k < c.outputs.size(); ++k) {
       if (!setup.ok()) break;
       int64_t bytes = (*exe)->output_specs()[k].size_bytes();
@@ -154,7 +160,8 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
       setup = store_.Put(out, device_id, {p.future(), mem, bytes});
       if (setup.ok()) setup = FailedAlready(mem);
       if (!setup.ok()) setup = Annotate(setup, absl::StrCat(out.ToString(), " (output ", k, ")"));
-      memory.push_back(std::move(mem));
+      // Granted memory is held by the store entry; the device waits only for the rest.
+      if (!mem.IsReady() || !mem.Await().ok()) memory.push_back(std::move(mem));
       outputs.push_back(std::move(p));
     }
     if (!setup.ok() && exe.ok() && device != nullptr && !(*exe)->shards_skippable()) {
@@ -162,7 +169,7 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
       // peers are not left inside XLA's collectives.
       for (size_t k = outputs.size(); k < c.outputs.size(); ++k)
         PutFailed(work->buffer(c.outputs[k]), device_id, setup);
-      inputs = {Future<DeviceBufferRef>::Ready(setup)};
+      inputs.assign({Future<DeviceBufferRef>::Ready(setup)});
     } else if (!setup.ok()) {
       absl::Status error = Annotate(setup, NodeWhere(*work, node, device_id));
       collectives_->FailLaunch(work->run.value(), node.node, error, c.slice_devices);

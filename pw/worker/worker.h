@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "pw/base/mutex.h"
 #include "pw/base/countdown.h"
 #include "pw/base/work_queue.h"
@@ -68,7 +69,8 @@ class Worker final : public WorkerInterface {
   // Each adds its shards to `done` and finishes them when they complete. Shards keep `work`
   // alive (it names the run and node in errors, and holds the slice's device list).
   void DispatchCompute(const std::shared_ptr<const HostWork>& work, const NodeWork& node,
-                       const ComputeWork& c, const std::shared_ptr<Countdown>& done);
+                       const ComputeWork& c, const absl::StatusOr<ExecutableRef>& exe,
+                       const std::shared_ptr<Countdown>& done);
   void DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,
                         const std::shared_ptr<Countdown>& done);
   // One shard of a compute node, owned by whichever step of it runs: RunShard on the device
@@ -80,9 +82,11 @@ class Worker final : public WorkerInterface {
     int rank = 0;
     DeviceId device;
     ExecutableRef exe;
-    std::vector<Future<DeviceBufferRef>> inputs;
-    std::vector<Future<ReservationRef>> memory;
-    std::vector<Promise<DeviceBufferRef>> outputs;  // Those not yet handed on.
+    // Inline: dispatch allocates a shard and its device frees it, so each allocation is a
+    // cross-thread round trip through the allocator.
+    absl::InlinedVector<Future<DeviceBufferRef>, 2> inputs;
+    absl::InlinedVector<Future<ReservationRef>, 2> memory;  // Those not granted at dispatch.
+    absl::InlinedVector<Promise<DeviceBufferRef>, 2> outputs;  // Those not yet handed on.
     std::shared_ptr<Countdown> done;
     // Why it fails once it has run: it ran as a stand-in on zeros, or its launch failed.
     absl::Status failed;
