@@ -91,9 +91,16 @@ void Collectives::CombineAcrossProcesses(const CollectiveKey& key, Rendezvous& r
     inputs.emplace_back(static_cast<const char*>(r.inputs[i]), input_bytes);
   }
   peers_->Send(key, r.devices, std::move(ranks), std::move(inputs));
-  // Wait for the other processes' inputs, or for an abort (a removed device, a failed launch):
-  // yielding the core a bounded number of times (they arrive within microseconds when the
-  // processes keep pace), then asleep.
+  r.key = key;
+  r.combine = &combine;
+  r.input_bytes = input_bytes;
+  r.output_bytes = output_bytes;
+  // seq_cst, paired with Deliver's (count the input, then read `sent`): if Deliver missed this,
+  // the wait below sees its input.
+  r.sent.store(true, std::memory_order_seq_cst);
+  // Wait for the other processes' inputs, or for an abort (a removed device, a failed launch) or
+  // a delivery that combined: yielding the core a bounded number of times (they arrive within
+  // microseconds when the processes keep pace), then asleep.
   auto done = [&r] {
     return r.remote_arrived.load(std::memory_order_acquire) == r.devices.size() - r.local ||
            r.state.load(std::memory_order_acquire) != Rendezvous::kPending;
@@ -151,7 +158,12 @@ void Collectives::Deliver(const CollectiveKey& key, int rank, std::string input)
       !r->remote_inputs[rank].empty())
     return;  // Not a remote rank of this collective, or a duplicate.
   r->remote_inputs[rank] = std::move(input);
-  r->remote_arrived.fetch_add(1, std::memory_order_release);
+  // The last input, once the local inputs are sent: combine here (see Rendezvous::sent).
+  if (r->remote_arrived.fetch_add(1, std::memory_order_seq_cst) + 1 ==
+          r->devices.size() - r->local &&
+      r->sent.load(std::memory_order_seq_cst) && r->Claim()) {
+    r->Publish(CombineClaimed(r->key, *r, r->input_bytes, r->output_bytes, *r->combine));
+  }
 }
 
 // Both record the failure first, so a rendezvous created after the scan fails in Run().

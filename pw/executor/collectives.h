@@ -125,9 +125,17 @@ class Collectives {
     std::vector<std::string> remote_inputs ABSL_GUARDED_BY(remote_mu);
     // How many of them are in: written under remote_mu (whose waiters it wakes), read without.
     std::atomic<size_t> remote_arrived{0};
+    // Set by the combining shard once it has sent the local inputs: from then on, whoever
+    // delivers the last remote input combines (so the step does not wait for the combining
+    // shard's thread to be scheduled again). The fields before it are written before it is set.
+    CollectiveKey key;
+    const Combine* combine = nullptr;  // Lives in Run() of the combining shard until published.
+    size_t input_bytes = 0, output_bytes = 0;
+    std::atomic<bool> sent{false};
   };
-  // Runs on the last local shard when other processes hold ranks: exchanges inputs, then, unless
-  // an abort claimed the rendezvous first, claims it, combines and publishes.
+  // Runs on the last local shard when other processes hold ranks: sends the local inputs, then,
+  // unless an abort or the delivery of the last remote input (Deliver) claimed the rendezvous
+  // first, waits for the other processes' inputs, claims it, combines and publishes.
   void CombineAcrossProcesses(const CollectiveKey& key, Rendezvous& r, size_t input_bytes,
                               size_t output_bytes, const Combine& combine);
   // The combine itself, by the claimant, with every input in.

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -90,6 +91,79 @@ TEST(CollectivesTest, RemovalDuringACrossProcessCombineWaitsForIt) {
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_TRUE(status[rank].ok()) << rank << ": " << status[rank];
     EXPECT_EQ(out[rank], 4.0f);  // 1 + 2 + the other process's input (a copy of rank 0's).
+  }
+}
+
+// Device 2 is another process's, whose input a receiver thread delivers once ours are sent.
+class ThreadedRemotePeer : public CollectivePeers {
+ public:
+  bool IsLocal(DeviceId d) const override { return d.value() < 2; }
+  void Send(const CollectiveKey& key, absl::Span<const DeviceId>, std::vector<int>,
+            std::vector<std::string> inputs) override {
+    pw::MutexLock lock(&mu);
+    sent_key = key;
+    sent_input = inputs[0];
+  }
+  void SendFailure(int64_t, int32_t, absl::Span<const DeviceId>, const absl::Status&) override {}
+  // Waits for Send, then returns what was sent.
+  std::pair<CollectiveKey, std::string> AwaitSend() {
+    pw::MutexLock lock(&mu);
+    mu.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return sent_key.has_value(); });
+    auto r = std::make_pair(*sent_key, sent_input);
+    sent_key.reset();
+    return r;
+  }
+
+ private:
+  pw::Mutex mu;
+  std::optional<CollectiveKey> sent_key ABSL_GUARDED_BY(mu);
+  std::string sent_input ABSL_GUARDED_BY(mu);
+};
+
+// The thread that delivers the last remote input after the local inputs are sent combines, so
+// the step does not wait for the combining shard to run again; when it races with the combining
+// shard, exactly one of them combines.
+TEST(CollectivesTest, TheLastDeliveryCombines) {
+  Collectives c;
+  ThreadedRemotePeer peer;
+  c.SetPeers(&peer);
+  const std::vector<DeviceId> devices = {DeviceId(0), DeviceId(1), DeviceId(2)};
+  for (int step = 0; step < 200; ++step) {
+    const bool late = step == 0;  // Delivered well after the send, then at once.
+    float in[2] = {1, static_cast<float>(step)}, out[2] = {0, 0};
+    std::atomic<int> combines{0};
+    std::thread::id combined_on;
+    auto combine = [&](absl::Span<const void* const> ins, absl::Span<void* const> outs) {
+      ++combines;
+      combined_on = std::this_thread::get_id();
+      float sum = 0;
+      for (const void* p : ins) sum += *static_cast<const float*>(p);
+      for (void* p : outs) *static_cast<float*>(p) = sum;
+      return absl::OkStatus();
+    };
+    std::thread receiver([&] {
+      auto [key, input] = peer.AwaitSend();
+      if (late) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      c.Deliver(key, 2, input);
+    });
+    const std::thread::id receiver_id = receiver.get_id();
+    absl::Status status[2];
+    std::vector<std::thread> shards;
+    for (int rank = 0; rank < 2; ++rank) {
+      shards.emplace_back([&, rank] {
+        status[rank] = c.Run({.run = 1, .node = step, .op = 0}, devices, rank, &in[rank], 4,
+                             &out[rank], 4, combine);
+      });
+    }
+    for (auto& t : shards) t.join();
+    receiver.join();
+    ASSERT_EQ(combines, 1) << "step " << step;
+    if (late) EXPECT_EQ(combined_on, receiver_id);
+    for (int rank = 0; rank < 2; ++rank) {
+      ASSERT_TRUE(status[rank].ok()) << status[rank];
+      // 1 + step + the other process's input (a copy of rank 0's).
+      EXPECT_EQ(out[rank], 2.0f + step) << "step " << step << " rank " << rank;
+    }
   }
 }
 
