@@ -75,6 +75,13 @@ absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceI
     pw::MutexLock lock(&mu_);
     auto it = pending_.find(key);
     if (it != pending_.end() && it->second == r) pending_.erase(it);
+  } else if (r->local < r->devices.size()) {
+    // The last remote input may be waiting in this process's mailbox: deliver it (and so
+    // combine) here rather than wait for the thread that receives it.
+    auto finished = [&r] {
+      return r->state.load(std::memory_order_acquire) == Rendezvous::kFinished;
+    };
+    SpinYieldUntil([&] { return finished() || (peers_->Poll() && finished()); });
   }
   return r->Wait();
 }
@@ -105,7 +112,7 @@ void Collectives::CombineAcrossProcesses(const CollectiveKey& key, Rendezvous& r
     return r.remote_arrived.load(std::memory_order_acquire) == r.devices.size() - r.local ||
            r.state.load(std::memory_order_acquire) != Rendezvous::kPending;
   };
-  SpinYieldUntil(done);
+  SpinYieldUntil([&] { return done() || (peers_->Poll() && done()); });
   pw::MutexLock lock(&r.remote_mu);
   r.remote_mu.Await(done);
   // Claim before touching the local shards' buffers: an abort that claimed first has published

@@ -59,6 +59,10 @@ class CollectivePeers {
   // Tells those processes that launch (run, node) failed here.
   virtual void SendFailure(int64_t run, int32_t node, absl::Span<const DeviceId> devices,
                            const absl::Status& reason) = 0;
+  // Delivers, on the calling thread, what other processes have sent that is waiting now (a
+  // shard waiting in a collective drives delivery instead of waiting for a receiving thread to
+  // be scheduled). Returns whether it delivered anything.
+  virtual bool Poll() { return false; }
 };
 
 class Collectives {

@@ -158,7 +158,9 @@ TEST(CollectivesTest, TheLastDeliveryCombines) {
     for (auto& t : shards) t.join();
     receiver.join();
     ASSERT_EQ(combines, 1) << "step " << step;
-    if (late) EXPECT_EQ(combined_on, receiver_id);
+    if (late) {
+      EXPECT_EQ(combined_on, receiver_id);
+    }
     for (int rank = 0; rank < 2; ++rank) {
       ASSERT_TRUE(status[rank].ok()) << status[rank];
       // 1 + step + the other process's input (a copy of rank 0's).

@@ -3,7 +3,8 @@
 // futex latency instead of an RPC round trip.
 //
 // The owner creates the mailbox and runs one receiver thread that hands each message to a
-// callback; other processes open it by name and Send. Producers serialize on a spin lock in the
+// callback (threads of the owner waiting for a message may hand them on too: Poll); other
+// processes open it by name and Send. Producers serialize on a spin lock in the
 // segment; the receiver sleeps on a futex word (shared, not process-private). A message that
 // does not fit is refused (the caller falls back to RPC). Thread-safe.
 #pragma once
@@ -14,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -37,10 +39,21 @@ class ShmMailbox {
   // Appends one message; ResourceExhausted if it does not fit now (the caller uses another path).
   absl::Status Send(absl::string_view message);
 
+  // The owner's side: hands the messages waiting now to the callback on the calling thread, so
+  // a thread waiting for one need not wait for the receiver thread to be scheduled. Returns
+  // whether it handed on any; false at once while another thread is handing messages on (one
+  // thread at a time does, in order), after StopDelivering, and on a producer's side.
+  bool Poll();
+  // The owner's side: waits for a delivery in progress to end; from then on no message is handed
+  // to the callback (call it before destroying what the callback uses).
+  void StopDelivering();
+
  private:
   struct Header;
   ShmMailbox() = default;
   void ReceiveLoop();
+  // Hands on what is in the ring; the caller holds `delivering_`.
+  bool Drain();
 
   std::string name_;
   bool owner_ = false;
@@ -48,6 +61,8 @@ class ShmMailbox {
   char* ring_ = nullptr;
   size_t mapped_ = 0;
   OnMessage on_message_;
+  std::atomic<bool> delivering_{false};  // Held by the thread handing messages on.
+  std::vector<char> message_;            // Its buffer.
   std::atomic<bool> stop_{false};
   std::thread receiver_;
 };

@@ -93,6 +93,8 @@ WorkerServer::~WorkerServer() {
   if (heartbeat_.joinable()) heartbeat_.join();
   if (server_ != nullptr)
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // Nothing more from peers on this machine: the mailbox's deliveries use the worker.
+  if (mailbox_ != nullptr) mailbox_->StopDelivering();
   worker_.reset();  // Fails outstanding device work, drains the worker's threads.
   service_.reset();
 }

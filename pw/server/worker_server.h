@@ -62,6 +62,7 @@ class WorkerServer final : public CollectivePeers {
             std::vector<std::string> inputs) override;
   void SendFailure(int64_t run, int32_t node, absl::Span<const DeviceId> devices,
                    const absl::Status& reason) override;
+  bool Poll() override { return mailbox_ != nullptr && mailbox_->Poll(); }
 
  private:
   explicit WorkerServer(Options options);
