@@ -81,7 +81,7 @@ absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceI
     auto finished = [&r] {
       return r->state.load(std::memory_order_acquire) == Rendezvous::kFinished;
     };
-    SpinYieldUntil([&] { return finished() || (peers_->Poll() && finished()); });
+    PollUntil(finished);
   }
   return r->Wait();
 }
@@ -112,7 +112,7 @@ void Collectives::CombineAcrossProcesses(const CollectiveKey& key, Rendezvous& r
     return r.remote_arrived.load(std::memory_order_acquire) == r.devices.size() - r.local ||
            r.state.load(std::memory_order_acquire) != Rendezvous::kPending;
   };
-  SpinYieldUntil([&] { return done() || (peers_->Poll() && done()); });
+  PollUntil(done);
   pw::MutexLock lock(&r.remote_mu);
   r.remote_mu.Await(done);
   // Claim before touching the local shards' buffers: an abort that claimed first has published

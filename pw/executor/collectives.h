@@ -30,6 +30,7 @@
 #include "pw/base/mutex.h"
 #include "absl/types/span.h"
 #include "pw/base/ids.h"
+#include "pw/base/spin_wait.h"
 
 namespace pw {
 
@@ -146,6 +147,12 @@ class Collectives {
   absl::Status CombineClaimed(const CollectiveKey& key, Rendezvous& r, size_t input_bytes,
                               size_t output_bytes, const Combine& combine)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(r.remote_mu);
+  // Yields the core (as SpinYieldUntil) until `done`, delivering between yields what other
+  // processes have sent (peers_->Poll). Returns whether `done` holds.
+  template <typename F>
+  bool PollUntil(const F& done) {
+    return SpinYieldUntil([&] { return done() || (peers_->Poll() && done()); });
+  }
   // Fails and forgets every pending rendezvous that `matches`.
   void AbortPending(const absl::Status& reason,
                     absl::FunctionRef<bool(const CollectiveKey&, const Rendezvous&)> matches);

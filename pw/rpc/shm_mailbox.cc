@@ -103,13 +103,18 @@ absl::StatusOr<std::unique_ptr<ShmMailbox>> ShmMailbox::Open(const std::string& 
 
 ShmMailbox::~ShmMailbox() {
   if (owner_) {
-    stop_.store(true);
-    header_->seq.fetch_add(1);
-    Futex(&header_->seq, FUTEX_WAKE, INT32_MAX);
-    receiver_.join();
+    StopReceiver();
     shm_unlink(name_.c_str());
   }
   if (header_ != nullptr) munmap(header_, mapped_);
+}
+
+void ShmMailbox::StopReceiver() {
+  if (!receiver_.joinable()) return;
+  stop_.store(true);
+  header_->seq.fetch_add(1);
+  Futex(&header_->seq, FUTEX_WAKE, INT32_MAX);
+  receiver_.join();
 }
 
 absl::Status ShmMailbox::Send(absl::string_view message) {
@@ -151,7 +156,9 @@ bool ShmMailbox::Poll() {
 }
 
 void ShmMailbox::StopDelivering() {
+  if (!owner_) return;
   while (delivering_.exchange(true, std::memory_order_acquire)) sched_yield();
+  StopReceiver();  // It could only yield from now on.
 }
 
 bool ShmMailbox::Drain() {
@@ -182,7 +189,7 @@ void ShmMailbox::ReceiveLoop() {
     if (Poll()) continue;
     const uint64_t head = header_->head.load(std::memory_order_acquire);
     if (header_->tail.load(std::memory_order_acquire) != head) {
-      sched_yield();  // Another thread is handing messages on (or delivery has stopped).
+      sched_yield();  // Another thread is handing messages on.
       continue;
     }
     // A collective step's messages come close together: yield the core a bounded number of

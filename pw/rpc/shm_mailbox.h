@@ -44,14 +44,16 @@ class ShmMailbox {
   // whether it handed on any; false at once while another thread is handing messages on (one
   // thread at a time does, in order), after StopDelivering, and on a producer's side.
   bool Poll();
-  // The owner's side: waits for a delivery in progress to end; from then on no message is handed
-  // to the callback (call it before destroying what the callback uses).
+  // The owner's side: waits for a delivery in progress to end and stops the receiver thread;
+  // from then on no message is handed to the callback (call it before destroying what the
+  // callback uses). Producers can still Send.
   void StopDelivering();
 
  private:
   struct Header;
   ShmMailbox() = default;
   void ReceiveLoop();
+  void StopReceiver();  // Ends and joins the receiver thread (the owner's side).
   // Hands on what is in the ring; the caller holds `delivering_`.
   bool Drain();
 
