@@ -56,6 +56,10 @@ class FutureState {
  public:
   using Value = typename FutureValue<T>::type;
   using Callback = absl::AnyInvocable<void(const Value&) &&>;
+  FutureState() = default;
+  // Already ready with `v`: nothing else can see the state yet, so no lock.
+  struct ReadyWith {};
+  FutureState(ReadyWith, Value v) : ready_(true), value_(std::move(v)) {}
 
   void Set(Value v) {
     std::vector<Callback> callbacks;
@@ -123,9 +127,8 @@ class Future {
       // Every ready OK Future<> shares one state: a ready state is immutable.
       if (internal::StatusOf(value).ok()) return Future(internal::ReadyOkState());
     }
-    auto state = std::make_shared<internal::FutureState<T>>();
-    state->Set(Value(std::forward<V>(value)));
-    return Future(std::move(state));
+    return Future(std::make_shared<internal::FutureState<T>>(
+        typename internal::FutureState<T>::ReadyWith{}, Value(std::forward<V>(value))));
   }
 
   bool valid() const { return state_ != nullptr; }

@@ -21,6 +21,7 @@ Device::~Device() {
     pw::MutexLock lock(&mu_);
     stopping_ = true;
     if (removed_.ok()) removed_ = absl::CancelledError(absl::StrCat(id_.ToString(), " shut down"));
+    removing_.store(true, std::memory_order_release);
   }
   thread_.join();
   memory_.Close(absl::CancelledError(absl::StrCat(id_.ToString(), " shut down")));
@@ -45,6 +46,7 @@ void Device::Remove(const absl::Status& reason) {
     pw::MutexLock lock(&mu_);
     if (!removed_.ok()) return;
     removed_ = reason;
+    removing_.store(true, std::memory_order_release);
   }
   memory_.Close(reason);
 }
@@ -62,24 +64,31 @@ size_t Device::queue_depth() const {
 int64_t Device::executed() const { return executed_.load(std::memory_order_acquire); }
 
 void Device::Loop() {
+  // Items are taken a batch at a time (everything queued), so the device thread takes the lock
+  // once per batch rather than once per item; an item still sees a removal made while earlier
+  // items of its batch ran.
+  std::deque<Item> batch;
   while (true) {
-    Item item;
-    absl::Status removed;
     // Work usually arrives within microseconds of the last item; yield before sleeping.
     SpinYieldUntil([this] { return pending_.load(std::memory_order_acquire) > 0; });
+    absl::Status removed;
     {
       pw::MutexLock lock(&mu_);
       mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return HasWork(); });
       if (queue_.empty()) return;
-      item = std::move(queue_.front());
-      queue_.pop_front();
-      pending_.fetch_sub(1, std::memory_order_relaxed);
-      running_.store(1, std::memory_order_relaxed);
+      batch.swap(queue_);
+      running_.store(batch.size(), std::memory_order_relaxed);
+      pending_.fetch_sub(batch.size(), std::memory_order_relaxed);
       removed = removed_;
     }
-    std::move(item)(removed);
-    executed_.fetch_add(1, std::memory_order_release);
-    running_.store(0, std::memory_order_relaxed);
+    while (!batch.empty()) {
+      if (removed.ok() && removing_.load(std::memory_order_acquire)) removed = health();
+      Item item = std::move(batch.front());
+      batch.pop_front();
+      std::move(item)(removed);
+      executed_.fetch_add(1, std::memory_order_release);
+      running_.fetch_sub(1, std::memory_order_relaxed);
+    }
   }
 }
 

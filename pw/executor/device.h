@@ -60,11 +60,13 @@ class Device {
   DeviceMemory memory_;
   mutable pw::Mutex mu_;
   std::deque<Item> queue_ ABSL_GUARDED_BY(mu_);
-  std::atomic<int64_t> pending_{0};  // queue_.size(), readable without mu_ for spinning.
+  alignas(64) std::atomic<int64_t> pending_{0};  // queue_.size(), readable without mu_ for spinning.
   absl::Status removed_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  // Written by the device thread only; atomic so that finishing an item takes no lock.
-  std::atomic<size_t> running_{0};
+  std::atomic<bool> removing_{false};  // !removed_.ok(), readable without mu_.
+  // Items taken from the queue and not finished yet. Written by the device thread only; atomic
+  // so that finishing an item takes no lock.
+  alignas(64) std::atomic<size_t> running_{0};
   std::atomic<int64_t> executed_{0};
   std::thread thread_;
 };

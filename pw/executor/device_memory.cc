@@ -86,6 +86,16 @@ Future<ReservationRef> DeviceMemory::Reserve(int64_t bytes) {
   return f;
 }
 
+ReservationRef DeviceMemory::TryReserve(int64_t bytes) {
+  if (bytes < 0) return nullptr;
+  pw::MutexLock lock(&pool_->mu);
+  if (!pool_->closed.ok() || !pool_->waiters.empty() || pool_->in_use + bytes > pool_->capacity)
+    return nullptr;
+  pool_->in_use += bytes;
+  pool_->peak = std::max(pool_->peak, pool_->in_use);
+  return MemoryReservation::Make(pool_, bytes);
+}
+
 void DeviceMemory::Close(const absl::Status& reason) {
   std::deque<MemoryReservation::Pool::Waiter> waiters;
   {

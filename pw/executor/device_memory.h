@@ -46,6 +46,9 @@ class DeviceMemory {
 
   // Callers add who asked to any error.
   Future<ReservationRef> Reserve(int64_t bytes);
+  // The reservation if it can be granted now (it fits, none waits before it, not closed); else
+  // null, and the caller calls Reserve. Saves Reserve's future on the common path.
+  ReservationRef TryReserve(int64_t bytes);
   // Fails every waiting and future request with `reason` (the device was removed).
   void Close(const absl::Status& reason);
 

@@ -46,5 +46,28 @@ TEST(DeviceMemoryTest, CloseFailsWaiters) {
   EXPECT_FALSE(mem.Reserve(1).status().ok());
 }
 
+TEST(DeviceMemoryTest, TryReserveGrantsOnlyWhatFitsNowWithNoneWaiting) {
+  DeviceMemory mem(DeviceId(0), 100);
+  ReservationRef a = mem.TryReserve(60);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->bytes(), 60);
+  EXPECT_EQ(mem.in_use(), 60);
+  EXPECT_EQ(mem.TryReserve(41), nullptr);  // Does not fit.
+  EXPECT_EQ(mem.TryReserve(-1), nullptr);
+  auto waiting = mem.Reserve(50);
+  EXPECT_FALSE(waiting.IsReady());
+  EXPECT_EQ(mem.TryReserve(10), nullptr);  // Fits, but must not overtake the waiter.
+  a.reset();
+  ASSERT_TRUE(waiting.IsReady());
+  EXPECT_EQ(mem.in_use(), 50);
+  ReservationRef b = mem.TryReserve(50);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(mem.in_use(), 100);
+  b.reset();
+  EXPECT_EQ(mem.in_use(), 50);
+  mem.Close(absl::UnavailableError("device:0 removed"));
+  EXPECT_EQ(mem.TryReserve(1), nullptr);
+}
+
 }  // namespace
 }  // namespace pw

@@ -60,6 +60,36 @@ TEST(DeviceTest, RemoveFailsQueuedAndLaterWork) {
   EXPECT_FALSE(dev.health().ok());
 }
 
+TEST(DeviceTest, RemovalReachesItemsTakenInTheSameBatch) {
+  Device dev(DeviceId(6), HostId(0), IslandId(0), 1 << 20);
+  Promise<> gate0, gate1, started1;
+  Future<> gate0_f = gate0.future(), gate1_f = gate1.future(), started1_f = started1.future();
+  std::vector<absl::Status> seen(3);
+  Promise<> done;
+  Future<> done_f = done.future();
+  dev.Enqueue([&](const absl::Status&) { gate0_f.status().IgnoreError(); });
+  // Queued while the first item runs, so the device takes these three as one batch.
+  dev.Enqueue([&, p = std::move(started1)](const absl::Status& s) mutable {
+    seen[0] = s;
+    p.Set();
+    gate1_f.status().IgnoreError();
+  });
+  dev.Enqueue([&](const absl::Status& s) { seen[1] = s; });
+  dev.Enqueue([&, p = std::move(done)](const absl::Status& s) mutable {
+    seen[2] = s;
+    p.Set();
+  });
+  gate0.Set();
+  ASSERT_TRUE(started1_f.status().ok());
+  dev.Remove(absl::UnavailableError("device:6 removed"));
+  gate1.Set();
+  ASSERT_TRUE(done_f.status().ok());
+  EXPECT_TRUE(seen[0].ok());
+  EXPECT_EQ(seen[1].code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(seen[2].code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(dev.executed(), 4);
+}
+
 }  // namespace
 }  // namespace pw
 

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <variant>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -25,7 +26,8 @@ class ObjectStore {
  public:
   struct Shard {
     Future<DeviceBufferRef> buffer;
-    Future<ReservationRef> memory;
+    // Held, never read: granted memory, or a reservation still waiting (or failed).
+    std::variant<ReservationRef, Future<ReservationRef>> memory;
     int64_t bytes = 0;
   };
 

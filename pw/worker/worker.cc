@@ -96,29 +96,60 @@ DispatchAck Worker::Dispatch(HostWork work) {
   return ack;
 }
 
+// One HostWork's compute shards on this host, made in one allocation: dispatch creates them and
+// the devices run and end them, so an allocation per shard would be freed on another thread.
+// Alive while dispatch or any shard or transfer of it holds it.
+struct Worker::Dispatched {
+  std::shared_ptr<const HostWork> work;
+  std::vector<ExecutableRef> executables;  // What the shards' `exe` point to.
+  std::vector<Shard> shards;               // Reserved up front: never reallocated.
+  Countdown done;                          // Every shard and transfer of the work.
+};
+
+Countdown& Worker::Shard::done() const { return owner->done; }
+
+void Worker::ShardEnd::operator()(Shard* shard) const {
+  // What the shard holds goes now, as if it were freed: buffers and promises (an unset one fails
+  // its future) must not wait for the rest of its work.
+  shard->inputs.clear();
+  shard->memory.clear();
+  shard->outputs.clear();
+  std::vector<DeviceBufferRef>().swap(shard->held);
+  std::shared_ptr<Dispatched> owner = std::move(shard->owner);  // Last: may free `shard`.
+}
+
 void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued,
                          Promise<> done) {
-  auto shard_done = std::make_shared<Countdown>();
+  auto d = std::make_shared<Dispatched>();
+  size_t num_shards = 0;
+  for (size_t i = work->begin; i < work->end; ++i) {
+    if (const auto* c = std::get_if<ComputeWork>(&work->program->nodes[i].work))
+      num_shards += c->local_ranks.size();
+  }
+  d->shards.reserve(num_shards);
+  d->work = std::move(work);
+  const std::shared_ptr<Countdown> transfers_done(d, &d->done);
   // Consecutive nodes of one function on one slice (a chain of steps) share the lookup.
   const ComputeWork* loaded_for = nullptr;
   absl::StatusOr<ExecutableRef> exe;
-  for (size_t i = work->begin; i < work->end; ++i) {
-    const NodeWork& node = work->program->nodes[i];
+  for (size_t i = d->work->begin; i < d->work->end; ++i) {
+    const NodeWork& node = d->work->program->nodes[i];
     if (const auto* c = std::get_if<ComputeWork>(&node.work)) {
       if (loaded_for == nullptr || c->function != loaded_for->function ||
           c->slice_devices != loaded_for->slice_devices) {
         exe = LoadExecutable(c->function, c->slice_devices);
+        if (exe.ok()) d->executables.push_back(*exe);
         loaded_for = c;
       }
-      DispatchCompute(work, node, *c, exe, shard_done);
+      DispatchCompute(d, node, *c, exe);
     } else {
-      DispatchTransfer(*work, node, std::get<TransferWork>(node.work), shard_done);
+      DispatchTransfer(*d->work, node, std::get<TransferWork>(node.work), transfers_done);
     }
   }
   enqueued.Set();
-  shard_done->Done();  // Everything is added.
-  shard_done->future().OnReady(
+  d->done.future().OnReady(
       [done = std::move(done)](const absl::Status& s) mutable { done.Set(s); });
+  d->done.Done();  // Everything is added.
 }
 
 void Worker::PutFailed(BufferId id, DeviceId device, const absl::Status& error) {
@@ -127,9 +158,10 @@ void Worker::PutFailed(BufferId id, DeviceId device, const absl::Status& error) 
       .IgnoreError();
 }
 
-void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const NodeWork& node,
-                             const ComputeWork& c, const absl::StatusOr<ExecutableRef>& exe,
-                             const std::shared_ptr<Countdown>& done) {
+void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, const NodeWork& node,
+                             const ComputeWork& c, const absl::StatusOr<ExecutableRef>& exe) {
+  const HostWork* const work = d->work.get();
+  Countdown* const done = &d->done;
   for (int rank : c.local_ranks) {
     const DeviceId device_id = c.slice_devices[rank];
     Device* device = FindDevice(device_id);
@@ -154,14 +186,18 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
     for (size_t k = 0; k < c.outputs.size(); ++k) {
       if (!setup.ok()) break;
       int64_t bytes = (*exe)->output_specs()[k].size_bytes();
-      auto mem = device->memory().Reserve(bytes);
       Promise<DeviceBufferRef> p;
       const BufferId out = work->buffer(c.outputs[k]);
-      setup = store_.Put(out, device_id, {p.future(), mem, bytes});
-      if (setup.ok()) setup = FailedAlready(mem);
-      if (!setup.ok()) setup = Annotate(setup, absl::StrCat(out.ToString(), " (output ", k, ")"));
       // Granted memory is held by the store entry; the device waits only for the rest.
-      if (!mem.IsReady() || !mem.Await().ok()) memory.push_back(std::move(mem));
+      if (ReservationRef granted = device->memory().TryReserve(bytes)) {
+        setup = store_.Put(out, device_id, {p.future(), std::move(granted), bytes});
+      } else {
+        auto mem = device->memory().Reserve(bytes);
+        setup = store_.Put(out, device_id, {p.future(), mem, bytes});
+        if (setup.ok()) setup = FailedAlready(mem);
+        memory.push_back(std::move(mem));
+      }
+      if (!setup.ok()) setup = Annotate(setup, absl::StrCat(out.ToString(), " (output ", k, ")"));
       outputs.push_back(std::move(p));
     }
     if (!setup.ok() && exe.ok() && device != nullptr && !(*exe)->shards_skippable()) {
@@ -181,15 +217,16 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
       continue;
     }
     done->Add();
-    std::unique_ptr<Shard> shard(new Shard{.work = work,
-                                           .node = &node,
-                                           .rank = rank,
-                                           .device = device_id,
-                                           .exe = *exe,
-                                           .inputs = std::move(inputs),
-                                           .memory = std::move(memory),
-                                           .outputs = std::move(outputs),
-                                           .done = done});
+    PW_CHECK(d->shards.size() < d->shards.capacity(), "more shards than counted");
+    ShardPtr shard(&d->shards.emplace_back(Shard{.owner = d,
+                                                 .host_work = work,
+                                                 .node = &node,
+                                                 .exe = exe->get(),
+                                                 .rank = rank,
+                                                 .device = device_id,
+                                                 .inputs = std::move(inputs),
+                                                 .memory = std::move(memory),
+                                                 .outputs = std::move(outputs)}));
     // The device waits for inputs and memory itself, like a stream waiting on events.
     device->Enqueue([this, shard = std::move(shard)](const absl::Status& health) mutable {
       RunShard(std::move(shard), health);
@@ -197,8 +234,8 @@ void Worker::DispatchCompute(const std::shared_ptr<const HostWork>& work, const 
   }
 }
 
-void Worker::RunShard(std::unique_ptr<Shard> shard, absl::Status s) {
-  const HostWork& work = *shard->work;
+void Worker::RunShard(ShardPtr shard, absl::Status s) {
+  const HostWork& work = shard->work();
   const Executable& exe = *shard->exe;
   // A cancelled run's shard fails before waiting for memory or inputs (unless its shards cannot
   // be skipped one by one: then cancellation leaves it alone).
@@ -256,7 +293,7 @@ void Worker::RunShard(std::unique_ptr<Shard> shard, absl::Status s) {
   });
 }
 
-void Worker::OnShardOutputs(std::unique_ptr<Shard> shard,
+void Worker::OnShardOutputs(ShardPtr shard,
                             const absl::StatusOr<std::vector<DeviceBufferRef>>& r,
                             Future<> computed) {
   if (!r.ok()) {
@@ -267,38 +304,39 @@ void Worker::OnShardOutputs(std::unique_ptr<Shard> shard,
   } else if (shard->failed.ok()) {
     shard->held = *r;  // Until the launch is known to be whole.
   }
+  if (!computed.valid()) return OnShardComputed(std::move(shard), r.status());
   if (computed.IsReady()) return OnShardComputed(std::move(shard), computed.status());
   computed.OnReady([this, shard = std::move(shard)](const absl::Status& s) mutable {
     OnShardComputed(std::move(shard), s);
   });
 }
 
-void Worker::OnShardComputed(std::unique_ptr<Shard> shard, absl::Status s) {
+void Worker::OnShardComputed(ShardPtr shard, absl::Status s) {
   // A failed shard (a stand-in's too) fails its outputs once it has run: its peers needed it to.
   if (!shard->failed.ok()) s = shard->failed;
   else if (s.ok() && !shard->exe->shards_skippable())
-    s = collectives_->LaunchFailure(shard->work->run.value(), shard->node->node);
+    s = collectives_->LaunchFailure(shard->work().run.value(), shard->node->node);
   if (!s.ok()) {
     FailShard(std::move(shard), s);
   } else {
     for (size_t k = 0; k < shard->outputs.size(); ++k) shard->outputs[k].Set(shard->held[k]);
     // Intermediates this node read last: this device's shard can go now.
     for (int v : shard->compute().release)
-      store_.DeleteShard(shard->work->buffer(v), shard->device);
-    shard->done->Done();
+      store_.DeleteShard(shard->work().buffer(v), shard->device);
+    shard->done().Done();
     shard.reset();
   }
   in_flight_.count.fetch_sub(1, std::memory_order_release);  // After the shard is gone.
 }
 
-void Worker::FailShard(std::unique_ptr<Shard> shard, const absl::Status& status) {
+void Worker::FailShard(ShardPtr shard, const absl::Status& status) {
   const absl::Status error =
-      Annotate(status, NodeWhere(*shard->work, *shard->node, shard->device));
+      Annotate(status, NodeWhere(shard->work(), *shard->node, shard->device));
   // Other shards may be waiting in a collective this shard will never reach.
-  collectives_->FailLaunch(shard->work->run.value(), shard->node->node, error,
+  collectives_->FailLaunch(shard->work().run.value(), shard->node->node, error,
                            shard->compute().slice_devices);
   for (auto& p : shard->outputs) p.Set(error);
-  shard->done->Done(error);
+  shard->done().Done(error);
 }
 
 void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,

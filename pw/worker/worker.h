@@ -66,42 +66,49 @@ class Worker final : public WorkerInterface {
 
  private:
   void RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued, Promise<> done);
-  // Each adds its shards to `done` and finishes them when they complete. Shards keep `work`
-  // alive (it names the run and node in errors, and holds the slice's device list).
-  void DispatchCompute(const std::shared_ptr<const HostWork>& work, const NodeWork& node,
-                       const ComputeWork& c, const absl::StatusOr<ExecutableRef>& exe,
-                       const std::shared_ptr<Countdown>& done);
+  struct Dispatched;
+  // Each adds its shards to `d->done` and finishes them when they complete.
+  void DispatchCompute(const std::shared_ptr<Dispatched>& d, const NodeWork& node,
+                       const ComputeWork& c, const absl::StatusOr<ExecutableRef>& exe);
   void DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,
                         const std::shared_ptr<Countdown>& done);
-  // One shard of a compute node, owned by whichever step of it runs: RunShard on the device
+  // One shard of a compute node, run by whichever step of it runs: RunShard on the device
   // thread, then OnShardOutputs and OnShardComputed (inline for backends that complete before
   // Launch returns, else from the launch's futures), or FailShard.
-  struct Shard {
-    std::shared_ptr<const HostWork> work;  // Names the run and node in errors.
-    const NodeWork* node = nullptr;        // In work's program.
+  struct alignas(64) Shard {  // Its own cache lines: the host's devices run neighbouring shards.
+    // Names the run and node in errors, and holds what the shard points into. Dropped when the
+    // shard ends (ShardEnd).
+    std::shared_ptr<Dispatched> owner;
+    // Held by `owner`; kept here so that reading it does not touch the line of the owner's count.
+    const HostWork* host_work = nullptr;
+    const NodeWork* node = nullptr;  // In the work's program.
+    const Executable* exe = nullptr;  // Held by `owner`.
     int rank = 0;
     DeviceId device;
-    ExecutableRef exe;
-    // Inline: dispatch allocates a shard and its device frees it, so each allocation is a
-    // cross-thread round trip through the allocator.
     absl::InlinedVector<Future<DeviceBufferRef>, 2> inputs;
     absl::InlinedVector<Future<ReservationRef>, 2> memory;  // Those not granted at dispatch.
     absl::InlinedVector<Promise<DeviceBufferRef>, 2> outputs;  // Those not yet handed on.
-    std::shared_ptr<Countdown> done;
     // Why it fails once it has run: it ran as a stand-in on zeros, or its launch failed.
     absl::Status failed;
     std::vector<DeviceBufferRef> held;  // Outputs held until the launch is known to be whole.
+    const HostWork& work() const { return *host_work; }
+    Countdown& done() const;
     const ComputeWork& compute() const { return std::get<ComputeWork>(node->work); }
   };
+  // Ends a shard: drops its hold on its Dispatched (which may free it).
+  struct ShardEnd {
+    void operator()(Shard* shard) const;
+  };
+  using ShardPtr = std::unique_ptr<Shard, ShardEnd>;
   // On the device thread: waits for memory and inputs, then launches (or fails) the shard.
-  void RunShard(std::unique_ptr<Shard> shard, absl::Status health);
-  void OnShardOutputs(std::unique_ptr<Shard> shard,
+  void RunShard(ShardPtr shard, absl::Status health);
+  void OnShardOutputs(ShardPtr shard,
                       const absl::StatusOr<std::vector<DeviceBufferRef>>& outputs,
                       Future<> computed);
   // Ends a launched shard (and its count in in_flight_): hands on or fails its outputs.
-  void OnShardComputed(std::unique_ptr<Shard> shard, absl::Status computed);
+  void OnShardComputed(ShardPtr shard, absl::Status computed);
   // Fails the shard's remaining outputs and its launch's collectives, naming where.
-  void FailShard(std::unique_ptr<Shard> shard, const absl::Status& status);
+  void FailShard(ShardPtr shard, const absl::Status& status);
   absl::StatusOr<ExecutableRef> LoadExecutable(FunctionId id,
                                                absl::Span<const DeviceId> slice_devices);
   // Why `run` was cancelled (counting one more shard not run), or OK.
