@@ -71,7 +71,6 @@ void Device::Loop() {
   while (true) {
     // Work usually arrives within microseconds of the last item; yield before sleeping.
     SpinYieldUntil([this] { return pending_.load(std::memory_order_acquire) > 0; });
-    absl::Status removed;
     {
       pw::MutexLock lock(&mu_);
       mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return HasWork(); });
@@ -79,8 +78,8 @@ void Device::Loop() {
       batch.swap(queue_);
       running_.store(batch.size(), std::memory_order_relaxed);
       pending_.fetch_sub(batch.size(), std::memory_order_relaxed);
-      removed = removed_;
     }
+    absl::Status removed;
     while (!batch.empty()) {
       if (removed.ok() && removing_.load(std::memory_order_acquire)) removed = health();
       Item item = std::move(batch.front());

@@ -106,6 +106,7 @@ struct Worker::Dispatched {
   Countdown done;                          // Every shard and transfer of the work.
 };
 
+const HostWork& Worker::Shard::work() const { return *owner->work; }
 Countdown& Worker::Shard::done() const { return owner->done; }
 
 void Worker::ShardEnd::operator()(Shard* shard) const {
@@ -219,7 +220,6 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, const NodeWor
     done->Add();
     PW_CHECK(d->shards.size() < d->shards.capacity(), "more shards than counted");
     ShardPtr shard(&d->shards.emplace_back(Shard{.owner = d,
-                                                 .host_work = work,
                                                  .node = &node,
                                                  .exe = exe->get(),
                                                  .rank = rank,

@@ -79,8 +79,6 @@ class Worker final : public WorkerInterface {
     // Names the run and node in errors, and holds what the shard points into. Dropped when the
     // shard ends (ShardEnd).
     std::shared_ptr<Dispatched> owner;
-    // Held by `owner`; kept here so that reading it does not touch the line of the owner's count.
-    const HostWork* host_work = nullptr;
     const NodeWork* node = nullptr;  // In the work's program.
     const Executable* exe = nullptr;  // Held by `owner`.
     int rank = 0;
@@ -91,7 +89,7 @@ class Worker final : public WorkerInterface {
     // Why it fails once it has run: it ran as a stand-in on zeros, or its launch failed.
     absl::Status failed;
     std::vector<DeviceBufferRef> held;  // Outputs held until the launch is known to be whole.
-    const HostWork& work() const { return *host_work; }
+    const HostWork& work() const;
     Countdown& done() const;
     const ComputeWork& compute() const { return std::get<ComputeWork>(node->work); }
   };
