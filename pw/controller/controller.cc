@@ -19,6 +19,8 @@ struct Controller::Plan {
   std::vector<std::pair<IslandId, std::vector<std::pair<HostId, std::shared_ptr<const HostProgram>>>>>
       islands;
   std::vector<int> output_refs;                           // Client handles per value.
+  // Values some node reads last (LoweredNode::release): the workers delete their shards.
+  std::vector<bool> released;
 };
 
 class Controller::Lowering final : public LoweringContext {
@@ -292,6 +294,9 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
   for (const auto& [s, _] : slices) plan->slices.push_back(SliceId(s));
   plan->output_refs.assign(lowered.values.size(), 0);
   for (int v : lowered.outputs) plan->output_refs[v]++;
+  plan->released.assign(lowered.values.size(), false);
+  for (const LoweredNode& n : lowered.nodes)
+    for (int v : n.release) plan->released[v] = true;
   plan->lowered = std::move(lowered);
   return std::shared_ptr<const Plan>(std::move(plan));
 }
@@ -415,7 +420,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   Promise<> run_done;
   Future<> run_done_f = run_done.future();
   std::vector<BufferId> ids(lp.values.size());
-  std::vector<BufferId> unpin;
+  std::vector<BufferId> unpin, released;
   for (size_t v = 0; v < lp.values.size(); ++v) {
     const LoweredValue& val = lp.values[v];
     if (val.arg >= 0) {
@@ -424,7 +429,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
     }
     ids[v] = buffers_.Create({BufferId(), client, val.placement, run_done_f}, plan.output_refs[v],
                              /*pins=*/1);
-    unpin.push_back(ids[v]);
+    (plan.released[v] ? released : unpin).push_back(ids[v]);
   }
   unpin.insert(unpin.end(), pinned.begin(), pinned.end());
 
@@ -453,11 +458,11 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
       done.push_back(ack.done);
     }
   }
-  JoinFutures(done).OnReady([this, run, unpin = std::move(unpin),
+  JoinFutures(done).OnReady([this, run, unpin = std::move(unpin), released = std::move(released),
                              run_done = std::move(run_done)](const absl::Status& s) mutable {
-    completions_.Post([this, run, unpin = std::move(unpin), run_done = std::move(run_done),
-                       s]() mutable {
-      FinishRun(run, unpin, std::move(run_done), s);
+    completions_.Post([this, run, unpin = std::move(unpin), released = std::move(released),
+                       run_done = std::move(run_done), s]() mutable {
+      FinishRun(run, unpin, released, std::move(run_done), s);
     });
   });
   Promise<RunInfo> accepted;
@@ -469,9 +474,13 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   return result;
 }
 
-void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin, Promise<> run_done,
+void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin,
+                           const std::vector<BufferId>& released, Promise<> run_done,
                            const absl::Status& s) {
   Free(buffers_.Unpin(unpin));
+  // A failed run's readers may not have run: then its intermediates are still on their hosts.
+  std::vector<LogicalBuffer> intermediates = buffers_.Unpin(released);
+  if (!s.ok()) Free(intermediates);
   {
     // Workers keep records of cancelled and failed runs (so late work and collective inputs of
     // them are dropped); now they can go.

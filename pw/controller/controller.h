@@ -90,7 +90,10 @@ class Controller final : public ControllerInterface {
   IslandScheduler* Scheduler(IslandId island) const;
   // Deletes the shards of `freed` on their hosts.
   void Free(const std::vector<LogicalBuffer>& freed);
-  void FinishRun(RunId run, const std::vector<BufferId>& unpin, Promise<> run_done,
+  // Unpins the run's buffers and deletes those now unreferenced; `released` are intermediates
+  // the workers delete themselves when the run succeeds (at their last readers).
+  void FinishRun(RunId run, const std::vector<BufferId>& unpin,
+                 const std::vector<BufferId>& released, Promise<> run_done,
                  const absl::Status& s);
   std::vector<WorkerInterface*> AllWorkers() const;
   // Assembles buffer `id` (pinned by the caller) into host memory once `ready`.

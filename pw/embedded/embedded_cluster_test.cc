@@ -314,12 +314,51 @@ TEST_P(ClusterTest, ChainLongerThanMemoryRunsBecauseIntermediatesAreReleased) {
     return std::vector<Value>{x};
   });
   Array x = *c->Put(F32({0, 10}), s.info().id, Sharding::Split({2}, 1, 0));
-  for (int run = 0; run < 3; ++run) {
-    auto out = chain.Run({x});
-    ASSERT_TRUE(out.ok()) << out.status();
-    EXPECT_EQ(Values((*out)[0]), (std::vector<float>{50, 60}));
+  // Parallel dispatch hands the intermediates from node to node; sequential dispatch (a node per
+  // message) keeps them in the object store. Both release them as the chain runs.
+  for (DispatchMode mode : {DispatchMode::kParallel, DispatchMode::kSequential}) {
+    for (int run = 0; run < 3; ++run) {
+      auto out = chain.Run({x}, mode);
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_EQ(Values((*out)[0]), (std::vector<float>{50, 60})) << DispatchModeName(mode);
+    }
   }
   x = Array();
+  ExpectNothingLeft();
+}
+
+TEST_P(ClusterTest, FailedChainLeavesNoIntermediateBehind) {
+  Start(1, 1, 2);
+  auto c = Connect("c");
+  Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  ArraySpec s32{DType::kS32, Shape({})};
+  BoundFunction inc = *c->Pmap(ScalarFn("inc", "add_scalar", 1, DType::kS32), s);
+  NativeFunctionBuilder div("div");
+  int a = div.Input(s32), b = div.Input(s32);
+  BoundFunction divide = *c->Pmap(div.Build({div.Op("div", {a, b})}), s);
+  // Shard 1 fails in the middle of the chain; the nodes after it fail on that device.
+  Program p = *c->Trace("chain", {{DType::kS32, Shape({2})}, {DType::kS32, Shape({2})}},
+                        [&](std::vector<Value> v) {
+                          Value x = inc(v[0]);
+                          x = divide({inc(x), v[1]})[0];
+                          for (int i = 0; i < 5; ++i) x = inc(x);
+                          return std::vector<Value>{x};
+                        });
+  auto put = [&](std::vector<int32_t> v) {
+    return *c->Put(*HostArray::Of<int32_t>(DType::kS32, Shape({2}), v), s.info().id,
+                   Sharding::Split({2}, 1, 0));
+  };
+  Array x = put({4, 4}), bad = put({2, 0});
+  for (DispatchMode mode : {DispatchMode::kParallel, DispatchMode::kSequential}) {
+    auto out = p.Run({x, bad}, mode);
+    ASSERT_TRUE(out.ok()) << out.status();
+    Future<> ready = (*out)[0].Ready();
+    ASSERT_TRUE(ready.AwaitFor(kDeadlockTimeout));
+    EXPECT_NE(ready.status().message().find("division by zero"), std::string::npos)
+        << DispatchModeName(mode) << ": " << ready.status();
+  }
+  x = Array();
+  bad = Array();
   ExpectNothingLeft();
 }
 

@@ -24,10 +24,11 @@ namespace pw {
 
 class ObjectStore {
  public:
+  // Held, never read: granted memory, or a reservation still waiting (or failed).
+  using Memory = std::variant<ReservationRef, Future<ReservationRef>>;
   struct Shard {
     Future<DeviceBufferRef> buffer;
-    // Held, never read: granted memory, or a reservation still waiting (or failed).
-    std::variant<ReservationRef, Future<ReservationRef>> memory;
+    Memory memory;
     int64_t bytes = 0;
   };
 

@@ -104,6 +104,19 @@ struct Worker::Dispatched {
   std::vector<ExecutableRef> executables;  // What the shards' `exe` point to.
   std::vector<Shard> shards;               // Reserved up front: never reallocated.
   Countdown done;                          // Every shard and transfer of the work.
+  // Memory of handed-on intermediates no shard of the work took (a reader's dispatch failed):
+  // held until the work's shards have ended, as the store would have held it.
+  std::vector<ObjectStore::Memory> unclaimed;
+};
+
+// Intermediates that a node of one work produces and a later node of the same work reads last
+// (a chain's steps): dispatch hands each shard's future and memory from producer to readers here,
+// without the store's lock and lookups; the last reader's shard takes the memory. Used by the
+// dispatch thread only. Values produced or read last in another work (sequential dispatch sends a
+// node at a time) go through the store.
+struct Worker::Handoffs {
+  std::vector<bool> local;  // By value index: read last by a node of this work.
+  absl::flat_hash_map<std::pair<int, DeviceId>, ObjectStore::Shard> shards;
 };
 
 const HostWork& Worker::Shard::work() const { return *owner->work; }
@@ -115,6 +128,8 @@ void Worker::ShardEnd::operator()(Shard* shard) const {
   shard->inputs.clear();
   shard->memory.clear();
   shard->outputs.clear();
+  shard->last_read.clear();
+  shard->release.clear();
   std::vector<DeviceBufferRef>().swap(shard->held);
   std::shared_ptr<Dispatched> owner = std::move(shard->owner);  // Last: may free `shard`.
 }
@@ -122,10 +137,15 @@ void Worker::ShardEnd::operator()(Shard* shard) const {
 void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued,
                          Promise<> done) {
   auto d = std::make_shared<Dispatched>();
+  Handoffs handoffs;
+  handoffs.local.assign(work->buffers->size(), false);
   size_t num_shards = 0;
   for (size_t i = work->begin; i < work->end; ++i) {
-    if (const auto* c = std::get_if<ComputeWork>(&work->program->nodes[i].work))
+    if (const auto* c = std::get_if<ComputeWork>(&work->program->nodes[i].work)) {
       num_shards += c->local_ranks.size();
+      for (int v : c->release)
+        if (v >= 0 && static_cast<size_t>(v) < handoffs.local.size()) handoffs.local[v] = true;
+    }
   }
   d->shards.reserve(num_shards);
   d->work = std::move(work);
@@ -142,11 +162,12 @@ void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueue
         if (exe.ok()) d->executables.push_back(*exe);
         loaded_for = c;
       }
-      DispatchCompute(d, node, *c, exe);
+      DispatchCompute(d, handoffs, node, *c, exe);
     } else {
       DispatchTransfer(*d->work, node, std::get<TransferWork>(node.work), transfers_done);
     }
   }
+  for (auto& [key, shard] : handoffs.shards) d->unclaimed.push_back(std::move(shard.memory));
   enqueued.Set();
   d->done.future().OnReady(
       [done = std::move(done)](const absl::Status& s) mutable { done.Set(s); });
@@ -159,8 +180,9 @@ void Worker::PutFailed(BufferId id, DeviceId device, const absl::Status& error) 
       .IgnoreError();
 }
 
-void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, const NodeWork& node,
-                             const ComputeWork& c, const absl::StatusOr<ExecutableRef>& exe) {
+void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Handoffs& handoffs,
+                             const NodeWork& node, const ComputeWork& c,
+                             const absl::StatusOr<ExecutableRef>& exe) {
   const HostWork* const work = d->work.get();
   Countdown* const done = &d->done;
   for (int rank : c.local_ranks) {
@@ -173,6 +195,12 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, const NodeWor
     decltype(Shard::inputs) inputs;
     for (int in : c.inputs) {
       if (!setup.ok()) break;
+      if (auto h = handoffs.shards.find(std::make_pair(in, device_id));
+          h != handoffs.shards.end()) {
+        setup = FailedAlready(h->second.buffer);
+        inputs.push_back(h->second.buffer);
+        continue;
+      }
       auto f = store_.Get(work->buffer(in), device_id);
       if (!f.ok()) {
         setup = f.status();
@@ -181,6 +209,19 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, const NodeWor
       setup = FailedAlready(*f);
       inputs.push_back(*std::move(f));
     }
+    // An output goes to the store, or is handed on to its readers in this work.
+    auto publish = [&](int k, ObjectStore::Shard shard) -> absl::Status {
+      const int v = c.outputs[k];
+      if (!handoffs.local[v]) return store_.Put(work->buffer(v), device_id, std::move(shard));
+      if (handoffs.shards.try_emplace(std::make_pair(v, device_id), std::move(shard)).second)
+        return absl::OkStatus();
+      return absl::AlreadyExistsError(absl::StrCat(
+          work->buffer(v).ToString(), " already has a shard on ", device_id.ToString()));
+    };
+    auto publish_failed = [&](int k, const absl::Status& error) {
+      publish(k, {Future<DeviceBufferRef>::Ready(error), Future<ReservationRef>::Ready(error), 0})
+          .IgnoreError();
+    };
     // Outputs: reserve memory now; each shard is a promise until the computation runs.
     decltype(Shard::outputs) outputs;
     decltype(Shard::memory) memory;
@@ -189,12 +230,13 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, const NodeWor
       int64_t bytes = (*exe)->output_specs()[k].size_bytes();
       Promise<DeviceBufferRef> p;
       const BufferId out = work->buffer(c.outputs[k]);
-      // Granted memory is held by the store entry; the device waits only for the rest.
+      // Granted memory is held by the store entry (or hand-off); the device waits only for the
+      // rest.
       if (ReservationRef granted = device->memory().TryReserve(bytes)) {
-        setup = store_.Put(out, device_id, {p.future(), std::move(granted), bytes});
+        setup = publish(k, {p.future(), std::move(granted), bytes});
       } else {
         auto mem = device->memory().Reserve(bytes);
-        setup = store_.Put(out, device_id, {p.future(), mem, bytes});
+        setup = publish(k, {p.future(), mem, bytes});
         if (setup.ok()) setup = FailedAlready(mem);
         memory.push_back(std::move(mem));
       }
@@ -204,18 +246,29 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, const NodeWor
     if (!setup.ok() && exe.ok() && device != nullptr && !(*exe)->shards_skippable()) {
       // An SPMD partition: the device still runs it, as a stand-in on zeros (see below), so its
       // peers are not left inside XLA's collectives.
-      for (size_t k = outputs.size(); k < c.outputs.size(); ++k)
-        PutFailed(work->buffer(c.outputs[k]), device_id, setup);
+      for (size_t k = outputs.size(); k < c.outputs.size(); ++k) publish_failed(k, setup);
       inputs.assign({Future<DeviceBufferRef>::Ready(setup)});
     } else if (!setup.ok()) {
       absl::Status error = Annotate(setup, NodeWhere(*work, node, device_id));
       collectives_->FailLaunch(work->run.value(), node.node, error, c.slice_devices);
       for (auto& p : outputs) p.Set(error);
-      for (size_t k = outputs.size(); k < c.outputs.size(); ++k)
-        PutFailed(work->buffer(c.outputs[k]), device_id, error);
+      for (size_t k = outputs.size(); k < c.outputs.size(); ++k) publish_failed(k, error);
       done->Add();
       done->Done(error);
       continue;
+    }
+    // What this node reads last: handed-on memory goes with the shard, store entries are
+    // deleted once it has run.
+    decltype(Shard::last_read) last_read;
+    decltype(Shard::release) release;
+    for (int v : c.release) {
+      auto h = handoffs.shards.find(std::make_pair(v, device_id));
+      if (h == handoffs.shards.end()) {
+        release.push_back(work->buffer(v));
+      } else {
+        last_read.push_back(std::move(h->second.memory));
+        handoffs.shards.erase(h);
+      }
     }
     done->Add();
     PW_CHECK(d->shards.size() < d->shards.capacity(), "more shards than counted");
@@ -226,7 +279,9 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, const NodeWor
                                                  .device = device_id,
                                                  .inputs = std::move(inputs),
                                                  .memory = std::move(memory),
-                                                 .outputs = std::move(outputs)}));
+                                                 .outputs = std::move(outputs),
+                                                 .last_read = std::move(last_read),
+                                                 .release = std::move(release)}));
     // The device waits for inputs and memory itself, like a stream waiting on events.
     device->Enqueue([this, shard = std::move(shard)](const absl::Status& health) mutable {
       RunShard(std::move(shard), health);
@@ -321,8 +376,7 @@ void Worker::OnShardComputed(ShardPtr shard, absl::Status s) {
   } else {
     for (size_t k = 0; k < shard->outputs.size(); ++k) shard->outputs[k].Set(shard->held[k]);
     // Intermediates this node read last: this device's shard can go now.
-    for (int v : shard->compute().release)
-      store_.DeleteShard(shard->work().buffer(v), shard->device);
+    for (BufferId b : shard->release) store_.DeleteShard(b, shard->device);
     shard->done().Done();
     shard.reset();
   }

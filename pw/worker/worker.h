@@ -67,9 +67,11 @@ class Worker final : public WorkerInterface {
  private:
   void RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued, Promise<> done);
   struct Dispatched;
+  struct Handoffs;
   // Each adds its shards to `d->done` and finishes them when they complete.
-  void DispatchCompute(const std::shared_ptr<Dispatched>& d, const NodeWork& node,
-                       const ComputeWork& c, const absl::StatusOr<ExecutableRef>& exe);
+  void DispatchCompute(const std::shared_ptr<Dispatched>& d, Handoffs& handoffs,
+                       const NodeWork& node, const ComputeWork& c,
+                       const absl::StatusOr<ExecutableRef>& exe);
   void DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,
                         const std::shared_ptr<Countdown>& done);
   // One shard of a compute node, run by whichever step of it runs: RunShard on the device
@@ -86,6 +88,11 @@ class Worker final : public WorkerInterface {
     absl::InlinedVector<Future<DeviceBufferRef>, 2> inputs;
     absl::InlinedVector<Future<ReservationRef>, 2> memory;  // Those not granted at dispatch.
     absl::InlinedVector<Promise<DeviceBufferRef>, 2> outputs;  // Those not yet handed on.
+    // The memory of intermediates handed to this shard's node without the store (see Handoffs)
+    // that it reads last: released when the shard ends.
+    absl::InlinedVector<ObjectStore::Memory, 1> last_read;
+    // The store's intermediates that it reads last: deleted once it has run.
+    absl::InlinedVector<BufferId, 1> release;
     // Why it fails once it has run: it ran as a stand-in on zeros, or its launch failed.
     absl::Status failed;
     std::vector<DeviceBufferRef> held;  // Outputs held until the launch is known to be whole.
