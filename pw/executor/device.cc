@@ -41,6 +41,20 @@ void Device::Enqueue(Work work) {
   std::move(work)(removed);
 }
 
+void Device::EnqueueAll(absl::Span<Work> work) {
+  absl::Status removed;
+  {
+    pw::MutexLock lock(&mu_);
+    if (!stopping_) {
+      for (Work& w : work) queue_.push_back(std::move(w));
+      pending_.fetch_add(static_cast<int64_t>(work.size()), std::memory_order_release);
+      return;
+    }
+    removed = removed_;
+  }
+  for (Work& w : work) std::move(w)(removed);
+}
+
 void Device::Remove(const absl::Status& reason) {
   {
     pw::MutexLock lock(&mu_);

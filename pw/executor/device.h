@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
+#include "absl/types/span.h"
 #include "pw/base/mutex.h"
 #include "pw/base/future.h"
 #include "pw/base/ids.h"
@@ -42,6 +43,8 @@ class Device {
   // Appends one item to the queue (or runs it at once, with the error, once the device is being
   // destroyed).
   void Enqueue(Work work);
+  // Enqueue for each item in order, under one lock (the items are moved from).
+  void EnqueueAll(absl::Span<Work> work);
   void Remove(const absl::Status& reason);
   // Non-OK once removed.
   absl::Status health() const;

@@ -2,6 +2,7 @@
 #include "pw/executor/device_memory.h"
 
 #include <algorithm>
+#include <atomic>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -15,22 +16,40 @@ struct MemoryReservation::Pool {
   };
   DeviceId device;
   int64_t capacity = 0;
+  // Bytes granted. Grants add by compare-and-swap (never past capacity) and releases subtract,
+  // without mu while no request waits (the common case: no lock per buffer).
+  std::atomic<int64_t> in_use{0};
+  std::atomic<int64_t> peak{0};
+  // Requests wait or the pool is closed: TryReserve defers to Reserve, and a release takes mu to
+  // grant waiters. Written under mu.
+  std::atomic<bool> slow{false};
   pw::Mutex mu;
-  int64_t in_use ABSL_GUARDED_BY(mu) = 0;
-  int64_t peak ABSL_GUARDED_BY(mu) = 0;
   absl::Status closed ABSL_GUARDED_BY(mu);
   std::deque<Waiter> waiters ABSL_GUARDED_BY(mu);
 
+  // Adds `bytes` to in_use if they fit.
+  bool TryAdd(int64_t bytes) {
+    int64_t cur = in_use.load(std::memory_order_relaxed);
+    do {
+      if (cur + bytes > capacity) return false;
+    } while (!in_use.compare_exchange_weak(cur, cur + bytes, std::memory_order_seq_cst,
+                                           std::memory_order_relaxed));
+    int64_t p = peak.load(std::memory_order_relaxed);
+    while (p < cur + bytes &&
+           !peak.compare_exchange_weak(p, cur + bytes, std::memory_order_relaxed)) {
+    }
+    return true;
+  }
+
   // Grants waiters that now fit, in FIFO order. Returns the promises to fulfil outside mu.
-  std::vector<std::pair<Promise<ReservationRef>, int64_t>> GrantLocked(
-      const std::shared_ptr<Pool>& self) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  std::vector<std::pair<Promise<ReservationRef>, int64_t>> GrantLocked()
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     std::vector<std::pair<Promise<ReservationRef>, int64_t>> granted;
-    while (!waiters.empty() && in_use + waiters.front().bytes <= capacity) {
-      in_use += waiters.front().bytes;
-      peak = std::max(peak, in_use);
+    while (!waiters.empty() && TryAdd(waiters.front().bytes)) {
       granted.emplace_back(std::move(waiters.front().promise), waiters.front().bytes);
       waiters.pop_front();
     }
+    slow.store(!waiters.empty() || !closed.ok(), std::memory_order_seq_cst);
     return granted;
   }
 };
@@ -45,11 +64,14 @@ std::shared_ptr<MemoryReservation> MemoryReservation::Make(std::shared_ptr<Pool>
 }
 
 MemoryReservation::~MemoryReservation() {
+  // seq_cst, as Reserve's (set `slow`, then look at in_use): either this sees `slow` and grants
+  // the waiter, or Reserve sees these bytes free.
+  pool_->in_use.fetch_sub(bytes_, std::memory_order_seq_cst);
+  if (!pool_->slow.load(std::memory_order_seq_cst)) return;
   std::vector<std::pair<Promise<ReservationRef>, int64_t>> granted;
   {
     pw::MutexLock lock(&pool_->mu);
-    pool_->in_use -= bytes_;
-    granted = pool_->GrantLocked(pool_);
+    granted = pool_->GrantLocked();
   }
   for (auto& [p, bytes] : granted)
     p.Set(MemoryReservation::Make(pool_, bytes));
@@ -73,26 +95,27 @@ Future<ReservationRef> DeviceMemory::Reserve(int64_t bytes) {
         "needs ", bytes, " bytes but ", pool_->device.ToString(), " has only ",
         pool_->capacity, " bytes of memory in all; it can never fit")));
   }
-  pw::MutexLock lock(&pool_->mu);
-  if (!pool_->closed.ok()) return Future<ReservationRef>::Ready(pool_->closed);
-  if (pool_->waiters.empty() && pool_->in_use + bytes <= pool_->capacity) {
-    pool_->in_use += bytes;
-    pool_->peak = std::max(pool_->peak, pool_->in_use);
-    return Future<ReservationRef>::Ready(MemoryReservation::Make(pool_, bytes));
+  Future<ReservationRef> f;
+  std::vector<std::pair<Promise<ReservationRef>, int64_t>> granted;
+  {
+    pw::MutexLock lock(&pool_->mu);
+    if (!pool_->closed.ok()) return Future<ReservationRef>::Ready(pool_->closed);
+    if (pool_->waiters.empty() && pool_->TryAdd(bytes))
+      return Future<ReservationRef>::Ready(MemoryReservation::Make(pool_, bytes));
+    Promise<ReservationRef> p;
+    f = p.future();
+    pool_->waiters.push_back({bytes, std::move(p)});
+    pool_->slow.store(true, std::memory_order_seq_cst);
+    // A release since TryAdd may have missed `slow`: grant what fits now (this request too).
+    granted = pool_->GrantLocked();
   }
-  Promise<ReservationRef> p;
-  Future<ReservationRef> f = p.future();
-  pool_->waiters.push_back({bytes, std::move(p)});
+  for (auto& [q, b] : granted) q.Set(MemoryReservation::Make(pool_, b));
   return f;
 }
 
 ReservationRef DeviceMemory::TryReserve(int64_t bytes) {
-  if (bytes < 0) return nullptr;
-  pw::MutexLock lock(&pool_->mu);
-  if (!pool_->closed.ok() || !pool_->waiters.empty() || pool_->in_use + bytes > pool_->capacity)
+  if (bytes < 0 || pool_->slow.load(std::memory_order_seq_cst) || !pool_->TryAdd(bytes))
     return nullptr;
-  pool_->in_use += bytes;
-  pool_->peak = std::max(pool_->peak, pool_->in_use);
   return MemoryReservation::Make(pool_, bytes);
 }
 
@@ -101,19 +124,16 @@ void DeviceMemory::Close(const absl::Status& reason) {
   {
     pw::MutexLock lock(&pool_->mu);
     if (pool_->closed.ok()) pool_->closed = reason;
+    pool_->slow.store(true, std::memory_order_seq_cst);
     waiters.swap(pool_->waiters);
   }
   for (auto& w : waiters) w.promise.Set(reason);
 }
 
 int64_t DeviceMemory::capacity() const { return pool_->capacity; }
-int64_t DeviceMemory::in_use() const {
-  pw::MutexLock lock(&pool_->mu);
-  return pool_->in_use;
-}
+int64_t DeviceMemory::in_use() const { return pool_->in_use.load(std::memory_order_acquire); }
 int64_t DeviceMemory::peak_in_use() const {
-  pw::MutexLock lock(&pool_->mu);
-  return pool_->peak;
+  return pool_->peak.load(std::memory_order_acquire);
 }
 size_t DeviceMemory::waiting() const {
   pw::MutexLock lock(&pool_->mu);

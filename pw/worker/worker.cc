@@ -109,14 +109,40 @@ struct Worker::Dispatched {
   std::vector<ObjectStore::Memory> unclaimed;
 };
 
-// Intermediates that a node of one work produces and a later node of the same work reads last
-// (a chain's steps): dispatch hands each shard's future and memory from producer to readers here,
-// without the store's lock and lookups; the last reader's shard takes the memory. Used by the
-// dispatch thread only. Values produced or read last in another work (sequential dispatch sends a
-// node at a time) go through the store.
-struct Worker::Handoffs {
+// The dispatch thread's state while it dispatches one work.
+struct Worker::Dispatching {
+  // Intermediates that a node of the work produces and a later node of it reads last (a chain's
+  // steps): dispatch hands each shard's future and memory from producer to readers here, without
+  // the store's lock and lookups; the last reader's shard takes the memory. Values produced or
+  // read last in another work (sequential dispatch sends a node at a time) go through the store.
   std::vector<bool> local;  // By value index: read last by a node of this work.
-  absl::flat_hash_map<std::pair<int, DeviceId>, ObjectStore::Shard> shards;
+  absl::flat_hash_map<std::pair<int, DeviceId>, ObjectStore::Shard> handoffs;
+
+  // Shards go onto each device's queue in batches, one lock each: the first alone (so the device
+  // starts at once), then batches of twice the size, up to kMaxBatch.
+  static constexpr size_t kMaxBatch = 32;
+  struct Batch {
+    Device* device;
+    std::vector<Device::Work> items;
+    size_t size = 1;
+  };
+  absl::InlinedVector<Batch, 4> batches;
+  void Enqueue(Device* device, Device::Work work) {
+    auto b = std::find_if(batches.begin(), batches.end(),
+                          [device](const Batch& x) { return x.device == device; });
+    if (b == batches.end()) b = batches.insert(batches.end(), Batch{device, {}});
+    b->items.push_back(std::move(work));
+    if (b->items.size() < b->size) return;
+    device->EnqueueAll(absl::MakeSpan(b->items));
+    b->items.clear();
+    b->size = std::min(2 * b->size, kMaxBatch);
+  }
+  void EnqueueRest() {
+    for (Batch& b : batches) {
+      if (!b.items.empty()) b.device->EnqueueAll(absl::MakeSpan(b.items));
+      b.items.clear();
+    }
+  }
 };
 
 const HostWork& Worker::Shard::work() const { return *owner->work; }
@@ -137,14 +163,14 @@ void Worker::ShardEnd::operator()(Shard* shard) const {
 void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued,
                          Promise<> done) {
   auto d = std::make_shared<Dispatched>();
-  Handoffs handoffs;
-  handoffs.local.assign(work->buffers->size(), false);
+  Dispatching state;
+  state.local.assign(work->buffers->size(), false);
   size_t num_shards = 0;
   for (size_t i = work->begin; i < work->end; ++i) {
     if (const auto* c = std::get_if<ComputeWork>(&work->program->nodes[i].work)) {
       num_shards += c->local_ranks.size();
       for (int v : c->release)
-        if (v >= 0 && static_cast<size_t>(v) < handoffs.local.size()) handoffs.local[v] = true;
+        if (v >= 0 && static_cast<size_t>(v) < state.local.size()) state.local[v] = true;
     }
   }
   d->shards.reserve(num_shards);
@@ -162,12 +188,13 @@ void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueue
         if (exe.ok()) d->executables.push_back(*exe);
         loaded_for = c;
       }
-      DispatchCompute(d, handoffs, node, *c, exe);
+      DispatchCompute(d, state, node, *c, exe);
     } else {
       DispatchTransfer(*d->work, node, std::get<TransferWork>(node.work), transfers_done);
     }
   }
-  for (auto& [key, shard] : handoffs.shards) d->unclaimed.push_back(std::move(shard.memory));
+  state.EnqueueRest();
+  for (auto& [key, shard] : state.handoffs) d->unclaimed.push_back(std::move(shard.memory));
   enqueued.Set();
   d->done.future().OnReady(
       [done = std::move(done)](const absl::Status& s) mutable { done.Set(s); });
@@ -180,7 +207,7 @@ void Worker::PutFailed(BufferId id, DeviceId device, const absl::Status& error) 
       .IgnoreError();
 }
 
-void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Handoffs& handoffs,
+void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Dispatching& state,
                              const NodeWork& node, const ComputeWork& c,
                              const absl::StatusOr<ExecutableRef>& exe) {
   const HostWork* const work = d->work.get();
@@ -195,8 +222,8 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Handoffs& han
     decltype(Shard::inputs) inputs;
     for (int in : c.inputs) {
       if (!setup.ok()) break;
-      if (auto h = handoffs.shards.find(std::make_pair(in, device_id));
-          h != handoffs.shards.end()) {
+      if (auto h = state.handoffs.find(std::make_pair(in, device_id));
+          h != state.handoffs.end()) {
         setup = FailedAlready(h->second.buffer);
         inputs.push_back(h->second.buffer);
         continue;
@@ -212,8 +239,8 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Handoffs& han
     // An output goes to the store, or is handed on to its readers in this work.
     auto publish = [&](int k, ObjectStore::Shard shard) -> absl::Status {
       const int v = c.outputs[k];
-      if (!handoffs.local[v]) return store_.Put(work->buffer(v), device_id, std::move(shard));
-      if (handoffs.shards.try_emplace(std::make_pair(v, device_id), std::move(shard)).second)
+      if (!state.local[v]) return store_.Put(work->buffer(v), device_id, std::move(shard));
+      if (state.handoffs.try_emplace(std::make_pair(v, device_id), std::move(shard)).second)
         return absl::OkStatus();
       return absl::AlreadyExistsError(absl::StrCat(
           work->buffer(v).ToString(), " already has a shard on ", device_id.ToString()));
@@ -262,12 +289,12 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Handoffs& han
     decltype(Shard::last_read) last_read;
     decltype(Shard::release) release;
     for (int v : c.release) {
-      auto h = handoffs.shards.find(std::make_pair(v, device_id));
-      if (h == handoffs.shards.end()) {
+      auto h = state.handoffs.find(std::make_pair(v, device_id));
+      if (h == state.handoffs.end()) {
         release.push_back(work->buffer(v));
       } else {
         last_read.push_back(std::move(h->second.memory));
-        handoffs.shards.erase(h);
+        state.handoffs.erase(h);
       }
     }
     done->Add();
@@ -283,7 +310,7 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Handoffs& han
                                                  .last_read = std::move(last_read),
                                                  .release = std::move(release)}));
     // The device waits for inputs and memory itself, like a stream waiting on events.
-    device->Enqueue([this, shard = std::move(shard)](const absl::Status& health) mutable {
+    state.Enqueue(device, [this, shard = std::move(shard)](const absl::Status& health) mutable {
       RunShard(std::move(shard), health);
     });
   }

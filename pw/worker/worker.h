@@ -67,9 +67,9 @@ class Worker final : public WorkerInterface {
  private:
   void RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued, Promise<> done);
   struct Dispatched;
-  struct Handoffs;
+  struct Dispatching;
   // Each adds its shards to `d->done` and finishes them when they complete.
-  void DispatchCompute(const std::shared_ptr<Dispatched>& d, Handoffs& handoffs,
+  void DispatchCompute(const std::shared_ptr<Dispatched>& d, Dispatching& state,
                        const NodeWork& node, const ComputeWork& c,
                        const absl::StatusOr<ExecutableRef>& exe);
   void DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,
@@ -88,7 +88,7 @@ class Worker final : public WorkerInterface {
     absl::InlinedVector<Future<DeviceBufferRef>, 2> inputs;
     absl::InlinedVector<Future<ReservationRef>, 2> memory;  // Those not granted at dispatch.
     absl::InlinedVector<Promise<DeviceBufferRef>, 2> outputs;  // Those not yet handed on.
-    // The memory of intermediates handed to this shard's node without the store (see Handoffs)
+    // The memory of intermediates handed to this shard's node without the store (see Dispatching)
     // that it reads last: released when the shard ends.
     absl::InlinedVector<ObjectStore::Memory, 1> last_read;
     // The store's intermediates that it reads last: deleted once it has run.
