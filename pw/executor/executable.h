@@ -9,9 +9,11 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/types/span.h"
 #include "pw/base/future.h"
 #include "pw/base/ids.h"
@@ -27,7 +29,7 @@ struct ShardLaunch {
   int rank = 0;                       // This device's position in the slice.
   absl::Span<const DeviceId> slice_devices;  // Physical devices of the slice, in rank order.
   DeviceId device;
-  std::vector<DeviceBufferRef> inputs;  // Ready buffers, one per input spec.
+  absl::InlinedVector<DeviceBufferRef, 2> inputs;  // Ready buffers, one per input spec.
   Collectives* collectives = nullptr;
 };
 
@@ -48,9 +50,12 @@ class Executable {
   // it has run: consumers on that backend enqueue behind it, and reading the buffers waits for the
   // data (and reports the computation's error). `computed` is ready when it has run; it is left
   // invalid when `outputs` was ready on return and that means it has run (its status is theirs).
+  // A backend that runs the shard before returning (native kernels) sets `ran` instead, and
+  // leaves both futures invalid.
   struct Run {
     Future<std::vector<DeviceBufferRef>> outputs;
     Future<> computed;
+    std::optional<absl::StatusOr<std::vector<DeviceBufferRef>>> ran;
   };
   // Whether a launch's shards may be skipped independently: false when the shards meet in a
   // rendezvous the runtime cannot abort (an SPMD executable's partitions inside the backend), so

@@ -53,6 +53,12 @@ class NativeExecutable final : public Executable {
   Future<std::vector<DeviceBufferRef>> ExecuteShard(const ShardLaunch& launch) const override {
     return Future<std::vector<DeviceBufferRef>>::Ready(Run(launch));
   }
+  // Runs the kernels on the calling (device) thread before returning.
+  Executable::Run Launch(const ShardLaunch& launch) const override {
+    Executable::Run run;
+    run.ran = Run(launch);
+    return run;
+  }
 
  private:
   absl::StatusOr<std::vector<DeviceBufferRef>> Run(const ShardLaunch& launch) const {

@@ -23,7 +23,7 @@ ShardLaunch Single(std::vector<DeviceBufferRef> inputs) {
   ShardLaunch l;
   l.slice_devices = kDevice0;
   l.device = DeviceId(0);
-  l.inputs = std::move(inputs);
+  l.inputs.assign(inputs.begin(), inputs.end());
   return l;
 }
 

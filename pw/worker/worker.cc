@@ -365,14 +365,21 @@ void Worker::RunShard(ShardPtr shard, absl::Status s) {
   // backend with its own streams (PJRT) hands its output buffers on once the computation is
   // enqueued, and the device moves on to its next item meanwhile. The shard is done when the
   // computation has run.
-  in_flight_.count.fetch_add(1, std::memory_order_relaxed);
   Executable::Run run = exe.Launch(launch);
+  if (run.ran.has_value()) return OnShardOutputs(std::move(shard), *run.ran, Future<>());
   if (run.outputs.IsReady())
     return OnShardOutputs(std::move(shard), run.outputs.Await(), std::move(run.computed));
+  CountInFlight(*shard);
   run.outputs.OnReady([this, shard = std::move(shard), computed = std::move(run.computed)](
                           const absl::StatusOr<std::vector<DeviceBufferRef>>& r) mutable {
     OnShardOutputs(std::move(shard), r, std::move(computed));
   });
+}
+
+void Worker::CountInFlight(Shard& shard) {
+  if (shard.in_flight) return;
+  shard.in_flight = true;
+  in_flight_.count.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Worker::OnShardOutputs(ShardPtr shard,
@@ -388,12 +395,14 @@ void Worker::OnShardOutputs(ShardPtr shard,
   }
   if (!computed.valid()) return OnShardComputed(std::move(shard), r.status());
   if (computed.IsReady()) return OnShardComputed(std::move(shard), computed.status());
+  CountInFlight(*shard);
   computed.OnReady([this, shard = std::move(shard)](const absl::Status& s) mutable {
     OnShardComputed(std::move(shard), s);
   });
 }
 
 void Worker::OnShardComputed(ShardPtr shard, absl::Status s) {
+  const bool in_flight = shard->in_flight;
   // A failed shard (a stand-in's too) fails its outputs once it has run: its peers needed it to.
   if (!shard->failed.ok()) s = shard->failed;
   else if (s.ok() && !shard->exe->shards_skippable())
@@ -407,7 +416,7 @@ void Worker::OnShardComputed(ShardPtr shard, absl::Status s) {
     shard->done().Done();
     shard.reset();
   }
-  in_flight_.count.fetch_sub(1, std::memory_order_release);  // After the shard is gone.
+  if (in_flight) in_flight_.count.fetch_sub(1, std::memory_order_release);  // The last use.
 }
 
 void Worker::FailShard(ShardPtr shard, const absl::Status& status) {

@@ -96,6 +96,7 @@ class Worker final : public WorkerInterface {
     // Why it fails once it has run: it ran as a stand-in on zeros, or its launch failed.
     absl::Status failed;
     std::vector<DeviceBufferRef> held;  // Outputs held until the launch is known to be whole.
+    bool in_flight = false;  // Counted in in_flight_: it completes through a callback.
     const HostWork& work() const;
     Countdown& done() const;
     const ComputeWork& compute() const { return std::get<ComputeWork>(node->work); }
@@ -110,6 +111,8 @@ class Worker final : public WorkerInterface {
   void OnShardOutputs(ShardPtr shard,
                       const absl::StatusOr<std::vector<DeviceBufferRef>>& outputs,
                       Future<> computed);
+  // Counts a launched shard in in_flight_ (once) before it waits for a completion callback.
+  void CountInFlight(Shard& shard);
   // Ends a launched shard (and its count in in_flight_): hands on or fails its outputs.
   void OnShardComputed(ShardPtr shard, absl::Status computed);
   // Fails the shard's remaining outputs and its launch's collectives, naming where.
@@ -140,7 +143,8 @@ class Worker final : public WorkerInterface {
   std::atomic<int64_t> ici_bytes_{0};
   std::atomic<int64_t> dcn_bytes_{0};
   WorkQueue data_plane_;
-  // Launched computations whose completion callback (which uses the store) has not run yet.
+  // Launched shards waiting for a completion callback (which uses the store) that has not run
+  // yet; shards that complete on the device thread are not counted (the devices go first).
   // Destroyed after the devices (no new launches) and before the store: waits for them.
   struct InFlight {
     std::atomic<int64_t> count{0};
