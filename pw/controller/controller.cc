@@ -21,6 +21,7 @@ struct Controller::Plan {
   std::vector<int> output_refs;                           // Client handles per value.
   // Values some node reads last (LoweredNode::release): the workers delete their shards.
   std::vector<bool> released;
+  int64_t num_released = 0;
 };
 
 class Controller::Lowering final : public LoweringContext {
@@ -297,6 +298,7 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
   plan->released.assign(lowered.values.size(), false);
   for (const LoweredNode& n : lowered.nodes)
     for (int v : n.release) plan->released[v] = true;
+  plan->num_released = std::count(plan->released.begin(), plan->released.end(), true);
   plan->lowered = std::move(lowered);
   return std::shared_ptr<const Plan>(std::move(plan));
 }
@@ -420,16 +422,23 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   Promise<> run_done;
   Future<> run_done_f = run_done.future();
   std::vector<BufferId> ids(lp.values.size());
-  std::vector<BufferId> unpin, released;
+  std::vector<BufferId> unpin;
+  // Intermediates the hosts delete themselves (at their last readers) get ids but no entries.
+  std::vector<LogicalBuffer> released;
+  released.reserve(plan.num_released);
+  int64_t next_released = buffers_.NewIds(plan.num_released).value();
   for (size_t v = 0; v < lp.values.size(); ++v) {
     const LoweredValue& val = lp.values[v];
     if (val.arg >= 0) {
       ids[v] = args[val.arg];
-      continue;
+    } else if (plan.released[v]) {
+      ids[v] = BufferId(next_released++);
+      released.push_back({ids[v], client, val.placement, {}});
+    } else {
+      ids[v] = buffers_.Create({BufferId(), client, val.placement, run_done_f},
+                               plan.output_refs[v], /*pins=*/1);
+      unpin.push_back(ids[v]);
     }
-    ids[v] = buffers_.Create({BufferId(), client, val.placement, run_done_f}, plan.output_refs[v],
-                             /*pins=*/1);
-    (plan.released[v] ? released : unpin).push_back(ids[v]);
   }
   unpin.insert(unpin.end(), pinned.begin(), pinned.end());
 
@@ -475,12 +484,11 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
 }
 
 void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin,
-                           const std::vector<BufferId>& released, Promise<> run_done,
+                           const std::vector<LogicalBuffer>& released, Promise<> run_done,
                            const absl::Status& s) {
   Free(buffers_.Unpin(unpin));
   // A failed run's readers may not have run: then its intermediates are still on their hosts.
-  std::vector<LogicalBuffer> intermediates = buffers_.Unpin(released);
-  if (!s.ok()) Free(intermediates);
+  if (!s.ok()) Free(released);
   {
     // Workers keep records of cancelled and failed runs (so late work and collective inputs of
     // them are dropped); now they can go.

@@ -93,7 +93,7 @@ class Controller final : public ControllerInterface {
   // Unpins the run's buffers and deletes those now unreferenced; `released` are intermediates
   // the workers delete themselves when the run succeeds (at their last readers).
   void FinishRun(RunId run, const std::vector<BufferId>& unpin,
-                 const std::vector<BufferId>& released, Promise<> run_done,
+                 const std::vector<LogicalBuffer>& released, Promise<> run_done,
                  const absl::Status& s);
   std::vector<WorkerInterface*> AllWorkers() const;
   // Assembles buffer `id` (pinned by the caller) into host memory once `ready`.

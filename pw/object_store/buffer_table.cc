@@ -13,6 +13,13 @@ BufferId BufferTable::Create(LogicalBuffer buffer, int client_refs, int pins) {
   return id;
 }
 
+BufferId BufferTable::NewIds(int64_t n) {
+  pw::MutexLock lock(&mu_);
+  const BufferId first(next_id_);
+  next_id_ += n;
+  return first;
+}
+
 absl::StatusOr<BufferTable::Entry*> BufferTable::FindHandle(ClientId client, BufferId id) const {
   auto it = entries_.find(id);
   if (it == entries_.end() || it->second.client_refs == 0)

@@ -34,6 +34,9 @@ class BufferTable {
  public:
   // Registers a buffer with the given reference counts; assigns and returns its id.
   BufferId Create(LogicalBuffer buffer, int client_refs, int pins);
+  // `n` consecutive ids of buffers that are not listed (a run's intermediates, which no client
+  // holds and its hosts delete themselves); returns the first.
+  BufferId NewIds(int64_t n);
   // The buffer if it exists and `client` owns it; NotFound or PermissionDenied (naming it) if not.
   absl::StatusOr<LogicalBuffer> Lookup(ClientId client, BufferId id) const;
   // Lookup and a pin in one step, so the buffer cannot be freed in between.

@@ -60,6 +60,19 @@ TEST(BufferTableTest, ReleaseClientFreesUnpinned) {
   EXPECT_EQ(t.Unpin({pinned}).size(), 1u);
 }
 
+TEST(BufferTableTest, UnlistedIdsAreNeverReusedAndNotEntries) {
+  BufferTable t;
+  LogicalBuffer lb;
+  lb.owner = ClientId(1);
+  const BufferId a = t.Create(lb, 1, 0);
+  const BufferId first = t.NewIds(3);
+  const BufferId b = t.Create(lb, 1, 0);
+  EXPECT_EQ(first.value(), a.value() + 1);
+  EXPECT_EQ(b.value(), first.value() + 3);  // After the three unlisted ids.
+  EXPECT_EQ(t.size(), 2u);
+  EXPECT_EQ(t.Lookup(ClientId(1), first).status().code(), absl::StatusCode::kNotFound);
+}
+
 }  // namespace
 }  // namespace pw
 
