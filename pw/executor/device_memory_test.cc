@@ -123,9 +123,10 @@ TEST(DeviceMemoryTest, RequestRacingTheLastReleaseIsGranted) {
   });
   for (int i = 0; i < kRounds; ++i) {
     if (stranded == 0) full[i] = mem.TryReserve(100);  // Null once a request is stranded.
+    const bool full_now = full[i] != nullptr;  // Read before the releaser may reset it.
     sync.arrive_and_wait();
     Future<ReservationRef> f;
-    if (full[i] != nullptr) f = mem.Reserve(60);  // Races the release of `full[i]`.
+    if (full_now) f = mem.Reserve(60);  // Races the release of `full[i]`.
     sync.arrive_and_wait();
     if (f.valid() && !f.AwaitFor(absl::Seconds(10))) ++stranded;
   }
