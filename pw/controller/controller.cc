@@ -424,8 +424,6 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   std::vector<BufferId> ids(lp.values.size());
   std::vector<BufferId> unpin;
   // Intermediates the hosts delete themselves (at their last readers) get ids but no entries.
-  std::vector<LogicalBuffer> released;
-  released.reserve(plan.num_released);
   int64_t next_released = buffers_.NewIds(plan.num_released).value();
   for (size_t v = 0; v < lp.values.size(); ++v) {
     const LoweredValue& val = lp.values[v];
@@ -433,7 +431,6 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
       ids[v] = args[val.arg];
     } else if (plan.released[v]) {
       ids[v] = BufferId(next_released++);
-      released.push_back({ids[v], client, val.placement, {}});
     } else {
       ids[v] = buffers_.Create({BufferId(), client, val.placement, run_done_f},
                                plan.output_refs[v], /*pins=*/1);
@@ -467,11 +464,12 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
       done.push_back(ack.done);
     }
   }
-  JoinFutures(done).OnReady([this, run, unpin = std::move(unpin), released = std::move(released),
+  JoinFutures(done).OnReady([this, run, unpin = std::move(unpin), plan = *plan_or, buffers,
                              run_done = std::move(run_done)](const absl::Status& s) mutable {
-    completions_.Post([this, run, unpin = std::move(unpin), released = std::move(released),
-                       run_done = std::move(run_done), s]() mutable {
-      FinishRun(run, unpin, released, std::move(run_done), s);
+    completions_.Post([this, run, unpin = std::move(unpin), plan = std::move(plan),
+                       buffers = std::move(buffers), run_done = std::move(run_done),
+                       s]() mutable {
+      FinishRun(run, unpin, *plan, *buffers, std::move(run_done), s);
     });
   });
   Promise<RunInfo> accepted;
@@ -483,12 +481,18 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   return result;
 }
 
-void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin,
-                           const std::vector<LogicalBuffer>& released, Promise<> run_done,
+void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin, const Plan& plan,
+                           const std::vector<BufferId>& ids, Promise<> run_done,
                            const absl::Status& s) {
   Free(buffers_.Unpin(unpin));
-  // A failed run's readers may not have run: then its intermediates are still on their hosts.
-  if (!s.ok()) Free(released);
+  if (!s.ok()) {
+    // A failed run's readers may not have run: then its intermediates are still on their hosts.
+    std::vector<LogicalBuffer> intermediates;
+    for (size_t v = 0; v < plan.released.size(); ++v)
+      if (plan.released[v])
+        intermediates.push_back({ids[v], ClientId(), plan.lowered.values[v].placement, {}});
+    Free(intermediates);
+  }
   {
     // Workers keep records of cancelled and failed runs (so late work and collective inputs of
     // them are dropped); now they can go.

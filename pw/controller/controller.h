@@ -90,11 +90,11 @@ class Controller final : public ControllerInterface {
   IslandScheduler* Scheduler(IslandId island) const;
   // Deletes the shards of `freed` on their hosts.
   void Free(const std::vector<LogicalBuffer>& freed);
-  // Unpins the run's buffers and deletes those now unreferenced; `released` are intermediates
-  // the workers delete themselves when the run succeeds (at their last readers).
-  void FinishRun(RunId run, const std::vector<BufferId>& unpin,
-                 const std::vector<LogicalBuffer>& released, Promise<> run_done,
-                 const absl::Status& s);
+  // Unpins the run's buffers and deletes those now unreferenced. The run's intermediates
+  // (`plan.released`, ids by value in `ids`) are deleted by the workers at their last readers;
+  // here only when the run failed.
+  void FinishRun(RunId run, const std::vector<BufferId>& unpin, const Plan& plan,
+                 const std::vector<BufferId>& ids, Promise<> run_done, const absl::Status& s);
   std::vector<WorkerInterface*> AllWorkers() const;
   // Assembles buffer `id` (pinned by the caller) into host memory once `ready`.
   Future<HostArray> FetchPinned(BufferId id, std::shared_ptr<const Placement> placement,

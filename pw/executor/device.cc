@@ -27,19 +27,7 @@ Device::~Device() {
   memory_.Close(absl::CancelledError(absl::StrCat(id_.ToString(), " shut down")));
 }
 
-void Device::Enqueue(Work work) {
-  absl::Status removed;
-  {
-    pw::MutexLock lock(&mu_);
-    if (!stopping_) {
-      queue_.push_back(std::move(work));
-      pending_.fetch_add(1, std::memory_order_release);
-      return;
-    }
-    removed = removed_;
-  }
-  std::move(work)(removed);
-}
+void Device::Enqueue(Work work) { EnqueueAll(absl::MakeSpan(&work, 1)); }
 
 void Device::EnqueueAll(absl::Span<Work> work) {
   absl::Status removed;

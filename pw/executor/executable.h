@@ -48,10 +48,9 @@ class Executable {
   // One shard's launch as the runtime sees it: `outputs` is ready once the output buffers exist,
   // which for a backend with its own streams (PJRT) is when the computation is enqueued, before
   // it has run: consumers on that backend enqueue behind it, and reading the buffers waits for the
-  // data (and reports the computation's error). `computed` is ready when it has run; it is left
-  // invalid when `outputs` was ready on return and that means it has run (its status is theirs).
-  // A backend that runs the shard before returning (native kernels) sets `ran` instead, and
-  // leaves both futures invalid.
+  // data (and reports the computation's error). `computed` is ready when it has run. A launch
+  // that has run before returning (native kernels) sets `ran` instead, and leaves both futures
+  // invalid.
   struct Run {
     Future<std::vector<DeviceBufferRef>> outputs;
     Future<> computed;
@@ -63,7 +62,7 @@ class Executable {
   virtual bool shards_skippable() const { return true; }
   virtual Run Launch(const ShardLaunch& launch) const {
     Future<std::vector<DeviceBufferRef>> f = ExecuteShard(launch);
-    if (f.IsReady()) return {std::move(f), Future<>()};
+    if (f.IsReady()) return {.ran = f.Await()};
     return {f, AsStatusFuture(f)};
   }
 };

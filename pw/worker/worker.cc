@@ -169,8 +169,7 @@ void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueue
   for (size_t i = work->begin; i < work->end; ++i) {
     if (const auto* c = std::get_if<ComputeWork>(&work->program->nodes[i].work)) {
       num_shards += c->local_ranks.size();
-      for (int v : c->release)
-        if (v >= 0 && static_cast<size_t>(v) < state.local.size()) state.local[v] = true;
+      for (int v : c->release) state.local[v] = true;
     }
   }
   d->shards.reserve(num_shards);
@@ -201,10 +200,15 @@ void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueue
   d->done.Done();  // Everything is added.
 }
 
+namespace {
+// A shard that will never be produced: consumers see `error`.
+ObjectStore::Shard FailedShard(const absl::Status& error) {
+  return {Future<DeviceBufferRef>::Ready(error), Future<ReservationRef>::Ready(error), 0};
+}
+}  // namespace
+
 void Worker::PutFailed(BufferId id, DeviceId device, const absl::Status& error) {
-  store_.Put(id, device,
-             {Future<DeviceBufferRef>::Ready(error), Future<ReservationRef>::Ready(error), 0})
-      .IgnoreError();
+  store_.Put(id, device, FailedShard(error)).IgnoreError();
 }
 
 void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Dispatching& state,
@@ -246,8 +250,7 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Dispatching& 
           work->buffer(v).ToString(), " already has a shard on ", device_id.ToString()));
     };
     auto publish_failed = [&](int k, const absl::Status& error) {
-      publish(k, {Future<DeviceBufferRef>::Ready(error), Future<ReservationRef>::Ready(error), 0})
-          .IgnoreError();
+      publish(k, FailedShard(error)).IgnoreError();
     };
     // Outputs: reserve memory now; each shard is a promise until the computation runs.
     decltype(Shard::outputs) outputs;
@@ -393,7 +396,7 @@ void Worker::OnShardOutputs(ShardPtr shard,
   } else if (shard->failed.ok()) {
     shard->held = *r;  // Until the launch is known to be whole.
   }
-  if (!computed.valid()) return OnShardComputed(std::move(shard), r.status());
+  if (!computed.valid()) return OnShardComputed(std::move(shard), r.status());  // It ran.
   if (computed.IsReady()) return OnShardComputed(std::move(shard), computed.status());
   CountInFlight(*shard);
   computed.OnReady([this, shard = std::move(shard)](const absl::Status& s) mutable {
