@@ -72,6 +72,7 @@ class HostDeviceBuffer : public DeviceBuffer {
 
  private:
   static constexpr size_t kInlineBytes = 64;  // Small shards live inside the object.
+  static constexpr size_t kHugePageBytes = size_t{2} << 20;
   struct Enabler;
   HostDeviceBuffer(const ArraySpec& spec, DeviceId device);
   void* data_ = nullptr;

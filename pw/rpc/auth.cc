@@ -11,15 +11,14 @@
 namespace pw::rpc {
 namespace {
 constexpr absl::string_view kBearer = "Bearer ";
+}  // namespace
 
-// Compares without an early exit, so the time taken does not reveal a matching prefix.
 bool SecretEquals(absl::string_view a, absl::string_view b) {
   if (a.size() != b.size() || b.empty()) return false;
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
 }
-}  // namespace
 
 void AddToken(grpc::ClientContext* ctx, const std::string& token) {
   if (!token.empty()) ctx->AddMetadata("authorization", absl::StrCat(kBearer, token));

@@ -51,6 +51,10 @@ struct Serving {
 absl::StatusOr<Serving> StartServer(const std::string& listen, const ChannelOptions& o,
                                     grpc::Service* service);
 
+// Whether `got` equals the non-empty `secret`, compared without an early exit, so the time
+// taken does not reveal a matching prefix.
+bool SecretEquals(absl::string_view got, absl::string_view secret);
+
 // A random secret (hex, 128 bits): client keys, cluster tokens.
 std::string NewSecret();
 

@@ -110,6 +110,9 @@ RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOption
       address_(std::move(address)),
       options_(options),
       arena_(same_machine ? std::make_shared<ShmArena>() : nullptr),
+      bulk_(same_machine ? nullptr
+                         : std::make_shared<BulkClient>(address_.substr(0, address_.rfind(':')),
+                                                        options.token)),
       channel_(MakeChannel(address_, options)),
       stub_(v1::Worker::NewStub(channel_)) {}
 
@@ -322,20 +325,26 @@ absl::StatusOr<HostStatus> RemoteWorker::Status() const {
 // ---------------------------------------------------------------- the data plane's write side
 
 namespace {
-// Reads one shard's chunks into a host-memory buffer.
+// Reads one shard into a host-memory buffer: from its chunks, a shared-memory segment, or (a
+// large shard from another machine) the bulk stream, whose read runs beside the call; the fetch
+// completes once both have ended.
 class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
  public:
   // `arena`: this reader's reusable segments for a peer on this machine (null otherwise).
+  // `bulk`: the bulk reader for a peer on another machine (null otherwise).
   FetchCall(v1::Worker::Stub* stub, const std::string& token, BufferId id, DeviceId device,
-            std::shared_ptr<ShmArena> arena, std::string where, Promise<DeviceBufferRef> promise)
+            std::shared_ptr<ShmArena> arena, std::shared_ptr<BulkClient> bulk, std::string where,
+            Promise<DeviceBufferRef> promise)
       : device_(device),
         where_(std::move(where)),
         promise_(std::move(promise)),
-        arena_(std::move(arena)) {
+        arena_(std::move(arena)),
+        bulk_(std::move(bulk)) {
     AddToken(&ctx_, token);
     req_.set_buffer(id.value());
     req_.set_device(device.value());
     req_.set_shared_memory(arena_ != nullptr);
+    req_.set_bulk(bulk_ != nullptr);
     if (arena_ != nullptr && (segment_ = arena_->Take()) != nullptr)
       req_.set_shm_dest(segment_->name());
     stub->async()->FetchShard(&ctx_, &req_, this);
@@ -351,8 +360,28 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
     }
     StartRead(&chunk_);
   }
+  // After the stream's end and the bulk read's (whose hold delays this).
   void OnDone(const grpc::Status& s) override {
     absl::Status status = error_.ok() ? FromGrpc(s) : error_;
+    {
+      pw::MutexLock lock(&mu_);
+      if (status.ok()) status = bulk_status_;
+    }
+    Complete(status);
+  }
+
+ private:
+  void BulkDone(const absl::Status& s) {
+    {
+      pw::MutexLock lock(&mu_);
+      bulk_status_ = s;
+    }
+    if (!s.ok()) ctx_.TryCancel();  // Else the call ends once the server saw the bytes read.
+    RemoveHold();
+  }
+
+  // Sets the promise; deletes this.
+  void Complete(absl::Status status) {
     if (status.ok() && (buffer_ == nullptr || offset_ != static_cast<size_t>(buffer_->size_bytes())))
       status = absl::DataLossError(absl::StrCat("shard stream ended after ", offset_, " bytes"));
     if (segment_ != nullptr) arena_->Give(std::move(segment_));
@@ -367,7 +396,6 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
     delete this;
   }
 
- private:
   absl::Status Take() {
     if (buffer_ == nullptr) {
       if (!chunk_.has_spec()) return absl::DataLossError("shard stream: first chunk has no spec");
@@ -375,6 +403,18 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
       buffer_ = HostDeviceBuffer::Create(spec, device_);
     }
     const size_t size = static_cast<size_t>(buffer_->size_bytes());
+    if (chunk_.bulk_ticket() != 0) {
+      if (bulk_ == nullptr || offset_ != 0 || chunk_.bulk_port() <= 0 ||
+          chunk_.bulk_port() > 65535)
+        return absl::DataLossError(absl::StrCat(
+            "shard stream: a bulk ticket on port ", chunk_.bulk_port(),
+            bulk_ == nullptr ? " that this reader did not ask for" : " after data"));
+      offset_ = size;  // The bulk read fills the buffer; any data chunk now is too much.
+      AddHold();         // Released by BulkDone.
+      bulk_->Read(chunk_.bulk_port(), chunk_.bulk_ticket(), buffer_->mutable_data(), size,
+                  [this](const absl::Status& s) { BulkDone(s); });
+      return absl::OkStatus();
+    }
     if (chunk_.in_dest()) {
       if (offset_ != 0 || segment_ == nullptr || segment_->capacity() < size)
         return absl::DataLossError("shard stream: the shard is said to be in a segment it cannot be in");
@@ -416,18 +456,21 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
   v1::ShardChunk chunk_;
   std::shared_ptr<HostDeviceBuffer> buffer_;
   size_t offset_ = 0;
-  absl::Status error_;
+  absl::Status error_;  // Set by OnReadDone (gRPC serializes reactions).
   const std::shared_ptr<ShmArena> arena_;
   std::shared_ptr<ShmSegment> segment_;  // Taken from arena_ for this fetch, if any.
   bool used_fresh_segment_ = false;
   bool writer_cannot_open_ = false;
+  const std::shared_ptr<BulkClient> bulk_;
+  pw::Mutex mu_;
+  absl::Status bulk_status_ ABSL_GUARDED_BY(mu_);  // Written on a bulk reader's thread.
 };
 }  // namespace
 
 Future<DeviceBufferRef> RemoteWorker::FetchShard(BufferId id, DeviceId device) {
   Promise<DeviceBufferRef> p;
   Future<DeviceBufferRef> f = p.future();
-  new FetchCall(stub_.get(), options_.token, id, device, arena_,
+  new FetchCall(stub_.get(), options_.token, id, device, arena_, bulk_,
                 absl::StrCat("fetching ", id.ToString(), " on ", device.ToString(), " from ",
                              host_.ToString(), " at ", address_),
                 std::move(p));

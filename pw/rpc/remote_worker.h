@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "pw/base/mutex.h"
 #include "pw/rpc/auth.h"
+#include "pw/rpc/bulk_client.h"
 #include "pw/rpc/shm_arena.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
 #include "pw/transport/worker_interface.h"
@@ -75,6 +76,8 @@ class RemoteWorker final : public WorkerInterface {
   const ChannelOptions options_;
   // Reusable segments for fetching from a worker on this machine (null: another machine).
   const std::shared_ptr<ShmArena> arena_;
+  // Reads large shards from a worker on another machine (null: this machine).
+  const std::shared_ptr<BulkClient> bulk_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<::pathways::v1::Worker::Stub> stub_;
 

@@ -13,11 +13,12 @@ namespace pw::rpc {
 namespace v1 = ::pathways::v1;
 
 WorkerService::WorkerService(WorkerInterface* worker, std::string token,
-                             CollectiveReceiver receive_collective,
+                             CollectiveReceiver receive_collective, BulkServer* bulk,
                              std::function<void(DeviceId)> on_restore)
     : worker_(worker),
       token_(std::move(token)),
       receive_collective_(std::move(receive_collective)),
+      bulk_(bulk),
       on_restore_(std::move(on_restore)) {}
 
 absl::StatusOr<std::shared_ptr<const HostProgram>> WorkerService::Program(
@@ -276,6 +277,7 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
     }
     shared_memory_ = req.shared_memory();
     shm_dest_ = req.shm_dest();
+    if (req.bulk() && !shared_memory_) bulk_ = service->bulk_;
     arena_writer_ = &service->arena_writer_;
     if (req.buffer() < 0 || req.device() < 0) {
       End(absl::InvalidArgumentError("fetch shard: negative buffer or device id"));
@@ -300,11 +302,22 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
       if (!shm_name_.empty()) UnlinkSharedMemory(shm_name_);  // Never delivered.
       return End(absl::CancelledError("fetch shard: the reader went away"));
     }
+    if (ticket_ != 0) {  // The bytes go on the bulk stream: the offer's end ends this.
+      bool ending;
+      {
+        pw::MutexLock lock(&state_->mu);
+        ending = state_->ending;
+      }
+      if (ending) End(absl::OkStatus());  // Finishes with the end already set.
+      return;
+    }
     WriteNext();
   }
   void OnCancel() override { End(absl::CancelledError("fetch shard cancelled")); }
   // Deleted here, or by the last callback still running (it may use this object's members).
   void OnDone() override {
+    // An offer not taken is withdrawn; its callback (run here) keeps this alive while it runs.
+    if (ticket_ != 0) bulk_->Withdraw(ticket_);
     bool last = false;
     {
       pw::MutexLock lock(&state_->mu);
@@ -413,6 +426,7 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
       return StartWrite(&chunk_);
     }
     if (offset_ >= total && chunks_ > 0) return End(absl::OkStatus());
+    if (bulk_ != nullptr && chunks_ == 0 && total > kBulkMinBytes) return OfferBulk();
     absl::Status end;
     bool end_now = false;
     {
@@ -436,6 +450,28 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
     StartWrite(&chunk_);
   }
 
+  // Offers the bytes on the bulk stream and sends the ticket, with the spec, as the only chunk.
+  // The stream ends when the offer does: read (OK), failed, or withdrawn.
+  void OfferBulk() {
+    {
+      pw::MutexLock lock(&state_->mu);
+      if (state_->finished || state_->ending) return;  // End has finished, or will.
+      state_->writing = true;
+    }
+    BeginCallback();  // The offer's callback: this stays alive (with staged_) until it runs.
+    ticket_ = bulk_->Offer(buffer_, data_, static_cast<size_t>(spec_.size_bytes()),
+                           [state = state_](const absl::Status& s) {
+                             RunCallback(state, [&](ShardStream* stream) { stream->End(s); });
+                           });
+    chunk_.Clear();
+    ToProto(spec_, chunk_.mutable_spec());
+    chunk_.set_bulk_ticket(ticket_);
+    chunk_.set_bulk_port(bulk_->port());
+    offset_ = static_cast<size_t>(spec_.size_bytes());
+    ++chunks_;
+    StartWrite(&chunk_);
+  }
+
   const std::shared_ptr<State> state_;
   DeviceBufferRef buffer_;  // Kept alive while its bytes are streamed.
   ArraySpec spec_;
@@ -447,6 +483,8 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
   std::string shm_name_;  // The segment sent, if any.
   std::string shm_dest_;  // The reader's segment to write into, if any.
   ShmWriterCache* arena_writer_ = nullptr;
+  BulkServer* bulk_ = nullptr;  // Set: the reader takes large shards from the bulk stream.
+  uint64_t ticket_ = 0;         // The bulk offer made, if any.
   v1::ShardChunk chunk_;
 };
 

@@ -3,7 +3,9 @@
 // Commands (dispatches, puts, deletes) arrive on one stream per controller connection and are
 // applied in arrival order; their progress (enqueued, done) goes back on the same stream. Host
 // programs are cached by id, so a program's body crosses the wire once per worker. FetchShard
-// streams a shard in chunks once it is ready (the data plane's read side); Collective delivers a
+// streams a shard once it is ready (the data plane's read side): in chunks, through shared
+// memory (a reader on this machine), or, for a large shard and a reader on another machine, as
+// a ticket to pull its bytes from the bulk stream (bulk_server.h); Collective delivers a
 // peer's inputs to this process's Collectives. Every call needs the cluster token: only the
 // controller and peer workers may call a worker.
 //
@@ -18,6 +20,7 @@
 #include "pw/base/mutex.h"
 #include "pw/executor/collectives.h"
 #include "pw/rpc/auth.h"
+#include "pw/rpc/bulk_server.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
 #include "pw/rpc/shm_arena.h"
 #include "pw/transport/worker_interface.h"
@@ -30,8 +33,10 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   // each contribution that arrives by RPC (the same receiver as the shared-memory mailbox's).
   using CollectiveReceiver =
       std::function<absl::Status(const ::pathways::v1::CollectiveContribution&)>;
+  // `bulk` (may be null: shards always go in chunks) serves large shards to readers on other
+  // machines; it must outlive the service's calls.
   WorkerService(WorkerInterface* worker, std::string cluster_token,
-                CollectiveReceiver receive_collective,
+                CollectiveReceiver receive_collective, BulkServer* bulk = nullptr,
                 std::function<void(DeviceId)> on_restore = nullptr);
   // Hands a peer's contribution (from RPC or shared memory) to `collectives`.
   static absl::Status Deliver(Collectives* collectives,
@@ -57,10 +62,13 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
                                        const ::pathways::v1::CollectiveContribution* req,
                                        ::pathways::v1::Empty* resp) override;
 
-  // Chunk size of FetchShard streams: chunks that stay in cache while protobuf and gRPC copy
-  // them (measured on 64 MiB transfers: 1 MiB and 512 KiB reach 0.8-0.95 of raw TCP, 4 MiB
-  // ~0.7, 16 MiB ~0.5, 256 KiB ~0.4).
+  // Chunk size of FetchShard streams, for readers that do not take the bulk stream: chunks that
+  // stay in cache while protobuf and gRPC copy them (on 64 MiB transfers, 1 MiB and 512 KiB
+  // chunks were the fastest, at 0.75-0.95 of raw TCP; 4 MiB ~0.7, 16 MiB ~0.5, 256 KiB ~0.4).
   static constexpr size_t kChunkBytes = size_t{1} << 20;
+  // Shards larger than this go to readers on other machines on the bulk stream (when they ask);
+  // smaller ones in one chunk, which saves the bulk read's round trip.
+  static constexpr size_t kBulkMinBytes = size_t{64} << 10;
 
  private:
   class CommandStream;
@@ -72,6 +80,7 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   WorkerInterface* const worker_;
   const std::string token_;
   const CollectiveReceiver receive_collective_;
+  BulkServer* const bulk_;
   const std::function<void(DeviceId)> on_restore_;
   ShmWriterCache arena_writer_;  // Readers' arena segments that shard streams write into.
   pw::Mutex mu_;

@@ -247,6 +247,49 @@ TEST_F(GrpcClusterTest, TokensAreRequiredAndChecked) {
   EXPECT_TRUE(good.ok()) << good.status();
 }
 
+TEST_F(GrpcClusterTest, PeersOnOtherMachinesReadLargeShardsFromTheBulkStream) {
+  Start(1, 1, 1);
+  auto c = *remote_->Connect("c");
+  auto slice = remote_->AllocateSlice(c, {.num_devices = 1});
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  std::vector<float> big(300000), small(100);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 9973) - 17.5f;
+  for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<float>(i);
+  auto large = remote_->PutArray(c, slice->id, Sharding::Split({1}, 1, 0), F32(big));
+  auto little = remote_->PutArray(c, slice->id, Sharding::Split({1}, 1, 0), F32(small));
+  ASSERT_TRUE(large.ok() && little.ok());
+  ASSERT_TRUE(remote_->ArrayReady(c, large->id).status().ok());
+  ASSERT_TRUE(remote_->ArrayReady(c, little->id).status().ok());
+  const rpc::ChannelOptions peer_channel{.token = controller_->cluster_token()};
+  const auto values = [](const DeviceBufferRef& b) {
+    const auto* h = static_cast<const HostDeviceBuffer*>(b.get());
+    return std::vector<float>(h->as<float>(), h->as<float>() + b->spec().num_elements());
+  };
+  const int64_t sent = workers_[0]->bulk().sent_bytes();
+  {
+    rpc::RemoteWorker far(HostId(0), workers_[0]->address(), peer_channel, /*same_machine=*/false);
+    auto got = far.FetchShard(large->id, DeviceId(0)).Await();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(values(*got), big);
+    // The large shard came on the bulk stream, the small one in a chunk.
+    EXPECT_EQ(workers_[0]->bulk().sent_bytes() - sent, int64_t{4} * 300000);
+    got = far.FetchShard(little->id, DeviceId(0)).Await();
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(values(*got), small);
+    EXPECT_EQ(workers_[0]->bulk().sent_bytes() - sent, int64_t{4} * 300000);
+    auto elsewhere = far.FetchShard(large->id, DeviceId(5)).Await();
+    EXPECT_TRUE(absl::IsNotFound(elsewhere.status())) << elsewhere.status();
+    EXPECT_TRUE(absl::StrContains(elsewhere.status().message(), "device:5")) << elsewhere.status();
+  }
+  // A peer on the same machine reads through shared memory instead.
+  rpc::RemoteWorker near(HostId(0), workers_[0]->address(), peer_channel, /*same_machine=*/true);
+  auto got = near.FetchShard(large->id, DeviceId(0)).Await();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(values(*got), big);
+  EXPECT_EQ(workers_[0]->bulk().sent_bytes() - sent, int64_t{4} * 300000);
+  EXPECT_EQ(workers_[0]->bulk().open_offers(), 0u);
+}
+
 TEST_F(GrpcClusterTest, ClientCannotUseAnotherClientsBuffers) {
   Start(1, 1, 2);
   auto a = *remote_->Connect("a");

@@ -64,9 +64,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
                         if (c.ParseFromArray(m.data(), static_cast<int>(m.size())))
                           (void)p->ReceiveCollective(c);
                       }));
+  // Large shards for readers on other machines, on the interface that gRPC listens on.
+  const std::string listen_host = s->options_.listen.substr(0, s->options_.listen.rfind(':'));
+  PW_ASSIGN_OR_RETURN(s->bulk_, rpc::BulkServer::Start(listen_host, s->options_.channel.token));
   s->service_ = std::make_unique<rpc::WorkerService>(
       s->worker_.get(), s->options_.channel.token,
       [p = s.get()](const v1::CollectiveContribution& c) { return p->ReceiveCollective(c); },
+      s->bulk_.get(),
       [p = s.get()](DeviceId d) {  // A host rejoined: forget its old address and mailbox.
         if (d.valid() && d.value() < static_cast<int64_t>(p->spec_.devices().size())) {
           const HostId h = p->spec_.device(d).host;
@@ -80,9 +84,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   s->server_ = std::move(serving.server);
   const int port = serving.port;
   // A wildcard listen address is advertised as this machine's name, which peers can dial.
-  std::string listen_host = s->options_.listen.substr(0, s->options_.listen.rfind(':'));
-  if (listen_host == "0.0.0.0" || listen_host == "[::]") listen_host = HostName();
-  s->address_ = absl::StrCat(listen_host, ":", port);
+  const bool wildcard = listen_host == "0.0.0.0" || listen_host == "[::]";
+  s->address_ = absl::StrCat(wildcard ? HostName() : listen_host, ":", port);
   PW_RETURN_IF_ERROR(s->Register());
   s->heartbeat_ = std::thread([p = s.get()] { p->HeartbeatLoop(); });
   return s;
@@ -97,6 +100,7 @@ WorkerServer::~WorkerServer() {
   if (mailbox_ != nullptr) mailbox_->StopDelivering();
   worker_.reset();  // Fails outstanding device work, drains the worker's threads.
   service_.reset();
+  bulk_.reset();  // After the calls that offer on it.
 }
 
 absl::Status WorkerServer::Register() {

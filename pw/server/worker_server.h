@@ -1,7 +1,8 @@
 // WorkerServer: the `pw worker` process for one host. Its Worker (device executors, object-store
 // shard, data plane) served over gRPC; registration with the controller, heartbeats, and the
-// links to peer workers: FetchShard pulls from peers' WorkerService (chunked TCP streams, never
-// through the controller), and native collectives exchange inputs with the processes holding
+// links to peer workers: FetchShard pulls from peers' WorkerService (never through the
+// controller: shared memory on this machine; from other machines, chunked gRPC streams, or for
+// large shards the peer's bulk stream, a plain TCP socket), and native collectives exchange inputs with the processes holding
 // the slice's other devices.
 //
 // Thread-safe. If the controller declares this host failed (e.g. after a pause), the next
@@ -49,6 +50,8 @@ class WorkerServer final : public CollectivePeers {
 
   const std::string& address() const { return address_; }
   HostId host() const { return options_.host; }
+  // Serves large shards to peers on other machines.
+  const rpc::BulkServer& bulk() const { return *bulk_; }
   // Blocks until Stop(), the controller has been unreachable too long, or it no longer counts
   // this worker as live (it declared the host failed, or it restarted): then this worker's state
   // is stale, and it must start afresh as a new process (its cluster manager restarts it).
@@ -90,6 +93,7 @@ class WorkerServer final : public CollectivePeers {
   std::unique_ptr<::pathways::v1::Controller::Stub> controller_;
   Collectives collectives_;
   std::unique_ptr<Worker> worker_;
+  std::unique_ptr<rpc::BulkServer> bulk_;  // Before service_, which uses it.
   std::unique_ptr<rpc::WorkerService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;

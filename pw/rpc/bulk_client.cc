@@ -1,0 +1,240 @@
+#include "pw/rpc/bulk_client.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "pw/base/mutex.h"
+#include "pw/base/status_macros.h"
+#include "pw/rpc/bulk_wire.h"
+
+namespace pw::rpc {
+namespace {
+
+constexpr int kProgressSeconds = 60;
+
+std::string Unbracketed(absl::string_view host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
+    host = host.substr(1, host.size() - 2);
+  return std::string(host);
+}
+
+}  // namespace
+
+struct BulkClient::Job {
+  int port;
+  uint64_t ticket;
+  void* dst;
+  size_t size;
+  absl::AnyInvocable<void(const absl::Status&)> done;
+};
+
+class BulkClient::State : public std::enable_shared_from_this<State> {
+ public:
+  State(std::string host, std::string token) : host_(std::move(host)), token_(std::move(token)) {}
+
+  // Queues `job` (moved from) and starts a thread if none is idle; false if stopped.
+  bool Enqueue(Job& job) {
+    pw::MutexLock lock(&mu_);
+    if (stopping_) return false;
+    queue_.push_back(std::move(job));
+    if (idle_threads_ > 0 || static_cast<int>(threads_.size()) >= kMaxThreads) return true;
+    threads_.emplace_back([self = shared_from_this()] { self->Loop(); });
+    return true;
+  }
+  int threads() const {
+    pw::MutexLock lock(&mu_);
+    return static_cast<int>(threads_.size());
+  }
+  void Stop() {
+    std::deque<Job> queued;
+    std::vector<std::thread> threads;
+    {
+      pw::MutexLock lock(&mu_);
+      stopping_ = true;
+      for (int fd : active_) shutdown(fd, SHUT_RDWR);
+      queued.swap(queue_);
+      threads.swap(threads_);
+    }
+    for (Job& j : queued) j.done(absl::CancelledError("the bulk reader was closed"));
+    for (std::thread& t : threads) {
+      if (t.get_id() == std::this_thread::get_id()) {
+        t.detach();  // This thread's Loop ends on return: it sees stopping_, and holds State.
+      } else {
+        t.join();
+      }
+    }
+    pw::MutexLock lock(&mu_);
+    for (auto& [port, fd] : idle_) close(fd);
+    idle_.clear();
+  }
+ private:
+  void Loop() {
+    while (true) {
+      Job job;
+      {
+        pw::MutexLock lock(&mu_);
+        ++idle_threads_;
+        mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stopping_ || !queue_.empty(); });
+        --idle_threads_;
+        if (stopping_) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      absl::Status s = Transfer(job);
+      job.done(s);
+    }
+  }
+  absl::Status Transfer(const Job& job) {
+  const std::string where = absl::StrCat("bulk read of ticket ", job.ticket, " from ", host_, ":",
+                                         job.port);
+  for (int attempt = 0;; ++attempt) {
+    int fd = TakeIdle(job.port);
+    const bool reused = fd >= 0;
+    if (!reused) {
+      absl::StatusOr<int> c = Connect(job.port);
+      if (!c.ok()) return Annotate(c.status(), where);
+      fd = *c;
+    }
+    absl::Status got;
+    absl::Status s = bulk::SendU64(fd, job.ticket, "sending a ticket");
+    if (s.ok()) s = bulk::RecvStatus(fd, &got);
+    if (!s.ok()) {
+      Close(fd);
+      if (reused && attempt == 0) continue;  // The server closed it while idle, say.
+      return Annotate(s, where);
+    }
+    if (!got.ok()) {
+      GiveBack(job.port, fd);
+      return Annotate(got, where);
+    }
+    uint64_t size = 0;
+    s = bulk::RecvU64(fd, &size, "reading a shard's size");
+    if (s.ok() && size != job.size)
+      s = absl::DataLossError(absl::StrCat("the server offers ", size, " bytes, not the ",
+                                           job.size, " of the shard's spec"));
+    if (s.ok()) s = bulk::RecvAll(fd, job.dst, job.size, "reading a shard");
+    if (!s.ok()) {
+      Close(fd);
+      return Annotate(s, where);
+    }
+    GiveBack(job.port, fd);
+    return absl::OkStatus();
+  }
+}
+
+  // A new connection to `port`, past the hello.
+  absl::StatusOr<int> Connect(int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const std::string service = absl::StrCat(port);
+  if (int e = getaddrinfo(host_.c_str(), service.c_str(), &hints, &found); e != 0)
+    return absl::UnavailableError(absl::StrCat("cannot resolve ", host_, ": ", gai_strerror(e)));
+  absl::Status why = absl::UnavailableError("no address");
+  int fd = -1;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    {
+      pw::MutexLock lock(&mu_);
+      if (stopping_) {
+        close(fd);
+        freeaddrinfo(found);
+        return absl::CancelledError("the bulk reader was closed");
+      }
+      active_.insert(fd);
+    }
+    bulk::Configure(fd, kProgressSeconds);
+    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+      why = absl::UnavailableError(absl::StrCat("connect: ", std::strerror(errno)));
+      Close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(found);
+  if (fd < 0) return why;
+  std::string hello(bulk::kMagic, sizeof(bulk::kMagic));
+  const uint32_t version = bulk::kVersion, len = static_cast<uint32_t>(token_.size());
+  hello.append(reinterpret_cast<const char*>(&version), 4);
+  hello.append(reinterpret_cast<const char*>(&len), 4);
+  hello += token_;
+  absl::Status got;
+  absl::Status s = bulk::SendAll(fd, hello.data(), hello.size(), "sending the hello");
+  if (s.ok()) s = bulk::RecvStatus(fd, &got);
+  if (s.ok() && !got.ok()) s = Annotate(got, "the server refused the hello");
+  if (!s.ok()) {
+    Close(fd);
+    return s;
+  }
+  return fd;
+}
+
+  // A connection in use is in active_, so Stop can abort it.
+  int TakeIdle(int port) {
+  pw::MutexLock lock(&mu_);
+  for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+    if (it->first != port) continue;
+    const int fd = it->second;
+    idle_.erase(it);
+    active_.insert(fd);
+    return fd;
+  }
+  return -1;
+}
+
+  void GiveBack(int port, int fd) {
+  pw::MutexLock lock(&mu_);
+  active_.erase(fd);
+  if (stopping_) {
+    close(fd);
+    return;
+  }
+  idle_.emplace_back(port, fd);
+  if (idle_.size() > kMaxThreads) {  // One to a peer's old port, say: the oldest goes.
+    close(idle_.front().second);
+    idle_.erase(idle_.begin());
+  }
+}
+
+  void Close(int fd) {
+  pw::MutexLock lock(&mu_);
+  active_.erase(fd);
+  close(fd);
+}
+
+  const std::string host_;
+  const std::string token_;
+  mutable pw::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
+  int idle_threads_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int, int>> idle_ ABSL_GUARDED_BY(mu_);  // (port, fd), open, unused.
+  absl::flat_hash_set<int> active_ ABSL_GUARDED_BY(mu_);
+};
+
+BulkClient::BulkClient(std::string host, std::string token)
+    : state_(std::make_shared<State>(Unbracketed(host), std::move(token))) {}
+
+BulkClient::~BulkClient() { state_->Stop(); }
+
+void BulkClient::Read(int port, uint64_t ticket, void* dst, size_t size,
+                      absl::AnyInvocable<void(const absl::Status&)> done) {
+  Job job{port, ticket, dst, size, std::move(done)};
+  if (!state_->Enqueue(job)) job.done(absl::CancelledError("the bulk reader was closed"));
+}
+
+int BulkClient::threads() const { return state_->threads(); }
+
+}  // namespace pw::rpc

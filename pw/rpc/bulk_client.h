@@ -1,0 +1,47 @@
+// BulkClient: the reading end of the bulk stream (bulk_wire.h) to one peer worker's BulkServer:
+// reads offered shards' bytes straight into their destination buffers.
+//
+// Up to kMaxThreads reads run at once, each on a thread of its own with a connection of its own;
+// more wait in order. Connections stay open between reads (the server closes one idle for 60 s:
+// a read that finds its connection closed before any reply is retried once on a new one). A read
+// making no progress for 60 s fails. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+
+namespace pw::rpc {
+
+class BulkClient {
+ public:
+  static constexpr int kMaxThreads = 4;
+  // Reads from the worker at `host` (a name or address; IPv6 in brackets is accepted), saying
+  // `token` (the cluster token).
+  BulkClient(std::string host, std::string token);
+  // Fails reads not started (Cancelled), aborts running ones, joins the threads (but the one
+  // running this, when a read's `done` dropped the last reference).
+  ~BulkClient();
+  BulkClient(const BulkClient&) = delete;
+  BulkClient& operator=(const BulkClient&) = delete;
+
+  // Reads the `size` bytes offered under `ticket` by the server on `port` into `dst`, which must
+  // stay valid until `done` runs. `done` runs once, on a reader thread (or in the destructor):
+  // OK with all bytes in `dst`, or why not (the server's error, a size that differs, a broken
+  // connection).
+  void Read(int port, uint64_t ticket, void* dst, size_t size,
+            absl::AnyInvocable<void(const absl::Status&)> done);
+
+  // Threads started so far (tests).
+  int threads() const;
+
+ private:
+  struct Job;
+  class State;  // Shared with the reader threads, so a read's `done` may drop the last client.
+  const std::shared_ptr<State> state_;
+};
+
+}  // namespace pw::rpc

@@ -1,0 +1,242 @@
+#include "pw/rpc/bulk_server.h"
+
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "pw/base/status_macros.h"
+#include "pw/rpc/auth.h"
+#include "pw/rpc/bulk_wire.h"
+
+namespace pw::rpc {
+namespace {
+
+constexpr int kHelloSeconds = 10;     // A hello must arrive in this time.
+constexpr int kProgressSeconds = 60;  // Then, no progress for this long closes the connection.
+
+absl::Status Refuse(int fd, const absl::Status& why) {
+  (void)bulk::SendStatus(fd, why);
+  return why;
+}
+
+// Reads and checks a connection's hello; answers it.
+absl::Status Hello(int fd, const std::string& token) {
+  char head[12];
+  PW_RETURN_IF_ERROR(bulk::RecvAll(fd, head, sizeof(head), "bulk stream hello"));
+  if (std::memcmp(head, bulk::kMagic, 4) != 0)
+    return Refuse(fd, absl::InvalidArgumentError(
+                          "bulk stream: not a pathways bulk connection (bad magic)"));
+  uint32_t version, len;
+  std::memcpy(&version, head + 4, 4);
+  std::memcpy(&len, head + 8, 4);
+  if (version != bulk::kVersion)
+    return Refuse(fd, absl::FailedPreconditionError(
+                          absl::StrCat("bulk stream: protocol version ", version,
+                                       " is not this worker's (", bulk::kVersion, ")")));
+  if (len > bulk::kMaxTokenBytes)
+    return Refuse(fd, absl::InvalidArgumentError(absl::StrCat(
+                          "bulk stream: a token of ", len, " bytes (at most ",
+                          bulk::kMaxTokenBytes, ")")));
+  std::string got(len, '\0');
+  PW_RETURN_IF_ERROR(bulk::RecvAll(fd, got.data(), len, "bulk stream hello"));
+  if (!SecretEquals(got, token))
+    return Refuse(fd, absl::UnauthenticatedError(
+                          "bulk stream: missing or wrong cluster token"));
+  return bulk::SendStatus(fd, absl::OkStatus());
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(const std::string& host,
+                                                              std::string token) {
+  if (token.empty()) return absl::InvalidArgumentError("bulk server: needs the cluster token");
+  std::string name = host;
+  if (name.size() >= 2 && name.front() == '[' && name.back() == ']')
+    name = name.substr(1, name.size() - 2);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (int e = getaddrinfo(name.c_str(), "0", &hints, &found); e != 0)
+    return absl::InvalidArgumentError(
+        absl::StrCat("bulk server: cannot resolve '", host, "': ", gai_strerror(e)));
+  absl::Status why = absl::UnavailableError(absl::StrCat("bulk server: no address for ", host));
+  int fd = -1;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 64) != 0) {
+      why = absl::UnavailableError(
+          absl::StrCat("bulk server: cannot listen on ", host, ": ", std::strerror(errno)));
+      close(fd);
+      fd = -1;
+    }
+  }
+  freeaddrinfo(found);
+  if (fd < 0) return why;
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  const int port = bound.ss_family == AF_INET6
+                       ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                       : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  std::unique_ptr<BulkServer> s(new BulkServer(fd, port, std::move(token)));
+  s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
+  return s;
+}
+
+BulkServer::BulkServer(int listen_fd, int port, std::string token)
+    : listen_fd_(listen_fd),
+      port_(port),
+      token_(std::move(token)),
+      next_ticket_(absl::Uniform<uint64_t>(absl::BitGen()) | 1) {}
+
+BulkServer::~BulkServer() {
+  std::list<Connection> connections;
+  {
+    pw::MutexLock lock(&mu_);
+    stopping_ = true;
+    shutdown(listen_fd_, SHUT_RDWR);  // Wakes accept().
+    for (Connection& c : connections_) shutdown(c.fd, SHUT_RDWR);
+  }
+  acceptor_.join();
+  close(listen_fd_);
+  {
+    pw::MutexLock lock(&mu_);
+    connections.splice(connections.end(), connections_);
+  }
+  for (Connection& c : connections) {
+    c.thread.join();
+    close(c.fd);
+  }
+  absl::flat_hash_map<uint64_t, Offered> offers;
+  {
+    pw::MutexLock lock(&mu_);
+    offers.swap(offers_);
+  }
+  for (auto& [ticket, o] : offers) o.done(absl::CancelledError("the worker's bulk server stopped"));
+}
+
+uint64_t BulkServer::Offer(std::shared_ptr<const void> keep, const char* data, size_t size,
+                           absl::AnyInvocable<void(const absl::Status&)> done) {
+  pw::MutexLock lock(&mu_);
+  const uint64_t ticket = next_ticket_++;
+  offers_.emplace(ticket, Offered{std::move(keep), data, size, std::move(done)});
+  return ticket;
+}
+
+void BulkServer::Withdraw(uint64_t ticket) {
+  Offered o;
+  {
+    pw::MutexLock lock(&mu_);
+    auto it = offers_.find(ticket);
+    if (it == offers_.end()) return;
+    o = std::move(it->second);
+    offers_.erase(it);
+  }
+  o.done(absl::CancelledError("the shard's fetch ended before its bytes were read"));
+}
+
+size_t BulkServer::open_offers() const {
+  pw::MutexLock lock(&mu_);
+  return offers_.size();
+}
+
+void BulkServer::AcceptLoop() {
+  while (true) {
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      const int err = errno;
+      {
+        pw::MutexLock lock(&mu_);
+        if (stopping_) return;
+      }
+      // Out of fds, say: let some close first.
+      if (err != EINTR && err != ECONNABORTED) absl::SleepFor(absl::Milliseconds(50));
+      continue;
+    }
+    Reap();
+    pw::MutexLock lock(&mu_);
+    if (stopping_) {
+      close(fd);
+      return;
+    }
+    if (connections_.size() >= kMaxConnections) {
+      bulk::Configure(fd, 1);
+      (void)bulk::SendStatus(fd, absl::ResourceExhaustedError(absl::StrCat(
+                                     "bulk stream: this worker already serves ",
+                                     kMaxConnections, " connections")));
+      close(fd);
+      continue;
+    }
+    bulk::Configure(fd, kHelloSeconds);
+    Connection& c = connections_.emplace_back();
+    c.fd = fd;
+    c.thread = std::thread([this, &c] {
+      Serve(&c);
+      c.finished.store(true, std::memory_order_release);
+    });
+  }
+}
+
+void BulkServer::Reap() {
+  std::list<Connection> finished;
+  {
+    pw::MutexLock lock(&mu_);
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      auto next = std::next(it);
+      if (it->finished.load(std::memory_order_acquire))
+        finished.splice(finished.end(), connections_, it);
+      it = next;
+    }
+  }
+  for (Connection& c : finished) {
+    c.thread.join();
+    close(c.fd);
+  }
+}
+
+void BulkServer::Serve(Connection* c) {
+  const int fd = c->fd;
+  if (!Hello(fd, token_).ok()) return;
+  bulk::Configure(fd, kProgressSeconds);
+  while (true) {
+    uint64_t ticket;
+    if (!bulk::RecvU64(fd, &ticket, "reading a ticket").ok()) return;
+    Offered o;
+    bool found = false;
+    {
+      pw::MutexLock lock(&mu_);
+      auto it = offers_.find(ticket);
+      if (it != offers_.end()) {
+        o = std::move(it->second);
+        offers_.erase(it);
+        found = true;
+      }
+    }
+    if (!found) {
+      const absl::Status nf = absl::NotFoundError(absl::StrCat(
+          "bulk stream: no shard is offered under ticket ", ticket,
+          " (withdrawn, already read, or never offered)"));
+      if (!bulk::SendStatus(fd, nf).ok()) return;
+      continue;
+    }
+    absl::Status s = bulk::SendStatus(fd, absl::OkStatus());
+    if (s.ok()) s = bulk::SendU64(fd, o.size, "sending a shard's size");
+    if (s.ok()) s = bulk::SendAll(fd, o.data, o.size, "sending a shard");
+    if (s.ok()) sent_bytes_.fetch_add(static_cast<int64_t>(o.size), std::memory_order_relaxed);
+    o.done(s);
+    if (!s.ok()) return;
+  }
+}
+
+}  // namespace pw::rpc

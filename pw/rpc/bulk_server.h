@@ -1,0 +1,81 @@
+// BulkServer: the read side of the bulk stream (bulk_wire.h) in a worker. FetchShard offers a
+// ready shard's bytes under a ticket; the reader connects, says the cluster token, and pulls the
+// ticket's bytes, which are sent straight from the shard's memory.
+//
+// One thread accepts; each connection has its own thread (readers keep a few open, see
+// BulkClient), at most kMaxConnections at once. A connection that does not say a correct hello
+// within 10 s, or makes no progress for 60 s, is closed; a wrong ticket gets an error and the
+// connection stays usable. Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/statusor.h"
+#include "pw/base/mutex.h"
+
+namespace pw::rpc {
+
+class BulkServer {
+ public:
+  static constexpr int kMaxConnections = 256;
+  // Listens on `host` (a name or address of this machine; "0.0.0.0", "[::]": every interface),
+  // on a free port. Connections must present `token`.
+  static absl::StatusOr<std::unique_ptr<BulkServer>> Start(const std::string& host,
+                                                           std::string token);
+  // Closes every connection, then fails the offers still open (Cancelled).
+  ~BulkServer();
+  BulkServer(const BulkServer&) = delete;
+  BulkServer& operator=(const BulkServer&) = delete;
+
+  int port() const { return port_; }
+
+  // Offers `size` bytes at `data`, kept alive by `keep` until sent, under a new ticket (one read).
+  // `done` runs once, on a connection's thread or in Withdraw: OK once the bytes were sent, an
+  // error if sending failed, Cancelled if the offer was withdrawn first.
+  uint64_t Offer(std::shared_ptr<const void> keep, const char* data, size_t size,
+                 absl::AnyInvocable<void(const absl::Status&)> done);
+  // Withdraws an offer not yet taken (no effect on one being sent or done).
+  void Withdraw(uint64_t ticket);
+  // Offers open now.
+  size_t open_offers() const;
+  // Bytes of offers sent in full so far.
+  int64_t sent_bytes() const { return sent_bytes_.load(std::memory_order_relaxed); }
+
+ private:
+  struct Offered {
+    std::shared_ptr<const void> keep;
+    const char* data;
+    size_t size;
+    absl::AnyInvocable<void(const absl::Status&)> done;
+  };
+  struct Connection {
+    int fd;
+    std::thread thread;
+    std::atomic<bool> finished{false};
+  };
+  BulkServer(int listen_fd, int port, std::string token);
+  void AcceptLoop();
+  void Serve(Connection* c);
+  // Reaps finished connections' threads (joins them).
+  void Reap() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const int listen_fd_;
+  const int port_;
+  const std::string token_;
+  std::thread acceptor_;
+  std::atomic<int64_t> sent_bytes_{0};
+  mutable pw::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Offered> offers_ ABSL_GUARDED_BY(mu_);
+  std::list<Connection> connections_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pw::rpc

@@ -1,0 +1,239 @@
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "pw/base/future.h"
+#include "pw/rpc/bulk_client.h"
+#include "pw/rpc/bulk_server.h"
+#include "pw/rpc/bulk_wire.h"
+
+namespace pw::rpc {
+namespace {
+
+constexpr char kToken[] = "cluster-token";
+
+std::shared_ptr<std::vector<char>> Pattern(size_t n, int seed) {
+  auto v = std::make_shared<std::vector<char>>(n);
+  for (size_t i = 0; i < n; ++i) (*v)[i] = static_cast<char>(i * 131 + seed);
+  return v;
+}
+
+// Offers `bytes`; the returned future is the offer's outcome.
+Future<> Offer(BulkServer& server, const std::shared_ptr<std::vector<char>>& bytes,
+               uint64_t* ticket) {
+  Promise<> p;
+  Future<> f = p.future();
+  *ticket = server.Offer(bytes, bytes->data(), bytes->size(),
+                         [p = std::move(p)](const absl::Status& s) mutable { p.Set(s); });
+  return f;
+}
+
+Future<> Read(BulkClient& client, int port, uint64_t ticket, void* dst, size_t size) {
+  Promise<> p;
+  Future<> f = p.future();
+  client.Read(port, ticket, dst, size,
+              [p = std::move(p)](const absl::Status& s) mutable { p.Set(s); });
+  return f;
+}
+
+// A raw connection to the server: sends `bytes`, returns the status the server answers (or the
+// transport's error).
+absl::Status RawHello(int port, const std::string& bytes) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return absl::UnavailableError("connect");
+  }
+  bulk::Configure(fd, 5);
+  absl::Status got;
+  absl::Status s = bulk::SendAll(fd, bytes.data(), bytes.size(), "test hello");
+  if (s.ok()) s = bulk::RecvStatus(fd, &got);
+  close(fd);
+  return s.ok() ? got : s;
+}
+
+std::string Hello(uint32_t version, const std::string& token) {
+  std::string h(bulk::kMagic, 4);
+  const uint32_t len = static_cast<uint32_t>(token.size());
+  h.append(reinterpret_cast<const char*>(&version), 4);
+  h.append(reinterpret_cast<const char*>(&len), 4);
+  return h + token;
+}
+
+TEST(BulkTest, ReadsOfferedBytesIntoTheDestination) {
+  auto server = BulkServer::Start("127.0.0.1", kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  BulkClient client("127.0.0.1", kToken);
+  const auto bytes = Pattern(3 << 20, 7);
+  uint64_t ticket;
+  Future<> sent = Offer(**server, bytes, &ticket);
+  EXPECT_NE(ticket, 0u);
+  std::vector<char> dst(bytes->size());
+  ASSERT_TRUE(Read(client, (*server)->port(), ticket, dst.data(), dst.size()).Await().ok());
+  EXPECT_TRUE(sent.Await().ok());
+  EXPECT_EQ(dst, *bytes);
+  EXPECT_EQ((*server)->open_offers(), 0u);
+  // A ticket is read once.
+  absl::Status again = Read(client, (*server)->port(), ticket, dst.data(), dst.size()).Await();
+  EXPECT_TRUE(absl::IsNotFound(again)) << again;
+  EXPECT_NE(again.message().find(absl::StrCat(ticket)), std::string::npos) << again;
+}
+
+TEST(BulkTest, ManyReadsAtOnceShareAFewThreads) {
+  auto server = BulkServer::Start("localhost", kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  BulkClient client("localhost", kToken);
+  constexpr int kReads = 24;
+  std::vector<std::shared_ptr<std::vector<char>>> src;
+  std::vector<std::vector<char>> dst(kReads);
+  std::vector<Future<>> sent, read;
+  for (int i = 0; i < kReads; ++i) {
+    src.push_back(Pattern(64 * 1024 + i, i));
+    dst[i].resize(src[i]->size());
+    uint64_t ticket;
+    sent.push_back(Offer(**server, src[i], &ticket));
+    read.push_back(Read(client, (*server)->port(), ticket, dst[i].data(), dst[i].size()));
+  }
+  for (int i = 0; i < kReads; ++i) {
+    ASSERT_TRUE(read[i].Await().ok()) << i;
+    EXPECT_TRUE(sent[i].Await().ok()) << i;
+    EXPECT_EQ(dst[i], *src[i]) << i;
+  }
+  EXPECT_LE(client.threads(), BulkClient::kMaxThreads);
+  EXPECT_GE(client.threads(), 1);
+}
+
+TEST(BulkTest, WrongTokenIsRefusedAndTheOfferStays) {
+  auto server = BulkServer::Start("127.0.0.1", kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto bytes = Pattern(1000, 1);
+  uint64_t ticket;
+  Future<> sent = Offer(**server, bytes, &ticket);
+  std::vector<char> dst(bytes->size());
+  {
+    BulkClient intruder("127.0.0.1", "not-the-token");
+    absl::Status s = Read(intruder, (*server)->port(), ticket, dst.data(), dst.size()).Await();
+    EXPECT_TRUE(absl::IsUnauthenticated(s)) << s;
+  }
+  {
+    BulkClient empty("127.0.0.1", "");
+    EXPECT_TRUE(absl::IsUnauthenticated(
+        Read(empty, (*server)->port(), ticket, dst.data(), dst.size()).Await()));
+  }
+  EXPECT_EQ((*server)->open_offers(), 1u);
+  BulkClient client("127.0.0.1", kToken);
+  ASSERT_TRUE(Read(client, (*server)->port(), ticket, dst.data(), dst.size()).Await().ok());
+  EXPECT_TRUE(sent.Await().ok());
+  EXPECT_EQ(dst, *bytes);
+  EXPECT_TRUE(absl::IsInvalidArgument(BulkServer::Start("127.0.0.1", "").status()));
+}
+
+TEST(BulkTest, MalformedHellosGetErrorsAndTheServerKeepsServing) {
+  auto server = BulkServer::Start("127.0.0.1", kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  absl::Status magic = RawHello(port, "HTTP/1.1 GET /\r\n\r\n");
+  EXPECT_TRUE(absl::IsInvalidArgument(magic)) << magic;
+  absl::Status version = RawHello(port, Hello(99, kToken));
+  EXPECT_TRUE(absl::IsFailedPrecondition(version)) << version;
+  EXPECT_NE(version.message().find("99"), std::string::npos) << version;
+  std::string huge = Hello(bulk::kVersion, "");
+  const uint32_t len = 1u << 30;
+  std::memcpy(huge.data() + 8, &len, 4);
+  absl::Status too_long = RawHello(port, huge);
+  EXPECT_TRUE(absl::IsInvalidArgument(too_long)) << too_long;
+  // Truncated hellos and silent connections: closed, never a crash.
+  for (int i = 0; i < 8; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    if (i % 2 == 1) {
+      ASSERT_EQ(write(fd, "PWB", 3), 3);
+    }
+    close(fd);
+  }
+  EXPECT_TRUE(RawHello(port, Hello(bulk::kVersion, kToken)).ok());
+  // Still serving.
+  BulkClient client("127.0.0.1", kToken);
+  const auto bytes = Pattern(4096, 3);
+  uint64_t ticket;
+  Future<> sent = Offer(**server, bytes, &ticket);
+  std::vector<char> dst(bytes->size());
+  ASSERT_TRUE(Read(client, port, ticket, dst.data(), dst.size()).Await().ok());
+  EXPECT_EQ(dst, *bytes);
+}
+
+TEST(BulkTest, UnknownTicketsAndWrongSizesAreErrors) {
+  auto server = BulkServer::Start("127.0.0.1", kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  BulkClient client("127.0.0.1", kToken);
+  const int port = (*server)->port();
+  std::vector<char> dst(1 << 16);
+  absl::Status unknown = Read(client, port, 12345, dst.data(), dst.size()).Await();
+  EXPECT_TRUE(absl::IsNotFound(unknown)) << unknown;
+  // The size the server offers must be the reader's.
+  const auto bytes = Pattern(1000, 5);
+  uint64_t ticket;
+  Offer(**server, bytes, &ticket);
+  absl::Status wrong = Read(client, port, ticket, dst.data(), 2000).Await();
+  EXPECT_TRUE(absl::IsDataLoss(wrong)) << wrong;
+  EXPECT_NE(wrong.message().find("1000"), std::string::npos) << wrong;
+  // A withdrawn offer ends Cancelled and cannot be read.
+  Future<> withdrawn = Offer(**server, bytes, &ticket);
+  (*server)->Withdraw(ticket);
+  EXPECT_TRUE(absl::IsCancelled(withdrawn.Await()));
+  EXPECT_TRUE(absl::IsNotFound(Read(client, port, ticket, dst.data(), 1000).Await()));
+  // The client still reads after those errors.
+  Future<> sent = Offer(**server, bytes, &ticket);
+  ASSERT_TRUE(Read(client, port, ticket, dst.data(), 1000).Await().ok());
+  EXPECT_EQ(std::memcmp(dst.data(), bytes->data(), 1000), 0);
+}
+
+TEST(BulkTest, StoppingEndsOffersAndReads) {
+  auto server = BulkServer::Start("127.0.0.1", kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  BulkClient client("127.0.0.1", kToken);
+  const auto bytes = Pattern(100, 9);
+  uint64_t ticket;
+  Future<> first = Offer(**server, bytes, &ticket);
+  std::vector<char> dst(100);
+  ASSERT_TRUE(Read(client, port, ticket, dst.data(), 100).Await().ok());  // Opens a connection.
+  Future<> open = Offer(**server, bytes, &ticket);
+  server->reset();  // Closes the idle connection too.
+  EXPECT_TRUE(absl::IsCancelled(open.Await()));
+  absl::Status gone = Read(client, port, ticket, dst.data(), 100).Await();
+  EXPECT_TRUE(absl::IsUnavailable(gone)) << gone;  // The retry on a new connection fails too.
+  // A client closed from a read's own callback (its last owner) neither hangs nor crashes.
+  auto again = BulkServer::Start("127.0.0.1", kToken);
+  ASSERT_TRUE(again.ok());
+  auto owned = std::make_shared<BulkClient>("127.0.0.1", kToken);
+  Future<> offered = Offer(**again, bytes, &ticket);
+  Promise<> p;
+  Future<> done = p.future();
+  owned->Read((*again)->port(), ticket, dst.data(), 100,
+              [owner = owned, p = std::move(p)](const absl::Status& s) mutable {
+                p.Set(s);
+                owner.reset();
+              });
+  owned.reset();
+  EXPECT_TRUE(done.Await().ok());
+  EXPECT_TRUE(offered.Await().ok());
+}
+
+}  // namespace
+}  // namespace pw::rpc

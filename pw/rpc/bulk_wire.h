@@ -1,0 +1,47 @@
+// The bulk stream's wire format: large shards' bytes between machines on plain TCP, beside gRPC.
+//
+// Why not gRPC: a shard's bytes in gRPC messages are copied into protobuf, into gRPC's slices and
+// out again on both ends (4 copies beside the kernel's); a plain socket reads them straight into
+// the destination buffer. gRPC still carries the request, the wait for the shard and the outcome
+// (FetchShard): a reader connects here only to pull a shard that is ready, under a ticket that
+// FetchShard handed it, so a bulk connection is never held by a shard that is not yet computed.
+//
+// A connection (client → server, all integers little-endian):
+//   hello:   "PWB1", u32 version, u32 token length (≤ kMaxTokenBytes), the cluster token
+//   reply:   status
+//   then any number of reads:  u64 ticket  →  status, and if OK: u64 size, `size` bytes
+// status:    u32 absl::StatusCode, u32 message length (≤ kMaxMessageBytes), the message
+// A refused hello is answered with its status, then the server closes the connection.
+//
+// Thread-compatible functions on blocking sockets.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
+namespace pw::rpc::bulk {
+
+inline constexpr char kMagic[4] = {'P', 'W', 'B', '1'};
+inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kMaxTokenBytes = 4096;
+inline constexpr uint32_t kMaxMessageBytes = 4096;
+
+// All `n` bytes, or an error naming `what` (a peer that closed early: Unavailable; a socket
+// timeout: DeadlineExceeded).
+absl::Status SendAll(int fd, const void* data, size_t n, absl::string_view what);
+absl::Status RecvAll(int fd, void* data, size_t n, absl::string_view what);
+absl::Status SendU64(int fd, uint64_t v, absl::string_view what);
+absl::Status RecvU64(int fd, uint64_t* v, absl::string_view what);
+
+// A status on the wire. RecvStatus returns the transport's error, or OK with the status read in
+// `*got` (a code that is not canonical, or a message too long, is a DataLoss error).
+absl::Status SendStatus(int fd, const absl::Status& s);
+absl::Status RecvStatus(int fd, absl::Status* got);
+
+// Sets the socket's send and receive timeouts (0: none), TCP_NODELAY and SO_KEEPALIVE.
+void Configure(int fd, int timeout_seconds);
+
+}  // namespace pw::rpc::bulk
