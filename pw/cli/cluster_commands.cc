@@ -111,6 +111,9 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   worker_->add_option("--controller", controller_address_, "The controller's address")->required();
   worker_->add_option("--host", host_, "Which host of the cluster spec")->required();
   worker_->add_option("--listen", listen_, "host:port to serve on (port 0: any)");
+  worker_->add_option("--bulk-port", bulk_port_,
+                      "Port of the bulk stream (large shards to peers on other machines), on "
+                      "--listen's host (default 0: any free one)");
   worker_->add_option("--cluster-token", cluster_token_,
                       "The controller's cluster token (default $PW_CLUSTER_TOKEN)");
   worker_->add_option("--machine", machine_, "This machine's name (default: the host name); "
@@ -329,6 +332,7 @@ int ClusterCommands::Worker() {
   o.controller = controller_address_;
   o.host = HostId(host_);
   o.listen = listen_;
+  o.bulk_port = bulk_port_;
   o.channel.token = Token(cluster_token_, "PW_CLUSTER_TOKEN");
   o.machine = machine_;
   auto server = server::WorkerServer::Start(o);

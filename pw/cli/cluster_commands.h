@@ -36,6 +36,7 @@ class ClusterCommands {
   std::string cluster_;
   // pw controller / pw worker.
   std::string listen_ = "127.0.0.1:0";
+  int bulk_port_ = 0;
   std::string address_file_;
   std::string token_;
   std::string cluster_token_;

@@ -53,9 +53,11 @@ absl::Status Hello(int fd, const std::string& token) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(const std::string& host,
+absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(const std::string& host, int port,
                                                               std::string token) {
   if (token.empty()) return absl::InvalidArgumentError("bulk server: needs the cluster token");
+  if (port < 0 || port > 65535)
+    return absl::InvalidArgumentError(absl::StrCat("bulk server: port ", port, " is not a port"));
   std::string name = host;
   if (name.size() >= 2 && name.front() == '[' && name.back() == ']')
     name = name.substr(1, name.size() - 2);
@@ -64,7 +66,7 @@ absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(const std::string&
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;
-  if (int e = getaddrinfo(name.c_str(), "0", &hints, &found); e != 0)
+  if (int e = getaddrinfo(name.c_str(), absl::StrCat(port).c_str(), &hints, &found); e != 0)
     return absl::InvalidArgumentError(
         absl::StrCat("bulk server: cannot resolve '", host, "': ", gai_strerror(e)));
   absl::Status why = absl::UnavailableError(absl::StrCat("bulk server: no address for ", host));
@@ -76,7 +78,8 @@ absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(const std::string&
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, 64) != 0) {
       why = absl::UnavailableError(
-          absl::StrCat("bulk server: cannot listen on ", host, ": ", std::strerror(errno)));
+          absl::StrCat("bulk server: cannot listen on ", host, " port ", port, ": ",
+                       std::strerror(errno)));
       close(fd);
       fd = -1;
     }
@@ -86,10 +89,10 @@ absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(const std::string&
   sockaddr_storage bound{};
   socklen_t len = sizeof(bound);
   getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
-  const int port = bound.ss_family == AF_INET6
-                       ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                       : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  std::unique_ptr<BulkServer> s(new BulkServer(fd, port, std::move(token)));
+  const int bound_port = bound.ss_family == AF_INET6
+                             ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                             : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  std::unique_ptr<BulkServer> s(new BulkServer(fd, bound_port, std::move(token)));
   s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
   return s;
 }

@@ -25,9 +25,9 @@ namespace pw::rpc {
 class BulkServer {
  public:
   static constexpr int kMaxConnections = 256;
-  // Listens on `host` (a name or address of this machine; "0.0.0.0", "[::]": every interface),
-  // on a free port. Connections must present `token`.
-  static absl::StatusOr<std::unique_ptr<BulkServer>> Start(const std::string& host,
+  // Listens on `host` (a name or address of this machine; "0.0.0.0", "[::]": every interface)
+  // at `port` (0: a free one). Connections must present `token`.
+  static absl::StatusOr<std::unique_ptr<BulkServer>> Start(const std::string& host, int port,
                                                            std::string token);
   // Closes every connection, then fails the offers still open (Cancelled).
   ~BulkServer();

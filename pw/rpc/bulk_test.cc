@@ -72,7 +72,7 @@ std::string Hello(uint32_t version, const std::string& token) {
 }
 
 TEST(BulkTest, ReadsOfferedBytesIntoTheDestination) {
-  auto server = BulkServer::Start("127.0.0.1", kToken);
+  auto server = BulkServer::Start("127.0.0.1", 0, kToken);
   ASSERT_TRUE(server.ok()) << server.status();
   BulkClient client("127.0.0.1", kToken);
   const auto bytes = Pattern(3 << 20, 7);
@@ -91,7 +91,7 @@ TEST(BulkTest, ReadsOfferedBytesIntoTheDestination) {
 }
 
 TEST(BulkTest, ManyReadsAtOnceShareAFewThreads) {
-  auto server = BulkServer::Start("localhost", kToken);
+  auto server = BulkServer::Start("localhost", 0, kToken);
   ASSERT_TRUE(server.ok()) << server.status();
   BulkClient client("localhost", kToken);
   constexpr int kReads = 24;
@@ -115,7 +115,7 @@ TEST(BulkTest, ManyReadsAtOnceShareAFewThreads) {
 }
 
 TEST(BulkTest, WrongTokenIsRefusedAndTheOfferStays) {
-  auto server = BulkServer::Start("127.0.0.1", kToken);
+  auto server = BulkServer::Start("127.0.0.1", 0, kToken);
   ASSERT_TRUE(server.ok()) << server.status();
   const auto bytes = Pattern(1000, 1);
   uint64_t ticket;
@@ -136,11 +136,16 @@ TEST(BulkTest, WrongTokenIsRefusedAndTheOfferStays) {
   ASSERT_TRUE(Read(client, (*server)->port(), ticket, dst.data(), dst.size()).Await().ok());
   EXPECT_TRUE(sent.Await().ok());
   EXPECT_EQ(dst, *bytes);
-  EXPECT_TRUE(absl::IsInvalidArgument(BulkServer::Start("127.0.0.1", "").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(BulkServer::Start("127.0.0.1", 0, "").status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(BulkServer::Start("127.0.0.1", 70000, kToken).status()));
+  // A port in use is refused, naming it.
+  auto taken = BulkServer::Start("127.0.0.1", (*server)->port(), kToken);
+  EXPECT_TRUE(absl::IsUnavailable(taken.status())) << taken.status();
+  EXPECT_NE(taken.status().message().find(absl::StrCat((*server)->port())), std::string::npos);
 }
 
 TEST(BulkTest, MalformedHellosGetErrorsAndTheServerKeepsServing) {
-  auto server = BulkServer::Start("127.0.0.1", kToken);
+  auto server = BulkServer::Start("127.0.0.1", 0, kToken);
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->port();
   absl::Status magic = RawHello(port, "HTTP/1.1 GET /\r\n\r\n");
@@ -178,7 +183,7 @@ TEST(BulkTest, MalformedHellosGetErrorsAndTheServerKeepsServing) {
 }
 
 TEST(BulkTest, UnknownTicketsAndWrongSizesAreErrors) {
-  auto server = BulkServer::Start("127.0.0.1", kToken);
+  auto server = BulkServer::Start("127.0.0.1", 0, kToken);
   ASSERT_TRUE(server.ok()) << server.status();
   BulkClient client("127.0.0.1", kToken);
   const int port = (*server)->port();
@@ -204,7 +209,7 @@ TEST(BulkTest, UnknownTicketsAndWrongSizesAreErrors) {
 }
 
 TEST(BulkTest, StoppingEndsOffersAndReads) {
-  auto server = BulkServer::Start("127.0.0.1", kToken);
+  auto server = BulkServer::Start("127.0.0.1", 0, kToken);
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->port();
   BulkClient client("127.0.0.1", kToken);
@@ -219,7 +224,7 @@ TEST(BulkTest, StoppingEndsOffersAndReads) {
   absl::Status gone = Read(client, port, ticket, dst.data(), 100).Await();
   EXPECT_TRUE(absl::IsUnavailable(gone)) << gone;  // The retry on a new connection fails too.
   // A client closed from a read's own callback (its last owner) neither hangs nor crashes.
-  auto again = BulkServer::Start("127.0.0.1", kToken);
+  auto again = BulkServer::Start("127.0.0.1", 0, kToken);
   ASSERT_TRUE(again.ok());
   auto owned = std::make_shared<BulkClient>("127.0.0.1", kToken);
   Future<> offered = Offer(**again, bytes, &ticket);

@@ -66,7 +66,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
                       }));
   // Large shards for readers on other machines, on the interface that gRPC listens on.
   const std::string listen_host = s->options_.listen.substr(0, s->options_.listen.rfind(':'));
-  PW_ASSIGN_OR_RETURN(s->bulk_, rpc::BulkServer::Start(listen_host, s->options_.channel.token));
+  PW_ASSIGN_OR_RETURN(s->bulk_, rpc::BulkServer::Start(listen_host, s->options_.bulk_port,
+                                                             s->options_.channel.token));
   s->service_ = std::make_unique<rpc::WorkerService>(
       s->worker_.get(), s->options_.channel.token,
       [p = s.get()](const v1::CollectiveContribution& c) { return p->ReceiveCollective(c); },

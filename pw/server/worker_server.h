@@ -37,6 +37,9 @@ class WorkerServer final : public CollectivePeers {
     std::string controller;               // The controller's address.
     HostId host;                          // Which host of the cluster spec this worker serves.
     std::string listen = "127.0.0.1:0";
+    // The bulk stream's port (large shards to peers on other machines), on listen's host; 0: a
+    // free one (peers learn it with each shard).
+    int bulk_port = 0;
     rpc::ChannelOptions channel;  // token: the cluster token (required; ControllerServer's).
     std::string pjrt_plugin = pjrt::DefaultCpuPluginPath();
     absl::Duration controller_lost_timeout = absl::Seconds(10);
