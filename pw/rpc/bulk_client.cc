@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "pw/base/mutex.h"
 #include "pw/base/status_macros.h"
 #include "pw/rpc/bulk_wire.h"
@@ -20,7 +21,10 @@
 namespace pw::rpc {
 namespace {
 
-constexpr int kProgressSeconds = 60;
+constexpr int kConnectSeconds = 10;   // To connect and have the hello answered.
+constexpr int kProgressSeconds = 60;  // Then, no progress for this long fails a read.
+constexpr int kIdleSeconds = 50;      // Pooled this long, a connection is closed (the server
+                                      // closes its end after 60 s without a request).
 
 std::string Unbracketed(absl::string_view host) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
@@ -42,19 +46,22 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
  public:
   State(std::string host, std::string token) : host_(std::move(host)), token_(std::move(token)) {}
 
-  // Queues `job` (moved from) and starts a thread if none is idle; false if stopped.
+  // Queues `job` (moved from) and starts a thread if too few are idle; false if stopped.
   bool Enqueue(Job& job) {
     pw::MutexLock lock(&mu_);
     if (stopping_) return false;
     queue_.push_back(std::move(job));
-    if (idle_threads_ > 0 || static_cast<int>(threads_.size()) >= kMaxThreads) return true;
-    threads_.emplace_back([self = shared_from_this()] { self->Loop(); });
+    if (static_cast<size_t>(idle_threads_) < queue_.size() &&
+        static_cast<int>(threads_.size()) < kMaxThreads)
+      threads_.emplace_back([self = shared_from_this()] { self->Loop(); });
     return true;
   }
+
   int threads() const {
     pw::MutexLock lock(&mu_);
     return static_cast<int>(threads_.size());
   }
+
   void Stop() {
     std::deque<Job> queued;
     std::vector<std::thread> threads;
@@ -74,10 +81,17 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
       }
     }
     pw::MutexLock lock(&mu_);
-    for (auto& [port, fd] : idle_) close(fd);
+    for (const Idle& i : idle_) close(i.fd);
     idle_.clear();
   }
+
  private:
+  struct Idle {
+    int port;
+    int fd;
+    absl::Time since;
+  };
+
   void Loop() {
     while (true) {
       Job job;
@@ -94,24 +108,29 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
       job.done(s);
     }
   }
+
   absl::Status Transfer(const Job& job) {
-  const std::string where = absl::StrCat("bulk read of ticket ", job.ticket, " from ", host_, ":",
-                                         job.port);
-  for (int attempt = 0;; ++attempt) {
+    const std::string where =
+        absl::StrCat("bulk read of ticket ", job.ticket, " from ", host_, ":", job.port);
     int fd = TakeIdle(job.port);
-    const bool reused = fd >= 0;
-    if (!reused) {
-      absl::StatusOr<int> c = Connect(job.port);
-      if (!c.ok()) return Annotate(c.status(), where);
-      fd = *c;
-    }
-    absl::Status got;
-    absl::Status s = bulk::SendU64(fd, job.ticket, "sending a ticket");
-    if (s.ok()) s = bulk::RecvStatus(fd, &got);
-    if (!s.ok()) {
+    bool reused = fd >= 0;
+    absl::Status s, got;
+    while (true) {
+      if (fd < 0) {
+        absl::StatusOr<int> c = Connect(job.port);
+        if (!c.ok()) return Annotate(c.status(), where);
+        fd = *c;
+      }
+      s = bulk::SendU64(fd, job.ticket, "sending a ticket");
+      if (s.ok()) s = bulk::RecvStatus(fd, &got);
+      if (s.ok()) break;
       Close(fd);
-      if (reused && attempt == 0) continue;  // The server closed it while idle, say.
-      return Annotate(s, where);
+      fd = -1;
+      // A pooled connection the server has closed (idle too long, or it restarted): so may the
+      // others to that port be. Once more on a new one.
+      if (!reused || !absl::IsUnavailable(s)) return Annotate(s, where);
+      DropIdle(job.port);
+      reused = false;
     }
     if (!got.ok()) {
       GiveBack(job.port, fd);
@@ -130,88 +149,111 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
     GiveBack(job.port, fd);
     return absl::OkStatus();
   }
-}
 
-  // A new connection to `port`, past the hello.
+  // A new connection to `port`, past the hello (kConnectSeconds for both).
   absl::StatusOr<int> Connect(int port) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const std::string service = absl::StrCat(port);
-  if (int e = getaddrinfo(host_.c_str(), service.c_str(), &hints, &found); e != 0)
-    return absl::UnavailableError(absl::StrCat("cannot resolve ", host_, ": ", gai_strerror(e)));
-  absl::Status why = absl::UnavailableError("no address");
-  int fd = -1;
-  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
-    fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) continue;
-    {
-      pw::MutexLock lock(&mu_);
-      if (stopping_) {
-        close(fd);
-        freeaddrinfo(found);
-        return absl::CancelledError("the bulk reader was closed");
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const std::string service = absl::StrCat(port);
+    if (int e = getaddrinfo(host_.c_str(), service.c_str(), &hints, &found); e != 0)
+      return absl::UnavailableError(absl::StrCat("cannot resolve ", host_, ": ", gai_strerror(e)));
+    absl::Status why = absl::UnavailableError("no address");
+    int fd = -1;
+    for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+      fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      {
+        pw::MutexLock lock(&mu_);
+        if (stopping_) {
+          close(fd);
+          freeaddrinfo(found);
+          return absl::CancelledError("the bulk reader was closed");
+        }
+        active_.insert(fd);
       }
-      active_.insert(fd);
+      bulk::Configure(fd, kConnectSeconds);
+      if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+        why = absl::UnavailableError(absl::StrCat(
+            "connect: ", std::strerror(errno),
+            " (is the worker's bulk port open? see pw worker --bulk-port)"));
+        Close(fd);
+        fd = -1;
+      }
+    }
+    freeaddrinfo(found);
+    if (fd < 0) return why;
+    std::string hello(bulk::kMagic, sizeof(bulk::kMagic));
+    const uint32_t version = bulk::kVersion, len = static_cast<uint32_t>(token_.size());
+    hello.append(reinterpret_cast<const char*>(&version), 4);
+    hello.append(reinterpret_cast<const char*>(&len), 4);
+    hello += token_;
+    absl::Status got;
+    absl::Status s = bulk::SendAll(fd, hello.data(), hello.size(), "sending the hello");
+    if (s.ok()) s = bulk::RecvStatus(fd, &got);
+    if (s.ok() && !got.ok()) s = Annotate(got, "the server refused the hello");
+    if (!s.ok()) {
+      Close(fd);
+      return s;
     }
     bulk::Configure(fd, kProgressSeconds);
-    if (connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
-      why = absl::UnavailableError(absl::StrCat("connect: ", std::strerror(errno)));
-      Close(fd);
-      fd = -1;
-    }
-  }
-  freeaddrinfo(found);
-  if (fd < 0) return why;
-  std::string hello(bulk::kMagic, sizeof(bulk::kMagic));
-  const uint32_t version = bulk::kVersion, len = static_cast<uint32_t>(token_.size());
-  hello.append(reinterpret_cast<const char*>(&version), 4);
-  hello.append(reinterpret_cast<const char*>(&len), 4);
-  hello += token_;
-  absl::Status got;
-  absl::Status s = bulk::SendAll(fd, hello.data(), hello.size(), "sending the hello");
-  if (s.ok()) s = bulk::RecvStatus(fd, &got);
-  if (s.ok() && !got.ok()) s = Annotate(got, "the server refused the hello");
-  if (!s.ok()) {
-    Close(fd);
-    return s;
-  }
-  return fd;
-}
-
-  // A connection in use is in active_, so Stop can abort it.
-  int TakeIdle(int port) {
-  pw::MutexLock lock(&mu_);
-  for (auto it = idle_.begin(); it != idle_.end(); ++it) {
-    if (it->first != port) continue;
-    const int fd = it->second;
-    idle_.erase(it);
-    active_.insert(fd);
     return fd;
   }
-  return -1;
-}
+
+  // A pooled connection to `port` (now in active_, so Stop can abort it), or -1. Connections
+  // idle so long that the server may have closed them are closed instead.
+  int TakeIdle(int port) {
+    pw::MutexLock lock(&mu_);
+    if (stopping_) return -1;
+    const absl::Time stale = absl::Now() - absl::Seconds(kIdleSeconds);
+    for (size_t i = 0; i < idle_.size();) {
+      if (idle_[i].since < stale) {
+        close(idle_[i].fd);
+        idle_.erase(idle_.begin() + i);
+      } else if (idle_[i].port == port) {
+        const int fd = idle_[i].fd;
+        idle_.erase(idle_.begin() + i);
+        active_.insert(fd);
+        return fd;
+      } else {
+        ++i;
+      }
+    }
+    return -1;
+  }
+
+  void DropIdle(int port) {
+    pw::MutexLock lock(&mu_);
+    for (size_t i = 0; i < idle_.size();) {
+      if (idle_[i].port == port) {
+        close(idle_[i].fd);
+        idle_.erase(idle_.begin() + i);
+      } else {
+        ++i;
+      }
+    }
+  }
 
   void GiveBack(int port, int fd) {
-  pw::MutexLock lock(&mu_);
-  active_.erase(fd);
-  if (stopping_) {
-    close(fd);
-    return;
+    pw::MutexLock lock(&mu_);
+    active_.erase(fd);
+    if (stopping_) {
+      close(fd);
+      return;
+    }
+    idle_.push_back({port, fd, absl::Now()});
+    if (idle_.size() > kMaxThreads) {  // One to a peer's old port, say: the oldest goes.
+      close(idle_.front().fd);
+      idle_.erase(idle_.begin());
+    }
   }
-  idle_.emplace_back(port, fd);
-  if (idle_.size() > kMaxThreads) {  // One to a peer's old port, say: the oldest goes.
-    close(idle_.front().second);
-    idle_.erase(idle_.begin());
-  }
-}
 
   void Close(int fd) {
-  pw::MutexLock lock(&mu_);
-  active_.erase(fd);
-  close(fd);
-}
+    pw::MutexLock lock(&mu_);
+    active_.erase(fd);
+    close(fd);
+  }
 
   const std::string host_;
   const std::string token_;
@@ -220,7 +262,7 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
   int idle_threads_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<int, int>> idle_ ABSL_GUARDED_BY(mu_);  // (port, fd), open, unused.
+  std::vector<Idle> idle_ ABSL_GUARDED_BY(mu_);  // Open, unused, oldest first.
   absl::flat_hash_set<int> active_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -2,9 +2,10 @@
 // reads offered shards' bytes straight into their destination buffers.
 //
 // Up to kMaxThreads reads run at once, each on a thread of its own with a connection of its own;
-// more wait in order. Connections stay open between reads (the server closes one idle for 60 s:
-// a read that finds its connection closed before any reply is retried once on a new one). A read
-// making no progress for 60 s fails. Thread-safe.
+// more wait in order. Connections stay open between reads for up to 50 s (the server closes one
+// idle for 60 s; a read that finds its pooled connection closed before any reply is retried once
+// on a new one). Connecting and the hello get 10 s; then a read making no progress for 60 s
+// fails. Thread-safe.
 #pragma once
 
 #include <cstdint>

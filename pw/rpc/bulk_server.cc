@@ -17,7 +17,7 @@
 namespace pw::rpc {
 namespace {
 
-constexpr int kHelloSeconds = 10;     // A hello must arrive in this time.
+constexpr int kHelloSeconds = 10;     // A whole hello must arrive in this time.
 constexpr int kProgressSeconds = 60;  // Then, no progress for this long closes the connection.
 
 absl::Status Refuse(int fd, const absl::Status& why) {
@@ -25,10 +25,10 @@ absl::Status Refuse(int fd, const absl::Status& why) {
   return why;
 }
 
-// Reads and checks a connection's hello; answers it.
-absl::Status Hello(int fd, const std::string& token) {
+// Reads and checks a connection's hello, which must arrive by `deadline`; answers it.
+absl::Status Hello(int fd, const std::string& token, absl::Time deadline) {
   char head[12];
-  PW_RETURN_IF_ERROR(bulk::RecvAll(fd, head, sizeof(head), "bulk stream hello"));
+  PW_RETURN_IF_ERROR(bulk::RecvAll(fd, head, sizeof(head), "bulk stream hello", deadline));
   if (std::memcmp(head, bulk::kMagic, 4) != 0)
     return Refuse(fd, absl::InvalidArgumentError(
                           "bulk stream: not a pathways bulk connection (bad magic)"));
@@ -44,7 +44,7 @@ absl::Status Hello(int fd, const std::string& token) {
                           "bulk stream: a token of ", len, " bytes (at most ",
                           bulk::kMaxTokenBytes, ")")));
   std::string got(len, '\0');
-  PW_RETURN_IF_ERROR(bulk::RecvAll(fd, got.data(), len, "bulk stream hello"));
+  PW_RETURN_IF_ERROR(bulk::RecvAll(fd, got.data(), len, "bulk stream hello", deadline));
   if (!SecretEquals(got, token))
     return Refuse(fd, absl::UnauthenticatedError(
                           "bulk stream: missing or wrong cluster token"));
@@ -168,26 +168,42 @@ void BulkServer::AcceptLoop() {
       continue;
     }
     Reap();
-    pw::MutexLock lock(&mu_);
-    if (stopping_) {
-      close(fd);
-      return;
+    absl::Status refused;
+    {
+      pw::MutexLock lock(&mu_);
+      if (stopping_) {
+        close(fd);
+        return;
+      }
+      if (connections_.size() >= kMaxConnections) {
+        refused = absl::ResourceExhaustedError(absl::StrCat(
+            "bulk stream: this worker already serves ", kMaxConnections, " connections"));
+      } else if (unauthenticated_ >= kMaxUnauthenticated) {
+        refused = absl::ResourceExhaustedError(absl::StrCat(
+            "bulk stream: ", kMaxUnauthenticated, " connections are already saying hello"));
+      } else {
+        ++unauthenticated_;
+        bulk::Configure(fd, kHelloSeconds);
+        Connection& c = connections_.emplace_back();
+        c.fd = fd;
+        c.thread = std::thread([this, &c] {
+          Serve(&c);
+          shutdown(c.fd, SHUT_RDWR);  // The peer sees the end now; the fd closes when reaped.
+          c.finished.store(true, std::memory_order_release);
+        });
+      }
     }
-    if (connections_.size() >= kMaxConnections) {
+    if (!refused.ok()) {
       bulk::Configure(fd, 1);
-      (void)bulk::SendStatus(fd, absl::ResourceExhaustedError(absl::StrCat(
-                                     "bulk stream: this worker already serves ",
-                                     kMaxConnections, " connections")));
+      (void)bulk::SendStatus(fd, refused);
+      // Unread input (the hello) would turn the close into a reset that loses the reply: read
+      // what has come, a bounded amount, without waiting.
+      shutdown(fd, SHUT_WR);
+      char drain[4096];
+      for (int i = 0; i < 4 && recv(fd, drain, sizeof(drain), MSG_DONTWAIT) > 0; ++i) {
+      }
       close(fd);
-      continue;
     }
-    bulk::Configure(fd, kHelloSeconds);
-    Connection& c = connections_.emplace_back();
-    c.fd = fd;
-    c.thread = std::thread([this, &c] {
-      Serve(&c);
-      c.finished.store(true, std::memory_order_release);
-    });
   }
 }
 
@@ -210,7 +226,12 @@ void BulkServer::Reap() {
 
 void BulkServer::Serve(Connection* c) {
   const int fd = c->fd;
-  if (!Hello(fd, token_).ok()) return;
+  const absl::Status hello = Hello(fd, token_, absl::Now() + absl::Seconds(kHelloSeconds));
+  {
+    pw::MutexLock lock(&mu_);
+    --unauthenticated_;
+  }
+  if (!hello.ok()) return;
   bulk::Configure(fd, kProgressSeconds);
   while (true) {
     uint64_t ticket;

@@ -3,9 +3,10 @@
 // ticket's bytes, which are sent straight from the shard's memory.
 //
 // One thread accepts; each connection has its own thread (readers keep a few open, see
-// BulkClient), at most kMaxConnections at once. A connection that does not say a correct hello
-// within 10 s, or makes no progress for 60 s, is closed; a wrong ticket gets an error and the
-// connection stays usable. Thread-safe.
+// BulkClient), at most kMaxConnections at once, of which at most kMaxUnauthenticated have not
+// yet said their hello (connections over either limit are refused with ResourceExhausted). A
+// connection that has not said a correct hello within 10 s, or makes no progress for 60 s, is
+// closed; a wrong ticket gets an error and the connection stays usable. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -25,6 +26,7 @@ namespace pw::rpc {
 class BulkServer {
  public:
   static constexpr int kMaxConnections = 256;
+  static constexpr int kMaxUnauthenticated = 32;  // Of those, still saying hello.
   // Listens on `host` (a name or address of this machine; "0.0.0.0", "[::]": every interface)
   // at `port` (0: a free one). Connections must present `token`.
   static absl::StatusOr<std::unique_ptr<BulkServer>> Start(const std::string& host, int port,
@@ -73,6 +75,7 @@ class BulkServer {
   std::atomic<int64_t> sent_bytes_{0};
   mutable pw::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Offered> offers_ ABSL_GUARDED_BY(mu_);
   std::list<Connection> connections_ ABSL_GUARDED_BY(mu_);

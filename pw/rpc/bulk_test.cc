@@ -2,12 +2,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "pw/base/future.h"
 #include "pw/rpc/bulk_client.h"
@@ -238,6 +240,70 @@ TEST(BulkTest, StoppingEndsOffersAndReads) {
   owned.reset();
   EXPECT_TRUE(done.Await().ok());
   EXPECT_TRUE(offered.Await().ok());
+}
+
+TEST(BulkTest, APooledConnectionTheServerClosedIsReplacedOnce) {
+  auto server = BulkServer::Start("127.0.0.1", 0, kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  BulkClient client("127.0.0.1", kToken);
+  const auto bytes = Pattern(5000, 4);
+  std::vector<char> dst(bytes->size());
+  // Two reads at once leave two pooled connections.
+  uint64_t t1, t2;
+  Offer(**server, bytes, &t1);
+  Offer(**server, bytes, &t2);
+  Future<> r1 = Read(client, port, t1, dst.data(), dst.size());
+  std::vector<char> dst2(bytes->size());
+  Future<> r2 = Read(client, port, t2, dst2.data(), dst2.size());
+  ASSERT_TRUE(r1.Await().ok() && r2.Await().ok());
+  // A new server on the same port: both pooled connections are dead.
+  server->reset();
+  auto restarted = BulkServer::Start("127.0.0.1", port, kToken);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  uint64_t ticket;
+  Future<> sent = Offer(**restarted, bytes, &ticket);
+  std::fill(dst.begin(), dst.end(), 0);
+  absl::Status s = Read(client, port, ticket, dst.data(), dst.size()).Await();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(sent.Await().ok());
+  EXPECT_EQ(dst, *bytes);
+}
+
+TEST(BulkTest, ConnectionsThatNeverSayHelloCannotCrowdOutPeers) {
+  auto server = BulkServer::Start("127.0.0.1", 0, kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  std::vector<int> silent;
+  for (int i = 0; i < BulkServer::kMaxUnauthenticated; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    silent.push_back(fd);
+  }
+  // Once the server has taken them all, one more is refused, naming the limit.
+  absl::Status refused;
+  for (int i = 0; i < 200; ++i) {
+    refused = RawHello(port, Hello(bulk::kVersion, kToken));
+    if (!refused.ok()) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(absl::IsResourceExhausted(refused)) << refused;
+  EXPECT_NE(refused.message().find(absl::StrCat(BulkServer::kMaxUnauthenticated)),
+            std::string::npos)
+      << refused;
+  for (int fd : silent) close(fd);
+  // Their slots come back as the server sees them go.
+  absl::Status s;
+  for (int i = 0; i < 200; ++i) {
+    s = RawHello(port, Hello(bulk::kVersion, kToken));
+    if (s.ok()) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_TRUE(s.ok()) << s;
 }
 
 }  // namespace

@@ -5,12 +5,14 @@
 #include <sys/socket.h>
 #include <sys/time.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "pw/base/status_macros.h"
 
 namespace pw::rpc::bulk {
@@ -39,9 +41,16 @@ absl::Status SendAll(int fd, const void* data, size_t n, absl::string_view what)
   return absl::OkStatus();
 }
 
-absl::Status RecvAll(int fd, void* data, size_t n, absl::string_view what) {
+absl::Status RecvAll(int fd, void* data, size_t n, absl::string_view what, absl::Time deadline) {
   char* p = static_cast<char*>(data);
   while (n > 0) {
+    if (deadline != absl::InfiniteFuture()) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration())
+        return absl::DeadlineExceededError(absl::StrCat(what, ": not all of it came in time"));
+      const timeval tv = absl::ToTimeval(std::max(left, absl::Milliseconds(1)));
+      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    }
     const ssize_t r = recv(fd, p, n, 0);
     if (r == 0) return absl::UnavailableError(absl::StrCat(what, ": the peer closed the connection"));
     if (r < 0) {

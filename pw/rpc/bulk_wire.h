@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace pw::rpc::bulk {
 
@@ -30,9 +31,11 @@ inline constexpr uint32_t kMaxTokenBytes = 4096;
 inline constexpr uint32_t kMaxMessageBytes = 4096;
 
 // All `n` bytes, or an error naming `what` (a peer that closed early: Unavailable; a socket
-// timeout: DeadlineExceeded).
+// timeout, or `deadline` passed: DeadlineExceeded). A finite deadline resets the socket's
+// receive timeout.
 absl::Status SendAll(int fd, const void* data, size_t n, absl::string_view what);
-absl::Status RecvAll(int fd, void* data, size_t n, absl::string_view what);
+absl::Status RecvAll(int fd, void* data, size_t n, absl::string_view what,
+                     absl::Time deadline = absl::InfiniteFuture());
 absl::Status SendU64(int fd, uint64_t v, absl::string_view what);
 absl::Status RecvU64(int fd, uint64_t* v, absl::string_view what);
 

@@ -348,29 +348,40 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
     if (arena_ != nullptr && (segment_ = arena_->Take()) != nullptr)
       req_.set_shm_dest(segment_->name());
     stub->async()->FetchShard(&ctx_, &req_, this);
+    // Held for a bulk read (a hold must be added before StartCall): released when the read
+    // ends, or when the stream ends without one.
+    if (bulk_ != nullptr) AddHold();
     StartRead(&chunk_);
     StartCall();
   }
   void OnReadDone(bool ok) override {
-    if (!ok) return;
+    if (!ok) return ReleaseUnusedHold();  // The stream's end.
     if (absl::Status s = Take(); !s.ok()) {
       if (error_.ok()) error_ = s;
       ctx_.TryCancel();
-      return;
+      return ReleaseUnusedHold();  // No more reads.
     }
     StartRead(&chunk_);
   }
-  // After the stream's end and the bulk read's (whose hold delays this).
+  // After the stream's end and the bulk read's (whose hold delays this). The bulk read's error
+  // comes before the stream's, which is then only its cancellation.
   void OnDone(const grpc::Status& s) override {
-    absl::Status status = error_.ok() ? FromGrpc(s) : error_;
-    {
+    absl::Status status = error_;
+    if (status.ok()) {
       pw::MutexLock lock(&mu_);
-      if (status.ok()) status = bulk_status_;
+      status = bulk_status_;
     }
+    if (status.ok()) status = FromGrpc(s);
     Complete(status);
   }
 
  private:
+  void ReleaseUnusedHold() {
+    if (bulk_ != nullptr && !bulk_started_) {
+      bulk_started_ = true;  // Released once.
+      RemoveHold();
+    }
+  }
   void BulkDone(const absl::Status& s) {
     {
       pw::MutexLock lock(&mu_);
@@ -404,13 +415,16 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
     }
     const size_t size = static_cast<size_t>(buffer_->size_bytes());
     if (chunk_.bulk_ticket() != 0) {
-      if (bulk_ == nullptr || offset_ != 0 || chunk_.bulk_port() <= 0 ||
-          chunk_.bulk_port() > 65535)
-        return absl::DataLossError(absl::StrCat(
-            "shard stream: a bulk ticket on port ", chunk_.bulk_port(),
-            bulk_ == nullptr ? " that this reader did not ask for" : " after data"));
+      if (bulk_ == nullptr || bulk_started_)
+        return absl::DataLossError(
+            bulk_ == nullptr ? "shard stream: a bulk ticket that this reader did not ask for"
+                             : "shard stream: a second bulk ticket");
+      if (offset_ != 0) return absl::DataLossError("shard stream: a bulk ticket after data");
+      if (chunk_.bulk_port() <= 0 || chunk_.bulk_port() > 65535)
+        return absl::DataLossError(
+            absl::StrCat("shard stream: a bulk ticket on port ", chunk_.bulk_port()));
       offset_ = size;  // The bulk read fills the buffer; any data chunk now is too much.
-      AddHold();         // Released by BulkDone.
+      bulk_started_ = true;  // The hold is BulkDone's to release.
       bulk_->Read(chunk_.bulk_port(), chunk_.bulk_ticket(), buffer_->mutable_data(), size,
                   [this](const absl::Status& s) { BulkDone(s); });
       return absl::OkStatus();
@@ -462,6 +476,7 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
   bool used_fresh_segment_ = false;
   bool writer_cannot_open_ = false;
   const std::shared_ptr<BulkClient> bulk_;
+  bool bulk_started_ = false;  // On gRPC's reactions only.
   pw::Mutex mu_;
   absl::Status bulk_status_ ABSL_GUARDED_BY(mu_);  // Written on a bulk reader's thread.
 };

@@ -97,11 +97,13 @@ WorkerServer::~WorkerServer() {
   if (heartbeat_.joinable()) heartbeat_.join();
   if (server_ != nullptr)
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // The calls that offer on it have ended (withdrawing what was not taken): before the worker,
+  // whose buffers the sends read.
+  bulk_.reset();
   // Nothing more from peers on this machine: the mailbox's deliveries use the worker.
   if (mailbox_ != nullptr) mailbox_->StopDelivering();
   worker_.reset();  // Fails outstanding device work, drains the worker's threads.
   service_.reset();
-  bulk_.reset();  // After the calls that offer on it.
 }
 
 absl::Status WorkerServer::Register() {
@@ -246,12 +248,13 @@ std::vector<HostId> WorkerServer::RemoteHosts(absl::Span<const DeviceId> devices
 }
 
 absl::Status WorkerServer::ReceiveCollective(const v1::CollectiveContribution& c) {
-  PW_RETURN_IF_ERROR(rpc::WorkerService::Deliver(&collectives_, c));
+  // Counted before delivery, which may complete the collective: whoever sees its result sees
+  // these bytes counted.
   int64_t bytes = 0;
   for (const std::string& in : c.inputs()) bytes += static_cast<int64_t>(in.size());
   const bool same_island = c.from_island() == spec_.host(options_.host).island.value();
   worker_->CountReceived(same_island ? LinkClass::kIci : LinkClass::kDcn, bytes);
-  return absl::OkStatus();
+  return rpc::WorkerService::Deliver(&collectives_, c);
 }
 
 void WorkerServer::Send(const CollectiveKey& key, absl::Span<const DeviceId> devices,
