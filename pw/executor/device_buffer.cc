@@ -21,10 +21,11 @@ HostDeviceBuffer::HostDeviceBuffer(const ArraySpec& spec, DeviceId device)
     return;
   }
   if (bytes >= kHugePageBytes) {
-    // A mapping of its own, in huge pages where the kernel has them: a large shard's first touch
-    // (most are written once, by a copy or a transfer) faults per 2 MiB instead of per 4 KiB.
-    data_ = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    PW_CHECK(data_ != MAP_FAILED, "out of host memory");
+    // Huge pages where the kernel has them: a large shard's first touch (most are written once,
+    // by a copy or a transfer) faults per 2 MiB instead of per 4 KiB. From the allocator, not a
+    // mapping of its own: tcmalloc keeps freed pages for the next shard, which then does not
+    // fault at all (measured: 64 MiB transfers ~20% slower with a fresh mapping each).
+    PW_CHECK(posix_memalign(&data_, kHugePageBytes, bytes) == 0, "out of host memory");
     madvise(data_, bytes, MADV_HUGEPAGE);  // Advice: without THP, plain pages.
     return;
   }
@@ -34,12 +35,7 @@ HostDeviceBuffer::HostDeviceBuffer(const ArraySpec& spec, DeviceId device)
 }
 
 HostDeviceBuffer::~HostDeviceBuffer() {
-  const size_t bytes = static_cast<size_t>(size_bytes());
-  if (bytes >= kHugePageBytes) {
-    munmap(data_, bytes);
-  } else if (data_ != inline_) {
-    std::free(data_);
-  }
+  if (data_ != inline_) std::free(data_);
 }
 
 std::shared_ptr<HostDeviceBuffer> HostDeviceBuffer::Create(const ArraySpec& spec,
