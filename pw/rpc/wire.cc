@@ -135,7 +135,15 @@ absl::StatusOr<T> Field(absl::StatusOr<T> v, absl::string_view field) {
 
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+  const absl::string_view m = s.message();
+  if (m.size() <= kMaxGrpcMessageBytes)
+    return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(m));
+  // The head names where it failed, the tail why (the innermost cause).
+  const size_t keep = (kMaxGrpcMessageBytes - 64) / 2;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      absl::StrCat(m.substr(0, keep), " ... (", m.size() - 2 * keep,
+                                   " bytes of this error left out) ... ",
+                                   m.substr(m.size() - keep)));
 }
 
 absl::Status FromGrpc(const grpc::Status& s) {

@@ -24,6 +24,10 @@ namespace v1 = ::pathways::v1;
 inline constexpr int32_t kProtocolVersion = 1;
 
 // Status <-> gRPC status (the codes are numerically identical).
+// A status message longer than this is cut in ToGrpc: it travels in a header, and a peer drops
+// the whole connection over headers beyond 8 KiB (errors of a chain of runs nest each other's).
+inline constexpr size_t kMaxGrpcMessageBytes = 4096;
+// The middle of a longer message is left out, saying how many bytes.
 grpc::Status ToGrpc(const absl::Status& s);
 absl::Status FromGrpc(const grpc::Status& s);
 void ToProto(const absl::Status& s, v1::StatusProto* out);

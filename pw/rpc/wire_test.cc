@@ -213,5 +213,20 @@ TEST(WireTest, StatusRoundTrip) {
   EXPECT_EQ(FromProto(p), s);
 }
 
+TEST(WireTest, LongErrorsKeepTheirHeadAndTailOverGrpc) {
+  const std::string head = "run:7 program 'long' node 'step#3': ";
+  const std::string tail = "device:6 was removed: host:3 failed";
+  const absl::Status long_error =
+      absl::UnavailableError(head + std::string(20000, 'x') + tail);
+  const grpc::Status g = ToGrpc(long_error);
+  EXPECT_EQ(g.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_LE(g.error_message().size(), kMaxGrpcMessageBytes);
+  EXPECT_EQ(g.error_message().substr(0, head.size()), head);
+  EXPECT_EQ(g.error_message().substr(g.error_message().size() - tail.size()), tail);
+  EXPECT_NE(g.error_message().find("bytes of this error left out"), std::string::npos);
+  // Short ones pass whole.
+  EXPECT_EQ(FromGrpc(ToGrpc(absl::NotFoundError("buffer:3"))), absl::NotFoundError("buffer:3"));
+}
+
 }  // namespace
 }  // namespace pw::rpc
