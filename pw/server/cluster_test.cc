@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -51,6 +52,32 @@ int CountEntries(const std::string& dir) {
 }
 
 int Threads(int pid) { return CountEntries(absl::StrCat("/proc/", pid, "/task")); }
+
+// SIGSTOPs `pid` and waits until every thread of it has stopped: kill() only queues the signal,
+// and on a loaded machine the other threads run on (and answer calls) until one takes it.
+bool StopProcess(int pid) {
+  if (kill(pid, SIGSTOP) != 0) return false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    bool all = true;
+    std::error_code ec;
+    const std::string tasks = absl::StrCat("/proc/", pid, "/task");
+    for (auto it = std::filesystem::directory_iterator(tasks, ec);
+         !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+      std::ifstream stat(it->path() / "stat");
+      std::string line;
+      std::getline(stat, line);
+      const size_t paren = line.rfind(')');  // "pid (comm) S ...": the state follows the name.
+      if (paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'T') {
+        all = false;
+        break;
+      }
+    }
+    if (all && !ec) return true;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return false;
+}
 
 // A stall of this loaded 2-core machine (sanitizers, parallel tests) must not fail a healthy
 // host: a test that wants heartbeats to fail one sets its own timeout. A killed worker process
@@ -504,7 +531,7 @@ TEST_F(GrpcClusterTest, SilentWorkerIsFailedByMissedHeartbeatsAndExitsWhenItWake
     auto warm = step.Call({x});
     ASSERT_TRUE(warm.ok() && (*warm)[0].Ready().status().ok());
   }
-  ASSERT_EQ(kill(pids_[1], SIGSTOP), 0);
+  ASSERT_TRUE(StopProcess(pids_[1]));
   const absl::Time stopped = absl::Now();
   auto r = step.Call({x});  // Waits for host:1 to take its part, or fails.
   const absl::Status st = r.ok() ? (*r)[0].Ready().status() : r.status();
@@ -543,7 +570,7 @@ TEST_F(GrpcClusterTest, SilentWorkerIsFailedByMissedHeartbeatsAndExitsWhenItWake
 // that add counts up get an error naming it instead of zeros.
 TEST_F(GrpcClusterTest, StatusListsAHostThatDoesNotAnswer) {
   Start(1, 2, 1, Patient(), /*worker_processes=*/true);
-  ASSERT_EQ(kill(pids_[1], SIGSTOP), 0);
+  ASSERT_TRUE(StopProcess(pids_[1]));
   absl::StatusOr<ClusterStatus> s = remote_->Status();
   const absl::StatusOr<ClusterStatus> every = StatusOfEveryHost(*remote_);
   ASSERT_EQ(kill(pids_[1], SIGCONT), 0);
