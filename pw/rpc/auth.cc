@@ -52,13 +52,18 @@ absl::Status CheckClusterToken(const grpc::ServerContextBase* ctx, const std::st
       "(PW_CLUSTER_TOKEN), which clients do not hold");
 }
 
-bool IsLoopback(absl::string_view address) {
+std::string HostOf(absl::string_view address) {
   absl::string_view host = address;
   if (absl::StartsWith(host, "[")) {  // [::1]:port
     host = host.substr(1, host.find(']') - 1);
   } else if (size_t colon = host.rfind(':'); colon != absl::string_view::npos) {
     host = host.substr(0, colon);
   }
+  return std::string(host);
+}
+
+bool IsLoopback(absl::string_view address) {
+  const std::string host = HostOf(address);
   if (host == "localhost" || host == "::1") return true;
   std::vector<absl::string_view> parts = absl::StrSplit(host, '.');
   int first = 0;

@@ -37,6 +37,8 @@ absl::Status CheckClusterToken(const grpc::ServerContextBase* ctx, const std::st
 // The value of metadata `key` on an incoming call, or "".
 std::string Metadata(const grpc::ServerContextBase* ctx, absl::string_view key);
 
+// The host of "host:port" ("[v6]:port" gives the bare v6 address).
+std::string HostOf(absl::string_view address);
 // Whether "host:port" names a loopback address (127.0.0.0/8, ::1, localhost).
 bool IsLoopback(absl::string_view address);
 // Listening on a non-loopback address needs a token.

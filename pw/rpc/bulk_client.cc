@@ -26,12 +26,6 @@ constexpr int kProgressSeconds = 60;  // Then, no progress for this long fails a
 constexpr int kIdleSeconds = 50;      // Pooled this long, a connection is closed (the server
                                       // closes its end after 60 s without a request).
 
-std::string Unbracketed(absl::string_view host) {
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']')
-    host = host.substr(1, host.size() - 2);
-  return std::string(host);
-}
-
 }  // namespace
 
 struct BulkClient::Job {
@@ -267,7 +261,7 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
 };
 
 BulkClient::BulkClient(std::string host, std::string token)
-    : state_(std::make_shared<State>(Unbracketed(host), std::move(token))) {}
+    : state_(std::make_shared<State>(std::move(host), std::move(token))) {}
 
 BulkClient::~BulkClient() { state_->Stop(); }
 

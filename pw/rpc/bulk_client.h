@@ -20,7 +20,7 @@ namespace pw::rpc {
 class BulkClient {
  public:
   static constexpr int kMaxThreads = 4;
-  // Reads from the worker at `host` (a name or address; IPv6 in brackets is accepted), saying
+  // Reads from the worker at `host` (a name or address, IPv6 without brackets: HostOf), saying
   // `token` (the cluster token).
   BulkClient(std::string host, std::string token);
   // Fails reads not started (Cancelled), aborts running ones, joins the threads (but the one

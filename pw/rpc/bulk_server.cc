@@ -58,15 +58,12 @@ absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(const std::string&
   if (token.empty()) return absl::InvalidArgumentError("bulk server: needs the cluster token");
   if (port < 0 || port > 65535)
     return absl::InvalidArgumentError(absl::StrCat("bulk server: port ", port, " is not a port"));
-  std::string name = host;
-  if (name.size() >= 2 && name.front() == '[' && name.back() == ']')
-    name = name.substr(1, name.size() - 2);
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   hints.ai_flags = AI_PASSIVE;
   addrinfo* found = nullptr;
-  if (int e = getaddrinfo(name.c_str(), absl::StrCat(port).c_str(), &hints, &found); e != 0)
+  if (int e = getaddrinfo(host.c_str(), absl::StrCat(port).c_str(), &hints, &found); e != 0)
     return absl::InvalidArgumentError(
         absl::StrCat("bulk server: cannot resolve '", host, "': ", gai_strerror(e)));
   absl::Status why = absl::UnavailableError(absl::StrCat("bulk server: no address for ", host));

@@ -27,7 +27,8 @@ class BulkServer {
  public:
   static constexpr int kMaxConnections = 256;
   static constexpr int kMaxUnauthenticated = 32;  // Of those, still saying hello.
-  // Listens on `host` (a name or address of this machine; "0.0.0.0", "[::]": every interface)
+  // Listens on `host` (a name or address of this machine, IPv6 without brackets; "0.0.0.0",
+  // "::": every interface)
   // at `port` (0: a free one). Connections must present `token`.
   static absl::StatusOr<std::unique_ptr<BulkServer>> Start(const std::string& host, int port,
                                                            std::string token);

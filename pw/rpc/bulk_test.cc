@@ -45,18 +45,23 @@ Future<> Read(BulkClient& client, int port, uint64_t ticket, void* dst, size_t s
   return f;
 }
 
-// A raw connection to the server: sends `bytes`, returns the status the server answers (or the
-// transport's error).
-absl::Status RawHello(int port, const std::string& bytes) {
+// A raw TCP connection to 127.0.0.1:port, or -1.
+int ConnectLoopback(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   a.sin_port = htons(static_cast<uint16_t>(port));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return absl::UnavailableError("connect");
-  }
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) return fd;
+  if (fd >= 0) close(fd);
+  return -1;
+}
+
+// A raw connection to the server: sends `bytes`, returns the status the server answers (or the
+// transport's error).
+absl::Status RawHello(int port, const std::string& bytes) {
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return absl::UnavailableError("connect");
   bulk::Configure(fd, 5);
   absl::Status got;
   absl::Status s = bulk::SendAll(fd, bytes.data(), bytes.size(), "test hello");
@@ -162,12 +167,8 @@ TEST(BulkTest, MalformedHellosGetErrorsAndTheServerKeepsServing) {
   EXPECT_TRUE(absl::IsInvalidArgument(too_long)) << too_long;
   // Truncated hellos and silent connections: closed, never a crash.
   for (int i = 0; i < 8; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    const int fd = ConnectLoopback(port);
+    ASSERT_GE(fd, 0);
     if (i % 2 == 1) {
       ASSERT_EQ(write(fd, "PWB", 3), 3);
     }
@@ -274,14 +275,10 @@ TEST(BulkTest, ConnectionsThatNeverSayHelloCannotCrowdOutPeers) {
   auto server = BulkServer::Start("127.0.0.1", 0, kToken);
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->port();
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(port));
   std::vector<int> silent;
   for (int i = 0; i < BulkServer::kMaxUnauthenticated; ++i) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    const int fd = ConnectLoopback(port);
+    ASSERT_GE(fd, 0);
     silent.push_back(fd);
   }
   // Once the server has taken them all, one more is refused, naming the limit.

@@ -111,8 +111,7 @@ RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOption
       options_(options),
       arena_(same_machine ? std::make_shared<ShmArena>() : nullptr),
       bulk_(same_machine ? nullptr
-                         : std::make_shared<BulkClient>(address_.substr(0, address_.rfind(':')),
-                                                        options.token)),
+                         : std::make_shared<BulkClient>(HostOf(address_), options.token)),
       channel_(MakeChannel(address_, options)),
       stub_(v1::Worker::NewStub(channel_)) {}
 

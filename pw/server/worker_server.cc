@@ -65,9 +65,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
                           (void)p->ReceiveCollective(c);
                       }));
   // Large shards for readers on other machines, on the interface that gRPC listens on.
-  const std::string listen_host = s->options_.listen.substr(0, s->options_.listen.rfind(':'));
-  PW_ASSIGN_OR_RETURN(s->bulk_, rpc::BulkServer::Start(listen_host, s->options_.bulk_port,
-                                                             s->options_.channel.token));
+  PW_ASSIGN_OR_RETURN(s->bulk_, rpc::BulkServer::Start(rpc::HostOf(s->options_.listen),
+                                                       s->options_.bulk_port,
+                                                       s->options_.channel.token));
   s->service_ = std::make_unique<rpc::WorkerService>(
       s->worker_.get(), s->options_.channel.token,
       [p = s.get()](const v1::CollectiveContribution& c) { return p->ReceiveCollective(c); },
@@ -85,6 +85,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   s->server_ = std::move(serving.server);
   const int port = serving.port;
   // A wildcard listen address is advertised as this machine's name, which peers can dial.
+  const std::string listen_host = s->options_.listen.substr(0, s->options_.listen.rfind(':'));
   const bool wildcard = listen_host == "0.0.0.0" || listen_host == "[::]";
   s->address_ = absl::StrCat(wildcard ? HostName() : listen_host, ":", port);
   PW_RETURN_IF_ERROR(s->Register());
