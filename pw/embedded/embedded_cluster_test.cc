@@ -362,6 +362,40 @@ TEST_P(ClusterTest, FailedChainLeavesNoIntermediateBehind) {
   ExpectNothingLeft();
 }
 
+// Parallel dispatch hands a chain's intermediates from node to node on each device without the
+// store (read directly when the producer runs on launch); every reader gets the value, including
+// a node that reads it twice and the last reader, which takes it.
+TEST_P(ClusterTest, IntermediateReadByManyNodesReachesEveryReader) {
+  Start(1, 1, 2);
+  auto c = Connect("c");
+  Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  ArraySpec s32{DType::kS32, Shape({})};
+  BoundFunction inc = *c->Pmap(ScalarFn("inc", "add_scalar", 1, DType::kS32), s);
+  NativeFunctionBuilder add_def("add");
+  int a = add_def.Input(s32), b = add_def.Input(s32);
+  BoundFunction add = *c->Pmap(add_def.Build({add_def.Op("add", {a, b})}), s);
+  Program p = *c->Trace("fan", {{DType::kS32, Shape({2})}}, [&](std::vector<Value> v) {
+    Value y = inc(v[0]);            // Read by the next three nodes.
+    Value first = inc(y);           // y + 1
+    Value twice = add({y, y})[0];   // 2y, reading y twice
+    Value last = add({first, y})[0];  // 2y + 1: y's last read
+    return std::vector<Value>{add({twice, last})[0]};  // 4y + 1
+  });
+  Array x = *c->Put(*HostArray::Of<int32_t>(DType::kS32, Shape({2}), {4, 10}), s.info().id,
+                    Sharding::Split({2}, 1, 0));
+  for (DispatchMode mode : {DispatchMode::kParallel, DispatchMode::kSequential}) {
+    for (int i = 0; i < 3; ++i) {
+      auto out = p.Run({x}, mode);
+      ASSERT_TRUE(out.ok()) << out.status();
+      auto fan = (*out)[0].ToHost();
+      ASSERT_TRUE(fan.ok()) << DispatchModeName(mode) << ": " << fan.status();
+      EXPECT_EQ(fan->values<int32_t>(), (std::vector<int32_t>{21, 45})) << DispatchModeName(mode);
+    }
+  }
+  x = Array();
+  ExpectNothingLeft();
+}
+
 TEST_P(ClusterTest, DeviceRemovalMidRunFailsOnlyAffectedPrograms) {
   Start(1, 2, 2);
   auto c = Connect("c");

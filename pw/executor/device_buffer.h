@@ -16,6 +16,8 @@
 
 namespace pw {
 
+class HostDeviceBuffer;
+
 class DeviceBuffer {
  public:
   DeviceBuffer(ArraySpec spec, DeviceId device) : spec_(std::move(spec)), device_(device) {}
@@ -28,6 +30,9 @@ class DeviceBuffer {
   int64_t size_bytes() const { return spec_.size_bytes(); }
   // Copies the contents into `dst` (size_bytes() bytes); the future completes when done.
   virtual Future<> CopyToHost(void* dst) const = 0;
+  // The native backend's buffer, or nullptr (a virtual call: cheaper than a dynamic_cast, which
+  // compares type names across libraries, on every launch).
+  virtual const HostDeviceBuffer* AsHost() const { return nullptr; }
 
   // A copy of this buffer that another backend made for its own use (e.g. staged into PJRT
   // memory), kept while this buffer lives: buffers are immutable, so it stays valid. `key` names
@@ -69,6 +74,7 @@ class HostDeviceBuffer : public DeviceBuffer {
   template <typename T>
   T* mutable_as() { return static_cast<T*>(data_); }
   Future<> CopyToHost(void* dst) const override;
+  const HostDeviceBuffer* AsHost() const override { return this; }
 
  private:
   static constexpr size_t kInlineBytes = 64;  // Small shards live inside the object.

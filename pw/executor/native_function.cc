@@ -1,5 +1,7 @@
 #include "pw/executor/native_function.h"
 
+#include <algorithm>
+
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -43,7 +45,11 @@ class NativeExecutable final : public Executable {
         inputs_(std::move(inputs)),
         ops_(std::move(ops)),
         outputs_(std::move(outputs)),
-        output_specs_(std::move(output_specs)) {}
+        output_specs_(std::move(output_specs)) {
+    for (size_t j = 0; j < outputs_.size(); ++j)
+      last_use_.push_back(std::find(outputs_.begin() + j + 1, outputs_.end(), outputs_[j]) ==
+                          outputs_.end());
+  }
 
   const std::string& name() const override { return name_; }
   int num_shards() const override { return num_shards_; }
@@ -59,6 +65,7 @@ class NativeExecutable final : public Executable {
     run.ran = Run(launch);
     return run;
   }
+  bool runs_on_launch() const override { return true; }
 
  private:
   absl::StatusOr<std::vector<DeviceBufferRef>> Run(const ShardLaunch& launch) const {
@@ -67,29 +74,37 @@ class NativeExecutable final : public Executable {
                                                      inputs_.size(), " inputs, got ",
                                                      launch.inputs.size()));
     }
-    absl::InlinedVector<std::shared_ptr<HostDeviceBuffer>, 8> values;
-    values.reserve(inputs_.size() + ops_.size());
+    // Every value's buffer; `owned` holds those made here (inputs staged from another backend,
+    // op outputs), while the launch holds its inputs.
+    absl::InlinedVector<const HostDeviceBuffer*, 8> values;
+    absl::InlinedVector<DeviceBufferRef, 8> owned;
+    absl::InlinedVector<int, 8> owned_at;  // By value: its index in `owned`, or -1 (an input).
     for (size_t i = 0; i < inputs_.size(); ++i) {
-      auto host = std::dynamic_pointer_cast<HostDeviceBuffer>(launch.inputs[i]);
-      const ArraySpec& got = launch.inputs[i]->spec();
+      const DeviceBuffer& in = *launch.inputs[i];
+      const ArraySpec& got = in.spec();
       if (got.dtype != inputs_[i].dtype || got.num_elements() != inputs_[i].num_elements()) {
         return absl::InvalidArgumentError(absl::StrCat("function '", name_, "' input ", i,
                                                        " expects ", inputs_[i].ToString(),
                                                        ", got ", got.ToString()));
       }
-      if (host == nullptr) {
-        // Another backend's buffer (e.g. a PJRT output): read it into host memory.
-        host = HostDeviceBuffer::Create(got, launch.device);
-        absl::Status s = launch.inputs[i]->CopyToHost(host->mutable_data()).status();
-        if (!s.ok()) return Annotate(s, absl::StrCat("function '", name_, "' input ", i));
+      if (const HostDeviceBuffer* host = in.AsHost(); host != nullptr) {
+        values.push_back(host);
+        owned_at.push_back(-1);
+        continue;
       }
-      values.push_back(std::move(host));
+      // Another backend's buffer (e.g. a PJRT output): read it into host memory.
+      auto host = HostDeviceBuffer::Create(got, launch.device);
+      absl::Status s = in.CopyToHost(host->mutable_data()).status();
+      if (!s.ok()) return Annotate(s, absl::StrCat("function '", name_, "' input ", i));
+      values.push_back(host.get());
+      owned_at.push_back(static_cast<int>(owned.size()));
+      owned.push_back(std::move(host));
     }
     absl::InlinedVector<const HostDeviceBuffer*, 4> operands;
     for (size_t k = 0; k < ops_.size(); ++k) {
       const CompiledOp& op = ops_[k];
       operands.clear();
-      for (int v : op.operands) operands.push_back(values[v].get());
+      for (int v : op.operands) operands.push_back(values[v]);
       auto out = HostDeviceBuffer::Create(op.out, launch.device);
       native::KernelContext ctx{operands, out.get(), op.attrs, launch, static_cast<int>(k)};
       absl::Status s = op.kernel->run(ctx);
@@ -98,11 +113,19 @@ class NativeExecutable final : public Executable {
                                                    op.kernel->name, ") on ",
                                                    launch.device.ToString(), ": ", s.message()));
       }
-      values.push_back(std::move(out));
+      values.push_back(out.get());
+      owned_at.push_back(static_cast<int>(owned.size()));
+      owned.push_back(std::move(out));
     }
     std::vector<DeviceBufferRef> result;
+    result.reserve(outputs_.size());
     // Buffers are immutable once produced, so an output may share a value's buffer.
-    for (int v : outputs_) result.push_back(values[v]);
+    for (size_t j = 0; j < outputs_.size(); ++j) {
+      const int v = outputs_[j];
+      if (owned_at[v] < 0) result.push_back(launch.inputs[v]);
+      else if (last_use_[j]) result.push_back(std::move(owned[owned_at[v]]));
+      else result.push_back(owned[owned_at[v]]);
+    }
     return result;
   }
 
@@ -111,6 +134,7 @@ class NativeExecutable final : public Executable {
   const std::vector<ArraySpec> inputs_;
   const std::vector<CompiledOp> ops_;
   const std::vector<int> outputs_;
+  std::vector<bool> last_use_;  // By output: no later output is the same value.
   const std::vector<ArraySpec> output_specs_;
 };
 

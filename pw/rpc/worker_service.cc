@@ -381,7 +381,7 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
   void Start(const DeviceBufferRef& b) {
     buffer_ = b;
     spec_ = b->spec();
-    if (auto* host = dynamic_cast<const HostDeviceBuffer*>(b.get()); host != nullptr) {
+    if (const HostDeviceBuffer* host = b->AsHost(); host != nullptr) {
       data_ = static_cast<const char*>(host->data());
       return WriteNext();
     }

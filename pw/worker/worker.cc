@@ -103,7 +103,7 @@ struct Worker::Dispatched {
   std::shared_ptr<const HostWork> work;
   std::vector<ExecutableRef> executables;  // What the shards' `exe` point to.
   std::vector<Shard> shards;               // Reserved up front: never reallocated.
-  Countdown done;                          // Every shard and transfer of the work.
+  alignas(64) Countdown done;  // Every shard and transfer of the work. Written by all shards.
   // Memory of handed-on intermediates no shard of the work took (a reader's dispatch failed):
   // held until the work's shards have ended, as the store would have held it.
   std::vector<ObjectStore::Memory> unclaimed;
@@ -116,7 +116,12 @@ struct Worker::Dispatching {
   // the store's lock and lookups; the last reader's shard takes the memory. Values produced or
   // read last in another work (sequential dispatch sends a node at a time) go through the store.
   std::vector<bool> local;  // By value index: read last by a node of this work.
-  absl::flat_hash_map<std::pair<int, DeviceId>, ObjectStore::Shard> handoffs;
+  struct Handoff {
+    ObjectStore::Shard shard;  // `buffer` is the producer's future, unless read directly.
+    int from = -1;             // Read directly: the producer's index in Dispatched::shards.
+    int output = 0;
+  };
+  absl::flat_hash_map<std::pair<int, DeviceId>, Handoff> handoffs;
 
   // Shards go onto each device's queue in batches, one lock each: the first alone (so the device
   // starts at once), then batches of twice the size, up to kMaxBatch.
@@ -145,15 +150,13 @@ struct Worker::Dispatching {
   }
 };
 
-const HostWork& Worker::Shard::work() const { return *owner->work; }
-Countdown& Worker::Shard::done() const { return owner->done; }
-
 void Worker::ShardEnd::operator()(Shard* shard) const {
   // What the shard holds goes now, as if it were freed: buffers and promises (an unset one fails
   // its future) must not wait for the rest of its work.
   shard->inputs.clear();
   shard->memory.clear();
-  shard->outputs.clear();
+  // Values handed on directly stay for the later shards that read them (the last takes them).
+  for (Shard::Output& o : shard->outputs) o.promise.reset();
   shard->last_read.clear();
   shard->release.clear();
   std::vector<DeviceBufferRef>().swap(shard->held);
@@ -193,7 +196,7 @@ void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueue
     }
   }
   state.EnqueueRest();
-  for (auto& [key, shard] : state.handoffs) d->unclaimed.push_back(std::move(shard.memory));
+  for (auto& [key, h] : state.handoffs) d->unclaimed.push_back(std::move(h.shard.memory));
   enqueued.Set();
   d->done.future().OnReady(
       [done = std::move(done)](const absl::Status& s) mutable { done.Set(s); });
@@ -206,6 +209,28 @@ ObjectStore::Shard FailedShard(const absl::Status& error) {
   return {Future<DeviceBufferRef>::Ready(error), Future<ReservationRef>::Ready(error), 0};
 }
 }  // namespace
+
+void Worker::Shard::Output::Set(absl::StatusOr<DeviceBufferRef> v) {
+  if (promise.has_value()) {
+    promise->Set(std::move(v));
+    promise.reset();
+  } else {
+    value = std::move(v);
+  }
+}
+
+absl::StatusOr<DeviceBufferRef> Worker::Shard::Input::Take() {
+  if (from == nullptr) return future.Await();
+  absl::StatusOr<DeviceBufferRef>& v = from->outputs[output].value;
+  // Set (a buffer, or an error with a message) once the producer ended, before this shard ran.
+  if (v.ok() ? *v == nullptr : v.status().message().empty()) {
+    return absl::InternalError(absl::StrCat("output ", output, " of ", from->node->name, " on ",
+                                            from->device.ToString(),
+                                            " was not produced, or was taken by an earlier read"));
+  }
+  if (last) return std::move(v);
+  return v;
+}
 
 void Worker::PutFailed(BufferId id, DeviceId device, const absl::Status& error) {
   store_.Put(id, device, FailedShard(error)).IgnoreError();
@@ -228,8 +253,19 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Dispatching& 
       if (!setup.ok()) break;
       if (auto h = state.handoffs.find(std::make_pair(in, device_id));
           h != state.handoffs.end()) {
-        setup = FailedAlready(h->second.buffer);
-        inputs.push_back(h->second.buffer);
+        if (h->second.from >= 0) {
+          // The last read of a value takes it: this node releases it and reads it no later.
+          const size_t j = inputs.size();
+          const bool last =
+              std::find(c.release.begin(), c.release.end(), in) != c.release.end() &&
+              std::find(c.inputs.begin() + j + 1, c.inputs.end(), in) == c.inputs.end();
+          inputs.push_back({.from = &d->shards[h->second.from],
+                            .output = h->second.output,
+                            .last = last});
+        } else {
+          setup = FailedAlready(h->second.shard.buffer);
+          inputs.push_back({.future = h->second.shard.buffer});
+        }
         continue;
       }
       auto f = store_.Get(work->buffer(in), device_id);
@@ -238,50 +274,72 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Dispatching& 
         break;
       }
       setup = FailedAlready(*f);
-      inputs.push_back(*std::move(f));
+      inputs.push_back({.future = *std::move(f)});
     }
-    // An output goes to the store, or is handed on to its readers in this work.
-    auto publish = [&](int k, ObjectStore::Shard shard) -> absl::Status {
+    // An output goes to the store, or is handed on to its readers in this work: directly when
+    // the shard runs before its launch returns (its readers run after it on this device).
+    const bool direct = setup.ok() && (*exe)->runs_on_launch();
+    auto publish = [&](int k, Dispatching::Handoff h) -> absl::Status {
       const int v = c.outputs[k];
-      if (!state.local[v]) return store_.Put(work->buffer(v), device_id, std::move(shard));
-      if (state.handoffs.try_emplace(std::make_pair(v, device_id), std::move(shard)).second)
+      if (!state.local[v]) return store_.Put(work->buffer(v), device_id, std::move(h.shard));
+      if (state.handoffs.try_emplace(std::make_pair(v, device_id), std::move(h)).second)
         return absl::OkStatus();
       return absl::AlreadyExistsError(absl::StrCat(
           work->buffer(v).ToString(), " already has a shard on ", device_id.ToString()));
     };
     auto publish_failed = [&](int k, const absl::Status& error) {
-      publish(k, FailedShard(error)).IgnoreError();
+      publish(k, {FailedShard(error)}).IgnoreError();
     };
-    // Outputs: reserve memory now; each shard is a promise until the computation runs.
+    // Outputs: reserve memory now; each shard is a promise (or a value read directly) until the
+    // computation runs.
     decltype(Shard::outputs) outputs;
     decltype(Shard::memory) memory;
     for (size_t k = 0; k < c.outputs.size(); ++k) {
       if (!setup.ok()) break;
       int64_t bytes = (*exe)->output_specs()[k].size_bytes();
-      Promise<DeviceBufferRef> p;
+      Shard::Output o;
+      Dispatching::Handoff h;
+      if (direct && state.local[c.outputs[k]]) {
+        h.from = static_cast<int>(d->shards.size());  // Where this shard will be.
+        h.output = static_cast<int>(k);
+      } else {
+        o.promise.emplace();
+        h.shard.buffer = o.promise->future();
+      }
+      h.shard.bytes = bytes;
       const BufferId out = work->buffer(c.outputs[k]);
       // Granted memory is held by the store entry (or hand-off); the device waits only for the
       // rest.
       if (ReservationRef granted = device->memory().TryReserve(bytes)) {
-        setup = publish(k, {p.future(), std::move(granted), bytes});
+        h.shard.memory = std::move(granted);
+        setup = publish(k, std::move(h));
       } else {
         auto mem = device->memory().Reserve(bytes);
-        setup = publish(k, {p.future(), mem, bytes});
+        h.shard.memory = mem;
+        setup = publish(k, std::move(h));
         if (setup.ok()) setup = FailedAlready(mem);
         memory.push_back(std::move(mem));
       }
       if (!setup.ok()) setup = Annotate(setup, absl::StrCat(out.ToString(), " (output ", k, ")"));
-      outputs.push_back(std::move(p));
+      outputs.push_back(std::move(o));
     }
     if (!setup.ok() && exe.ok() && device != nullptr && !(*exe)->shards_skippable()) {
       // An SPMD partition: the device still runs it, as a stand-in on zeros (see below), so its
       // peers are not left inside XLA's collectives.
       for (size_t k = outputs.size(); k < c.outputs.size(); ++k) publish_failed(k, setup);
-      inputs.assign({Future<DeviceBufferRef>::Ready(setup)});
+      inputs.assign({Shard::Input{.future = Future<DeviceBufferRef>::Ready(setup)}});
     } else if (!setup.ok()) {
       absl::Status error = Annotate(setup, NodeWhere(*work, node, device_id));
       collectives_->FailLaunch(work->run.value(), node.node, error, c.slice_devices);
-      for (auto& p : outputs) p.Set(error);
+      for (size_t k = 0; k < outputs.size(); ++k) {
+        if (outputs[k].promise.has_value()) {
+          outputs[k].Set(error);
+        } else {  // Handed on directly from a shard that will not exist: its readers fail.
+          auto h = state.handoffs.find(std::make_pair(c.outputs[k], device_id));
+          if (h != state.handoffs.end() && h->second.from == static_cast<int>(d->shards.size()))
+            h->second = {FailedShard(error)};
+        }
+      }
       for (size_t k = outputs.size(); k < c.outputs.size(); ++k) publish_failed(k, error);
       done->Add();
       done->Done(error);
@@ -296,13 +354,15 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Dispatching& 
       if (h == state.handoffs.end()) {
         release.push_back(work->buffer(v));
       } else {
-        last_read.push_back(std::move(h->second.memory));
+        last_read.push_back(std::move(h->second.shard.memory));
         state.handoffs.erase(h);
       }
     }
     done->Add();
     PW_CHECK(d->shards.size() < d->shards.capacity(), "more shards than counted");
     ShardPtr shard(&d->shards.emplace_back(Shard{.owner = d,
+                                                 .host_work = work,
+                                                 .work_done = done,
                                                  .node = &node,
                                                  .exe = exe->get(),
                                                  .rank = rank,
@@ -333,9 +393,9 @@ void Worker::RunShard(ShardPtr shard, absl::Status s) {
   ShardLaunch launch;
   launch.inputs.reserve(shard->inputs.size());
   for (size_t j = 0; s.ok() && j < shard->inputs.size(); ++j) {
-    const auto& v = shard->inputs[j].Await();
+    absl::StatusOr<DeviceBufferRef> v = shard->inputs[j].Take();
     if (v.ok()) {
-      launch.inputs.push_back(*v);
+      launch.inputs.push_back(*std::move(v));
     } else {
       s = v.status();
     }
@@ -392,7 +452,6 @@ void Worker::OnShardOutputs(ShardPtr shard,
     shard->failed = r.status();
   } else if (shard->failed.ok() && shard->exe->shards_skippable()) {
     for (size_t k = 0; k < shard->outputs.size(); ++k) shard->outputs[k].Set((*r)[k]);
-    shard->outputs.clear();
   } else if (shard->failed.ok()) {
     shard->held = *r;  // Until the launch is known to be whole.
   }
@@ -413,7 +472,7 @@ void Worker::OnShardComputed(ShardPtr shard, absl::Status s) {
   if (!s.ok()) {
     FailShard(std::move(shard), s);
   } else {
-    for (size_t k = 0; k < shard->outputs.size(); ++k) shard->outputs[k].Set(shard->held[k]);
+    for (size_t k = 0; k < shard->held.size(); ++k) shard->outputs[k].Set(shard->held[k]);
     // Intermediates this node read last: this device's shard can go now.
     for (BufferId b : shard->release) store_.DeleteShard(b, shard->device);
     shard->done().Done();
@@ -428,7 +487,7 @@ void Worker::FailShard(ShardPtr shard, const absl::Status& status) {
   // Other shards may be waiting in a collective this shard will never reach.
   collectives_->FailLaunch(shard->work().run.value(), shard->node->node, error,
                            shard->compute().slice_devices);
-  for (auto& p : shard->outputs) p.Set(error);
+  for (Shard::Output& o : shard->outputs) o.Set(error);
   shard->done().Done(error);
 }
 
@@ -519,7 +578,7 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
         for (size_t i = 0; i < fetched.size(); ++i) {
           const DeviceBufferRef& src = *fetched[i].Await();
           const Box src_box = t.src_sharding.ShardBox(t.global.shape, src_ranks[i]);
-          auto* host_src = dynamic_cast<const HostDeviceBuffer*>(src.get());
+          const HostDeviceBuffer* host_src = src->AsHost();
           std::vector<uint8_t> staged;
           const void* data = host_src ? host_src->data() : nullptr;
           if (data == nullptr) {

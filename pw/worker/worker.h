@@ -13,6 +13,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -81,13 +82,34 @@ class Worker final : public WorkerInterface {
     // Names the run and node in errors, and holds what the shard points into. Dropped when the
     // shard ends (ShardEnd).
     std::shared_ptr<Dispatched> owner;
+    // The owner's work and countdown, read without touching the owner (whose countdown the
+    // host's other shards write).
+    const HostWork* host_work = nullptr;
+    Countdown* work_done = nullptr;
     const NodeWork* node = nullptr;  // In the work's program.
     const Executable* exe = nullptr;  // Held by `owner`.
     int rank = 0;
     DeviceId device;
-    absl::InlinedVector<Future<DeviceBufferRef>, 2> inputs;
+    // An output: a promise its readers wait on, or, when the shard runs before its launch
+    // returns (Executable::runs_on_launch) and only later shards of its work on the same device
+    // read it, a value those read directly: the device runs them after this one, so no future
+    // (and no lock) is needed between them.
+    struct Output {
+      std::optional<Promise<DeviceBufferRef>> promise;  // Empty when handed on directly.
+      absl::StatusOr<DeviceBufferRef> value;  // Handed on directly: set once the shard ends.
+      void Set(absl::StatusOr<DeviceBufferRef> v);
+    };
+    // An input: a future, or the output of an earlier shard read directly.
+    struct Input {
+      Future<DeviceBufferRef> future;  // Invalid when read directly.
+      Shard* from = nullptr;
+      int output = 0;
+      bool last = false;  // The value's last read: taken from `from`, which then holds nothing.
+      absl::StatusOr<DeviceBufferRef> Take();
+    };
+    absl::InlinedVector<Input, 2> inputs;
     absl::InlinedVector<Future<ReservationRef>, 2> memory;  // Those not granted at dispatch.
-    absl::InlinedVector<Promise<DeviceBufferRef>, 2> outputs;  // Those not yet handed on.
+    absl::InlinedVector<Output, 2> outputs;  // Until set: then promises are dropped.
     // The memory of intermediates handed to this shard's node without the store (see Dispatching)
     // that it reads last: released when the shard ends.
     absl::InlinedVector<ObjectStore::Memory, 1> last_read;
@@ -97,8 +119,8 @@ class Worker final : public WorkerInterface {
     absl::Status failed;
     std::vector<DeviceBufferRef> held;  // Outputs held until the launch is known to be whole.
     bool in_flight = false;  // Counted in in_flight_: it completes through a callback.
-    const HostWork& work() const;
-    Countdown& done() const;
+    const HostWork& work() const { return *host_work; }
+    Countdown& done() const { return *work_done; }
     const ComputeWork& compute() const { return std::get<ComputeWork>(node->work); }
   };
   // Ends a shard: drops its hold on its Dispatched (which may free it).
