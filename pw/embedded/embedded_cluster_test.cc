@@ -25,6 +25,13 @@ NativeFunctionDef ScalarFn(const std::string& name, const std::string& kernel, d
   return b.Build({b.Op(kernel, {x}, {{"value", v}})});
 }
 
+// (a, b) -> kernel(a, b) on scalar shards.
+NativeFunctionDef BinaryFn(const std::string& kernel, DType t) {
+  NativeFunctionBuilder b(kernel);
+  int x = b.Input({t, Shape({})}), y = b.Input({t, Shape({})});
+  return b.Build({b.Op(kernel, {x, y})});
+}
+
 // x -> all_reduce_sum(x) + 1 on every shard.
 NativeFunctionDef ReduceAddFn(const std::string& name) {
   NativeFunctionBuilder b(name);
@@ -331,11 +338,8 @@ TEST_P(ClusterTest, FailedChainLeavesNoIntermediateBehind) {
   Start(1, 1, 2);
   auto c = Connect("c");
   Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
-  ArraySpec s32{DType::kS32, Shape({})};
   BoundFunction inc = *c->Pmap(ScalarFn("inc", "add_scalar", 1, DType::kS32), s);
-  NativeFunctionBuilder div("div");
-  int a = div.Input(s32), b = div.Input(s32);
-  BoundFunction divide = *c->Pmap(div.Build({div.Op("div", {a, b})}), s);
+  BoundFunction divide = *c->Pmap(BinaryFn("div", DType::kS32), s);
   // Shard 1 fails in the middle of the chain; the nodes after it fail on that device.
   Program p = *c->Trace("chain", {{DType::kS32, Shape({2})}, {DType::kS32, Shape({2})}},
                         [&](std::vector<Value> v) {
@@ -369,11 +373,8 @@ TEST_P(ClusterTest, IntermediateReadByManyNodesReachesEveryReader) {
   Start(1, 1, 2);
   auto c = Connect("c");
   Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
-  ArraySpec s32{DType::kS32, Shape({})};
   BoundFunction inc = *c->Pmap(ScalarFn("inc", "add_scalar", 1, DType::kS32), s);
-  NativeFunctionBuilder add_def("add");
-  int a = add_def.Input(s32), b = add_def.Input(s32);
-  BoundFunction add = *c->Pmap(add_def.Build({add_def.Op("add", {a, b})}), s);
+  BoundFunction add = *c->Pmap(BinaryFn("add", DType::kS32), s);
   Program p = *c->Trace("fan", {{DType::kS32, Shape({2})}}, [&](std::vector<Value> v) {
     Value y = inc(v[0]);            // Read by the next three nodes.
     Value first = inc(y);           // y + 1
@@ -542,9 +543,7 @@ TEST_P(ClusterTest, ShardFailingBeforeACollectiveDoesNotHangTheOthers) {
   int x = fused.Input(s32), d = fused.Input(s32);
   int q = fused.Op("div", {x, d});
   BoundFunction div_reduce = *c->Pmap(fused.Build({fused.Op("all_reduce_sum", {q})}), s);
-  NativeFunctionBuilder div("div");
-  int x2 = div.Input(s32), d2 = div.Input(s32);
-  BoundFunction divide = *c->Pmap(div.Build({div.Op("div", {x2, d2})}), s);
+  BoundFunction divide = *c->Pmap(BinaryFn("div", DType::kS32), s);
   NativeFunctionBuilder red("reduce");
   int r = red.Input(s32);
   BoundFunction reduce = *c->Pmap(red.Build({red.Op("all_reduce_sum", {r})}), s);
