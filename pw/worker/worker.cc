@@ -98,7 +98,8 @@ DispatchAck Worker::Dispatch(HostWork work) {
 
 // One HostWork's compute shards on this host, made in one allocation: dispatch creates them and
 // the devices run and end them, so an allocation per shard would be freed on another thread.
-// Alive while dispatch or any shard or transfer of it holds it.
+// Alive until its countdown completes (every shard ended: see RunHostWork) and no transfer
+// holds it.
 struct Worker::Dispatched {
   std::shared_ptr<const HostWork> work;
   std::vector<ExecutableRef> executables;  // What the shards' `exe` point to.
@@ -160,7 +161,12 @@ void Worker::ShardEnd::operator()(Shard* shard) const {
   shard->last_read.clear();
   shard->release.clear();
   std::vector<DeviceBufferRef>().swap(shard->held);
-  std::shared_ptr<Dispatched> owner = std::move(shard->owner);  // Last: may free `shard`.
+  absl::Status ended = shard->ended.has_value()
+                           ? *std::move(shard->ended)
+                           : absl::CancelledError(absl::StrCat(
+                                 NodeWhere(shard->work(), *shard->node, shard->device),
+                                 ": dropped before it ran"));
+  shard->work_done->Done(ended);  // Last: completing the work may free `shard`.
 }
 
 void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued,
@@ -198,8 +204,10 @@ void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueue
   state.EnqueueRest();
   for (auto& [key, h] : state.handoffs) d->unclaimed.push_back(std::move(h.shard.memory));
   enqueued.Set();
+  // The countdown's callback holds the work until its last part (a shard's end, a transfer or
+  // this) completes it.
   d->done.future().OnReady(
-      [done = std::move(done)](const absl::Status& s) mutable { done.Set(s); });
+      [done = std::move(done), d](const absl::Status& s) mutable { done.Set(s); });
   d->done.Done();  // Everything is added.
 }
 
@@ -360,8 +368,7 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Dispatching& 
     }
     done->Add();
     PW_CHECK(d->shards.size() < d->shards.capacity(), "more shards than counted");
-    ShardPtr shard(&d->shards.emplace_back(Shard{.owner = d,
-                                                 .host_work = work,
+    ShardPtr shard(&d->shards.emplace_back(Shard{.host_work = work,
                                                  .work_done = done,
                                                  .node = &node,
                                                  .exe = exe->get(),
@@ -475,7 +482,7 @@ void Worker::OnShardComputed(ShardPtr shard, absl::Status s) {
     for (size_t k = 0; k < shard->held.size(); ++k) shard->outputs[k].Set(shard->held[k]);
     // Intermediates this node read last: this device's shard can go now.
     for (BufferId b : shard->release) store_.DeleteShard(b, shard->device);
-    shard->done().Done();
+    shard->ended = absl::OkStatus();
     shard.reset();
   }
   if (in_flight) in_flight_.count.fetch_sub(1, std::memory_order_release);  // The last use.
@@ -488,7 +495,7 @@ void Worker::FailShard(ShardPtr shard, const absl::Status& status) {
   collectives_->FailLaunch(shard->work().run.value(), shard->node->node, error,
                            shard->compute().slice_devices);
   for (Shard::Output& o : shard->outputs) o.Set(error);
-  shard->done().Done(error);
+  shard->ended = error;  // The caller's ShardPtr ends it.
 }
 
 void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,

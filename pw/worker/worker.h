@@ -79,15 +79,13 @@ class Worker final : public WorkerInterface {
   // thread, then OnShardOutputs and OnShardComputed (inline for backends that complete before
   // Launch returns, else from the launch's futures), or FailShard.
   struct alignas(64) Shard {  // Its own cache lines: the host's devices run neighbouring shards.
-    // Names the run and node in errors, and holds what the shard points into. Dropped when the
-    // shard ends (ShardEnd).
-    std::shared_ptr<Dispatched> owner;
-    // The owner's work and countdown, read without touching the owner (whose countdown the
-    // host's other shards write).
+    // Its work (naming the run in errors) and the work's countdown, in the Dispatched that holds
+    // the shard: that stays until the countdown completes, which the shard's end (ShardEnd) is
+    // part of, so a shard holds no reference of its own.
     const HostWork* host_work = nullptr;
     Countdown* work_done = nullptr;
     const NodeWork* node = nullptr;  // In the work's program.
-    const Executable* exe = nullptr;  // Held by `owner`.
+    const Executable* exe = nullptr;  // Held by the Dispatched.
     int rank = 0;
     DeviceId device;
     // An output: a promise its readers wait on, or, when the shard runs before its launch
@@ -119,11 +117,14 @@ class Worker final : public WorkerInterface {
     absl::Status failed;
     std::vector<DeviceBufferRef> held;  // Outputs held until the launch is known to be whole.
     bool in_flight = false;  // Counted in in_flight_: it completes through a callback.
+    // How it ended, for the work's countdown: set by OnShardComputed or FailShard (unset: it
+    // was dropped without running).
+    std::optional<absl::Status> ended;
     const HostWork& work() const { return *host_work; }
     Countdown& done() const { return *work_done; }
     const ComputeWork& compute() const { return std::get<ComputeWork>(node->work); }
   };
-  // Ends a shard: drops its hold on its Dispatched (which may free it).
+  // Ends a shard: drops what it holds, then counts it done in its work (which may free it).
   struct ShardEnd {
     void operator()(Shard* shard) const;
   };
