@@ -52,7 +52,8 @@ absl::Status RecvAll(int fd, void* data, size_t n, absl::string_view what, absl:
       setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     }
     const ssize_t r = recv(fd, p, n, 0);
-    if (r == 0) return absl::UnavailableError(absl::StrCat(what, ": the peer closed the connection"));
+    if (r == 0)
+      return absl::UnavailableError(absl::StrCat(what, ": the peer closed the connection"));
     if (r < 0) {
       if (errno == EINTR) continue;
       return SocketError(what, errno);

@@ -2,8 +2,8 @@
 // shard, data plane) served over gRPC; registration with the controller, heartbeats, and the
 // links to peer workers: FetchShard pulls from peers' WorkerService (never through the
 // controller: shared memory on this machine; from other machines, chunked gRPC streams, or for
-// large shards the peer's bulk stream, a plain TCP socket), and native collectives exchange inputs with the processes holding
-// the slice's other devices.
+// large shards the peer's bulk stream, a plain TCP socket), and native collectives exchange
+// inputs with the processes holding the slice's other devices.
 //
 // Thread-safe. If the controller declares this host failed (e.g. after a pause), the next
 // heartbeat learns it and the server stops with that reason (`pw worker` exits with status 1, to

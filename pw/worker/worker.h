@@ -121,7 +121,6 @@ class Worker final : public WorkerInterface {
     // was dropped without running).
     std::optional<absl::Status> ended;
     const HostWork& work() const { return *host_work; }
-    Countdown& done() const { return *work_done; }
     const ComputeWork& compute() const { return std::get<ComputeWork>(node->work); }
   };
   // Ends a shard: drops what it holds, then counts it done in its work (which may free it).
