@@ -334,6 +334,67 @@ TEST_P(ClusterTest, ChainLongerThanMemoryRunsBecauseIntermediatesAreReleased) {
   ExpectNothingLeft();
 }
 
+// A chain's intermediates need memory for the most of them alive at once (a segment reserves
+// that before its first node makes one): while it is held elsewhere the chain waits, and it
+// completes once it is freed.
+TEST_P(ClusterTest, ChainWaitsForMemoryForItsIntermediates) {
+  Start(1, 1, 2, /*memory=*/16);  // Room for four f32 scalars per device.
+  auto c = Connect("c");
+  Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  BoundFunction inc = *c->Pmap(ScalarFn("inc", "add_scalar", 1), s);
+  Program chain = *c->Trace("chain3", {{DType::kF32, Shape({2})}}, [&](std::vector<Value> v) {
+    return std::vector<Value>{inc(inc(inc(v[0])))};
+  });
+  Array x = *c->Put(F32({0, 10}), s.info().id, Sharding::Split({2}, 1, 0));  // 4 bytes/device
+  for (DispatchMode mode : {DispatchMode::kParallel, DispatchMode::kSequential}) {
+    std::vector<Array> held;
+    for (int i = 0; i < 3; ++i) held.push_back((*inc.Call({x}))[0]);  // 16 bytes/device: full.
+    for (auto& h : held) ASSERT_TRUE(h.Ready().status().ok());
+    auto out = chain.Run({x}, mode);
+    ASSERT_TRUE(out.ok()) << out.status();
+    Future<> ready = (*out)[0].Ready();
+    EXPECT_FALSE(ready.AwaitFor(absl::Milliseconds(200))) << DispatchModeName(mode);
+    held.clear();
+    ASSERT_TRUE(ready.AwaitFor(kDeadlockTimeout)) << DispatchModeName(mode);
+    EXPECT_EQ(Values((*out)[0]), (std::vector<float>{3, 13})) << DispatchModeName(mode);
+  }
+  x = Array();
+  ExpectNothingLeft();
+}
+
+// Status counts computations, however the devices' queues hold them (a segment runs a work's
+// nodes on a device as one item).
+TEST_P(ClusterTest, StatusCountsEveryComputationRun) {
+  Start(1, 1, 2);
+  auto c = Connect("c");
+  Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  BoundFunction inc = *c->Pmap(ScalarFn("inc", "add_scalar", 1), s);
+  constexpr int kNodes = 20;
+  Program chain = *c->Trace("chain", {{DType::kF32, Shape({2})}}, [&](std::vector<Value> v) {
+    Value x = v[0];
+    for (int i = 0; i < kNodes; ++i) x = inc(x);
+    return std::vector<Value>{x};
+  });
+  Array x = *c->Put(F32({0, 0}), s.info().id, Sharding::Split({2}, 1, 0));
+  auto executed = [&] {
+    std::vector<int64_t> n;
+    for (const HostStatus& h : StatusOfEveryHost(controller()).value().hosts)
+      for (const DeviceStatus& d : h.devices) n.push_back(d.executed);
+    return n;
+  };
+  for (DispatchMode mode : {DispatchMode::kParallel, DispatchMode::kSequential}) {
+    const std::vector<int64_t> before = executed();
+    auto out = chain.Run({x}, mode);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(Values((*out)[0]), (std::vector<float>{kNodes, kNodes}));
+    controller().WaitIdle();
+    const std::vector<int64_t> after = executed();
+    ASSERT_EQ(after.size(), 2u);
+    for (size_t i = 0; i < after.size(); ++i)
+      EXPECT_EQ(after[i] - before[i], kNodes) << DispatchModeName(mode) << " device " << i;
+  }
+}
+
 TEST_P(ClusterTest, FailedChainLeavesNoIntermediateBehind) {
   Start(1, 1, 2);
   auto c = Connect("c");
@@ -367,8 +428,8 @@ TEST_P(ClusterTest, FailedChainLeavesNoIntermediateBehind) {
 }
 
 // Parallel dispatch hands a chain's intermediates from node to node on each device without the
-// store (read directly when the producer runs on launch); every reader gets the value, including
-// a node that reads it twice and the last reader, which takes it.
+// store (kept by the device's segment when the nodes run on launch); every reader gets the
+// value, including a node that reads it twice and the last reader, which takes it.
 TEST_P(ClusterTest, IntermediateReadByManyNodesReachesEveryReader) {
   Start(1, 1, 2);
   auto c = Connect("c");

@@ -48,6 +48,13 @@ class Device {
   void Remove(const absl::Status& reason);
   // Non-OK once removed.
   absl::Status health() const;
+  // health() without a lock while the device is in service: for an item that runs many
+  // computations (a segment), before each.
+  absl::Status removed() const {
+    return removing_.load(std::memory_order_acquire) ? health() : absl::OkStatus();
+  }
+  // Counts computations that an item ran beyond itself (a segment of n counts n - 1 more).
+  void CountExecuted(int64_t n) { executed_.fetch_add(n, std::memory_order_release); }
 
   size_t queue_depth() const;
   int64_t executed() const;

@@ -9,12 +9,12 @@
 
 namespace pw {
 
-namespace {
-
-std::string NodeWhere(const HostWork& work, const NodeWork& node, DeviceId device) {
+std::string Worker::NodeWhere(const HostWork& work, const NodeWork& node, DeviceId device) {
   return absl::StrCat(work.run.ToString(), " program '", work.program->program, "' node '", node.name,
                       "' on ", device.ToString());
 }
+
+namespace {
 
 // The error of `f` if it is already ready with one.
 template <typename T>
@@ -117,12 +117,7 @@ struct Worker::Dispatching {
   // the store's lock and lookups; the last reader's shard takes the memory. Values produced or
   // read last in another work (sequential dispatch sends a node at a time) go through the store.
   std::vector<bool> local;  // By value index: read last by a node of this work.
-  struct Handoff {
-    ObjectStore::Shard shard;  // `buffer` is the producer's future, unless read directly.
-    int from = -1;             // Read directly: the producer's index in Dispatched::shards.
-    int output = 0;
-  };
-  absl::flat_hash_map<std::pair<int, DeviceId>, Handoff> handoffs;
+  absl::flat_hash_map<std::pair<int, DeviceId>, ObjectStore::Shard> handoffs;
 
   // Shards go onto each device's queue in batches, one lock each: the first alone (so the device
   // starts at once), then batches of twice the size, up to kMaxBatch.
@@ -156,8 +151,7 @@ void Worker::ShardEnd::operator()(Shard* shard) const {
   // its future) must not wait for the rest of its work.
   shard->inputs.clear();
   shard->memory.clear();
-  // Values handed on directly stay for the later shards that read them (the last takes them).
-  for (Shard::Output& o : shard->outputs) o.promise.reset();
+  shard->outputs.clear();
   shard->last_read.clear();
   shard->release.clear();
   std::vector<DeviceBufferRef>().swap(shard->held);
@@ -171,6 +165,9 @@ void Worker::ShardEnd::operator()(Shard* shard) const {
 
 void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued,
                          Promise<> done) {
+  if (std::shared_ptr<const SegmentPlan> plan = PlanOf(*work))
+    return DispatchSegments(std::move(work), std::move(plan), std::move(enqueued),
+                            std::move(done));
   auto d = std::make_shared<Dispatched>();
   Dispatching state;
   state.local.assign(work->buffers->size(), false);
@@ -202,7 +199,7 @@ void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueue
     }
   }
   state.EnqueueRest();
-  for (auto& [key, h] : state.handoffs) d->unclaimed.push_back(std::move(h.shard.memory));
+  for (auto& [key, h] : state.handoffs) d->unclaimed.push_back(std::move(h.memory));
   enqueued.Set();
   // The countdown's callback holds the work until its last part (a shard's end, a transfer or
   // this) completes it.
@@ -217,28 +214,6 @@ ObjectStore::Shard FailedShard(const absl::Status& error) {
   return {Future<DeviceBufferRef>::Ready(error), Future<ReservationRef>::Ready(error), 0};
 }
 }  // namespace
-
-void Worker::Shard::Output::Set(absl::StatusOr<DeviceBufferRef> v) {
-  if (promise.has_value()) {
-    promise->Set(std::move(v));
-    promise.reset();
-  } else {
-    value = std::move(v);
-  }
-}
-
-absl::StatusOr<DeviceBufferRef> Worker::Shard::Input::Take() {
-  if (from == nullptr) return future.Await();
-  absl::StatusOr<DeviceBufferRef>& v = from->outputs[output].value;
-  // Set (a buffer, or an error with a message) once the producer ended, before this shard ran.
-  if (v.ok() ? *v == nullptr : v.status().message().empty()) {
-    return absl::InternalError(absl::StrCat("output ", output, " of ", from->node->name, " on ",
-                                            from->device.ToString(),
-                                            " was not produced, or was taken by an earlier read"));
-  }
-  if (last) return std::move(v);
-  return v;
-}
 
 void Worker::PutFailed(BufferId id, DeviceId device, const absl::Status& error) {
   store_.Put(id, device, FailedShard(error)).IgnoreError();
@@ -261,19 +236,8 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Dispatching& 
       if (!setup.ok()) break;
       if (auto h = state.handoffs.find(std::make_pair(in, device_id));
           h != state.handoffs.end()) {
-        if (h->second.from >= 0) {
-          // The last read of a value takes it: this node releases it and reads it no later.
-          const size_t j = inputs.size();
-          const bool last =
-              std::find(c.release.begin(), c.release.end(), in) != c.release.end() &&
-              std::find(c.inputs.begin() + j + 1, c.inputs.end(), in) == c.inputs.end();
-          inputs.push_back({.from = &d->shards[h->second.from],
-                            .output = h->second.output,
-                            .last = last});
-        } else {
-          setup = FailedAlready(h->second.shard.buffer);
-          inputs.push_back({.future = h->second.shard.buffer});
-        }
+        setup = FailedAlready(h->second.buffer);
+        inputs.push_back(h->second.buffer);
         continue;
       }
       auto f = store_.Get(work->buffer(in), device_id);
@@ -282,14 +246,12 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Dispatching& 
         break;
       }
       setup = FailedAlready(*f);
-      inputs.push_back({.future = *std::move(f)});
+      inputs.push_back(*std::move(f));
     }
-    // An output goes to the store, or is handed on to its readers in this work: directly when
-    // the shard runs before its launch returns (its readers run after it on this device).
-    const bool direct = setup.ok() && (*exe)->runs_on_launch();
-    auto publish = [&](int k, Dispatching::Handoff h) -> absl::Status {
+    // An output goes to the store, or is handed on to its readers in this work.
+    auto publish = [&](int k, ObjectStore::Shard h) -> absl::Status {
       const int v = c.outputs[k];
-      if (!state.local[v]) return store_.Put(work->buffer(v), device_id, std::move(h.shard));
+      if (!state.local[v]) return store_.Put(work->buffer(v), device_id, std::move(h));
       if (state.handoffs.try_emplace(std::make_pair(v, device_id), std::move(h)).second)
         return absl::OkStatus();
       return absl::AlreadyExistsError(absl::StrCat(
@@ -298,56 +260,39 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Dispatching& 
     auto publish_failed = [&](int k, const absl::Status& error) {
       publish(k, {FailedShard(error)}).IgnoreError();
     };
-    // Outputs: reserve memory now; each shard is a promise (or a value read directly) until the
-    // computation runs.
+    // Outputs: reserve memory now; each shard is a promise until the computation runs.
     decltype(Shard::outputs) outputs;
     decltype(Shard::memory) memory;
     for (size_t k = 0; k < c.outputs.size(); ++k) {
       if (!setup.ok()) break;
       int64_t bytes = (*exe)->output_specs()[k].size_bytes();
-      Shard::Output o;
-      Dispatching::Handoff h;
-      if (direct && state.local[c.outputs[k]]) {
-        h.from = static_cast<int>(d->shards.size());  // Where this shard will be.
-        h.output = static_cast<int>(k);
-      } else {
-        o.promise.emplace();
-        h.shard.buffer = o.promise->future();
-      }
-      h.shard.bytes = bytes;
+      Promise<DeviceBufferRef> p;
+      ObjectStore::Shard h{p.future(), {}, bytes};
       const BufferId out = work->buffer(c.outputs[k]);
       // Granted memory is held by the store entry (or hand-off); the device waits only for the
       // rest.
       if (ReservationRef granted = device->memory().TryReserve(bytes)) {
-        h.shard.memory = std::move(granted);
+        h.memory = std::move(granted);
         setup = publish(k, std::move(h));
       } else {
         auto mem = device->memory().Reserve(bytes);
-        h.shard.memory = mem;
+        h.memory = mem;
         setup = publish(k, std::move(h));
         if (setup.ok()) setup = FailedAlready(mem);
         memory.push_back(std::move(mem));
       }
       if (!setup.ok()) setup = Annotate(setup, absl::StrCat(out.ToString(), " (output ", k, ")"));
-      outputs.push_back(std::move(o));
+      outputs.push_back(std::move(p));
     }
     if (!setup.ok() && exe.ok() && device != nullptr && !(*exe)->shards_skippable()) {
       // An SPMD partition: the device still runs it, as a stand-in on zeros (see below), so its
       // peers are not left inside XLA's collectives.
       for (size_t k = outputs.size(); k < c.outputs.size(); ++k) publish_failed(k, setup);
-      inputs.assign({Shard::Input{.future = Future<DeviceBufferRef>::Ready(setup)}});
+      inputs.assign({Future<DeviceBufferRef>::Ready(setup)});
     } else if (!setup.ok()) {
       absl::Status error = Annotate(setup, NodeWhere(*work, node, device_id));
       collectives_->FailLaunch(work->run.value(), node.node, error, c.slice_devices);
-      for (size_t k = 0; k < outputs.size(); ++k) {
-        if (outputs[k].promise.has_value()) {
-          outputs[k].Set(error);
-        } else {  // Handed on directly from a shard that will not exist: its readers fail.
-          auto h = state.handoffs.find(std::make_pair(c.outputs[k], device_id));
-          if (h != state.handoffs.end() && h->second.from == static_cast<int>(d->shards.size()))
-            h->second = {FailedShard(error)};
-        }
-      }
+      for (auto& p : outputs) p.Set(error);
       for (size_t k = outputs.size(); k < c.outputs.size(); ++k) publish_failed(k, error);
       done->Add();
       done->Done(error);
@@ -362,7 +307,7 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Dispatching& 
       if (h == state.handoffs.end()) {
         release.push_back(work->buffer(v));
       } else {
-        last_read.push_back(std::move(h->second.shard.memory));
+        last_read.push_back(std::move(h->second.memory));
         state.handoffs.erase(h);
       }
     }
@@ -400,9 +345,9 @@ void Worker::RunShard(ShardPtr shard, absl::Status s) {
   ShardLaunch launch;
   launch.inputs.reserve(shard->inputs.size());
   for (size_t j = 0; s.ok() && j < shard->inputs.size(); ++j) {
-    absl::StatusOr<DeviceBufferRef> v = shard->inputs[j].Take();
+    const absl::StatusOr<DeviceBufferRef>& v = shard->inputs[j].Await();
     if (v.ok()) {
-      launch.inputs.push_back(*std::move(v));
+      launch.inputs.push_back(*v);
     } else {
       s = v.status();
     }
@@ -459,6 +404,7 @@ void Worker::OnShardOutputs(ShardPtr shard,
     shard->failed = r.status();
   } else if (shard->failed.ok() && shard->exe->shards_skippable()) {
     for (size_t k = 0; k < shard->outputs.size(); ++k) shard->outputs[k].Set((*r)[k]);
+    shard->outputs.clear();
   } else if (shard->failed.ok()) {
     shard->held = *r;  // Until the launch is known to be whole.
   }
@@ -494,7 +440,7 @@ void Worker::FailShard(ShardPtr shard, const absl::Status& status) {
   // Other shards may be waiting in a collective this shard will never reach.
   collectives_->FailLaunch(shard->work().run.value(), shard->node->node, error,
                            shard->compute().slice_devices);
-  for (Shard::Output& o : shard->outputs) o.Set(error);
+  for (auto& p : shard->outputs) p.Set(error);
   shard->ended = error;  // The caller's ShardPtr ends it.
 }
 

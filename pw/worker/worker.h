@@ -67,6 +67,8 @@ class Worker final : public WorkerInterface {
 
  private:
   void RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued, Promise<> done);
+  // "run R program 'P' node 'N' on device D", for errors.
+  static std::string NodeWhere(const HostWork& work, const NodeWork& node, DeviceId device);
   struct Dispatched;
   struct Dispatching;
   // Each adds its shards to `d->done` and finishes them when they complete.
@@ -88,26 +90,9 @@ class Worker final : public WorkerInterface {
     const Executable* exe = nullptr;  // Held by the Dispatched.
     int rank = 0;
     DeviceId device;
-    // An output: a promise its readers wait on, or, when the shard runs before its launch
-    // returns (Executable::runs_on_launch) and only later shards of its work on the same device
-    // read it, a value those read directly: the device runs them after this one, so no future
-    // (and no lock) is needed between them.
-    struct Output {
-      std::optional<Promise<DeviceBufferRef>> promise;  // Empty when handed on directly.
-      absl::StatusOr<DeviceBufferRef> value;  // Handed on directly: set once the shard ends.
-      void Set(absl::StatusOr<DeviceBufferRef> v);
-    };
-    // An input: a future, or the output of an earlier shard read directly.
-    struct Input {
-      Future<DeviceBufferRef> future;  // Invalid when read directly.
-      Shard* from = nullptr;
-      int output = 0;
-      bool last = false;  // The value's last read: taken from `from`, which then holds nothing.
-      absl::StatusOr<DeviceBufferRef> Take();
-    };
-    absl::InlinedVector<Input, 2> inputs;
+    absl::InlinedVector<Future<DeviceBufferRef>, 2> inputs;
     absl::InlinedVector<Future<ReservationRef>, 2> memory;  // Those not granted at dispatch.
-    absl::InlinedVector<Output, 2> outputs;  // Until set: then promises are dropped.
+    absl::InlinedVector<Promise<DeviceBufferRef>, 2> outputs;  // Those not yet handed on.
     // The memory of intermediates handed to this shard's node without the store (see Dispatching)
     // that it reads last: released when the shard ends.
     absl::InlinedVector<ObjectStore::Memory, 1> last_read;
@@ -123,6 +108,27 @@ class Worker final : public WorkerInterface {
     const HostWork& work() const { return *host_work; }
     const ComputeWork& compute() const { return std::get<ComputeWork>(node->work); }
   };
+  // Segments: when every compute node of a work runs on launch (native kernels) and may be
+  // skipped shard by shard, each device runs all of its shards of the work as one queue item.
+  // Shapes are static, so the range of a host program is planned once (SegmentPlan) and each
+  // run's dispatch does only what other parts of the system see: the store's entries of values
+  // read outside the segment, their memory, and one reservation for the segment's
+  // intermediates (the most bytes they hold at once). The device thread keeps the
+  // intermediates in the segment's slots: no shard objects, futures or per-node reservations.
+  struct SegmentPlan;
+  struct Segment;
+  struct SegmentEnd {
+    void operator()(Segment* segment) const;
+  };
+  using SegmentPtr = std::unique_ptr<Segment, SegmentEnd>;
+  // The plan of the work's range of its program (cached), or null where segments do not apply.
+  std::shared_ptr<const SegmentPlan> PlanOf(const HostWork& work);
+  std::shared_ptr<const SegmentPlan> MakePlan(const HostWork& work);
+  void DispatchSegments(std::shared_ptr<const HostWork> work,
+                        std::shared_ptr<const SegmentPlan> plan, Promise<> enqueued,
+                        Promise<> done);
+  // On the device thread: runs the segment's steps in order.
+  void RunSegment(Segment& segment, absl::Status health);
   // Ends a shard: drops what it holds, then counts it done in its work (which may free it).
   struct ShardEnd {
     void operator()(Shard* shard) const;
@@ -174,6 +180,17 @@ class Worker final : public WorkerInterface {
       while (count.load(std::memory_order_acquire) > 0) absl::SleepFor(absl::Microseconds(100));
     }
   } in_flight_;
+  // Plans by host program and range. Used on the dispatch thread only.
+  struct PlanKey {
+    const HostProgram* program;
+    size_t begin, end;
+    template <typename H>
+    friend H AbslHashValue(H h, const PlanKey& k) {
+      return H::combine(std::move(h), k.program, k.begin, k.end);
+    }
+    friend bool operator==(const PlanKey&, const PlanKey&) = default;
+  };
+  absl::flat_hash_map<PlanKey, std::shared_ptr<const SegmentPlan>> plans_;
   absl::flat_hash_map<DeviceId, std::unique_ptr<Device>> devices_;  // Fixed at construction.
   WorkQueue dispatch_;  // Last: destroyed (drained) first.
 };
