@@ -378,7 +378,8 @@ TEST_P(ClusterTest, StatusCountsEveryComputationRun) {
   Array x = *c->Put(F32({0, 0}), s.info().id, Sharding::Split({2}, 1, 0));
   auto executed = [&] {
     std::vector<int64_t> n;
-    for (const HostStatus& h : StatusOfEveryHost(controller()).value().hosts)
+    const ClusterStatus status = StatusOfEveryHost(controller()).value();
+    for (const HostStatus& h : status.hosts)
       for (const DeviceStatus& d : h.devices) n.push_back(d.executed);
     return n;
   };

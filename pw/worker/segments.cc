@@ -49,7 +49,7 @@ struct Worker::SegmentPlan {
 };
 
 struct Worker::Segment {
-  const HostWork* work;  // In the Dispatched, which stays until the countdown completes.
+  const HostWork* work;  // Held with the plan until the work's countdown completes.
   Countdown* done;
   const SegmentPlan::OnDevice* plan;
   std::vector<Future<DeviceBufferRef>> inputs;
@@ -311,6 +311,9 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
       ran = std::move(step.exe->Launch(launch).ran);
       if (!ran.has_value()) s = absl::InternalError("a segment's launch did not run on launch");
       else if (!ran->ok()) s = ran->status();
+      else if ((*ran)->size() != step.outputs.size())
+        s = absl::InternalError(absl::StrCat((*ran)->size(), " outputs, expected ",
+                                             step.outputs.size()));
     }
     launch.inputs.clear();
     if (!s.ok()) {
