@@ -8,6 +8,8 @@
 // like a stream waiting on events, then launches it; outputs are fulfilled when the executable's
 // completion future is ready. Receives (transfer nodes) pull
 // source shards from their hosts (FetchShard on the peer) and copy on the data-plane thread.
+// A work whose computations all run on launch (native kernels) goes to each device as one item,
+// a segment (segments.cc), whose intermediates stay on the device thread.
 #pragma once
 
 #include <atomic>
