@@ -83,7 +83,7 @@ void Device::Loop() {
     }
     absl::Status removed;
     while (!batch.empty()) {
-      if (removed.ok() && removing_.load(std::memory_order_acquire)) removed = health();
+      if (removed.ok()) removed = this->removed();
       Item item = std::move(batch.front());
       batch.pop_front();
       std::move(item)(removed);

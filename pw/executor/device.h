@@ -48,8 +48,8 @@ class Device {
   void Remove(const absl::Status& reason);
   // Non-OK once removed.
   absl::Status health() const;
-  // health() without a lock while the device is in service: for an item that runs many
-  // computations (a segment), before each.
+  // health() without a lock while the device is in service: checked before each item, and
+  // before each computation of an item that runs many (a segment).
   absl::Status removed() const {
     return removing_.load(std::memory_order_acquire) ? health() : absl::OkStatus();
   }

@@ -198,13 +198,7 @@ void Worker::DispatchSegments(std::shared_ptr<const HostWork> work,
     s->inputs.resize(on.input_values.size());
     s->outputs.resize(on.outputs.size());
     s->output_memory.resize(on.outputs.size());
-    if (on.scratch_bytes == 0) {
-      s->scratch = ReservationRef();
-    } else if (ReservationRef granted = on.device->memory().TryReserve(on.scratch_bytes)) {
-      s->scratch = std::move(granted);
-    } else {
-      s->scratch = on.device->memory().Reserve(on.scratch_bytes);
-    }
+    if (on.scratch_bytes > 0) s->scratch = ReserveMemory(*on.device, on.scratch_bytes, nullptr);
     d->done.Add();
     segments.push_back(std::move(s));
   }
@@ -226,13 +220,7 @@ void Worker::DispatchSegments(std::shared_ptr<const HostWork> work,
       const int y = step.outputs[k];
       if (y >= 0) continue;
       const SegmentPlan::OnDevice::Output& out = on.outputs[~y];
-      ObjectStore::Memory memory;
-      if (ReservationRef granted = on.device->memory().TryReserve(out.bytes)) {
-        memory = std::move(granted);
-      } else {
-        s.output_memory[~y] = on.device->memory().Reserve(out.bytes);
-        memory = s.output_memory[~y];
-      }
+      ObjectStore::Memory memory = ReserveMemory(*on.device, out.bytes, &s.output_memory[~y]);
       const BufferId id = w.buffer(out.value);
       absl::Status put = store_.Put(id, device, {s.outputs[~y].future(), std::move(memory),
                                                  out.bytes});

@@ -14,6 +14,14 @@ std::string Worker::NodeWhere(const HostWork& work, const NodeWork& node, Device
                       "' on ", device.ToString());
 }
 
+ObjectStore::Memory Worker::ReserveMemory(Device& device, int64_t bytes,
+                                          Future<ReservationRef>* pending) {
+  if (ReservationRef granted = device.memory().TryReserve(bytes)) return granted;
+  Future<ReservationRef> f = device.memory().Reserve(bytes);
+  if (pending != nullptr) *pending = f;
+  return f;
+}
+
 namespace {
 
 // The error of `f` if it is already ready with one.
@@ -271,15 +279,12 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Dispatching& 
       const BufferId out = work->buffer(c.outputs[k]);
       // Granted memory is held by the store entry (or hand-off); the device waits only for the
       // rest.
-      if (ReservationRef granted = device->memory().TryReserve(bytes)) {
-        h.memory = std::move(granted);
-        setup = publish(k, std::move(h));
-      } else {
-        auto mem = device->memory().Reserve(bytes);
-        h.memory = mem;
-        setup = publish(k, std::move(h));
-        if (setup.ok()) setup = FailedAlready(mem);
-        memory.push_back(std::move(mem));
+      Future<ReservationRef> pending;
+      h.memory = ReserveMemory(*device, bytes, &pending);
+      setup = publish(k, std::move(h));
+      if (pending.valid()) {
+        if (setup.ok()) setup = FailedAlready(pending);
+        memory.push_back(std::move(pending));
       }
       if (!setup.ok()) setup = Annotate(setup, absl::StrCat(out.ToString(), " (output ", k, ")"));
       outputs.push_back(std::move(p));

@@ -71,6 +71,10 @@ class Worker final : public WorkerInterface {
   void RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued, Promise<> done);
   // "run R program 'P' node 'N' on device D", for errors.
   static std::string NodeWhere(const HostWork& work, const NodeWork& node, DeviceId device);
+  // `bytes` of `device`'s memory: granted now if they fit (no future), else a reservation to
+  // wait for, which also goes to `*pending` (if given) for the device thread to wait on.
+  static ObjectStore::Memory ReserveMemory(Device& device, int64_t bytes,
+                                           Future<ReservationRef>* pending);
   struct Dispatched;
   struct Dispatching;
   // Each adds its shards to `d->done` and finishes them when they complete.
