@@ -22,11 +22,10 @@ test: build python
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 	.venv/bin/python -m pytest -q python/tests
 
-# The main job: the data-parallel MLP (examples/mlp_dp.py) on an embedded cluster of 2 islands x
-# 2 hosts x 2 devices, after the paper's Figure 2 program.
+# The main job: the paper's Figure 2 program, then the data-parallel MLP (examples/mlp_dp.py),
+# on a `pw up` cluster of 2 islands x 2 hosts x 2 devices that scripts/demo.sh starts and stops.
 demo: build python
-	$(BUILD_DIR)/bin/pw example figure2
-	PW_ISLANDS=2 PW_HOSTS_PER_ISLAND=2 PW_DEVICES_PER_HOST=2 .venv/bin/python examples/mlp_dp.py
+	BUILD_DIR=$(BUILD_DIR) scripts/demo.sh
 
 # Sanitizer builds: ASan+UBSan and TSan, each in its own build directory.
 asan: deps

@@ -8,7 +8,10 @@ on one device on the whole batch, and the parameters must match within 1e-5 rela
 
     .venv/bin/python examples/mlp_dp.py [--steps 40] [--devices 4] [--batch 128]
 
-The cluster is the embedded one (PW_ISLANDS x PW_HOSTS_PER_ISLAND x PW_DEVICES_PER_HOST).
+The cluster is the one at PW_CLUSTER (e.g. `pw up --islands 2 --hosts-per-island 2
+--devices-per-host 2`, where the 4-device slice spans both worker processes of an island and the
+all-reduce runs through the runtime's collectives), else an embedded one (PW_ISLANDS x
+PW_HOSTS_PER_ISLAND x PW_DEVICES_PER_HOST).
 """
 import argparse
 import sys

@@ -3,8 +3,11 @@
 Usage: export_stablehlo.py OUT_DIR
 Writes OUT_DIR/<name>.mlirbc (jax.export's serialized module) for each function below.
 Per-shard functions are exported for one device; SPMD ones (collectives across the slice) as
-one module of N partitions, pmap-style: shard i of every argument and result is row i.
+one module of N partitions, pmap-style: shard i of every argument and result is row i; runtime
+ones (rt_*) as pw.pmap exports them: one per-shard module whose collectives are the runtime's
+(python/pathways/_collectives.py).
 """
+import importlib.util
 import pathlib
 import sys
 
@@ -52,6 +55,39 @@ def export_spmd(fn, shard_args, n):
     return jax.export.export(jax.jit(mapped))(*args)
 
 
+# name: (function of one shard, per-shard inputs, axis size): exported as pw.pmap does.
+RUNTIME_FUNCTIONS = {
+    "rt_psum2": (lambda x: jax.lax.psum(x * 2.0, "i"), [VEC3], 2),
+    "rt_psum4": (lambda x: jax.lax.psum(x * 2.0, "i"), [VEC3], 4),
+    "rt_allgather_sum4": (lambda x: x + jnp.sum(jax.lax.all_gather(x, "i")), [VEC3], 4),
+}
+
+
+def export_runtime(fn, shard_args, n):
+    here = pathlib.Path(__file__).resolve().parent.parent / "python" / "pathways" / "_collectives.py"
+    spec = importlib.util.spec_from_file_location("pw_collectives", here)
+    collectives = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(collectives)
+    from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
+    mesh = AbstractMesh((n,), ("i",))
+
+    def per_device(*xs):
+        return jax.tree.map(lambda y: y[None], fn(*(x[0] for x in xs)))
+
+    mapped = jax.shard_map(per_device, mesh=mesh, in_specs=P("i"), out_specs=P("i"),
+                           check_vma=False)
+    args = [jax.ShapeDtypeStruct((n, *a.shape), a.dtype, sharding=NamedSharding(mesh, P("i")))
+            for a in shard_args]
+    body = collectives.shard_map_body(jax.make_jaxpr(jax.jit(mapped))(*args))
+    shard = collectives.per_shard_function(body, "i", n)
+
+    def per_shard(*xs):
+        return [y[0] for y in shard(*(x[None] for x in xs))]
+
+    return jax.export.export(jax.jit(per_shard),
+                             disabled_checks=collectives.export_checks())(*shard_args)
+
+
 def main() -> None:
     out = pathlib.Path(sys.argv[1])
     out.mkdir(parents=True, exist_ok=True)
@@ -60,6 +96,9 @@ def main() -> None:
         (out / f"{name}.mlirbc").write_bytes(exported.mlir_module_serialized)
     for name, (fn, args, n) in SPMD_FUNCTIONS.items():
         exported = export_spmd(fn, args, n)
+        (out / f"{name}.mlirbc").write_bytes(exported.mlir_module_serialized)
+    for name, (fn, args, n) in RUNTIME_FUNCTIONS.items():
+        exported = export_runtime(fn, args, n)
         (out / f"{name}.mlirbc").write_bytes(exported.mlir_module_serialized)
 
 

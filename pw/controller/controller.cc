@@ -187,7 +187,9 @@ absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
   // Kernels and shapes, before anything runs (SPMD modules for their own partition count).
   const auto* hlo = std::get_if<StableHloFunctionDef>(&def);
   PW_ASSIGN_OR_RETURN(FunctionSignature sig,
-                      SignatureOf(def, hlo != nullptr ? std::max(1, hlo->num_partitions) : 1));
+                      SignatureOf(def, hlo == nullptr ? 1
+                                           : std::max({1, hlo->num_partitions,
+                                                       hlo->collective_axis_size})));
   FunctionId id;
   std::vector<WorkerInterface*> workers;
   {

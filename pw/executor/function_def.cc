@@ -23,6 +23,15 @@ absl::StatusOr<FunctionSignature> SignatureOf(const FunctionDef& def, int num_sh
   if (hlo.num_partitions < 1)
     return absl::InvalidArgumentError(
         absl::StrCat(where, " has ", hlo.num_partitions, " partitions; needs at least 1"));
+  if (hlo.collective_axis_size < 0 ||
+      (hlo.collective_axis_size > 0 && hlo.num_partitions != 1))
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " has collective axis size ", hlo.collective_axis_size, " and ",
+        hlo.num_partitions, " partitions; runtime collectives need a per-shard module"));
+  if (hlo.collective_axis_size > 0 && hlo.collective_axis_size != num_shards)
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, " has collectives over an axis of ", hlo.collective_axis_size,
+        " devices and cannot run on a slice of ", num_shards, " devices"));
   if (hlo.num_partitions > 1 && hlo.num_partitions != num_shards)
     return absl::InvalidArgumentError(absl::StrCat(
         where, " is an SPMD module of ", hlo.num_partitions,

@@ -24,6 +24,10 @@ struct StableHloFunctionDef {
   std::vector<ArraySpec> inputs;
   std::vector<ArraySpec> outputs;
   int num_partitions = 1;
+  // > 0: a per-shard module (num_partitions 1) whose collectives are the runtime's
+  // (pw_* custom calls, pw/pjrt/runtime_collectives.h) over an axis of this many shards; it runs
+  // only on slices of that many devices, which may span worker processes.
+  int collective_axis_size = 0;
 };
 
 using FunctionDef = std::variant<NativeFunctionDef, StableHloFunctionDef>;

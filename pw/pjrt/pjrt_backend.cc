@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
+#include "pw/pjrt/runtime_collectives.h"
 
 namespace pw::pjrt {
 
@@ -48,6 +49,7 @@ absl::StatusOr<std::shared_ptr<const PjrtClient>> PjrtBackend::ClientLocked() {
   }
   pjrt_devices_.store(std::max(1, std::min(num_devices_, (*client)->num_devices())),
                       std::memory_order_release);
+  collectives_status_ = RegisterRuntimeCollectives(*plugin, (*client)->platform_name());
   client_ = *std::move(client);
   return client_;
 }
@@ -73,6 +75,12 @@ absl::StatusOr<std::shared_ptr<const PjrtExecutable>> PjrtBackend::Compile(
 const void* PjrtBackend::StagingKey(int device_index, const ArraySpec& spec) {
   pw::MutexLock lock(&keys_mu_);
   return &*staging_keys_.insert(absl::StrCat(device_index, "/", spec.ToString())).first;
+}
+
+absl::Status PjrtBackend::RuntimeCollectives() {
+  pw::MutexLock lock(&mu_);
+  PW_RETURN_IF_ERROR(ClientLocked().status());
+  return collectives_status_;
 }
 
 int64_t PjrtBackend::num_compiles() const {

@@ -47,6 +47,9 @@ class PjrtBackend {
   // A stable key for buffers staged into this backend's client on `device_index` as `spec`
   // (DeviceBuffer::Mirror).
   const void* StagingKey(int device_index, const ArraySpec& spec) ABSL_LOCKS_EXCLUDED(keys_mu_);
+  // Whether functions with runtime collectives (runtime_collectives.h) can run here: OK once
+  // their handlers are registered with the client's plugin.
+  absl::Status RuntimeCollectives() ABSL_LOCKS_EXCLUDED(mu_);
   // Number of compiles done (cache misses).
   int64_t num_compiles() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -61,6 +64,7 @@ class PjrtBackend {
   std::shared_ptr<const PjrtClient> client_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<const PjrtExecutable>> cache_ ABSL_GUARDED_BY(mu_);
   int64_t num_compiles_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status collectives_status_ ABSL_GUARDED_BY(mu_);
   // Its own lock: staging on a device thread must not wait behind a compile holding mu_.
   pw::Mutex keys_mu_;
   absl::node_hash_set<std::string> staging_keys_ ABSL_GUARDED_BY(keys_mu_);

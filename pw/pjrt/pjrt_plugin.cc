@@ -423,7 +423,8 @@ Future<std::vector<std::shared_ptr<PjrtBuffer>>> PjrtExecutable::Execute(
 
 absl::StatusOr<PjrtExecutable::Launched> PjrtExecutable::Launch(
     absl::Span<const std::shared_ptr<PjrtBuffer>> inputs, int device_index, DeviceId device,
-    int launch_id, absl::Span<const ArraySpec> output_views) const {
+    int launch_id, absl::Span<const ArraySpec> output_views,
+    std::optional<PrepareContext> prepare_context) const {
   const std::string where = absl::StrCat("function '", name_, "'");
   if (inputs.size() != inputs_.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -454,6 +455,22 @@ absl::StatusOr<PjrtExecutable::Launched> PjrtExecutable::Launch(
   PJRT_Event* done[] = {nullptr};
   auto options = PW_PJRT_ARGS(PJRT_ExecuteOptions);
   options.launch_id = launch_id;
+  // The execute context, when asked for: destroyed once the computation has run (below).
+  auto context = PW_PJRT_ARGS(PJRT_ExecuteContext_Create_Args);
+  auto destroy_context = [&] {
+    if (context.context == nullptr) return;
+    auto destroy = PW_PJRT_ARGS(PJRT_ExecuteContext_Destroy_Args);
+    destroy.context = context.context;
+    plugin_->Consume(api->PJRT_ExecuteContext_Destroy(&destroy), where).IgnoreError();
+  };
+  if (prepare_context.has_value()) {
+    PW_RETURN_IF_ERROR(plugin_->Consume(api->PJRT_ExecuteContext_Create(&context), where));
+    if (absl::Status s = (*prepare_context)(context.context); !s.ok()) {
+      destroy_context();
+      return Annotate(s, where);
+    }
+    options.context = context.context;
+  }
   auto exec = PW_PJRT_ARGS(PJRT_LoadedExecutable_Execute_Args);
   exec.executable = exe_;
   exec.options = &options;
@@ -464,7 +481,16 @@ absl::StatusOr<PjrtExecutable::Launched> PjrtExecutable::Launch(
   exec.device_complete_events = done;
   exec.execute_device = devices_[device_index];
   absl::Status s = plugin_->Consume(api->PJRT_LoadedExecutable_Execute(&exec), where);
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    destroy_context();
+    return s;
+  }
+  Future<> computed = plugin_->Await(done[0], where);
+  if (prepare_context.has_value()) {
+    // Runs to the end before the context goes (on the CPU plugin it has already: synchronous).
+    computed = Future<>::Ready(computed.Await());
+    destroy_context();
+  }
   if (!output_views.empty() && output_views.size() != num_outputs_) {
     s = absl::InternalError(absl::StrCat(where, ": ", output_views.size(), " output views for ",
                                          num_outputs_, " outputs"));
@@ -503,10 +529,10 @@ absl::StatusOr<PjrtExecutable::Launched> PjrtExecutable::Launch(
                                                   device_index, std::move(spec)));
   }
   if (!s.ok()) {
-    plugin_->Await(done[0], where).status().IgnoreError();  // Completes and destroys the event.
+    computed.status().IgnoreError();  // Completes and destroys the event.
     return s;
   }
-  return Launched{std::move(result), plugin_->Await(done[0], where)};
+  return Launched{std::move(result), std::move(computed)};
 }
 
 }  // namespace pw::pjrt

@@ -11,10 +11,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/base/call_once.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -136,9 +138,14 @@ class PjrtExecutable {
     std::vector<std::shared_ptr<PjrtBuffer>> outputs;
     Future<> computed;
   };
+  // With `prepare_context`, the execution gets a PJRT execute context that it fills in (FFI user
+  // data: runtime_collectives.h), and Launch returns only once the computation has run (the
+  // context lives until then), with `computed` ready.
+  using PrepareContext = absl::FunctionRef<absl::Status(PJRT_ExecuteContext*)>;
   absl::StatusOr<Launched> Launch(absl::Span<const std::shared_ptr<PjrtBuffer>> inputs,
                                   int device_index, DeviceId device, int launch_id = 0,
-                                  absl::Span<const ArraySpec> output_views = {}) const;
+                                  absl::Span<const ArraySpec> output_views = {},
+                                  std::optional<PrepareContext> prepare_context = {}) const;
 
  private:
   friend class PjrtClient;

@@ -1,11 +1,16 @@
 #include "pw/pjrt/pjrt_plugin.h"
 #include "pw/pjrt/pjrt_backend.h"
 
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <thread>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pw/base/status_macros.h"
+#include "pw/executor/collectives.h"
+#include "pw/pjrt/shard_executable.h"
 
 namespace pw::pjrt {
 namespace {
@@ -220,6 +225,105 @@ TEST(PjrtBackendTest, CompilesOncePerFingerprint) {
   EXPECT_FALSE(backend->Compile("bad", "not stablehlo", {block}, {}).ok());
   EXPECT_FALSE(backend->Compile("bad", "not stablehlo", {block}, {}).ok());  // Errors not cached.
   EXPECT_EQ(backend->num_compiles(), 4);
+}
+
+// A pw.pmap export (rt_psum4: one per-shard module whose psum is a pw_all_reduce custom call):
+// each shard launched on its own thread meets the others through the runtime's Collectives,
+// found by the FFI handler in the launch's execute context.
+class RuntimeCollectivesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    backend_ = std::make_shared<PjrtBackend>(PW_PJRT_CPU_PLUGIN, devices_);
+    ASSERT_TRUE(backend_->RuntimeCollectives().ok()) << backend_->RuntimeCollectives();
+    StableHloFunctionDef def{"rt_psum4", ReadFile(std::string(PW_STABLEHLO_TESTDATA) +
+                                                  "/rt_psum4.mlirbc"),
+                             {{DType::kF32, Shape({3})}}, {{DType::kF32, Shape({3})}}, 1, 4};
+    auto exe = PjrtShardExecutable::Compile(backend_, def, devices_);
+    ASSERT_TRUE(exe.ok()) << exe.status();
+    exe_ = *exe;
+  }
+
+  // Launches rank r of run `run` with input (r, 10 r, run); returns its output or error.
+  absl::StatusOr<std::vector<float>> LaunchRank(int run, int r) {
+    auto x = HostDeviceBuffer::Create({DType::kF32, Shape({3})}, devices_[r]);
+    const float in[3] = {1.f * r, 10.f * r, 1.f * run};
+    std::memcpy(x->mutable_data(), in, sizeof(in));
+    ShardLaunch launch;
+    launch.key = {run, 0, 0};
+    launch.rank = r;
+    launch.slice_devices = devices_;
+    launch.device = devices_[r];
+    launch.inputs.push_back(x);
+    launch.collectives = &collectives_;
+    auto out = exe_->ExecuteShard(launch).Await();
+    if (!out.ok()) return out.status();
+    std::vector<float> y(3);
+    PW_RETURN_IF_ERROR((*out)[0]->CopyToHost(y.data()).status());
+    return y;
+  }
+
+  const std::vector<DeviceId> devices_ = {DeviceId(4), DeviceId(5), DeviceId(6), DeviceId(7)};
+  std::shared_ptr<PjrtBackend> backend_;
+  ExecutableRef exe_;
+  Collectives collectives_;
+};
+
+TEST_F(RuntimeCollectivesTest, ShardsOnTheirOwnThreadsMeetInTheRuntimesAllReduce) {
+  EXPECT_TRUE(exe_->shards_skippable());  // The runtime can abort its own rendezvous.
+  for (int run = 1; run <= 3; ++run) {
+    std::vector<absl::StatusOr<std::vector<float>>> outs(4, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 4; ++r) threads.emplace_back([&, r] { outs[r] = LaunchRank(run, r); });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_TRUE(outs[r].ok()) << outs[r].status();
+      EXPECT_EQ(*outs[r], (std::vector<float>{12.f, 120.f, 8.f * run})) << "rank " << r;
+    }
+  }
+  EXPECT_EQ(collectives_.pending(), 0u);
+}
+
+TEST_F(RuntimeCollectivesTest, ARemovedPeerFailsTheCollectiveNamingItInsteadOfHanging) {
+  std::vector<absl::StatusOr<std::vector<float>>> outs(3, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 3; ++r) threads.emplace_back([&, r] { outs[r] = LaunchRank(1, r); });
+  // Rank 3's device goes away before it launches: the three waiting shards fail, naming it.
+  collectives_.AbortDevice(devices_[3], absl::UnavailableError("device:7 was removed"));
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_FALSE(outs[r].ok()) << "rank " << r;
+    EXPECT_THAT(std::string(outs[r].status().message()),
+                ::testing::AllOf(::testing::HasSubstr("device:7 was removed"),
+                                 ::testing::HasSubstr("all_reduce")));
+  }
+  // The process goes on serving: a launch without the removed device still runs.
+  EXPECT_FALSE(LaunchRank(2, 0).ok());  // Its slice still includes the removed device.
+}
+
+TEST_F(RuntimeCollectivesTest, ALaunchWithoutTheRuntimesCollectivesIsAnErrorNotACrash) {
+  auto x = HostDeviceBuffer::Create({DType::kF32, Shape({3})}, devices_[0]);
+  std::memset(x->mutable_data(), 0, 12);
+  ShardLaunch launch;
+  launch.key = {1, 0, 0};
+  launch.slice_devices = devices_;
+  launch.device = devices_[0];
+  launch.inputs.push_back(x);
+  auto out = exe_->ExecuteShard(launch).Await();  // No Collectives*.
+  ASSERT_FALSE(out.ok());
+  EXPECT_THAT(std::string(out.status().message()),
+              ::testing::HasSubstr("without the runtime's collectives"));
+}
+
+TEST(RuntimeCollectivesBindTest, AFunctionForAnotherAxisSizeIsRefused) {
+  const std::vector<DeviceId> two = {DeviceId(0), DeviceId(1)};
+  auto backend = std::make_shared<PjrtBackend>(PW_PJRT_CPU_PLUGIN, two);
+  StableHloFunctionDef def{"rt_psum4", ReadFile(std::string(PW_STABLEHLO_TESTDATA) +
+                                                "/rt_psum4.mlirbc"),
+                           {{DType::kF32, Shape({3})}}, {{DType::kF32, Shape({3})}}, 1, 4};
+  auto exe = PjrtShardExecutable::Compile(backend, def, two);
+  ASSERT_FALSE(exe.ok());
+  EXPECT_THAT(std::string(exe.status().message()),
+              ::testing::HasSubstr("collectives over an axis of 4 devices"));
 }
 
 }  // namespace

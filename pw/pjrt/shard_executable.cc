@@ -3,6 +3,7 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
+#include "pw/pjrt/runtime_collectives.h"
 
 namespace pw::pjrt {
 
@@ -12,6 +13,9 @@ absl::StatusOr<ExecutableRef> PjrtShardExecutable::Compile(
   const int num_shards = static_cast<int>(slice_devices.size());
   PW_RETURN_IF_ERROR(SignatureOf(def, num_shards).status());
   PW_ASSIGN_OR_RETURN(auto client, backend->Client());
+  if (def.collective_axis_size > 0)
+    PW_RETURN_IF_ERROR(Annotate(backend->RuntimeCollectives(),
+                                absl::StrCat("function '", def.name, "'")));
   std::vector<ArraySpec> pjrt_inputs = def.inputs;
   std::vector<int> placement;
   if (def.num_partitions > 1) {
@@ -121,7 +125,19 @@ Executable::Run PjrtShardExecutable::Launch(const ShardLaunch& launch) const {
       exe_->num_partitions() > 1
           ? static_cast<int>((absl::HashOf(launch.key.run, launch.key.node) & 0x7fffffff) | 1)
           : 0;
-  auto launched = exe_->Launch(inputs, index, launch.device, launch_id, def_.outputs);
+  absl::StatusOr<PjrtExecutable::Launched> launched;
+  if (def_.collective_axis_size > 0) {
+    // Runs to the end here, on the device thread, so the device meets its peers in the island's
+    // gang order; the handlers find the launch in the execute context.
+    CollectiveLaunch collective(launch.key, launch.rank, launch.slice_devices, launch.collectives);
+    const PjrtPlugin& plugin = *client_->plugin();
+    launched = exe_->Launch(inputs, index, launch.device, 0, def_.outputs,
+                            [&](PJRT_ExecuteContext* context) {
+                              return AddCollectiveLaunch(plugin, context, &collective);
+                            });
+  } else {
+    launched = exe_->Launch(inputs, index, launch.device, launch_id, def_.outputs);
+  }
   if (!launched.ok()) return fail(launched.status());
   return Run{Outputs::Ready(std::vector<DeviceBufferRef>(launched->outputs.begin(),
                                                          launched->outputs.end())),

@@ -198,15 +198,16 @@ NB_MODULE(_pathways, m) {
           [](Client& c, const std::string& name, nb::bytes module,
              const std::vector<std::pair<std::string, std::vector<int64_t>>>& inputs,
              const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
-             const Slice& slice, int num_partitions) {
+             const Slice& slice, int num_partitions, int collective_axis_size) {
             StableHloFunctionDef def{name, std::string(module.c_str(), module.size()), {}, {},
-                                     num_partitions};
+                                     num_partitions, collective_axis_size};
             for (const auto& [d, s] : inputs) def.inputs.push_back(SpecOf(d, s));
             for (const auto& [d, s] : outputs) def.outputs.push_back(SpecOf(d, s));
             return Unwrap(c.Pmap(FunctionDef(std::move(def)), slice));
           },
           nb::arg("name"), nb::arg("module"), nb::arg("inputs"), nb::arg("outputs"),
-          nb::arg("slice"), nb::arg("num_partitions") = 1, nb::keep_alive<0, 1>())
+          nb::arg("slice"), nb::arg("num_partitions") = 1, nb::arg("collective_axis_size") = 0,
+          nb::keep_alive<0, 1>())
       .def(
           "put",
           [](Client& c, const Slice& slice, const AnyArray& value) {

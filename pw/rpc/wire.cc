@@ -248,6 +248,7 @@ void ToProto(const FunctionDef& d, v1::FunctionDef* out) {
     SetList(s.inputs, o->mutable_inputs());
     SetList(s.outputs, o->mutable_outputs());
     o->set_num_partitions(s.num_partitions);
+    o->set_collective_axis_size(s.collective_axis_size);
   }
 }
 
@@ -266,7 +267,12 @@ absl::StatusOr<FunctionDef> FromProto(const v1::FunctionDef& p) {
       return Invalid("stablehlo function num_partitions",
                      absl::StrCat("is ", s.num_partitions(), ", not >= 1"));
     }
-    StableHloFunctionDef d{s.name(), s.module(), {}, {}, s.num_partitions()};
+    if (s.collective_axis_size() < 0) {
+      return Invalid("stablehlo function collective_axis_size",
+                     absl::StrCat("is ", s.collective_axis_size(), ", not >= 0"));
+    }
+    StableHloFunctionDef d{s.name(), s.module(), {}, {}, s.num_partitions(),
+                           s.collective_axis_size()};
     PW_ASSIGN_OR_RETURN(d.inputs, List(s.inputs(), "stablehlo function input"));
     PW_ASSIGN_OR_RETURN(d.outputs, List(s.outputs(), "stablehlo function output"));
     return d;

@@ -21,7 +21,7 @@ import threading
 
 import numpy as np
 
-from . import _pathways
+from . import _collectives, _pathways
 
 __all__ = ["connect", "make_virtual_device_set", "pmap", "program", "device_put", "Array", "VirtualDeviceSet", "Slice"]
 
@@ -183,22 +183,33 @@ class _Pmapped:
                 def per_device(*blocks):  # Partition i holds row i: pmap's view of it.
                     return [y[None] for y in flat_fn(*(b[0] for b in blocks))]
 
+                # check_vma=False: pmap's typing (no varying/invariant distinction).
                 mapped = jax.shard_map(per_device, mesh=mesh, in_specs=P(self._axis),
-                                       out_specs=P(self._axis))
+                                       out_specs=P(self._axis), check_vma=False)
                 args = [jax.ShapeDtypeStruct((n, *s), _np_dtype(d),
                                              sharding=NamedSharding(mesh, P(self._axis)))
                         for d, s in shard_specs]
-                exported = jax.export.export(jax.jit(mapped))(*args)
-                outs = [_spec(a.shape[1:], a.dtype) for a in exported.out_avals]
+                # One shard's body, its collectives made the runtime's (see _collectives.py),
+                # exported as a single-device module that runs in any worker process.
+                body = _collectives.shard_map_body(jax.make_jaxpr(jax.jit(mapped))(*args))
+                shard = _collectives.per_shard_function(body, self._axis, n)
+
+                def per_shard(*xs):
+                    return [y[0] for y in shard(*(x[None] for x in xs))]
+
+                shard_args = [jax.ShapeDtypeStruct(tuple(s), _np_dtype(d)) for d, s in shard_specs]
+                exported = jax.export.export(
+                    jax.jit(per_shard), disabled_checks=_collectives.export_checks())(*shard_args)
+                outs = [_spec(a.shape, a.dtype) for a in exported.out_avals]
         return exported.mlir_module_serialized, outs, out_tree["tree"]
 
     def _bind(self, tree, shard_specs):
         key = (tree, tuple((d, tuple(s)) for d, s in shard_specs))
         if key not in self._bound:
             module, outs, out_tree = self._export(tree, shard_specs)
-            partitions = 1 if self._axis is None else self._slice.num_devices
+            axis_size = 0 if self._axis is None else self._slice.num_devices
             bound = _default_client().pmap_stablehlo(
-                self._name, module, list(shard_specs), outs, self._slice._handle, partitions)
+                self._name, module, list(shard_specs), outs, self._slice._handle, 1, axis_size)
             self._bound[key] = (bound, out_tree)
         return self._bound[key]
 

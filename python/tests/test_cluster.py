@@ -128,3 +128,73 @@ def test_killed_worker_leaves_and_rejoins(cluster):
     finally:
         new.terminate()
         new.wait(timeout=30)
+
+
+CHECK = ROOT / "python" / "tests" / "collectives_check.py"
+
+
+def check(address, *args, env):
+    return subprocess.Popen([sys.executable, str(CHECK), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            env=dict(env, PW_CLUSTER=address,
+                                     XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+
+
+def finish(p, timeout=600):
+    out, err = p.communicate(timeout=timeout)
+    assert p.returncode == 0, out + err
+    return out
+
+
+def test_collectives_span_worker_processes(cluster):
+    env, address, _ = cluster
+    # On 2 hosts x 2 devices per island, a 4-device slice spans both worker processes.
+    out = finish(check(address, "collectives", "2", "4", env=env))
+    assert out.count("ok ") == 2 * 19
+
+
+def test_overlapping_slices_from_two_clients_and_async_calls_never_deadlock(cluster):
+    env, address, _ = cluster
+    clients = [check(address, "overlap", "single", "100", "4", env=env),
+               check(address, "overlap", "single", "100", "2", env=env)]
+    for c in clients:
+        assert "ok overlap single 100" in finish(c)
+    assert "ok overlap async 100" in finish(check(address, "overlap", "async", "100", env=env))
+    assert "ok overlap threads 100" in finish(check(address, "overlap", "threads", "100", env=env))
+
+
+def test_a_collective_whose_peer_process_is_killed_fails_naming_the_host(cluster):
+    env, address, state = cluster
+    code = (
+        "import sys, time, numpy as np, jax, pathways as pw\n"
+        "ds = pw.make_virtual_device_set()\n"
+        "s = ds.add_slice(devices=4)\n"
+        "print('hosts', s, flush=True)\n"
+        "f = pw.pmap(lambda x: jax.lax.psum(x, 'i'), devices=s, axis_name='i')\n"
+        "x = np.ones((4, 1000), np.float32)\n"
+        "np.asarray(f(x)); print('ready', flush=True)\n"
+        "sys.stdin.readline()\n"  # The test kills a worker of the slice now.
+        "t0 = time.monotonic()\n"
+        "try:\n"
+        "    for _ in range(1000): np.asarray(f(x))\n"
+        "    print('no error')\n"
+        "except Exception as e:\n"
+        "    print('error after %.2fs: %s' % (time.monotonic() - t0, e))\n"
+        "g = pw.pmap(lambda x: jax.lax.psum(x, 'i'), devices=ds.add_slice(devices=2), axis_name='i')\n"
+        "print('next', np.asarray(g(np.ones((2, 3), np.float32))).tolist(), flush=True)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(env, PW_CLUSTER=address))
+    assert p.stdout.readline().startswith("hosts")
+    assert p.stdout.readline().strip() == "ready"
+    os.kill(state["worker_pids"][1], signal.SIGKILL)  # Host 1 holds half of the slice.
+    p.stdin.write("\n")
+    p.stdin.flush()
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 0, out + err
+    lines = out.splitlines()
+    print(lines[0])
+    assert lines[0].startswith("error after"), out
+    assert "host:1" in lines[0], lines[0]
+    assert float(lines[0].split()[2].rstrip("s:")) < 30  # Well within the failure timeout.
+    assert lines[1] == "next [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]", out

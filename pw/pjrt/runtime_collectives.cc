@@ -1,0 +1,382 @@
+#include "pw/pjrt/runtime_collectives.h"
+
+#include <algorithm>
+#include <complex>
+#include <cstring>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "xla/ffi/api/ffi.h"  // From the installed jaxlib wheel (see CMakeLists.txt).
+
+namespace pw::pjrt {
+
+namespace ffi = xla::ffi;
+
+// ---- The plugin's FFI extension, version 3 (declared here: no installed header has it).
+
+namespace {
+
+struct FfiTypeInfo {
+  void (*deleter)(void*);
+  void (*serialize)();
+  void (*deserialize)();
+};
+struct FfiTypeRegisterArgs {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  const char* type_name;
+  size_t type_name_size;
+  int64_t type_id;  // In-out: 0 asks the plugin to assign one.
+  FfiTypeInfo* type_info;
+};
+struct FfiUserData {
+  int64_t type_id;
+  void* data;
+};
+struct FfiUserDataAddArgs {
+  size_t struct_size;
+  PJRT_Extension_Base* extension_start;
+  PJRT_ExecuteContext* context;
+  FfiUserData user_data;
+};
+struct FfiRegisterHandlerArgs {
+  size_t struct_size;
+  const char* target_name;
+  size_t target_name_size;
+  void* handler;  // XLA_FFI_Handler*.
+  const char* platform_name;
+  size_t platform_name_size;
+  uint32_t traits;
+};
+struct FfiExtension {
+  PJRT_Extension_Base base;
+  PJRT_Error* (*type_register)(FfiTypeRegisterArgs*);
+  PJRT_Error* (*user_data_add)(FfiUserDataAddArgs*);
+  PJRT_Error* (*register_handler)(FfiRegisterHandlerArgs*);
+};
+
+const FfiExtension* FindFfiExtension(const PJRT_Api* api) {
+  for (const PJRT_Extension_Base* e = api->extension_start; e != nullptr; e = e->next) {
+    if (e->type == PJRT_Extension_Type_FFI) return reinterpret_cast<const FfiExtension*>(e);
+  }
+  return nullptr;
+}
+
+// The user-data type the handlers decode: its pointer is a CollectiveLaunch*.
+struct LaunchData {
+  static ffi::TypeId id;
+};
+ffi::TypeId LaunchData::id = {0};
+
+CollectiveLaunch* LaunchOf(LaunchData* data) { return reinterpret_cast<CollectiveLaunch*>(data); }
+
+ffi::Error ToFfi(const absl::Status& s) {
+  if (s.ok()) return ffi::Error::Success();
+  return ffi::Error(static_cast<XLA_FFI_Error_Code>(s.code()), std::string(s.message()));
+}
+
+// ---- Reductions, by element type.
+
+template <typename T>
+void ReduceTyped(Reduction r, absl::Span<const void* const> in, size_t offset, size_t count,
+                 void* out_bytes) {
+  T* out = static_cast<T*>(out_bytes);
+  const T* first = static_cast<const T*>(in[0]) + offset;
+  std::copy(first, first + count, out);
+  for (size_t i = 1; i < in.size(); ++i) {
+    const T* x = static_cast<const T*>(in[i]) + offset;
+    switch (r) {
+      case Reduction::kSum:
+        for (size_t k = 0; k < count; ++k) out[k] += x[k];
+        break;
+      case Reduction::kMax:
+        for (size_t k = 0; k < count; ++k) out[k] = std::max(out[k], x[k]);
+        break;
+      case Reduction::kMin:
+        for (size_t k = 0; k < count; ++k) out[k] = std::min(out[k], x[k]);
+        break;
+    }
+  }
+}
+
+// Reduces elements [offset, offset + count) of every input into `out`. f16 and bf16 are widened
+// to f32 by the module before it reaches here.
+absl::Status Reduce(ffi::DataType type, Reduction r, absl::Span<const void* const> in,
+                    size_t offset, size_t count, void* out) {
+  using D = ffi::DataType;
+  switch (type) {
+    case D::F32: ReduceTyped<float>(r, in, offset, count, out); break;
+    case D::F64: ReduceTyped<double>(r, in, offset, count, out); break;
+    case D::S8: ReduceTyped<int8_t>(r, in, offset, count, out); break;
+    case D::S16: ReduceTyped<int16_t>(r, in, offset, count, out); break;
+    case D::S32: ReduceTyped<int32_t>(r, in, offset, count, out); break;
+    case D::S64: ReduceTyped<int64_t>(r, in, offset, count, out); break;
+    case D::U8: ReduceTyped<uint8_t>(r, in, offset, count, out); break;
+    case D::U16: ReduceTyped<uint16_t>(r, in, offset, count, out); break;
+    case D::U32: ReduceTyped<uint32_t>(r, in, offset, count, out); break;
+    case D::U64: ReduceTyped<uint64_t>(r, in, offset, count, out); break;
+    case D::PRED:  // Sum of booleans is "any".
+      ReduceTyped<uint8_t>(r == Reduction::kSum ? Reduction::kMax : r, in, offset, count, out);
+      break;
+    case D::C64:
+    case D::C128:
+      if (r != Reduction::kSum)
+        return absl::InvalidArgumentError("complex values have no max or min reduction");
+      if (type == D::C64) ReduceTyped<float>(r, in, 2 * offset, 2 * count, out);
+      else ReduceTyped<double>(r, in, 2 * offset, 2 * count, out);
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "element type ", static_cast<int>(type), " has no reduction in runtime collectives"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Reduction> ReductionOf(int64_t r) {
+  if (r < 0 || r > static_cast<int64_t>(Reduction::kMin))
+    return absl::InvalidArgumentError(absl::StrCat("unknown reduction ", r));
+  return static_cast<Reduction>(r);
+}
+
+// Runs one collective of `launch` with this shard's `in`/`out`; `combine` gets every rank's.
+absl::Status RunCollective(CollectiveLaunch* launch, int64_t op_id, absl::string_view kind,
+                           const void* in, size_t in_bytes, void* out, size_t out_bytes,
+                           const Collectives::Combine& combine) {
+  if (launch == nullptr || launch->collectives() == nullptr)
+    return absl::FailedPreconditionError(absl::StrCat(
+        kind, ": this computation was launched without the runtime's collectives"));
+  const CollectiveKey key = launch->NextKey(op_id);
+  absl::Status s = launch->collectives()->Run(key, launch->devices(), launch->rank(), in,
+                                              in_bytes, out, out_bytes, combine);
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(kind, " (", launch->Where(key), "): ",
+                                               s.message()));
+  }
+  return s;
+}
+
+absl::Status CheckBytes(absl::string_view kind, size_t got, size_t want) {
+  if (got == want) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(kind, ": output has ", got, " bytes, expected ", want));
+}
+
+// ---- Handlers.
+
+ffi::Error AllReduce(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                     int64_t op_id, int64_t reduction) {
+  absl::StatusOr<Reduction> r = ReductionOf(reduction);
+  if (!r.ok()) return ToFfi(r.status());
+  if (absl::Status s = CheckBytes("all_reduce", y->size_bytes(), x.size_bytes()); !s.ok())
+    return ToFfi(s);
+  const ffi::DataType type = x.element_type();
+  const size_t count = x.element_count(), bytes = x.size_bytes();
+  auto combine = [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
+    absl::Status s = Reduce(type, *r, in, 0, count, out[0]);
+    for (size_t i = 1; s.ok() && i < out.size(); ++i) std::memcpy(out[i], out[0], bytes);
+    return s;
+  };
+  return ToFfi(RunCollective(LaunchOf(data), op_id, "all_reduce", x.untyped_data(), bytes,
+                             y->untyped_data(), bytes, combine));
+}
+
+ffi::Error AllGather(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                     int64_t op_id) {
+  CollectiveLaunch* launch = LaunchOf(data);
+  const size_t bytes = x.size_bytes(), n = launch == nullptr ? 0 : launch->size();
+  if (absl::Status s = CheckBytes("all_gather", y->size_bytes(), n * bytes); !s.ok())
+    return ToFfi(s);
+  auto combine = [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      for (size_t j = 0; j < in.size(); ++j)
+        std::memcpy(static_cast<char*>(out[i]) + j * bytes, in[j], bytes);
+    }
+    return absl::OkStatus();
+  };
+  return ToFfi(RunCollective(launch, op_id, "all_gather", x.untyped_data(), bytes,
+                             y->untyped_data(), n * bytes, combine));
+}
+
+ffi::Error ReduceScatter(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                         int64_t op_id, int64_t reduction) {
+  absl::StatusOr<Reduction> r = ReductionOf(reduction);
+  if (!r.ok()) return ToFfi(r.status());
+  CollectiveLaunch* launch = LaunchOf(data);
+  const size_t n = launch == nullptr ? 1 : launch->size();
+  const size_t bytes = x.size_bytes(), count = x.element_count() / n;
+  if (x.element_count() % n != 0 || y->element_count() != count) {
+    return ToFfi(absl::InvalidArgumentError(absl::StrCat(
+        "reduce_scatter: input of ", x.element_count(), " elements over ", n,
+        " ranks, output of ", y->element_count())));
+  }
+  const ffi::DataType type = x.element_type();
+  auto combine = [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
+    absl::Status s;
+    for (size_t j = 0; s.ok() && j < out.size(); ++j)
+      s = Reduce(type, *r, in, j * count, count, out[j]);
+    return s;
+  };
+  return ToFfi(RunCollective(launch, op_id, "reduce_scatter", x.untyped_data(), bytes,
+                             y->untyped_data(), y->size_bytes(), combine));
+}
+
+ffi::Error AllToAll(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                    int64_t op_id) {
+  CollectiveLaunch* launch = LaunchOf(data);
+  const size_t n = launch == nullptr ? 1 : launch->size();
+  const size_t bytes = x.size_bytes(), chunk = bytes / n;
+  if (bytes % n != 0) {
+    return ToFfi(absl::InvalidArgumentError(
+        absl::StrCat("all_to_all: input of ", bytes, " bytes does not split over ", n, " ranks")));
+  }
+  if (absl::Status s = CheckBytes("all_to_all", y->size_bytes(), bytes); !s.ok()) return ToFfi(s);
+  auto combine = [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
+    for (size_t j = 0; j < out.size(); ++j) {
+      for (size_t i = 0; i < in.size(); ++i)
+        std::memcpy(static_cast<char*>(out[j]) + i * chunk,
+                    static_cast<const char*>(in[i]) + j * chunk, chunk);
+    }
+    return absl::OkStatus();
+  };
+  return ToFfi(RunCollective(launch, op_id, "all_to_all", x.untyped_data(), bytes,
+                             y->untyped_data(), bytes, combine));
+}
+
+ffi::Error Ppermute(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+                    int64_t op_id, ffi::Span<const int64_t> pairs) {
+  CollectiveLaunch* launch = LaunchOf(data);
+  const int64_t n = launch == nullptr ? 0 : launch->size();
+  const size_t bytes = x.size_bytes();
+  if (absl::Status s = CheckBytes("ppermute", y->size_bytes(), bytes); !s.ok()) return ToFfi(s);
+  if (pairs.size() % 2 != 0)
+    return ToFfi(absl::InvalidArgumentError("ppermute: pairs must be (source, destination)"));
+  for (int64_t p : pairs) {
+    if (p < 0 || p >= n) {
+      return ToFfi(absl::InvalidArgumentError(
+          absl::StrCat("ppermute: rank ", p, " is outside the slice of ", n)));
+    }
+  }
+  auto combine = [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
+    for (void* o : out) std::memset(o, 0, bytes);
+    for (size_t k = 0; k + 1 < pairs.size(); k += 2)
+      std::memcpy(out[pairs[k + 1]], in[pairs[k]], bytes);
+    return absl::OkStatus();
+  };
+  return ToFfi(RunCollective(launch, op_id, "ppermute", x.untyped_data(), bytes,
+                             y->untyped_data(), bytes, combine));
+}
+
+ffi::Error AxisIndex(LaunchData* data, ffi::Result<ffi::AnyBuffer> y) {
+  CollectiveLaunch* launch = LaunchOf(data);
+  if (launch == nullptr)
+    return ToFfi(absl::FailedPreconditionError("axis_index: launched without a rank"));
+  if (y->element_type() != ffi::DataType::S32 || y->element_count() != 1)
+    return ToFfi(absl::InvalidArgumentError("axis_index: output must be s32[]"));
+  *static_cast<int32_t*>(y->untyped_data()) = launch->rank();
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER(kAllReduce, AllReduce,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::UserData<LaunchData>>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<int64_t>("op_id")
+                           .Attr<int64_t>("reduction"));
+XLA_FFI_DEFINE_HANDLER(kAllGather, AllGather,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::UserData<LaunchData>>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<int64_t>("op_id"));
+XLA_FFI_DEFINE_HANDLER(kReduceScatter, ReduceScatter,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::UserData<LaunchData>>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<int64_t>("op_id")
+                           .Attr<int64_t>("reduction"));
+XLA_FFI_DEFINE_HANDLER(kAllToAll, AllToAll,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::UserData<LaunchData>>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<int64_t>("op_id"));
+XLA_FFI_DEFINE_HANDLER(kPpermute, Ppermute,
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::UserData<LaunchData>>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<int64_t>("op_id")
+                           .Attr<ffi::Span<const int64_t>>("pairs"));
+XLA_FFI_DEFINE_HANDLER(kAxisIndex, AxisIndex,
+                       ffi::Ffi::Bind().Ctx<ffi::UserData<LaunchData>>().Ret<ffi::AnyBuffer>());
+
+CollectiveKey CollectiveLaunch::NextKey(int64_t op_id) {
+  int32_t invocation;
+  {
+    pw::MutexLock lock(&mu_);
+    invocation = invocations_[op_id]++;
+  }
+  CollectiveKey key = key_;
+  key.op = static_cast<int32_t>(((op_id & 0x7ff) << 20) | (invocation & 0xfffff));
+  return key;
+}
+
+std::string CollectiveLaunch::Where(const CollectiveKey& key) const {
+  return absl::StrCat("run:", key.run, " node ", key.node, " op ", key.op >> 20, " on rank ",
+                      rank_, " of ", devices_.size());
+}
+
+absl::Status RegisterRuntimeCollectives(const PjrtPlugin& plugin, absl::string_view platform) {
+  // Plugins are never unloaded (pjrt_plugin.h), so neither is what they were told.
+  static pw::Mutex* const mu = new pw::Mutex;
+  static auto* const done = new absl::flat_hash_map<const PJRT_Api*, absl::Status>;
+  pw::MutexLock lock(mu);
+  if (auto it = done->find(plugin.api()); it != done->end()) return it->second;
+  absl::Status& status = (*done)[plugin.api()];
+  const FfiExtension* ext = FindFfiExtension(plugin.api());
+  if (ext == nullptr || ext->base.struct_size < sizeof(FfiExtension)) {
+    status = absl::FailedPreconditionError(absl::StrCat(
+        "PJRT plugin '", plugin.path(), "' has no FFI extension",
+        ext == nullptr ? "" : absl::StrCat(" of at least ", sizeof(FfiExtension), " bytes"),
+        ": collectives of XLA functions need it to run through the runtime"));
+    return status;
+  }
+  static constexpr absl::string_view kTypeName = "pathways.CollectiveLaunch";
+  FfiTypeInfo info{};
+  FfiTypeRegisterArgs type{sizeof(FfiTypeRegisterArgs), nullptr, kTypeName.data(),
+                           kTypeName.size(), 0, &info};
+  status = plugin.Consume(ext->type_register(&type), "registering the runtime collectives' type");
+  if (!status.ok()) return status;
+  LaunchData::id.type_id = type.type_id;
+  const std::pair<absl::string_view, XLA_FFI_Handler*> handlers[] = {
+      {"pw_all_reduce", kAllReduce},       {"pw_all_gather", kAllGather},
+      {"pw_reduce_scatter", kReduceScatter}, {"pw_all_to_all", kAllToAll},
+      {"pw_ppermute", kPpermute},          {"pw_axis_index", kAxisIndex}};
+  for (const auto& [name, handler] : handlers) {
+    FfiRegisterHandlerArgs args{sizeof(FfiRegisterHandlerArgs), name.data(), name.size(),
+                                reinterpret_cast<void*>(handler), platform.data(),
+                                platform.size(), 0};
+    status = plugin.Consume(ext->register_handler(&args),
+                            absl::StrCat("registering FFI handler ", name));
+    if (!status.ok()) return status;
+  }
+  return status;
+}
+
+absl::Status AddCollectiveLaunch(const PjrtPlugin& plugin, PJRT_ExecuteContext* context,
+                                 CollectiveLaunch* launch) {
+  const FfiExtension* ext = FindFfiExtension(plugin.api());
+  if (ext == nullptr || LaunchData::id.type_id == 0)
+    return absl::FailedPreconditionError("runtime collectives are not registered");
+  FfiUserDataAddArgs args{sizeof(FfiUserDataAddArgs), nullptr, context,
+                          {LaunchData::id.type_id, launch}};
+  return plugin.Consume(ext->user_data_add(&args), "adding a launch's collectives");
+}
+
+}  // namespace pw::pjrt

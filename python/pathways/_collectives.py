@@ -1,0 +1,242 @@
+"""Collectives of a pw.pmap function, run by the runtime instead of inside XLA.
+
+A function mapped with an axis name is traced as JAX would trace it under shard_map; the body of
+one shard is then re-traced by a small jaxpr interpreter that replaces every collective over the
+axis (psum, pmean, pmax, pmin, all_gather, psum_scatter, all_to_all, ppermute, pbroadcast,
+axis_index) by an XLA FFI custom call (`pw_all_reduce`, ...), and the result is exported as one
+single-device module per shard. Each worker registers the handlers of those calls with its PJRT
+plugin (pw/pjrt/runtime_collectives.h); they meet through the runtime's collectives, in the
+island's gang order, across worker processes, and fail (instead of hanging) when a peer is lost.
+
+The custom calls take flat, rank-major buffers; the layout work (moving axes, tiling, widening
+16-bit floats for reductions) is done here in JAX, where XLA compiles it with the rest.
+
+Not supported (a clear error at bind time): collectives over other axes than the one mapped,
+axis_index_groups, nested shard_map/pmap, and collectives whose primitive this module does not
+know (listed in the error).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+_SUM, _MAX, _MIN = 0, 1, 2
+_REDUCTIONS = {"psum": _SUM, "psum_invariant": _SUM, "psum2": _SUM, "pmax": _MAX, "pmin": _MIN}
+_IDENTITY = {"pvary", "core_pvary"}
+_GATHERS = {"all_gather", "all_gather_invariant"}
+_OTHERS = {"reduce_scatter", "all_to_all", "ppermute", "axis_index", "pbroadcast"}
+# Primitives whose sub-jaxprs are inlined: calls (their body runs once, here).
+_INLINED = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_call": "call_jaxpr",
+            "custom_jvp_call": "call_jaxpr", "custom_vjp_call": "call_jaxpr",
+            "custom_vjp_call_jaxpr": "fun_jaxpr", "remat": "jaxpr", "checkpoint": "jaxpr",
+            "remat2": "jaxpr"}
+
+
+# The custom-call targets, registered by every worker (pw/pjrt/runtime_collectives.cc).
+TARGETS = ("pw_all_reduce", "pw_all_gather", "pw_reduce_scatter", "pw_all_to_all", "pw_ppermute",
+           "pw_axis_index")
+
+
+class UnsupportedCollective(ValueError):
+    pass
+
+
+def export_checks():
+    """jax.export's safety checks to skip: our custom calls are served by our own workers."""
+    import jax
+    return [jax.export.DisabledSafetyCheck.custom_call(t) for t in TARGETS]
+
+
+def per_shard_function(body_jaxpr, axis: str, n: int):
+    """A function of one shard's blocks that evaluates `body_jaxpr` (a shard_map body over
+    `axis` of size `n`) with runtime collectives."""
+    interp = _Interpreter(axis, n)
+
+    if body_jaxpr.constvars:
+        raise UnsupportedCollective("a shard_map body with constants is not supported")
+
+    def run(*blocks):
+        return interp.eval(body_jaxpr, (), blocks)
+
+    return run
+
+
+def shard_map_body(closed_jaxpr):
+    """The body jaxpr of the (only) shard_map inside `closed_jaxpr`."""
+    for eqn in closed_jaxpr.jaxpr.eqns:
+        if eqn.primitive.name == "shard_map":
+            return eqn.params["jaxpr"]
+        for sub in _sub_jaxprs(eqn.params):
+            try:
+                return shard_map_body(sub if hasattr(sub, "consts") else _Closed(sub))
+            except LookupError:
+                pass
+    raise LookupError("no shard_map in the traced function")
+
+
+class _Closed:  # An open jaxpr seen as a closed one with no constants.
+    def __init__(self, jaxpr):
+        self.jaxpr, self.consts = jaxpr, ()
+
+
+def _sub_jaxprs(params):
+    from jax.extend import core as jcore
+    for v in params.values():
+        for x in (v if isinstance(v, (tuple, list)) else (v,)):
+            if isinstance(x, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+                yield x
+
+
+class _Interpreter:
+    def __init__(self, axis: str, n: int):
+        self.axis, self.n = axis, n
+        self.next_op = 0
+
+    # ---- evaluation
+
+    def eval(self, jaxpr, consts, args):
+        from jax.extend import core as jcore
+        env = {}
+
+        def read(v):
+            return v.val if isinstance(v, jcore.Literal) else env[v]
+
+        for v, c in zip(jaxpr.constvars, consts):
+            env[v] = c
+        for v, a in zip(jaxpr.invars, args):
+            env[v] = a
+        for eqn in jaxpr.eqns:
+            outs = self.apply(eqn, [read(v) for v in eqn.invars])
+            if not eqn.primitive.multiple_results:
+                outs = [outs]
+            for v, o in zip(eqn.outvars, outs):
+                if not isinstance(v, jcore.DropVar):
+                    env[v] = o
+        return [read(v) for v in jaxpr.outvars]
+
+    def apply(self, eqn, args):
+        name, params = eqn.primitive.name, eqn.params
+        if name in _IDENTITY:
+            return list(args) if eqn.primitive.multiple_results else args[0]
+        if name in _REDUCTIONS or name in _GATHERS or name in _OTHERS:
+            self._check_axes(name, params)
+            outs = [self._collective(name, params, x) for x in (args or [None])]
+            return outs if eqn.primitive.multiple_results else outs[0]
+        if name == "shard_map" or name == "xla_pmap":
+            raise UnsupportedCollective(f"a nested {name} inside a pw.pmap function is not supported")
+        if name in _INLINED:
+            sub = params.get(_INLINED[name])
+            if sub is None:
+                sub = next(iter(_sub_jaxprs(params)), None)
+            if sub is not None:
+                jaxpr, consts = (sub.jaxpr, sub.consts) if hasattr(sub, "consts") else (sub, ())
+                outs = self.eval(jaxpr, consts, args)
+                return outs if eqn.primitive.multiple_results else outs[0]
+        subs = list(_sub_jaxprs(params))
+        if subs:  # while, cond, scan, ...: the same primitive over rewritten sub-jaxprs.
+            return eqn.primitive.bind(*args, **self._rewrite_params(params))
+        return eqn.primitive.bind(*args, **params)
+
+    def _rewrite_params(self, params):
+        from jax.extend import core as jcore
+        out = {}
+        for k, v in params.items():
+            if isinstance(v, (tuple, list)) and any(isinstance(x, (jcore.ClosedJaxpr, jcore.Jaxpr)) for x in v):
+                out[k] = type(v)(self._retrace(x) for x in v)
+            elif isinstance(v, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+                out[k] = self._retrace(v)
+            else:
+                out[k] = v
+        return out
+
+    def _retrace(self, sub):
+        import jax
+        from jax.extend import core as jcore
+        closed = isinstance(sub, jcore.ClosedJaxpr)
+        jaxpr, consts = (sub.jaxpr, sub.consts) if closed else (sub, ())
+        avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in jaxpr.invars]
+        new = jax.make_jaxpr(lambda *a: self.eval(jaxpr, consts, a))(*avals)
+        if closed:
+            return new
+        if new.consts:
+            raise UnsupportedCollective("a loop body with constants captured from collectives")
+        return new.jaxpr
+
+    # ---- collectives
+
+    def _check_axes(self, name, params):
+        axes = params.get("axes", params.get("axis_name"))
+        axes = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
+        if axes != (self.axis,):
+            raise UnsupportedCollective(
+                f"{name} over axes {axes}: a pw.pmap function's collectives must be over its "
+                f"one axis {self.axis!r}")
+        if params.get("axis_index_groups") is not None:
+            raise UnsupportedCollective(f"{name} with axis_index_groups is not supported")
+
+    def _op_id(self):
+        k = self.next_op
+        self.next_op += 1
+        return np.int64(k)
+
+    def _call(self, target, out_shape, dtype, *args, **attrs):
+        import jax
+        out = jax.ShapeDtypeStruct(tuple(out_shape), dtype)
+        return jax.ffi.ffi_call(target, out, has_side_effect=True)(*args, **attrs)
+
+    def _collective(self, name, params, x):
+        import jax.numpy as jnp
+        n = self.n
+        if name == "axis_index":
+            return self._call("pw_axis_index", (), np.int32)
+        if name in _REDUCTIONS:
+            return self._all_reduce(x, _REDUCTIONS[name])
+        if name in _GATHERS:
+            d, tiled = params["all_gather_dimension"], params["tiled"]
+            g = self._call("pw_all_gather", (n, *x.shape), x.dtype, x, op_id=self._op_id())
+            g = jnp.moveaxis(g, 0, d)
+            if tiled:
+                g = g.reshape(x.shape[:d] + (n * x.shape[d],) + x.shape[d + 1:])
+            return g
+        if name == "pbroadcast":
+            g = self._call("pw_all_gather", (n, *x.shape), x.dtype, x, op_id=self._op_id())
+            return g[params["source"]]
+        if name == "reduce_scatter":
+            d, tiled = params["scatter_dimension"], params["tiled"]
+            xt = jnp.moveaxis(x, d, 0)
+            rest = xt.shape[1:]
+            piece = xt.shape[0] // n
+            y = self._reduce_scatter(xt.reshape(n, -1), _SUM)
+            y = jnp.moveaxis(y.reshape((piece,) + rest), 0, d)
+            return y if tiled else jnp.squeeze(y, d)
+        if name == "all_to_all":
+            s, c = params["split_axis"], params["concat_axis"]
+            xt = jnp.moveaxis(x, s, 0)
+            piece_s = xt.shape[0] // n
+            rest = xt.shape[1:]
+            y = self._call("pw_all_to_all", (n, xt.size // n), x.dtype, xt.reshape(n, -1),
+                           op_id=self._op_id())
+            pieces = jnp.moveaxis(y.reshape((n, piece_s) + rest), 1, s + 1)  # (n, *piece)
+            shape = pieces.shape[1:]
+            out = jnp.moveaxis(pieces, 0, c)
+            return out.reshape(shape[:c] + (n * shape[c],) + shape[c + 1:])
+        if name == "ppermute":
+            pairs = np.array([p for pair in params["perm"] for p in pair], dtype=np.int64)
+            return self._call("pw_ppermute", x.shape, x.dtype, x, op_id=self._op_id(), pairs=pairs)
+        raise UnsupportedCollective(f"collective {name} is not supported")
+
+    @staticmethod
+    def _widened(x):
+        import jax.numpy as jnp
+        return x.astype(jnp.float32) if x.dtype in (jnp.bfloat16, jnp.float16) else x
+
+    def _all_reduce(self, x, reduction):
+        w = self._widened(x)
+        y = self._call("pw_all_reduce", w.shape, w.dtype, w, op_id=self._op_id(),
+                       reduction=np.int64(reduction))
+        return y.astype(x.dtype)
+
+    def _reduce_scatter(self, x2, reduction):
+        w = self._widened(x2)
+        y = self._call("pw_reduce_scatter", (w.shape[1],), w.dtype, w, op_id=self._op_id(),
+                       reduction=np.int64(reduction))
+        return y.astype(x2.dtype)
