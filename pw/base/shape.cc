@@ -12,6 +12,10 @@ int64_t Shape::num_elements() const {
 }
 
 absl::Status Shape::Validate() const {
+  if (rank() > kMaxRank) {  // Named by rank: the shape itself may be megabytes of text.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shape of rank ", rank(), " exceeds the limit of ", kMaxRank, " dimensions"));
+  }
   int64_t n = 1;
   for (int i = 0; i < rank(); ++i) {
     if (dims_[i] < 0) {

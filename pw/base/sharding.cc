@@ -107,21 +107,27 @@ std::string Sharding::ToString() const {
 }
 
 namespace {
-// Copies along dimension `d` of the intersection, recursing inward; the innermost dimension
-// is one memcpy.
-void CopyRec(const char* src, const Box& sb, char* dst, const Box& db, const Box& ib, size_t esz,
-             int d, int64_t src_off, int64_t dst_off, const std::vector<int64_t>& sstride,
-             const std::vector<int64_t>& dstride) {
+// Copies the intersection `ib` row by row: an odometer over its outer dimensions (no recursion,
+// so any rank is safe), one memcpy per innermost row.
+void CopyRows(const char* src, const Box& sb, char* dst, const Box& db, const Box& ib, size_t esz,
+              const std::vector<int64_t>& sstride, const std::vector<int64_t>& dstride) {
   const int rank = static_cast<int>(ib.start.size());
-  if (d == rank - 1) {
-    int64_t so = src_off + (ib.start[d] - sb.start[d]) * sstride[d];
-    int64_t dof = dst_off + (ib.start[d] - db.start[d]) * dstride[d];
-    std::memcpy(dst + dof * esz, src + so * esz, (ib.limit[d] - ib.start[d]) * esz);
-    return;
-  }
-  for (int64_t i = ib.start[d]; i < ib.limit[d]; ++i) {
-    CopyRec(src, sb, dst, db, ib, esz, d + 1, src_off + (i - sb.start[d]) * sstride[d],
-            dst_off + (i - db.start[d]) * dstride[d], sstride, dstride);
+  const int inner = rank - 1;
+  const size_t row_bytes = static_cast<size_t>(ib.limit[inner] - ib.start[inner]) * esz;
+  std::vector<int64_t> index(ib.start.begin(), ib.start.end());
+  while (true) {
+    int64_t so = 0, dof = 0;
+    for (int d = 0; d < rank; ++d) {
+      so += (index[d] - sb.start[d]) * sstride[d];
+      dof += (index[d] - db.start[d]) * dstride[d];
+    }
+    std::memcpy(dst + dof * esz, src + so * esz, row_bytes);
+    int d = inner - 1;
+    for (; d >= 0; --d) {  // Next row: advance the odometer.
+      if (++index[d] < ib.limit[d]) break;
+      index[d] = ib.start[d];
+    }
+    if (d < 0) return;
   }
 }
 std::vector<int64_t> Strides(const Box& b) {
@@ -145,8 +151,8 @@ int64_t CopyBoxIntersection(const void* src, const Box& src_box, void* dst, cons
     ib.limit.push_back(std::min(src_box.limit[d], dst_box.limit[d]));
     if (ib.limit[d] <= ib.start[d]) return 0;
   }
-  CopyRec(static_cast<const char*>(src), src_box, static_cast<char*>(dst), dst_box, ib,
-          element_size, 0, 0, 0, Strides(src_box), Strides(dst_box));
+  CopyRows(static_cast<const char*>(src), src_box, static_cast<char*>(dst), dst_box, ib,
+           element_size, Strides(src_box), Strides(dst_box));
   return ib.num_elements();
 }
 

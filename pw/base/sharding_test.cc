@@ -54,5 +54,32 @@ TEST(ShardingTest, ReshardByBoxCopies) {
   EXPECT_EQ(col1, (std::vector<float>{2, 3, 6, 7, 10, 11, 14, 15}));
 }
 
+// Issue 20, item 1: a box of rank 60,001 overflowed the stack of the recursive copy (the
+// controller crashed on one PutArray). The copy is iterative now; the wire also refuses ranks
+// over Shape::kMaxRank (wire_test).
+TEST(ShardingTest, CopyOfAVeryHighRankBoxDoesNotRecurse) {
+  const int rank = 60001;
+  Box whole{std::vector<int64_t>(rank, 0), std::vector<int64_t>(rank, 1)};
+  whole.limit[0] = 2;
+  const double src[2] = {1.5, -2.5};
+  double dst[2] = {0, 0};
+  EXPECT_EQ(CopyBoxIntersection(src, whole, dst, whole, sizeof(double)), 2);
+  EXPECT_EQ(dst[1], -2.5);
+  // A 3-D intersection with offsets in every dimension, row by row.
+  std::vector<int> big(4 * 3 * 5);
+  std::iota(big.begin(), big.end(), 0);
+  Box src3{{0, 0, 0}, {4, 3, 5}}, dst3{{1, 1, 2}, {3, 3, 5}};
+  std::vector<int> part(2 * 2 * 3, -1);
+  EXPECT_EQ(CopyBoxIntersection(big.data(), src3, part.data(), dst3, sizeof(int)), 12);
+  EXPECT_EQ(part, (std::vector<int>{22, 23, 24, 27, 28, 29, 37, 38, 39, 42, 43, 44}));
+}
+
+TEST(ShapeTest, RankIsLimitedAndNamedWithoutPrintingTheShape) {
+  EXPECT_TRUE(Shape(std::vector<int64_t>(Shape::kMaxRank, 1)).Validate().ok());
+  absl::Status s = Shape(std::vector<int64_t>(60001, 1)).Validate();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "shape of rank 60001 exceeds the limit of 64 dimensions");
+}
+
 }  // namespace
 }  // namespace pw

@@ -80,7 +80,9 @@ absl::StatusOr<std::vector<DispatchBenchResult>> RunDispatchBenchOn(ControllerIn
   std::vector<DispatchBenchResult> results;
   {
     PW_ASSIGN_OR_RETURN(auto client, Client::Connect(controller, "dispatch-bench"));
-    PW_ASSIGN_OR_RETURN(Slice slice, client->MakeVirtualDeviceSet().AddSlice({.num_devices = n}));
+    PW_ASSIGN_OR_RETURN(Slice slice, client->MakeVirtualDeviceSet().AddSlice(
+                                            {.num_devices = n,
+                                             .placement = SlicePlacement::kSpread}));
     PW_ASSIGN_OR_RETURN(BoundFunction step, client->Pmap(Steps("step", 1), slice));
     PW_ASSIGN_OR_RETURN(BoundFunction fused, client->Pmap(Steps("fused", o.chain), slice));
     ArraySpec global{DType::kF32, Shape({n})};

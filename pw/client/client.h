@@ -62,6 +62,10 @@ class Slice {
  public:
   const SliceInfo& info() const { return info_; }
   int num_devices() const { return static_cast<int>(info_.devices.size()); }
+  // Where it lies: its physical devices in rank order, the host of each, its islands (sorted).
+  const std::vector<DeviceId>& devices() const { return info_.devices; }
+  const std::vector<HostId>& hosts() const { return info_.hosts; }
+  const std::vector<IslandId>& islands() const { return info_.islands; }
   absl::Status Release() const;
 
  private:

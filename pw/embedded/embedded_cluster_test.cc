@@ -161,8 +161,8 @@ TEST_P(ClusterTest, ChainedProgramMatchesOpByOpAndSequential) {
 TEST_P(ClusterTest, ReshardsBetweenShardings) {
   Start(2, 1, 2);
   auto c = Connect("c");
-  Slice s0 = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2, .single_island = true});
-  Slice s1 = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2, .single_island = true});
+  Slice s0 = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  Slice s1 = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
   ASSERT_NE(s0.info().islands, s1.info().islands);
   FunctionInfo neg4 = *c->Register([] {
     NativeFunctionBuilder b("neg4");
@@ -499,7 +499,7 @@ TEST_P(ClusterTest, DeviceRemovalMidRunFailsOnlyAffectedPrograms) {
   if (grpc()) return;
   auto added = embedded_for_test()->AddHost(IslandId(0), 2);
   ASSERT_TRUE(added.ok()) << added.status();
-  Slice grown = *set.AddSlice({.num_devices = 5, .single_island = true});
+  Slice grown = *set.AddSlice({.num_devices = 5});
   BoundFunction g = *c->Pmap(ReduceAddFn("grown"), grown);
   Array z = *c->Put(F32({1, 1, 1, 1, 1}), grown.info().id, Sharding::Split({5}, 1, 0));
   EXPECT_EQ(Values((*g.Call({z}))[0]), (std::vector<float>{6, 6, 6, 6, 6}));

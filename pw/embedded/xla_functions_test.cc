@@ -32,7 +32,7 @@ class XlaFunctionsTest : public ::testing::Test {
   }
   void TearDown() override { client_.reset(); }
   Slice NewSlice() {
-    return *client_->MakeVirtualDeviceSet().AddSlice({.num_devices = 2, .single_island = true});
+    return *client_->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
   }
   std::unique_ptr<EmbeddedCluster> cluster_;
   std::unique_ptr<Client> client_;
@@ -148,7 +148,7 @@ TEST_F(XlaFunctionsTest, SpmdFunctionAllReducesAcrossTheSlice) {
 TEST(XlaSpmdTest, SpmdFunctionSpansHostsOfTheProcess) {
   auto cluster = *EmbeddedCluster::Create(*ClusterSpec::Uniform(1, 2, 2));
   auto client = *Client::Connect(&cluster->controller(), "spmd");
-  Slice s = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 4, .single_island = true});
+  Slice s = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 4});
   absl::flat_hash_set<HostId> hosts(s.info().hosts.begin(), s.info().hosts.end());
   EXPECT_EQ(hosts.size(), 2u);
   auto gather = client->Pmap(LoadSpmd("allgather_sum4", 4), s);
@@ -180,7 +180,7 @@ StableHloFunctionDef LoadRuntime(const std::string& name, int axis_size) {
 TEST(XlaRuntimeCollectivesTest, FunctionSpansHostsAndMatchesTheSpmdModule) {
   auto cluster = *EmbeddedCluster::Create(*ClusterSpec::Uniform(1, 2, 2));
   auto client = *Client::Connect(&cluster->controller(), "rt");
-  Slice s = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 4, .single_island = true});
+  Slice s = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 4});
   auto gather = client->Pmap(LoadRuntime("rt_allgather_sum4", 4), s);
   auto psum = client->Pmap(LoadRuntime("rt_psum4", 4), s);
   ASSERT_TRUE(gather.ok() && psum.ok()) << gather.status() << psum.status();
@@ -197,7 +197,7 @@ TEST(XlaRuntimeCollectivesTest, FunctionSpansHostsAndMatchesTheSpmdModule) {
     EXPECT_EQ((*out)[0].ToHost()->values<float>(), want);
   }
   // Bound to a slice of another size: refused at bind time, naming both sizes.
-  Slice two = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 2, .single_island = true});
+  Slice two = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
   auto wrong = client->Pmap(LoadRuntime("rt_psum4", 4), two);
   ASSERT_FALSE(wrong.ok());
   EXPECT_NE(wrong.status().message().find("axis of 4 devices"), std::string::npos)
@@ -210,8 +210,8 @@ TEST(XlaRuntimeCollectivesTest, FunctionSpansHostsAndMatchesTheSpmdModule) {
 TEST(XlaRuntimeCollectivesTest, OverlappingSlicesFromTwoThreadsNeverDeadlock) {
   auto cluster = *EmbeddedCluster::Create(*ClusterSpec::Uniform(1, 1, 4));
   auto client = *Client::Connect(&cluster->controller(), "overlap");
-  Slice big = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 4, .single_island = true});
-  Slice small = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 2, .single_island = true});
+  Slice big = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 4});
+  Slice small = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
   auto chain = [&](Slice& s, int n) {
     auto fn = client->Pmap(LoadRuntime(absl::StrCat("rt_psum", n), n), s);
     EXPECT_TRUE(fn.ok()) << fn.status();

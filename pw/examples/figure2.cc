@@ -22,7 +22,7 @@ absl::StatusOr<Figure2Result> RunFigure2(ControllerInterface* controller) {
   PW_ASSIGN_OR_RETURN(auto client, Client::Connect(controller, "figure2"));
   // Allocates `n` virtual devices on an island.
   auto get_devices = [&](int n) {
-    return client->MakeVirtualDeviceSet().AddSlice({.num_devices = n, .single_island = true});
+    return client->MakeVirtualDeviceSet().AddSlice({.num_devices = n});
   };
   PW_ASSIGN_OR_RETURN(Slice sa, get_devices(2));
   PW_ASSIGN_OR_RETURN(Slice sb, get_devices(2));

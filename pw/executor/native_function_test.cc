@@ -1,5 +1,7 @@
 #include "pw/executor/native_function.h"
 
+#include <cstring>
+#include <limits>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -99,6 +101,53 @@ TEST(NativeFunctionTest, IntegerDivisionByZeroIsAnError) {
   int32_t one = 1;
   ShardLaunch l = Single({HostDeviceBuffer::FromHost({DType::kS32, Shape({1})}, DeviceId(0), &one)});
   EXPECT_EQ(exe->ExecuteShard(l).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Issue 20, item 3: INT32_MIN / -1 (and INT64_MIN / -1 by a scalar) trapped with SIGFPE and
+// killed the worker; now an error naming the overflow.
+TEST(NativeFunctionTest, IntegerDivisionOverflowIsAnErrorNotATrap) {
+  NativeFunctionBuilder b("d");
+  int x = b.Input({DType::kS32, Shape({2})});
+  int y = b.Input({DType::kS32, Shape({2})});
+  auto exe = *CompileNative(b.Build({b.Op("div", {x, y})}), 1);
+  int32_t num[2] = {7, std::numeric_limits<int32_t>::min()}, den[2] = {2, -1};
+  ShardLaunch l = Single({HostDeviceBuffer::FromHost({DType::kS32, Shape({2})}, DeviceId(0), num),
+                          HostDeviceBuffer::FromHost({DType::kS32, Shape({2})}, DeviceId(0), den)});
+  absl::Status s = exe->ExecuteShard(l).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("integer division overflow: -2147483648 / -1"), std::string::npos) << s;
+
+  NativeFunctionBuilder b64("d64");
+  int z = b64.Input({DType::kS64, Shape({1})});
+  auto exe64 = *CompileNative(b64.Build({b64.Op("div_scalar", {z}, {{"value", -1}})}), 1);
+  int64_t min64 = std::numeric_limits<int64_t>::min();
+  ShardLaunch l64 =
+      Single({HostDeviceBuffer::FromHost({DType::kS64, Shape({1})}, DeviceId(0), &min64)});
+  EXPECT_EQ(exe64->ExecuteShard(l64).status().code(), absl::StatusCode::kInvalidArgument);
+  int64_t eight = 8;  // Other quotients by -1 still work.
+  ShardLaunch ok = Single({HostDeviceBuffer::FromHost({DType::kS64, Shape({1})}, DeviceId(0), &eight)});
+  auto out = exe64->ExecuteShard(ok).Await();
+  ASSERT_TRUE(out.ok()) << out.status();
+  int64_t q = 0;
+  ASSERT_TRUE((*out)[0]->CopyToHost(&q).status().ok());
+  EXPECT_EQ(q, -8);
+}
+
+// Issue 20, item 2: a matmul with inner dimension 0 returned its output buffer unwritten (BLAS
+// returns early), so a client read another client's freed memory; it is all zeros now.
+TEST(NativeFunctionTest, MatmulWithAnEmptyInnerDimensionIsZeros) {
+  NativeFunctionBuilder b("mm0");
+  int a = b.Input({DType::kF32, Shape({3, 0})});
+  int w = b.Input({DType::kF32, Shape({0, 4})});
+  auto exe = *CompileNative(b.Build({b.Op("matmul", {a, w})}), 1);
+  for (int round = 0; round < 3; ++round) {  // Fresh buffers from the allocator each time.
+    auto garbage = HostDeviceBuffer::Create({DType::kF32, Shape({3, 4})}, DeviceId(0));
+    std::memset(garbage->mutable_data(), 0x7f, 48);
+    garbage.reset();
+    auto out = exe->ExecuteShard(Single({F32({}, Shape({3, 0})), F32({}, Shape({0, 4}))})).Await();
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(Read((*out)[0]), std::vector<float>(12, 0.f));
+  }
 }
 
 // Runs `exe` on n shards concurrently (one thread each, like device threads) and returns outputs.

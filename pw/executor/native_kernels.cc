@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -52,6 +54,12 @@ absl::StatusOr<ArraySpec> Dim0Divisible(absl::Span<const ArraySpec> in, const At
   return in[0];
 }
 
+template <typename T>
+absl::Status DivisionOverflow() {
+  return absl::InvalidArgumentError(absl::StrCat("integer division overflow: ",
+                                                 std::numeric_limits<T>::min(), " / -1"));
+}
+
 template <typename Op>
 KernelDef ScalarOp(std::string name, Op op, bool divides = false) {
   return {std::move(name), 1, {"value"}, SameAsOperand, [op, divides](const KernelContext& c) {
@@ -62,6 +70,13 @@ KernelDef ScalarOp(std::string name, Op op, bool divides = false) {
               if (divides && std::is_integral_v<T> && v == T(0))
                 return absl::InvalidArgumentError("integer division by zero");
               const int64_t n = c.output->spec().num_elements();
+              if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) {
+                // The one quotient that does not fit (and traps on x86: SIGFPE).
+                if (divides && v == T(-1)) {
+                  for (int64_t i = 0; i < n; ++i)
+                    if (x[i] == std::numeric_limits<T>::min()) return DivisionOverflow<T>();
+                }
+              }
               for (int64_t i = 0; i < n; ++i) y[i] = op(x[i], v);
               return absl::OkStatus();
             });
@@ -92,6 +107,11 @@ KernelDef BinaryOp(std::string name, Op op, bool divides = false) {
               if (divides && std::is_integral_v<T>) {
                 for (int64_t i = 0; i < n; ++i)
                   if (b[i] == T(0)) return absl::InvalidArgumentError("integer division by zero");
+                if constexpr (std::is_signed_v<T>) {
+                  for (int64_t i = 0; i < n; ++i)
+                    if (a[i] == std::numeric_limits<T>::min() && b[i] == T(-1))
+                      return DivisionOverflow<T>();
+                }
               }
               for (int64_t i = 0; i < n; ++i) y[i] = op(a[i], b[i]);
               return absl::OkStatus();
@@ -110,6 +130,11 @@ KernelDef MatMul() {
     if (a.shape.rank() != 2 || b.shape.rank() != 2 || a.shape.dim(1) != b.shape.dim(0))
       return absl::InvalidArgumentError(absl::StrCat("matmul shapes do not chain: ",
                                                      a.ToString(), " x ", b.ToString()));
+    for (int64_t d : {a.shape.dim(0), a.shape.dim(1), b.shape.dim(1)}) {
+      if (d > std::numeric_limits<int>::max())  // BLAS takes int dimensions.
+        return absl::InvalidArgumentError(absl::StrCat("matmul dimension ", d,
+                                                       " exceeds BLAS's limit of 2^31 - 1"));
+    }
     return ArraySpec{a.dtype, Shape({a.shape.dim(0), b.shape.dim(1)})};
   };
   auto run = [](const KernelContext& c) {
@@ -117,6 +142,10 @@ KernelDef MatMul() {
     const auto& bs = c.operands[1]->spec().shape;
     const int m = static_cast<int>(as.dim(0)), k = static_cast<int>(as.dim(1)),
               n = static_cast<int>(bs.dim(1));
+    if (k == 0) {  // A sum of no products: zeros (BLAS returns without writing the output).
+      std::memset(c.output->mutable_data(), 0, c.output->spec().size_bytes());
+      return absl::OkStatus();
+    }
     if (c.output->spec().dtype == DType::kF32) {
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f,
                   c.operands[0]->as<float>(), k, c.operands[1]->as<float>(), n, 0.0f,

@@ -23,7 +23,9 @@ class TestContext : public LoweringContext {
     return FunctionId(static_cast<int64_t>(fns_.size()) - 1);
   }
   SliceInfo Slice(int n, bool one_island = true) {
-    return *rm_.AllocateSlice(client_, {.num_devices = n, .single_island = one_island});
+    return *rm_.AllocateSlice(client_, {.num_devices = n, .placement = one_island
+                                                                ? SlicePlacement::kIsland
+                                                                : SlicePlacement::kSpread});
   }
   ResourceManager rm_;
   ClientId client_{1};

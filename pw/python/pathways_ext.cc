@@ -130,6 +130,16 @@ NB_MODULE(_pathways, m) {
         for (DeviceId d : s.info().devices) ids.push_back(d.value());
         return ids;
       })
+      .def_prop_ro("hosts", [](const Slice& s) {
+        std::vector<int64_t> ids;
+        for (HostId h : s.hosts()) ids.push_back(h.value());
+        return ids;
+      })
+      .def_prop_ro("islands", [](const Slice& s) {
+        std::vector<int64_t> ids;
+        for (IslandId i : s.islands()) ids.push_back(i.value());
+        return ids;
+      })
       .def("release", [](const Slice& s) { Check(s.Release()); });
 
   nb::class_<Value>(m, "Value").def_prop_ro("spec", [](const Value& v) { return SpecTuple(v.spec()); });
@@ -188,11 +198,17 @@ NB_MODULE(_pathways, m) {
           nb::keep_alive<0, 1>())
       .def(
           "add_slice",
-          [](Client& c, int devices, bool single_island) {
-            return Unwrap(c.MakeVirtualDeviceSet().AddSlice(
-                {.num_devices = devices, .single_island = single_island}));
+          [](Client& c, int devices, const std::string& placement) {
+            SlicePlacement p;
+            if (placement == "island") p = SlicePlacement::kIsland;
+            else if (placement == "host") p = SlicePlacement::kHost;
+            else if (placement == "spread") p = SlicePlacement::kSpread;
+            else throw std::invalid_argument("placement must be 'island', 'host' or 'spread', got '" +
+                                             placement + "'");
+            return Unwrap(c.MakeVirtualDeviceSet().AddSlice({.num_devices = devices,
+                                                             .placement = p}));
           },
-          nb::arg("devices"), nb::arg("single_island") = true)
+          nb::arg("devices"), nb::arg("placement") = "island")
       .def(
           "pmap_stablehlo",
           [](Client& c, const std::string& name, nb::bytes module,

@@ -17,6 +17,15 @@ ResourceManager::ResourceManager(const ClusterSpec& spec) {
   num_hosts_ = static_cast<int>(spec.hosts().size());
 }
 
+absl::string_view SlicePlacementName(SlicePlacement p) {
+  switch (p) {
+    case SlicePlacement::kIsland: return "island";
+    case SlicePlacement::kHost: return "host";
+    case SlicePlacement::kSpread: return "spread";
+  }
+  return "unknown";
+}
+
 absl::StatusOr<SliceInfo> ResourceManager::AllocateSlice(ClientId client,
                                                          const SliceRequest& request) {
   const int n = request.num_devices;
@@ -64,29 +73,61 @@ absl::StatusOr<SliceInfo> ResourceManager::AllocateSlice(ClientId client,
       best = i;
     }
   }
-  if (best < 0 && request.single_island) {
+  if (best < 0 && request.placement == SlicePlacement::kIsland) {
     int largest = *std::max_element(alive.begin(), alive.end());
-    return absl::ResourceExhaustedError(
-        absl::StrCat("requested ", n, " devices in one island, but the largest island has ",
-                     largest, " alive devices"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "requested ", n, " devices in one island, but the largest island has ", largest,
+        " alive devices (ask for placement 'spread' to span islands)"));
   }
-  // Greedy: least-loaded device, then the host least used by this slice so far, then id.
+  // One host: the least-loaded host (per device) with n alive devices.
+  int64_t host = -1;
+  if (request.placement == SlicePlacement::kHost) {
+    absl::flat_hash_map<int64_t, std::pair<int, int>> hosts;  // host -> (alive, load).
+    for (const auto& d : devices_) {
+      if (!d.alive) continue;
+      auto& [a, l] = hosts[d.spec.host.value()];
+      ++a;
+      l += d.load;
+    }
+    double host_load = std::numeric_limits<double>::infinity();
+    int largest = 0;
+    for (const auto& [h, al] : hosts) {
+      largest = std::max(largest, al.first);
+      const double l = static_cast<double>(al.second) / std::max(1, al.first);
+      if (al.first >= n && (l < host_load || (l == host_load && h < host))) {
+        host_load = l;
+        host = h;
+      }
+    }
+    if (host < 0) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "requested ", n, " devices on one host, but the largest host has ", largest,
+          " alive devices"));
+    }
+    best = -1;
+  }
+  // Greedy: least-loaded device, then the host least used by this slice so far, then id (hosts
+  // first for kSpread).
   absl::flat_hash_map<int64_t, int> host_use;
   absl::flat_hash_set<int64_t> chosen;
   std::vector<DeviceId> picked;
+  const bool spread = request.placement == SlicePlacement::kSpread;
   for (int k = 0; k < n; ++k) {
     int pick = -1;
     for (size_t i = 0; i < devices_.size(); ++i) {
       const auto& d = devices_[i];
       if (!d.alive || chosen.contains(i)) continue;
       if (best >= 0 && d.spec.island.value() != best) continue;
+      if (host >= 0 && d.spec.host.value() != host) continue;
       if (pick < 0) {
         pick = static_cast<int>(i);
         continue;
       }
       const auto& p = devices_[pick];
       auto key = [&](const DeviceState& s) {
-        return std::make_tuple(s.load, host_use[s.spec.host.value()], s.spec.id.value());
+        const int used = host_use[s.spec.host.value()];
+        return spread ? std::make_tuple(used, s.load, s.spec.id.value())
+                      : std::make_tuple(s.load, used, s.spec.id.value());
       };
       if (key(d) < key(p)) pick = static_cast<int>(i);
     }

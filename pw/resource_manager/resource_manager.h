@@ -2,8 +2,8 @@
 //
 // Thread-safe. A slice maps its virtual devices 1:1 onto distinct physical devices; different
 // slices may share physical devices (that is how clients share an island). Allocation balances
-// load: it prefers the least-loaded island that fits the request, then the least-loaded devices
-// spread across hosts. Hosts (with their devices) can be added and devices removed at run time;
+// load within the placement asked for (SlicePlacement): the least-loaded island (or host) that
+// fits, then the least-loaded devices spread across hosts; kSpread puts hosts first. Hosts (with their devices) can be added and devices removed at run time;
 // a slice that uses a removed device is broken, and resolving it returns an error naming the
 // device.
 #pragma once
@@ -14,16 +14,25 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "pw/base/mutex.h"
 #include "pw/base/ids.h"
 #include "pw/cluster/cluster_spec.h"
 
 namespace pw {
 
+// Where a slice's devices may lie.
+enum class SlicePlacement {
+  kIsland = 0,  // All in one island (SPMD over ICI): the least-loaded island that fits.
+  kHost = 1,    // All on one host (one worker process): the least-loaded host that fits.
+  kSpread = 2,  // Over as many hosts as possible, across islands when no island fits.
+};
+absl::string_view SlicePlacementName(SlicePlacement p);  // "island", "host", "spread".
+
 struct SliceRequest {
   int num_devices = 0;
   std::vector<int64_t> mesh_shape;  // Optional; product must equal num_devices. Default [n].
-  bool single_island = false;       // All devices in one island.
+  SlicePlacement placement = SlicePlacement::kIsland;
 };
 
 struct SliceInfo {

@@ -1,5 +1,6 @@
 #include "pw/resource_manager/resource_manager.h"
 
+#include "absl/container/flat_hash_set.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -19,9 +20,35 @@ TEST(ResourceManagerTest, SpreadsAcrossIslandsAndHosts) {
   auto b = rm.AllocateSlice(c, {.num_devices = 2});
   ASSERT_TRUE(b.ok());
   EXPECT_NE(a->islands[0], b->islands[0]) << "second slice should go to the idle island";
-  auto whole = rm.AllocateSlice(c, {.num_devices = 8});
+  EXPECT_FALSE(rm.AllocateSlice(c, {.num_devices = 8}).ok());  // One island by default.
+  auto whole = rm.AllocateSlice(c, {.num_devices = 8, .placement = SlicePlacement::kSpread});
   ASSERT_TRUE(whole.ok());
   EXPECT_EQ(whole->islands.size(), 2u);
+}
+
+TEST(ResourceManagerTest, PlacementOnOneHostOneIslandOrSpread) {
+  auto rm = Make(2, 2, 2);  // island0 = hosts 0,1 (devices 0..3), island1 = hosts 2,3.
+  ClientId c(1);
+  auto host = rm.AllocateSlice(c, {.num_devices = 2, .placement = SlicePlacement::kHost});
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_EQ(host->hosts[0], host->hosts[1]);
+  auto next = rm.AllocateSlice(c, {.num_devices = 2, .placement = SlicePlacement::kHost});
+  ASSERT_TRUE(next.ok());
+  EXPECT_NE(next->hosts[0], host->hosts[0]) << "the least-loaded host";
+  auto big = rm.AllocateSlice(c, {.num_devices = 3, .placement = SlicePlacement::kHost});
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(big.status().message().find("largest host has 2"), std::string::npos) << big.status();
+  auto island = rm.AllocateSlice(c, {.num_devices = 4});
+  ASSERT_TRUE(island.ok());
+  EXPECT_EQ(island->islands.size(), 1u);
+  EXPECT_EQ(absl::flat_hash_set<HostId>(island->hosts.begin(), island->hosts.end()).size(), 2u);
+  auto refused = rm.AllocateSlice(c, {.num_devices = 5});
+  EXPECT_NE(refused.status().message().find("placement 'spread'"), std::string::npos);
+  // Spread puts distinct hosts before load.
+  auto spread = rm.AllocateSlice(c, {.num_devices = 2, .placement = SlicePlacement::kSpread});
+  ASSERT_TRUE(spread.ok());
+  EXPECT_NE(spread->hosts[0], spread->hosts[1]);
+  EXPECT_EQ(SlicePlacementName(SlicePlacement::kSpread), "spread");
 }
 
 TEST(ResourceManagerTest, RefusesImpossibleRequests) {
@@ -31,13 +58,14 @@ TEST(ResourceManagerTest, RefusesImpossibleRequests) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(rm.AllocateSlice(c, {.num_devices = 5}).status().code(),
             absl::StatusCode::kResourceExhausted);
-  auto e = rm.AllocateSlice(c, {.num_devices = 3, .single_island = true});
+  auto e = rm.AllocateSlice(c, {.num_devices = 3});
   EXPECT_EQ(e.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_NE(e.status().message().find("largest island has 2"), std::string::npos);
   EXPECT_FALSE(rm.AllocateSlice(c, {.num_devices = 4, .mesh_shape = {3, 2}}).ok());
   EXPECT_FALSE(
       rm.AllocateSlice(c, {.num_devices = 2, .mesh_shape = {3, 6148914691236517206}}).ok());
-  auto m = rm.AllocateSlice(c, {.num_devices = 4, .mesh_shape = {2, 2}});
+  auto m = rm.AllocateSlice(
+      c, {.num_devices = 4, .mesh_shape = {2, 2}, .placement = SlicePlacement::kSpread});
   ASSERT_TRUE(m.ok());
   EXPECT_EQ(m->mesh_shape, (std::vector<int64_t>{2, 2}));
 }
@@ -67,7 +95,7 @@ TEST(ResourceManagerTest, AddAndRemoveDevicesAtRunTime) {
   auto host = rm.AddHost(IslandId(0), "late", 2, 1 << 20);
   ASSERT_TRUE(host.ok());
   EXPECT_EQ(host->devices[0].id, DeviceId(2));
-  auto s2 = rm.AllocateSlice(c, {.num_devices = 3, .single_island = true});
+  auto s2 = rm.AllocateSlice(c, {.num_devices = 3});
   ASSERT_TRUE(s2.ok()) << s2.status();
   EXPECT_EQ(s2->devices, (std::vector<DeviceId>{DeviceId(0), DeviceId(2), DeviceId(3)}));
   EXPECT_FALSE(rm.RemoveDevice(DeviceId(99), "x").ok());

@@ -339,7 +339,7 @@ absl::StatusOr<ProgramIr> FromProto(const v1::ProgramIr& p) {
 void ToProto(const SliceRequest& r, v1::SliceRequest* out) {
   out->set_num_devices(r.num_devices);
   out->mutable_mesh_shape()->Assign(r.mesh_shape.begin(), r.mesh_shape.end());
-  out->set_single_island(r.single_island);
+  out->set_placement(static_cast<v1::SliceRequest::Placement>(r.placement));
 }
 
 absl::StatusOr<SliceRequest> FromProto(const v1::SliceRequest& p) {
@@ -347,8 +347,12 @@ absl::StatusOr<SliceRequest> FromProto(const v1::SliceRequest& p) {
     return Invalid("slice request num_devices", absl::StrCat("is negative: ", p.num_devices()));
   }
   PW_RETURN_IF_ERROR(CheckMesh(p.mesh_shape(), "slice request mesh_shape"));
+  if (!v1::SliceRequest::Placement_IsValid(p.placement())) {
+    return Invalid("slice request placement", absl::StrCat("is ", p.placement(),
+                                                           ", not island, host or spread"));
+  }
   return SliceRequest{p.num_devices(), {p.mesh_shape().begin(), p.mesh_shape().end()},
-                      p.single_island()};
+                      static_cast<SlicePlacement>(p.placement())};
 }
 
 void ToProto(const SliceInfo& s, v1::SliceInfo* out) {

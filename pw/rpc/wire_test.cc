@@ -92,6 +92,15 @@ TEST(WireTest, ProgramIrRoundTrip) {
   }
 }
 
+TEST(WireTest, SliceRequestPlacementRoundTripsAndUnknownOnesAreRefused) {
+  for (SlicePlacement p : {SlicePlacement::kIsland, SlicePlacement::kHost, SlicePlacement::kSpread})
+    EXPECT_EQ(RoundTrip<v1::SliceRequest>(SliceRequest{2, {2}, p}).placement, p);
+  v1::SliceRequest r;
+  r.set_num_devices(1);
+  r.set_placement(static_cast<v1::SliceRequest::Placement>(9));
+  ExpectInvalid(FromProto(r).status(), "slice request placement");
+}
+
 TEST(WireTest, SliceInfoRoundTrip) {
   const SliceInfo s{SliceId(7), ClientId(1), {DeviceId(4), DeviceId(5)}, {2}, {IslandId(0)},
                     {HostId(2), HostId(3)}};
@@ -184,6 +193,11 @@ TEST(WireTest, RejectsMalformedMessages) {
   spec.set_dtype(static_cast<int>(DType::kF32));
   spec.add_dims(-1);
   ExpectInvalid(FromProto(spec).status(), "negative");
+  v1::ArraySpec deep;  // Issue 20, item 1: rank 60,001 crashed the controller's copy.
+  deep.set_dtype(static_cast<int>(DType::kF64));
+  deep.add_dims(2);
+  for (int i = 0; i < 60000; ++i) deep.add_dims(1);
+  ExpectInvalid(FromProto(deep).status(), "shape of rank 60001 exceeds the limit of 64");
 
   v1::HostArray a;
   ToProto(kF32x4, a.mutable_spec());

@@ -200,7 +200,8 @@ TEST_F(GrpcClusterTest, CollectivesSpanWorkerProcessesAndDispatchBenchChecksResu
 TEST_F(GrpcClusterTest, CollectiveInputsFromOtherProcessesAreCountedPerLink) {
   Start(2, 2, 1);  // Four processes: two per island, one device each.
   auto client = *Client::Connect(remote_.get(), "c");
-  Slice all = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 4});
+  Slice all = *client->MakeVirtualDeviceSet().AddSlice(
+      {.num_devices = 4, .placement = SlicePlacement::kSpread});
   BoundFunction sum = *client->Pmap(ReduceAdd("sum"), all);
   Array x = *client->Put(F32({1, 2, 3, 4}), all.info().id, Sharding::Split({4}, 1, 0));
   ASSERT_TRUE(x.Ready().status().ok());

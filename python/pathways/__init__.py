@@ -61,7 +61,8 @@ def _default_client():
 
 
 class Slice:
-    """A virtual slice of devices in one island."""
+    """A virtual slice of devices: where it lies (`devices`, `hosts`, `islands`), `release()`;
+    a context manager that releases it on exit."""
 
     def __init__(self, handle):
         self._handle = handle
@@ -71,11 +72,34 @@ class Slice:
         return self._handle.num_devices
 
     @property
+    def devices(self) -> list[int]:
+        """Physical device ids in rank order."""
+        return list(self._handle.devices)
+
+    @property
+    def hosts(self) -> list[int]:
+        """The host (worker) of each device, in rank order."""
+        return list(self._handle.hosts)
+
+    @property
+    def islands(self) -> list[int]:
+        return list(self._handle.islands)
+
+    def release(self) -> None:
+        self._handle.release()
+
+    def __enter__(self) -> "Slice":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    @property
     def tpus(self) -> "Slice":  # The paper's spelling: add_slice(tpu_devices=n).tpus
         return self
 
     def __repr__(self):
-        return f"Slice(devices={self._handle.devices})"
+        return f"Slice(devices={self.devices}, hosts={self.hosts}, islands={self.islands})"
 
 
 class VirtualDeviceSet:
@@ -83,11 +107,13 @@ class VirtualDeviceSet:
         self._client = client
 
     def add_slice(self, devices: int | None = None, tpu_devices: int | None = None,
-                  single_island: bool = True) -> Slice:
+                  placement: str = "island") -> Slice:
+        """N devices: all in one island ("island", the default), on one host ("host"), or over
+        as many hosts as possible, across islands if need be ("spread")."""
         n = devices if devices is not None else tpu_devices
         if n is None:
             raise ValueError("add_slice needs devices=N")
-        return Slice(self._client.add_slice(int(n), single_island))
+        return Slice(self._client.add_slice(int(n), placement))
 
 
 def make_virtual_device_set() -> VirtualDeviceSet:

@@ -198,3 +198,19 @@ def test_a_collective_whose_peer_process_is_killed_fails_naming_the_host(cluster
     assert "host:1" in lines[0], lines[0]
     assert float(lines[0].split()[2].rstrip("s:")) < 30  # Well within the failure timeout.
     assert lines[1] == "next [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]", out
+
+
+def test_placement_on_the_cluster(cluster):
+    env, address, _ = cluster
+    code = ("import pathways as pw\n"
+            "ds = pw.make_virtual_device_set()\n"
+            "print(ds.add_slice(devices=4).hosts)\n"
+            "print(ds.add_slice(devices=2, placement='host').hosts)\n"
+            "print(ds.add_slice(devices=8, placement='spread').islands)\n")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(env, PW_CLUSTER=address),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    one_island, one_host, both = r.stdout.splitlines()
+    assert sorted(set(eval(one_island))) in ([0, 1], [2, 3])  # Both hosts of one island.
+    assert len(set(eval(one_host))) == 1
+    assert eval(both) == [0, 1]

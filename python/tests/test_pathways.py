@@ -170,3 +170,19 @@ def test_unsupported_collectives_fail_at_bind_time_saying_so():
                 axis_name="i")
     with pytest.raises(ValueError, match="all_gather with axis_index_groups is not supported"):
         f(np.ones((2, 3), np.float32))
+
+
+def test_placement_requests_and_where_a_slice_lies():
+    ds = pw.make_virtual_device_set()  # The default embedded cluster: 2 islands x 1 host x 4.
+    with ds.add_slice(devices=4) as s:
+        assert len(s.islands) == 1 and len(set(s.hosts)) == 1 and len(s.devices) == 4
+    on_host = ds.add_slice(devices=2, placement="host")
+    assert len(set(on_host.hosts)) == 1
+    spread = ds.add_slice(devices=8, placement="spread")
+    assert spread.islands == [0, 1]
+    with pytest.raises(RuntimeError, match="largest island has 4 alive devices"):
+        ds.add_slice(devices=5)
+    with pytest.raises(RuntimeError, match="largest host has 4 alive devices"):
+        ds.add_slice(devices=5, placement="host")
+    with pytest.raises(ValueError, match="placement must be 'island', 'host' or 'spread'"):
+        ds.add_slice(devices=1, placement="rack")
