@@ -52,6 +52,17 @@ class ABSL_LOCKABLE Mutex {
     mu_.Await(cond);
     Acquired();
   }
+  // As Await, but gives up after `timeout`; returns pred()'s value. Holds the lock either way.
+  template <typename Pred>
+  bool AwaitWithTimeout(const Pred& pred, absl::Duration timeout)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(this) {
+    Checked<Pred> c{this, &pred};
+    absl::Condition cond(&c);
+    Releasing();
+    bool ok = mu_.AwaitWithTimeout(cond, timeout);
+    Acquired();
+    return ok;
+  }
   // Acquires the lock once pred() holds.
   template <typename Pred>
   void LockWhen(const Pred& pred) ABSL_EXCLUSIVE_LOCK_FUNCTION() {

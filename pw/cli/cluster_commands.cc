@@ -22,6 +22,8 @@ namespace {
 
 constexpr char kFailureTimeoutHelp[] =
     "A worker silent this long is declared failed (one whose process dies: at once)";
+constexpr char kCollectiveTimeoutHelp[] =
+    "How long a collective waits for another worker process before it fails (default 300000)";
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "pw: %s\n", s.ToString().c_str());
@@ -85,6 +87,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   up_->add_option("--token", token_, "Shared token the processes require (default $PW_TOKEN)");
   up_->add_option("--failure-timeout-ms", failure_timeout_ms_,
                   kFailureTimeoutHelp);
+  up_->add_option("--collective-timeout-ms", collective_timeout_ms_, kCollectiveTimeoutHelp);
 
   status_ = app->add_subcommand("status", "Show the cluster's hosts, devices, memory, queues");
   status_->add_flag("--json", json_, "Print one JSON object");
@@ -119,6 +122,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   worker_->add_option("--machine", machine_, "This machine's name (default: the host name); "
                                              "workers on one machine share memory");
   worker_->add_option("--cpus", cpus_, "Run on these CPUs only, e.g. 0-3,8 (default: any)");
+  worker_->add_option("--collective-timeout-ms", collective_timeout_ms_, kCollectiveTimeoutHelp);
 }
 
 bool ClusterCommands::parsed() const {
@@ -144,6 +148,7 @@ int ClusterCommands::Up(const char* argv0) {
   o.pw_binary = n > 0 ? std::string(self, n) : argv0;
   o.token = Token(token_);
   o.failure_timeout_ms = failure_timeout_ms_;
+  o.collective_timeout_ms = collective_timeout_ms_;
   o.bind_cpus = cpu_bind_ == "host";
   if (!detach_) {
     // Foreground: a signal brings the cluster down. Set up before any thread starts.
@@ -335,6 +340,7 @@ int ClusterCommands::Worker() {
   o.bulk_port = bulk_port_;
   o.channel.token = Token(cluster_token_, "PW_CLUSTER_TOKEN");
   o.machine = machine_;
+  if (collective_timeout_ms_ > 0) o.collective_timeout = absl::Milliseconds(collective_timeout_ms_);
   auto server = server::WorkerServer::Start(o);
   if (!server.ok()) return Fail(server.status());
   {

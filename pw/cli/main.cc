@@ -26,11 +26,13 @@
 #include <string>
 #include <vector>
 #include <iostream>
+#include <filesystem>
 #include <set>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_join.h"
 #include "pw/base/mutex.h"
+#include "pw/bench/collectives_bench.h"
 #include "pw/bench/dispatch_bench.h"
 #include "pw/bench/loopback_rtt.h"
 #include "pw/bench/transfer_bench.h"
@@ -142,6 +144,19 @@ int main(int argc, char** argv) {
                        "another island; baseline: the array already on its device) instead of "
                        "one in this process beside memcpy/raw TCP");
 
+  auto* collectives = bench->add_subcommand(
+      "collectives", "All-reduce across worker processes (local clusters it starts) beside "
+                     "memcpy and raw TCP; --baseline adds the one-round broadcast algorithm");
+  pw::CollectivesBenchOptions co;
+  collectives->add_option("--processes", co.processes, "Process counts (default 2,4,8)")
+      ->delimiter(',');
+  collectives->add_option("--sizes", co.sizes, "Bytes per shard (default 8 ... 64 MiB)")
+      ->delimiter(',');
+  collectives->add_option("--min-seconds", co.min_seconds, "Minimum time per measurement");
+  collectives->add_flag("--baseline", co.baseline,
+                        "Also measure the broadcast algorithm (rows with algorithm 'broadcast')");
+  collectives->add_flag("--json", json, "Print one JSON object to stdout");
+
   // Python: it compares against JAX's own dispatch in the same process (python/pathways).
   auto* xla_overhead = bench->add_subcommand(
       "xla-overhead", "An XLA function run by pathways vs by JAX, same CPU, same run (Python)");
@@ -219,6 +234,20 @@ int main(int argc, char** argv) {
         std::printf("%-4s %12lld B  %10.1f MB/s  (%s %10.1f MB/s)  ratio %.2f\n", x.path.c_str(),
                     (long long)x.bytes, x.pathways_bytes_per_second / 1e6, x.baseline.c_str(),
                     x.baseline_bytes_per_second / 1e6, x.ratio);
+    }
+    return 0;
+  }
+  if (collectives->parsed()) {
+    co.pw_binary = std::filesystem::read_symlink("/proc/self/exe").string();
+    auto r = pw::RunCollectivesBench(co);
+    if (!r.ok()) return Fail(r.status());
+    if (json) {
+      std::printf("%s\n", pw::CollectivesBenchJson(*r).c_str());
+    } else {
+      for (const auto& x : *r)
+        std::printf("P=%d %-9s %12lld B  %10.1f us  bus %8.3f GB/s  memcpy %7.2f  tcp %7.2f\n",
+                    x.processes, x.algorithm.c_str(), (long long)x.bytes, x.seconds * 1e6,
+                    x.bus_gbps, x.memcpy_gbps, x.tcp_gbps);
     }
     return 0;
   }

@@ -1,9 +1,11 @@
 #include "pw/executor/collectives.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "pw/base/spin_wait.h"
+#include "pw/base/status_macros.h"
 
 namespace pw {
 
@@ -21,46 +23,64 @@ const absl::Status& Collectives::Rendezvous::Wait() {
   return status;
 }
 
-absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceId> devices,
-                              int rank, const void* input, size_t input_bytes, void* output,
-                              size_t output_bytes, const Combine& combine) {
-  std::shared_ptr<Rendezvous> r;
-  {
-    pw::MutexLock lock(&mu_);
-    for (DeviceId d : devices) {
-      auto it = dead_.find(d);
-      if (it != dead_.end()) return it->second;
-    }
-    if (!failed_launches_.empty()) {
-      auto it = failed_launches_.find(std::make_pair(key.run, key.node));
-      if (it != failed_launches_.end()) return it->second;
-    }
-    auto& slot = pending_[key];
-    if (slot == nullptr) {
-      size_t local = devices.size();
-      if (peers_ != nullptr)
-        local = std::count_if(devices.begin(), devices.end(),
-                              [&](DeviceId d) { return peers_->IsLocal(d); });
-      slot = std::make_shared<Rendezvous>(devices, local);
-      if (auto early = early_.find(key); early != early_.end()) {
-        pw::MutexLock rlock(&slot->remote_mu);
-        for (auto& [rank, bytes] : early->second) {
-          if (rank >= 0 && rank < static_cast<int>(slot->remote_inputs.size()) &&
-              slot->remote_inputs[rank].empty()) {
-            slot->remote_inputs[rank] = std::move(bytes);
-            slot->remote_arrived.fetch_add(1, std::memory_order_release);
-          }
-        }
-        early_.erase(early);
-      }
-    }
-    r = slot;
+absl::StatusOr<std::shared_ptr<Collectives::Rendezvous>> Collectives::Join(
+    const CollectiveKey& key, absl::Span<const DeviceId> devices, int rank,
+    const CollectivePeers::Processes* scatter, size_t bytes, size_t element) {
+  pw::MutexLock lock(&mu_);
+  for (DeviceId d : devices) {
+    auto it = dead_.find(d);
+    if (it != dead_.end()) return it->second;
   }
-  if (r->devices.size() != devices.size() || rank < 0 ||
-      rank >= static_cast<int>(devices.size())) {
+  if (!failed_launches_.empty()) {
+    auto it = failed_launches_.find(std::make_pair(key.run, key.node));
+    if (it != failed_launches_.end()) return it->second;
+  }
+  auto& slot = pending_[key];
+  if (slot == nullptr) {
+    size_t local = devices.size();
+    if (peers_ != nullptr)
+      local = std::count_if(devices.begin(), devices.end(),
+                            [&](DeviceId d) { return peers_->IsLocal(d); });
+    slot = std::make_shared<Rendezvous>(devices, local);
+    pw::MutexLock rlock(&slot->remote_mu);
+    if (scatter != nullptr) {
+      auto sc = std::make_unique<Rendezvous::Scatter>();
+      sc->procs = scatter->count;
+      sc->self = scatter->self;
+      sc->bytes = bytes;
+      sc->element = element;
+      sc->partial.resize(bytes);
+      sc->received1.resize((sc->End(sc->self) - sc->Begin(sc->self)) * sc->procs);
+      sc->gathered.resize(bytes);
+      slot->scatter = std::move(sc);
+    }
+    if (auto early = early_.find(key); early != early_.end()) {
+      for (auto& [rank, bytes] : early->second) {
+        if (rank >= 0 && rank < static_cast<int>(slot->remote_inputs.size()) &&
+            slot->remote_inputs[rank].empty()) {
+          slot->remote_inputs[rank] = std::move(bytes);
+          slot->remote_arrived.fetch_add(1, std::memory_order_release);
+        }
+      }
+      early_.erase(early);
+    }
+    if (auto early = early_pieces_.find(key); early != early_pieces_.end()) {
+      for (EarlyPiece& p : early->second) StorePiece(*slot, p.phase, p.from, p.offset, p.bytes);
+      early_pieces_.erase(early);
+    }
+  }
+  if (slot->devices.size() != devices.size() || rank < 0 ||
+      rank >= static_cast<int>(devices.size()) || (scatter != nullptr) != (slot->scatter != nullptr)) {
     return absl::InternalError(absl::StrCat("collective run ", key.run, " node ", key.node,
                                             " op ", key.op, ": shards disagree on the slice"));
   }
+  return slot;
+}
+
+absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceId> devices,
+                              int rank, const void* input, size_t input_bytes, void* output,
+                              size_t output_bytes, const Combine& combine) {
+  PW_ASSIGN_OR_RETURN(std::shared_ptr<Rendezvous> r, Join(key, devices, rank, nullptr, 0, 0));
   if (r->state.load(std::memory_order_acquire) != Rendezvous::kPending) return r->Wait();
   r->inputs[rank] = input;
   r->outputs[rank] = output;
@@ -112,13 +132,146 @@ void Collectives::CombineAcrossProcesses(const CollectiveKey& key, Rendezvous& r
     return r.remote_arrived.load(std::memory_order_acquire) == r.devices.size() - r.local ||
            r.state.load(std::memory_order_acquire) != Rendezvous::kPending;
   };
-  PollUntil(done);
+  if (!AwaitRemote(key, r, done, "other processes' inputs")) return;
   pw::MutexLock lock(&r.remote_mu);
-  r.remote_mu.Await(done);
   // Claim before touching the local shards' buffers: an abort that claimed first has published
   // its status and let those shards return.
   if (!r.Claim()) return;
   r.Publish(CombineClaimed(key, r, input_bytes, output_bytes, combine));
+}
+
+template <typename F>
+bool Collectives::AwaitRemote(const CollectiveKey& key, Rendezvous& r, const F& done,
+                              const char* what) {
+  PollUntil(done);
+  pw::MutexLock lock(&r.remote_mu);
+  if (r.remote_mu.AwaitWithTimeout(done, timeout_)) {
+    return r.state.load(std::memory_order_acquire) == Rendezvous::kPending;
+  }
+  if (r.Claim()) {
+    r.Publish(absl::DeadlineExceededError(absl::StrCat(
+        "collective run ", key.run, " node ", key.node, " op ", key.op, ": waited ",
+        absl::FormatDuration(timeout_), " for ", what, " (a peer process stalled or lost)")));
+  }
+  return false;
+}
+
+absl::Status Collectives::AllReduce(const CollectiveKey& key, absl::Span<const DeviceId> devices,
+                                    int rank, const void* input, void* output, size_t bytes,
+                                    size_t element_size, const Reduce& reduce,
+                                    Algorithm algorithm) {
+  CollectivePeers::Processes procs;
+  if (peers_ != nullptr) procs = peers_->ProcessesOf(devices);
+  if (algorithm == Algorithm::kBroadcast || procs.count < 3 || bytes < kScatterMinBytes ||
+      element_size == 0 || bytes % element_size != 0) {
+    return Run(key, devices, rank, input, bytes, output, bytes,
+               [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
+                 std::memcpy(out[0], in[0], bytes);
+                 for (size_t i = 1; i < in.size(); ++i) reduce(out[0], in[i], bytes);
+                 for (size_t i = 1; i < out.size(); ++i) std::memcpy(out[i], out[0], bytes);
+                 return absl::OkStatus();
+               });
+  }
+  PW_ASSIGN_OR_RETURN(std::shared_ptr<Rendezvous> r,
+                      Join(key, devices, rank, &procs, bytes, element_size));
+  if (r->state.load(std::memory_order_acquire) != Rendezvous::kPending) return r->Wait();
+  r->inputs[rank] = input;
+  r->outputs[rank] = output;
+  if (r->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == r->local) {
+    ScatterAcrossProcesses(key, *r, reduce);
+    pw::MutexLock lock(&mu_);
+    auto it = pending_.find(key);
+    if (it != pending_.end() && it->second == r) pending_.erase(it);
+  } else {
+    PollUntil([&r] { return r->state.load(std::memory_order_acquire) == Rendezvous::kFinished; });
+  }
+  return r->Wait();
+}
+
+void Collectives::ScatterAcrossProcesses(const CollectiveKey& key, Rendezvous& r,
+                                         const Reduce& reduce) {
+  Rendezvous::Scatter& sc = *r.scatter;
+  // 1. This process's shards, reduced into `partial`.
+  std::vector<const void*> local;
+  for (size_t i = 0; i < r.devices.size(); ++i)
+    if (peers_->IsLocal(r.devices[i])) local.push_back(r.inputs[i]);
+  std::memcpy(sc.partial.data(), local[0], sc.bytes);
+  for (size_t i = 1; i < local.size(); ++i) reduce(sc.partial.data(), local[i], sc.bytes);
+  // Sends [begin, end) of `from_buffer` to process `to` in pieces, offsets relative to begin.
+  auto send = [&](int phase, int to, const char* data, size_t length) {
+    for (size_t off = 0; off < length; off += kPieceBytes) {
+      const size_t n = std::min(kPieceBytes, length - off);
+      peers_->SendPiece(key, r.devices, phase, to, sc.self, off, std::string(data + off, n));
+    }
+  };
+  // 2. Reduce-scatter: process q gets our copy of chunk q; we reduce everyone's copy of ours.
+  for (int q = 0; q < sc.procs; ++q) {
+    if (q != sc.self) send(1, q, sc.partial.data() + sc.Begin(q), sc.End(q) - sc.Begin(q));
+  }
+  const size_t mine = sc.End(sc.self) - sc.Begin(sc.self);
+  auto reduced = [&] { return sc.got1.load(std::memory_order_acquire) == mine * (sc.procs - 1) ||
+                              r.state.load(std::memory_order_acquire) != Rendezvous::kPending; };
+  if (!AwaitRemote(key, r, reduced, "the reduce-scatter's chunks")) return;
+  char* chunk = sc.partial.data() + sc.Begin(sc.self);
+  for (int q = 0; q < sc.procs; ++q) {
+    if (q != sc.self) reduce(chunk, sc.received1.data() + q * mine, mine);
+  }
+  // 3. All-gather: our reduced chunk to every other process; theirs into `gathered`.
+  for (int q = 0; q < sc.procs; ++q) {
+    if (q != sc.self) send(2, q, chunk, mine);
+  }
+  auto gathered = [&] { return sc.got2.load(std::memory_order_acquire) == sc.bytes - mine ||
+                               r.state.load(std::memory_order_acquire) != Rendezvous::kPending; };
+  if (!AwaitRemote(key, r, gathered, "the all-gather's chunks")) return;
+  pw::MutexLock lock(&r.remote_mu);
+  if (!r.Claim()) return;  // Aborted: the local shards have returned; their buffers are gone.
+  for (size_t i = 0; i < r.devices.size(); ++i) {
+    if (!peers_->IsLocal(r.devices[i])) continue;
+    char* out = static_cast<char*>(r.outputs[i]);
+    std::memcpy(out, sc.gathered.data(), sc.Begin(sc.self));
+    std::memcpy(out + sc.Begin(sc.self), chunk, mine);
+    std::memcpy(out + sc.End(sc.self), sc.gathered.data() + sc.End(sc.self),
+                sc.bytes - sc.End(sc.self));
+  }
+  r.Publish(absl::OkStatus());
+}
+
+bool Collectives::StorePiece(Rendezvous& r, int phase, int from, size_t offset,
+                             absl::string_view bytes) {
+  Rendezvous::Scatter* sc = r.scatter.get();
+  if (sc == nullptr || from < 0 || from >= sc->procs || from == sc->self) return false;
+  const size_t mine = sc->End(sc->self) - sc->Begin(sc->self);
+  if (phase == 1 && offset <= mine && bytes.size() <= mine - offset) {
+    std::memcpy(sc->received1.data() + from * mine + offset, bytes.data(), bytes.size());
+    sc->got1.fetch_add(bytes.size(), std::memory_order_release);
+    return true;
+  }
+  const size_t theirs = sc->End(from) - sc->Begin(from);
+  if (phase == 2 && offset <= theirs && bytes.size() <= theirs - offset) {
+    std::memcpy(sc->gathered.data() + sc->Begin(from) + offset, bytes.data(), bytes.size());
+    sc->got2.fetch_add(bytes.size(), std::memory_order_release);
+    return true;
+  }
+  return false;
+}
+
+void Collectives::DeliverPiece(const CollectiveKey& key, int phase, int from, size_t offset,
+                               std::string bytes) {
+  std::shared_ptr<Rendezvous> r;
+  {
+    pw::MutexLock lock(&mu_);
+    if (failed_launches_.contains(std::make_pair(key.run, key.node)) ||
+        forgotten_.contains(key.run))
+      return;
+    auto it = pending_.find(key);
+    if (it == pending_.end()) {
+      early_pieces_[key].push_back({phase, from, offset, std::move(bytes)});
+      return;
+    }
+    r = it->second;
+  }
+  pw::MutexLock lock(&r->remote_mu);  // Its release re-evaluates the combining shard's wait.
+  StorePiece(*r, phase, from, offset, bytes);
 }
 
 absl::Status Collectives::CombineClaimed(const CollectiveKey& key, Rendezvous& r,
@@ -201,6 +354,10 @@ void Collectives::FailLaunch(int64_t run, int32_t node, const absl::Status& reas
       if (it->first.run == run && it->first.node == node) early_.erase(it++);
       else ++it;
     }
+    for (auto it = early_pieces_.begin(); it != early_pieces_.end();) {
+      if (it->first.run == run && it->first.node == node) early_pieces_.erase(it++);
+      else ++it;
+    }
   }
   if (peers_ != nullptr && !devices.empty()) peers_->SendFailure(run, node, devices, reason);
   AbortPending(reason, [run, node](const CollectiveKey& k, const Rendezvous&) {
@@ -245,6 +402,10 @@ void Collectives::ForgetRun(int64_t run) {
     if (it->first.run == run) early_.erase(it++);
     else ++it;
   }
+  for (auto it = early_pieces_.begin(); it != early_pieces_.end();) {
+    if (it->first.run == run) early_pieces_.erase(it++);
+    else ++it;
+  }
   if (!forgotten_.insert(run).second) return;
   forgotten_order_.push_back(run);
   if (forgotten_order_.size() > kForgottenRuns) {
@@ -255,7 +416,7 @@ void Collectives::ForgetRun(int64_t run) {
 
 size_t Collectives::records() const {
   pw::MutexLock lock(&mu_);
-  return failed_launches_.size() + early_.size();
+  return failed_launches_.size() + early_.size() + early_pieces_.size();
 }
 
 size_t Collectives::pending() const {

@@ -11,7 +11,13 @@
 // Across processes: with CollectivePeers set, only the shards on this process's devices meet
 // here; the last of them sends their inputs to the processes holding the other ranks (Send) and
 // waits for theirs (Deliver), then every process combines all inputs itself (so the result is the
-// same everywhere) and keeps its own shards' outputs.
+// same everywhere) and keeps its own shards' outputs: one message round, the latency-optimal
+// algorithm, but O(P^2) bytes for P processes. AllReduce of at least kScatterMinBytes over three
+// or more processes instead reduces locally, then reduce-scatters and all-gathers between the
+// processes (each process reduces one chunk: 2 (P-1)/P of the buffer sent per process, the
+// bandwidth-optimal amount, in two rounds), in pieces of at most kPieceBytes.
+// Every wait for another process ends after the timeout (SetTimeout) with DeadlineExceeded,
+// naming the collective and what it still waited for.
 #pragma once
 
 #include <atomic>
@@ -27,6 +33,8 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "pw/base/mutex.h"
 #include "absl/types/span.h"
 #include "pw/base/ids.h"
@@ -64,6 +72,18 @@ class CollectivePeers {
   // shard waiting in a collective drives delivery instead of waiting for a receiving thread to
   // be scheduled). Returns whether it delivered anything.
   virtual bool Poll() { return false; }
+  // The processes holding `devices`, numbered by the first rank each holds: how many, and this
+  // one's number.
+  struct Processes {
+    int count = 1;
+    int self = 0;
+  };
+  virtual Processes ProcessesOf(absl::Span<const DeviceId> devices) const = 0;
+  // Sends `bytes` of an AllReduce's `phase` (1: reduce-scatter, 2: all-gather), at `offset` of
+  // what process `from` sends in that phase, to process `to` of `devices`. May return before
+  // delivery; a failed delivery fails the launch as Send's does.
+  virtual void SendPiece(const CollectiveKey& key, absl::Span<const DeviceId> devices, int phase,
+                         int to, int from, size_t offset, std::string bytes) = 0;
 };
 
 class Collectives {
@@ -76,6 +96,21 @@ class Collectives {
   absl::Status Run(const CollectiveKey& key, absl::Span<const DeviceId> devices, int rank,
                    const void* input, size_t input_bytes, void* output, size_t output_bytes,
                    const Combine& combine);
+  // Folds `bytes` of `x` into `acc`, elementwise (bytes is a multiple of the element size).
+  using Reduce = std::function<void(void* acc, const void* x, size_t bytes)>;
+  // kAuto: by size and process count (see above); kBroadcast: always as Run (the baseline).
+  // Every shard of one collective must pass the same.
+  enum class Algorithm { kAuto, kBroadcast };
+  // An all-reduce of `bytes` per shard (elements of `element_size` bytes): as Run with a combine
+  // that reduces every input, by the algorithm that fits (see above).
+  absl::Status AllReduce(const CollectiveKey& key, absl::Span<const DeviceId> devices, int rank,
+                         const void* input, void* output, size_t bytes, size_t element_size,
+                         const Reduce& reduce, Algorithm algorithm = Algorithm::kAuto);
+  static constexpr size_t kScatterMinBytes = size_t{256} << 10;
+  static constexpr size_t kPieceBytes = size_t{1} << 20;  // Fits a shared-memory mailbox.
+  // Set once, before any collective (with SetPeers).
+  void SetTimeout(absl::Duration timeout) { timeout_ = timeout; }
+  absl::Duration timeout() const { return timeout_; }
   void AbortDevice(DeviceId device, const absl::Status& reason);
   // A removed device is back (its host rejoined): later rendezvous including it run again.
   void RestoreDevice(DeviceId device);
@@ -98,6 +133,9 @@ class Collectives {
   void SetPeers(CollectivePeers* peers) { peers_ = peers; }
   // Another process's input for `rank` of collective `key`.
   void Deliver(const CollectiveKey& key, int rank, std::string input);
+  // A piece of another process's AllReduce traffic (CollectivePeers::SendPiece).
+  void DeliverPiece(const CollectiveKey& key, int phase, int from, size_t offset,
+                    std::string bytes);
   // Another process could not run or deliver its part of launch (run, node).
   void DeliverFailure(int64_t run, int32_t node, const absl::Status& reason) {
     FailLaunch(run, node, reason);
@@ -137,7 +175,39 @@ class Collectives {
     const Combine* combine = nullptr;  // Lives in Run() of the combining shard until published.
     size_t input_bytes = 0, output_bytes = 0;
     std::atomic<bool> sent{false};
+
+    // AllReduce across processes by reduce-scatter + all-gather (`scatter` set at creation).
+    struct Scatter {
+      int procs = 0, self = 0;
+      size_t bytes = 0, element = 0;
+      std::string partial;    // This process's local reduction, then its reduced chunk.
+      std::string received1;  // Phase 1: each process's copy of our chunk, [procs][chunk].
+      std::string gathered;   // Phase 2: the other processes' reduced chunks, in place.
+      // Bytes received of each phase: added to under remote_mu after the copy, read without.
+      std::atomic<size_t> got1{0}, got2{0};
+      // Chunk q of the buffer: [begin, end) in bytes.
+      size_t Begin(int q) const { return (bytes / element) * q / procs * element; }
+      size_t End(int q) const { return Begin(q + 1); }
+    };
+    // Set at creation. Its received buffers and counts are written under remote_mu; `partial`
+    // only by the combining shard.
+    std::unique_ptr<Scatter> scatter;
   };
+  // Finds or makes the rendezvous of `key` (applying early inputs); `scatter` as in AllReduce.
+  absl::StatusOr<std::shared_ptr<Rendezvous>> Join(const CollectiveKey& key,
+                                                   absl::Span<const DeviceId> devices, int rank,
+                                                   const CollectivePeers::Processes* scatter,
+                                                   size_t bytes, size_t element);
+  // Copies a piece into the rendezvous's scatter buffers; false (dropped) if it does not fit.
+  static bool StorePiece(Rendezvous& r, int phase, int from, size_t offset,
+                         absl::string_view bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(r.remote_mu);
+  // The last local shard of a scattered AllReduce: local reduce, reduce-scatter, all-gather.
+  void ScatterAcrossProcesses(const CollectiveKey& key, Rendezvous& r, const Reduce& reduce);
+  // Waits, as CombineAcrossProcesses does, until `done` or the rendezvous is finished elsewhere;
+  // after the timeout, claims it and publishes DeadlineExceeded naming `what`. Returns whether
+  // the caller may go on (done, and not claimed by anyone).
+  template <typename F>
+  bool AwaitRemote(const CollectiveKey& key, Rendezvous& r, const F& done, const char* what);
   // Runs on the last local shard when other processes hold ranks: sends the local inputs, then,
   // unless an abort or the delivery of the last remote input (Deliver) claimed the rendezvous
   // first, waits for the other processes' inputs, claims it, combines and publishes.
@@ -164,9 +234,17 @@ class Collectives {
   // Inputs from other processes that arrived before any local shard of their collective.
   absl::flat_hash_map<CollectiveKey, std::vector<std::pair<int, std::string>>> early_
       ABSL_GUARDED_BY(mu_);
+  // AllReduce pieces that arrived before any local shard of their collective.
+  struct EarlyPiece {
+    int phase, from;
+    size_t offset;
+    std::string bytes;
+  };
+  absl::flat_hash_map<CollectiveKey, std::vector<EarlyPiece>> early_pieces_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<int64_t> forgotten_ ABSL_GUARDED_BY(mu_);
   std::deque<int64_t> forgotten_order_ ABSL_GUARDED_BY(mu_);  // Oldest first.
   CollectivePeers* peers_ = nullptr;
+  absl::Duration timeout_ = absl::InfiniteDuration();
 };
 
 }  // namespace pw

@@ -45,6 +45,9 @@ class OneRemotePeer : public CollectivePeers {
     c_->Deliver(key, 2, inputs[0]);
   }
   void SendFailure(int64_t, int32_t, absl::Span<const DeviceId>, const absl::Status&) override {}
+  Processes ProcessesOf(absl::Span<const DeviceId>) const override { return {2, 0}; }
+  void SendPiece(const CollectiveKey&, absl::Span<const DeviceId>, int, int, int, size_t,
+                 std::string) override {}
 
  private:
   Collectives* c_;
@@ -105,6 +108,9 @@ class ThreadedRemotePeer : public CollectivePeers {
     sent_input = inputs[0];
   }
   void SendFailure(int64_t, int32_t, absl::Span<const DeviceId>, const absl::Status&) override {}
+  Processes ProcessesOf(absl::Span<const DeviceId>) const override { return {2, 0}; }
+  void SendPiece(const CollectiveKey&, absl::Span<const DeviceId>, int, int, int, size_t,
+                 std::string) override {}
   // Waits for Send, then returns what was sent.
   std::pair<CollectiveKey, std::string> AwaitSend() {
     pw::MutexLock lock(&mu);
@@ -165,6 +171,123 @@ TEST(CollectivesTest, TheLastDeliveryCombines) {
       ASSERT_TRUE(status[rank].ok()) << status[rank];
       // 1 + step + the other process's input (a copy of rank 0's).
       EXPECT_EQ(out[rank], 2.0f + step) << "step " << step << " rank " << rank;
+    }
+  }
+}
+
+// P "processes", each a Collectives of its own holding devices [2p, 2p + 1], whose peers deliver
+// to each other on the sending thread (as the mailbox receiver would, on another thread).
+class FakeProcesses {
+ public:
+  explicit FakeProcesses(int procs) {
+    for (int p = 0; p < procs; ++p) {
+      procs_.push_back(std::make_unique<Proc>(this, p));
+      procs_.back()->c.SetPeers(procs_.back().get());
+    }
+  }
+  Collectives& of(int p) { return procs_[p]->c; }
+  int64_t bytes_sent() const { return sent_.load(); }
+  // Process `p` drops everything it would send (a stalled peer).
+  void Silence(int p) { procs_[p]->silent = true; }
+
+ private:
+  struct Proc : CollectivePeers {
+    Proc(FakeProcesses* all, int self) : all(all), self(self) {}
+    bool IsLocal(DeviceId d) const override { return d.value() / 2 == self; }
+    void Send(const CollectiveKey& key, absl::Span<const DeviceId> devices, std::vector<int> ranks,
+              std::vector<std::string> inputs) override {
+      if (silent) return;
+      for (auto& other : all->procs_) {
+        if (other.get() == this) continue;
+        for (size_t i = 0; i < ranks.size(); ++i) {
+          all->sent_ += inputs[i].size();
+          other->c.Deliver(key, ranks[i], inputs[i]);
+        }
+      }
+    }
+    void SendFailure(int64_t, int32_t, absl::Span<const DeviceId>, const absl::Status&) override {}
+    Processes ProcessesOf(absl::Span<const DeviceId> devices) const override {
+      return {static_cast<int>(devices.size() / 2), self};  // Ranks 2p, 2p + 1 on process p.
+    }
+    void SendPiece(const CollectiveKey& key, absl::Span<const DeviceId>, int phase, int to,
+                   int from, size_t offset, std::string bytes) override {
+      if (silent) return;
+      all->sent_ += bytes.size();
+      all->procs_[to]->c.DeliverPiece(key, phase, from, offset, std::move(bytes));
+    }
+    FakeProcesses* all;
+    const int self;
+    std::atomic<bool> silent{false};
+    Collectives c;
+  };
+  std::vector<std::unique_ptr<Proc>> procs_;
+  std::atomic<int64_t> sent_{0};
+};
+
+// Runs a float sum AllReduce of `n` elements on every device of `procs` processes (2 each); rank
+// r's input is (r + 1) * (i % 7). Returns each rank's status and whether its output was right.
+std::vector<std::pair<absl::Status, bool>> SumEverywhere(
+    FakeProcesses& f, int procs, size_t n, int64_t run,
+    Collectives::Algorithm algorithm = Collectives::Algorithm::kAuto) {
+  std::vector<DeviceId> devices;
+  for (int d = 0; d < 2 * procs; ++d) devices.push_back(DeviceId(d));
+  std::vector<std::pair<absl::Status, bool>> result(devices.size());
+  std::vector<std::thread> shards;
+  auto reduce = [](void* acc, const void* x, size_t bytes) {
+    for (size_t i = 0; i < bytes / 4; ++i)
+      static_cast<float*>(acc)[i] += static_cast<const float*>(x)[i];
+  };
+  float total = 0;
+  for (size_t r = 0; r < devices.size(); ++r) total += r + 1;
+  for (size_t r = 0; r < devices.size(); ++r) {
+    shards.emplace_back([&, r] {
+      std::vector<float> in(n), out(n, -1);
+      for (size_t i = 0; i < n; ++i) in[i] = (r + 1) * static_cast<float>(i % 7);
+      result[r].first = f.of(r / 2).AllReduce({.run = run, .node = 0, .op = 0}, devices, r,
+                                              in.data(), out.data(), n * 4, 4, reduce,
+                                              algorithm);
+      bool right = true;
+      for (size_t i = 0; i < n; ++i) right = right && out[i] == total * (i % 7);
+      result[r].second = right;
+    });
+  }
+  for (auto& t : shards) t.join();
+  return result;
+}
+
+// Reduce-scatter + all-gather between processes gives the same sums as the broadcast, with
+// about half the bytes at four processes (2 (P-1)/P of the buffer per process instead of P-1).
+TEST(CollectivesTest, ScatteredAllReduceMatchesTheBroadcastWithFewerBytes) {
+  const size_t n = 3 * (Collectives::kPieceBytes / 4) + 5;  // Several pieces, uneven chunks.
+  int64_t bytes[2];
+  for (auto algorithm : {Collectives::Algorithm::kAuto, Collectives::Algorithm::kBroadcast}) {
+    FakeProcesses f(4);
+    for (int64_t run = 1; run <= 2; ++run) {
+      for (auto& [status, right] : SumEverywhere(f, 4, n, run, algorithm)) {
+        ASSERT_TRUE(status.ok()) << status;
+        EXPECT_TRUE(right);
+      }
+    }
+    bytes[algorithm == Collectives::Algorithm::kAuto] = f.bytes_sent();
+    for (int p = 0; p < 4; ++p) EXPECT_EQ(f.of(p).pending(), 0u);
+  }
+  // Per run: broadcast 4 processes x 3 peers x 2 inputs; scattered 4 x 2 phases x 3/4 buffer.
+  EXPECT_EQ(bytes[0], 2 * 4 * 3 * 2 * static_cast<int64_t>(n * 4));
+  EXPECT_EQ(bytes[1] * 4, bytes[0]);
+}
+
+// A peer process that never sends: every shard's wait ends after the timeout, with an error
+// naming the collective and what it waited for, instead of hanging.
+TEST(CollectivesTest, AStalledPeerProcessEndsTheWaitAfterTheTimeout) {
+  for (size_t n : {size_t{16}, Collectives::kScatterMinBytes}) {  // Broadcast, then scattered.
+    FakeProcesses f(3);
+    for (int p = 0; p < 3; ++p) f.of(p).SetTimeout(absl::Milliseconds(200));
+    f.Silence(2);
+    auto result = SumEverywhere(f, 3, n, 1);
+    for (int r = 0; r < 4; ++r) {  // Processes 0 and 1 wait for process 2.
+      EXPECT_EQ(result[r].first.code(), absl::StatusCode::kDeadlineExceeded) << result[r].first;
+      EXPECT_NE(result[r].first.message().find("collective run 1 node 0 op 0: waited 200ms"),
+                std::string::npos) << result[r].first;
     }
   }
 }

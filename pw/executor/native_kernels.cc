@@ -174,21 +174,28 @@ absl::Status Rendezvous(const KernelContext& c, const Collectives::Combine& comb
 template <typename Op>
 KernelDef AllReduce(std::string name, Op op) {
   return {std::move(name), 1, {}, SameAsOperand, [op](const KernelContext& c) {
-            const int64_t n = c.output->spec().num_elements();
+            if (c.launch.collectives == nullptr)
+              return absl::FailedPreconditionError("collective launched without a communicator");
             const DType t = c.output->spec().dtype;
-            const size_t bytes = c.output->size_bytes();
-            return Rendezvous(c, [=](absl::Span<const void* const> in, absl::Span<void* const> out) {
-              return ForType(t, [&]<typename T>() {
-                T* r = static_cast<T*>(out[0]);
-                std::memcpy(r, in[0], bytes);
-                for (size_t s = 1; s < in.size(); ++s) {
-                  const T* x = static_cast<const T*>(in[s]);
-                  for (int64_t i = 0; i < n; ++i) r[i] = op(r[i], x[i]);
-                }
-                for (size_t s = 1; s < out.size(); ++s) std::memcpy(out[s], r, bytes);
+            CollectiveKey key = c.launch.key;
+            key.op = c.op_index;
+            // Optional attribute "algorithm": 1 asks for the one-round broadcast (a baseline).
+            auto a = c.attrs.find("algorithm");
+            const auto algorithm = a != c.attrs.end() && a->second == 1
+                                       ? Collectives::Algorithm::kBroadcast
+                                       : Collectives::Algorithm::kAuto;
+            auto reduce = [t, op](void* acc, const void* x, size_t bytes) {
+              ForType(t, [&]<typename T>() {
+                T* r = static_cast<T*>(acc);
+                const T* y = static_cast<const T*>(x);
+                for (size_t i = 0, n = bytes / sizeof(T); i < n; ++i) r[i] = op(r[i], y[i]);
                 return absl::OkStatus();
-              });
-            });
+              }).IgnoreError();  // The dtype was checked when the function was compiled.
+            };
+            return c.launch.collectives->AllReduce(key, c.launch.slice_devices, c.launch.rank,
+                                                   c.operands[0]->data(), c.output->mutable_data(),
+                                                   c.output->size_bytes(), DTypeSize(t), reduce,
+                                                   algorithm);
           }};
 }
 

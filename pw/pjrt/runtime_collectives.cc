@@ -84,7 +84,7 @@ void ReduceTyped(Reduction r, absl::Span<const void* const> in, size_t offset, s
                  void* out_bytes) {
   T* out = static_cast<T*>(out_bytes);
   const T* first = static_cast<const T*>(in[0]) + offset;
-  std::copy(first, first + count, out);
+  if (first != out) std::copy(first, first + count, out);
   for (size_t i = 1; i < in.size(); ++i) {
     const T* x = static_cast<const T*>(in[i]) + offset;
     switch (r) {
@@ -173,13 +173,27 @@ ffi::Error AllReduce(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuf
     return ToFfi(s);
   const ffi::DataType type = x.element_type();
   const size_t count = x.element_count(), bytes = x.size_bytes();
-  auto combine = [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
-    absl::Status s = Reduce(type, *r, in, 0, count, out[0]);
-    for (size_t i = 1; s.ok() && i < out.size(); ++i) std::memcpy(out[i], out[0], bytes);
-    return s;
+  if (count == 0) return ffi::Error::Success();
+  const size_t element = bytes / count;
+  // Checked once here, so the reduction below (run per chunk, maybe on a receiving thread)
+  // cannot fail.
+  const void* probe[1] = {x.untyped_data()};
+  if (absl::Status s = Reduce(type, *r, probe, 0, 0, y->untyped_data()); !s.ok()) return ToFfi(s);
+  auto reduce = [type, r = *r, element](void* acc, const void* in, size_t n) {
+    const void* both[2] = {acc, in};
+    Reduce(type, r, both, 0, n / element, acc).IgnoreError();
   };
-  return ToFfi(RunCollective(LaunchOf(data), op_id, "all_reduce", x.untyped_data(), bytes,
-                             y->untyped_data(), bytes, combine));
+  CollectiveLaunch* launch = LaunchOf(data);
+  if (launch == nullptr || launch->collectives() == nullptr)
+    return ToFfi(absl::FailedPreconditionError(
+        "all_reduce: this computation was launched without the runtime's collectives"));
+  const CollectiveKey key = launch->NextKey(op_id);
+  absl::Status s = launch->collectives()->AllReduce(key, launch->devices(), launch->rank(),
+                                                    x.untyped_data(), y->untyped_data(), bytes,
+                                                    element, reduce);
+  if (!s.ok())
+    s = absl::Status(s.code(), absl::StrCat("all_reduce (", launch->Where(key), "): ", s.message()));
+  return ToFfi(s);
 }
 
 ffi::Error AllGather(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,

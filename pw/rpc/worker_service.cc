@@ -536,10 +536,18 @@ absl::Status WorkerService::Deliver(Collectives* collectives, const v1::Collecti
     collectives->DeliverFailure(c.run(), c.node(), reason);
     return absl::OkStatus();
   }
+  const CollectiveKey key{c.run(), c.node(), c.op()};
+  if (c.phase() != 0) {
+    if ((c.phase() != 1 && c.phase() != 2) || c.inputs_size() != 1 || c.offset() < 0)
+      return absl::InvalidArgumentError(absl::StrCat("collective: malformed piece of phase ",
+                                                     c.phase()));
+    collectives->DeliverPiece(key, c.phase(), c.from_process(), static_cast<size_t>(c.offset()),
+                              c.inputs(0));
+    return absl::OkStatus();
+  }
   if (c.ranks_size() != c.inputs_size())
     return absl::InvalidArgumentError(absl::StrCat("collective: ", c.ranks_size(), " ranks but ",
                                                    c.inputs_size(), " inputs"));
-  const CollectiveKey key{c.run(), c.node(), c.op()};
   for (int i = 0; i < c.ranks_size(); ++i) collectives->Deliver(key, c.ranks(i), c.inputs(i));
   return absl::OkStatus();
 }

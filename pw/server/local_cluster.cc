@@ -195,6 +195,8 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
                                      "--host", absl::StrCat(h.id.value())};
     s.worker_cpus.push_back(FormatCpuList(cpus[i]));
     if (!cpus[i].empty()) argv.insert(argv.end(), {"--cpus", s.worker_cpus.back()});
+    if (o.collective_timeout_ms > 0)
+      argv.insert(argv.end(), {"--collective-timeout-ms", absl::StrCat(o.collective_timeout_ms)});
     absl::StatusOr<int> pid =
         SpawnDetached(argv, absl::StrCat(dir, "/worker-", h.id.value(), ".log"));
     if (!pid.ok()) return fail(pid.status());

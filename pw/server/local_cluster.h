@@ -28,6 +28,8 @@ struct LaunchOptions {
   std::string pw_binary;   // Path of the `pw` executable to run.
   std::string token;       // Passed to every process through PW_TOKEN.
   int64_t failure_timeout_ms = 5000;
+  // Passed to every worker (pw worker --collective-timeout-ms; 0: its default).
+  int64_t collective_timeout_ms = 0;
   // Give each host's worker its own share of the CPUs this process may use (SplitCpus).
   bool bind_cpus = true;
   absl::Duration ready_timeout = absl::Seconds(60);

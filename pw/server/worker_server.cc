@@ -55,6 +55,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   std::vector<DeviceSpec> devices;
   for (DeviceId d : hs.devices) devices.push_back(s->spec_.device(d));
   s->collectives_.SetPeers(s.get());
+  s->collectives_.SetTimeout(s->options_.collective_timeout);
   s->worker_ = std::make_unique<Worker>(
       host, hs.island, devices, &s->collectives_, [p = s.get()](HostId h) { return p->Peer(h); },
       std::make_shared<pjrt::PjrtBackend>(s->options_.pjrt_plugin, hs.devices));
@@ -246,6 +247,43 @@ std::vector<HostId> WorkerServer::RemoteHosts(absl::Span<const DeviceId> devices
     if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
   }
   return hosts;
+}
+
+CollectivePeers::Processes WorkerServer::ProcessesOf(absl::Span<const DeviceId> devices) const {
+  std::vector<HostId> hosts = ProcessHosts(devices);
+  Processes p{static_cast<int>(hosts.size()), 0};
+  for (size_t i = 0; i < hosts.size(); ++i)
+    if (hosts[i] == options_.host) p.self = static_cast<int>(i);
+  return p;
+}
+
+std::vector<HostId> WorkerServer::ProcessHosts(absl::Span<const DeviceId> devices) const {
+  std::vector<HostId> hosts;
+  for (DeviceId d : devices) {
+    if (!d.valid() || d.value() >= static_cast<int64_t>(spec_.devices().size())) continue;
+    HostId h = spec_.device(d).host;
+    if (std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
+  }
+  return hosts;
+}
+
+void WorkerServer::SendPiece(const CollectiveKey& key, absl::Span<const DeviceId> devices,
+                             int phase, int to, int from, size_t offset, std::string bytes) {
+  std::vector<HostId> hosts = ProcessHosts(devices);
+  v1::CollectiveContribution c;
+  c.set_from_island(spec_.host(options_.host).island.value());
+  c.set_run(key.run);
+  c.set_node(key.node);
+  c.set_op(key.op);
+  c.set_phase(phase);
+  c.set_from_process(from);
+  c.set_offset(static_cast<int64_t>(offset));
+  c.add_inputs(std::move(bytes));
+  std::vector<DeviceId> all(devices.begin(), devices.end());
+  if (to < 0 || to >= static_cast<int>(hosts.size())) return;
+  SendTo(hosts[to], c, [this, key, all](const absl::Status& s) {
+    collectives_.FailLaunch(key.run, key.node, Annotate(s, "collective"), all);
+  });
 }
 
 absl::Status WorkerServer::ReceiveCollective(const v1::CollectiveContribution& c) {

@@ -46,6 +46,8 @@ class WorkerServer final : public CollectivePeers {
     // This worker's machine: peers reporting the same one exchange shards through shared memory,
     // others through TCP streams. Empty: the host name.
     std::string machine;
+    // How long one collective waits for another worker process before it fails.
+    absl::Duration collective_timeout = absl::Minutes(5);
   };
   // Fetches the cluster spec, starts serving, registers with the controller.
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(Options options);
@@ -69,6 +71,9 @@ class WorkerServer final : public CollectivePeers {
   void SendFailure(int64_t run, int32_t node, absl::Span<const DeviceId> devices,
                    const absl::Status& reason) override;
   bool Poll() override { return mailbox_ != nullptr && mailbox_->Poll(); }
+  Processes ProcessesOf(absl::Span<const DeviceId> devices) const override;
+  void SendPiece(const CollectiveKey& key, absl::Span<const DeviceId> devices, int phase, int to,
+                 int from, size_t offset, std::string bytes) override;
 
  private:
   explicit WorkerServer(Options options);
@@ -83,6 +88,8 @@ class WorkerServer final : public CollectivePeers {
   // Sends a contribution to host `h`: through its mailbox if it shares this machine, else RPC.
   void SendTo(HostId h, const ::pathways::v1::CollectiveContribution& c,
               std::function<void(const absl::Status&)> on_error);
+  // The hosts holding `devices`, in order of the first rank each holds.
+  std::vector<HostId> ProcessHosts(absl::Span<const DeviceId> devices) const;
   // The hosts holding non-local `devices`.
   std::vector<HostId> RemoteHosts(absl::Span<const DeviceId> devices) const;
   grpc::ClientContext* Prepare(grpc::ClientContext* ctx, absl::Duration timeout) const;

@@ -214,3 +214,48 @@ def test_placement_on_the_cluster(cluster):
     assert sorted(set(eval(one_island))) in ([0, 1], [2, 3])  # Both hosts of one island.
     assert len(set(eval(one_host))) == 1
     assert eval(both) == [0, 1]
+
+
+def test_collectives_bench_prints_its_json():
+    # A smoke test of `pw bench collectives --json` (it starts its own local clusters): the
+    # contract's fields, both algorithms, and sizes on both sides of the scatter threshold.
+    r = subprocess.run([str(PW), "bench", "collectives", "--processes", "3", "--sizes",
+                        "8,1048576", "--min-seconds", "0.02", "--baseline", "--json"],
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PW_STATE_DIR="/nonexistent-not-used"))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["results"]
+    assert {(x["algorithm"], x["bytes"]) for x in rows} == {
+        (a, b) for a in ("auto", "broadcast") for b in (8, 1048576)}
+    for x in rows:
+        assert x["processes"] == 3 and x["seconds"] > 0
+        assert x["bus_gbps"] == pytest.approx(x["bytes"] * 2 * 2 / 3 / x["seconds"] / 1e9)
+        assert x["memcpy_gbps"] > 0 and x["tcp_gbps"] > 0
+
+
+def test_large_psum_over_four_processes_reduce_scatters(tmp_path):
+    # 4 worker processes in one island: a psum of 1 MiB per shard takes the reduce-scatter +
+    # all-gather path between the processes (pw/executor/collectives.h) from an XLA function.
+    env = dict(os.environ, PW_STATE_DIR=str(tmp_path))
+    env.pop("PW_CLUSTER", None)
+    address = pw("up", "--detach", "--islands", "1", "--hosts-per-island", "4",
+                 "--devices-per-host", "1", "--failure-timeout-ms", "60000",
+                 env=env).stdout.strip().splitlines()[-1]
+    try:
+        code = ("import numpy as np, jax, pathways as pw\n"
+                "s = pw.make_virtual_device_set().add_slice(devices=4)\n"
+                "assert sorted(s.hosts) == [0, 1, 2, 3], s\n"
+                "f = pw.pmap(lambda x: jax.lax.psum(x, 'i') - jax.lax.pmax(x, 'i'), devices=s,"
+                " axis_name='i')\n"
+                "x = np.random.default_rng(0).standard_normal((4, 1 << 18)).astype(np.float32)\n"
+                "want = x.sum(0) - x.max(0)\n"
+                "got = np.asarray(f(x))\n"
+                "np.testing.assert_allclose(got, np.broadcast_to(want, got.shape), rtol=1e-5,"
+                " atol=1e-5)\n"
+                "print('ok')\n")
+        r = subprocess.run([sys.executable, "-c", code], env=dict(env, PW_CLUSTER=address),
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "ok"
+    finally:
+        pw("down", env=env, check=False)
