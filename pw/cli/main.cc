@@ -16,6 +16,7 @@
 // `pw bench transfer` is the exception: it runs in this process unless given --cluster.
 //   pw bench transfer [--json] [--sizes B,B,...] [--min-seconds S] [--cluster ADDRESS]
 //   pw bench xla-overhead [--json] [--min-seconds S] [--chain N] [--sizes N,N,...]
+//   pw bench collectives [--json] [--baseline] [--processes P,P,...] [--sizes B,B,...]
 //   pw kernels
 //
 // Results go to stdout; progress and logs to stderr.

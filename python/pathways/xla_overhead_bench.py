@@ -15,6 +15,13 @@ The same jitted function, f(x, w) = tanh(x @ w) / 2 on n x n float32 matrices, a
 
 compute_us is the device time of one call: the fastest of several synchronous JAX calls on the
 --jax-backend backend.
+
+With --cluster ADDRESS (a running cluster, e.g. `pw up --islands 2 --hosts-per-island 2
+--devices-per-host 2`) it measures instead the same chain of `chain` small SPMD XLA functions
+(a psum over the slice, so the shards meet in the runtime's collectives) on a 2-device slice
+spanning two worker processes and on one within a single worker process, in interleaved
+rounds: {"results": [{"slice": "two_processes" | "one_process", "hosts", "us_per_node",
+"nodes_per_second"}], "ratio_two_over_one": ...}.
 Prints one JSON object to stdout: {"results": [{"compute_us", "pathways_per_second",
 "jax_per_second", "ratio", ...}], ...}; progress goes to stderr. Contenders run in interleaved
 rounds; each rate is the contender's best round, and ratio = pathways/jax of those. As this is
@@ -71,7 +78,11 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", type=str, default=",".join(map(str, SIZES)))
     parser.add_argument("--jax-backend", choices=("same-plugin", "builtin"), default="same-plugin",
                         help="which JAX client the ratio compares against (see module doc)")
+    parser.add_argument("--cluster", type=str, default=None,
+                        help="a running cluster: the chain across two processes vs within one")
     args = parser.parse_args(argv)
+    if args.cluster is not None:
+        return _cluster_main(args)
 
     import jax
     import jax.numpy as jnp
@@ -187,6 +198,67 @@ def main(argv=None) -> int:
                   f"  jax {r['jax_per_second']:9.1f}/s  ratio {r['ratio']:.3f}"
                   f"  (op-by-op {r['pathways_opbyop_per_second']:.1f}/s)")
     return 0 if all(r["results_agree"] for r in results) else 1
+
+
+def _cluster_main(args) -> int:
+    import jax
+
+    import pathways as pw
+
+    address = pw.connect(args.cluster or None)
+    ds = pw.make_virtual_device_set()
+    slices = {"two_processes": ds.add_slice(devices=2, placement="spread"),
+              "one_process": ds.add_slice(devices=2, placement="host")}
+    if len(set(slices["two_processes"].hosts)) != 2:
+        raise SystemExit(f"the cluster at {address} has no island with two hosts: "
+                         f"{slices['two_processes']}")
+    x0 = np.linspace(-1, 1, 32, dtype=np.float32).reshape(2, 16)
+    programs, check = {}, None
+    for name, s in slices.items():
+        step = pw.pmap(lambda x: jax.numpy.tanh(jax.lax.psum(x, "i") * 0.5), devices=s,
+                       axis_name="i")
+
+        def chain(x, step=step):
+            for _ in range(args.chain):
+                x = step(x)
+            return x
+
+        chain.__name__ = f"chain_{name}"
+        programs[name] = pw.program(chain)
+        y = np.asarray(programs[name](x0))
+        check = y if check is None else check
+        if not np.allclose(y, check, rtol=1e-6):
+            raise SystemExit(f"{name}: the chain computed {y}, the other slice {check}")
+    runs = 10
+
+    def batch(program):
+        def run():
+            y = x0
+            for _ in range(runs):
+                y = program(y)
+            y.block_until_ready()
+        return run
+
+    contenders = [(name, batch(p), runs * args.chain) for name, p in programs.items()]
+    per_round = _round_rates(contenders, args.rounds, args.min_seconds)
+    results = []
+    for name, s in slices.items():
+        rate = max(per_round[name])
+        results.append({"slice": name, "hosts": s.hosts, "nodes_per_second": round(rate, 1),
+                        "us_per_node": round(1e6 / rate, 2)})
+        _log(json.dumps(results[-1]))
+    paired = [o / t for t, o in zip(per_round["two_processes"], per_round["one_process"])]
+    out = {"benchmark": "xla-overhead", "cluster": address, "chain": args.chain,
+           "rounds": args.rounds, "statistic": "best round of each slice",
+           "results": results,
+           "ratio_two_over_one": round(results[0]["us_per_node"] / results[1]["us_per_node"], 3),
+           "ratio_two_over_one_paired_median": round(statistics.median(paired), 3)}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for r in results:
+            print(f"{r['slice']:14s} hosts {r['hosts']}  {r['us_per_node']:9.1f} us/node")
+    return 0
 
 
 if __name__ == "__main__":

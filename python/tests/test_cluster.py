@@ -259,3 +259,16 @@ def test_large_psum_over_four_processes_reduce_scatters(tmp_path):
         assert r.stdout.strip() == "ok"
     finally:
         pw("down", env=env, check=False)
+
+
+def test_xla_overhead_bench_across_processes(cluster):
+    env, address, _ = cluster
+    r = pw("bench", "xla-overhead", "--cluster", address, "--json", "--min-seconds", "0.1",
+           "--rounds", "1", "--chain", "4", env=env, timeout=300)
+    out = json.loads(r.stdout)
+    two, one = out["results"]
+    assert two["slice"] == "two_processes" and len(set(two["hosts"])) == 2
+    assert one["slice"] == "one_process" and len(set(one["hosts"])) == 1
+    assert two["us_per_node"] > 0 and one["us_per_node"] > 0
+    assert out["ratio_two_over_one"] == pytest.approx(two["us_per_node"] / one["us_per_node"],
+                                                      rel=1e-2)
