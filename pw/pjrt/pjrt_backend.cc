@@ -1,6 +1,7 @@
 #include "pw/pjrt/pjrt_backend.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
@@ -62,14 +63,32 @@ absl::StatusOr<std::shared_ptr<const PjrtExecutable>> PjrtBackend::Compile(
   for (int p : placement) absl::StrAppend(&key, p, ",");
   for (const ArraySpec& s : inputs) absl::StrAppend(&key, s.ToString(), ";");
   absl::StrAppend(&key, "|", module);
-  pw::MutexLock lock(&mu_);
-  if (auto it = cache_.find(key); it != cache_.end()) return it->second;
-  PW_ASSIGN_OR_RETURN(auto client, ClientLocked());
-  ++num_compiles_;
-  PW_ASSIGN_OR_RETURN(std::shared_ptr<const PjrtExecutable> exe,
-                      client->Compile(name, module, std::move(inputs), placement));
-  cache_.emplace(std::move(key), exe);
-  return exe;
+  std::shared_ptr<const PjrtClient> client;
+  Promise<std::shared_ptr<const PjrtExecutable>> compiling;
+  std::optional<Future<std::shared_ptr<const PjrtExecutable>>> cached;
+  {
+    pw::MutexLock lock(&mu_);
+    if (auto it = cache_.find(key); it != cache_.end()) {
+      cached = it->second;
+    } else {
+      PW_ASSIGN_OR_RETURN(client, ClientLocked());
+      ++num_compiles_;
+      cache_.emplace(key, compiling.future());
+    }
+  }
+  if (cached.has_value()) return cached->Await();  // Compiled, or being compiled by another.
+  // Outside mu_: other functions compile (and the client is used) meanwhile.
+  absl::StatusOr<std::unique_ptr<PjrtExecutable>> exe =
+      client->Compile(name, module, std::move(inputs), placement);
+  if (!exe.ok()) {
+    pw::MutexLock lock(&mu_);
+    cache_.erase(key);  // Errors are not cached: a later caller tries again.
+    compiling.Set(exe.status());
+    return exe.status();
+  }
+  std::shared_ptr<const PjrtExecutable> ready = *std::move(exe);
+  compiling.Set(ready);
+  return ready;
 }
 
 const void* PjrtBackend::StagingKey(int device_index, const ArraySpec& spec) {

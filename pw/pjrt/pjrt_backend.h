@@ -9,8 +9,8 @@
 // Executables are cached by fingerprint: the module bytes, the declared PJRT input specs and the
 // partition placement, so workers sharing a backend compile a function for a slice once.
 //
-// Thread-safe. Compiles are serialized (a second caller for the same function waits and hits the
-// cache).
+// Thread-safe. Each fingerprint compiles once: concurrent callers for it wait for the first,
+// while other functions compile at the same time (no lock is held during a compile).
 #pragma once
 
 #include <atomic>
@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/node_hash_set.h"
 #include "absl/status/statusor.h"
+#include "pw/base/future.h"
 #include "pw/base/ids.h"
 #include "pw/base/mutex.h"
 #include "pw/pjrt/pjrt_plugin.h"
@@ -62,7 +63,9 @@ class PjrtBackend {
   std::atomic<int> pjrt_devices_{1};  // Set when the client is created.
   mutable pw::Mutex mu_;
   std::shared_ptr<const PjrtClient> client_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::shared_ptr<const PjrtExecutable>> cache_ ABSL_GUARDED_BY(mu_);
+  // By fingerprint; a pending future while its first caller compiles it (outside mu_).
+  absl::flat_hash_map<std::string, Future<std::shared_ptr<const PjrtExecutable>>> cache_
+      ABSL_GUARDED_BY(mu_);
   int64_t num_compiles_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status collectives_status_ ABSL_GUARDED_BY(mu_);
   // Its own lock: staging on a device thread must not wait behind a compile holding mu_.

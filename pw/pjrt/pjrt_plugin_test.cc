@@ -227,6 +227,28 @@ TEST(PjrtBackendTest, CompilesOncePerFingerprint) {
   EXPECT_EQ(backend->num_compiles(), 4);
 }
 
+// Callers asking for one fingerprint at once share one compile (the others wait for it, not for
+// a lock), and each gets the same executable.
+TEST(PjrtBackendTest, ConcurrentRequestsForOneFunctionCompileItOnce) {
+  auto backend = std::make_shared<PjrtBackend>(PW_PJRT_CPU_PLUGIN,
+                                               std::vector<DeviceId>{DeviceId(0), DeviceId(1)});
+  ASSERT_TRUE(backend->Client().ok());
+  const std::string module = ReadFile(std::string(PW_STABLEHLO_TESTDATA) + "/tanh_matmul.mlirbc");
+  const ArraySpec spec{DType::kF32, Shape({128, 128})};
+  std::vector<const PjrtExecutable*> got(4, nullptr);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] {
+      auto exe = backend->Compile("tanh_matmul", module, {spec}, {});
+      if (exe.ok()) got[i] = exe->get();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(backend->num_compiles(), 1);
+  for (const PjrtExecutable* e : got) EXPECT_EQ(e, got[0]);
+  EXPECT_NE(got[0], nullptr);
+}
+
 // A pw.pmap export (rt_psum4: one per-shard module whose psum is a pw_all_reduce custom call):
 // each shard launched on its own thread meets the others through the runtime's Collectives,
 // found by the FFI handler in the launch's execute context.

@@ -48,6 +48,14 @@ absl::StatusOr<ExecutableRef> PjrtShardExecutable::Compile(
                                                std::move(exe)));
 }
 
+absl::Status PjrtShardExecutable::Precompile(const std::shared_ptr<PjrtBackend>& backend,
+                                             const StableHloFunctionDef& def) {
+  if (def.num_partitions != 1)
+    return absl::InvalidArgumentError(absl::StrCat("function '", def.name,
+                                                   "' is an SPMD module: it compiles per slice"));
+  return backend->Compile(def.name, def.module, def.inputs, {}).status();
+}
+
 PjrtShardExecutable::PjrtShardExecutable(std::shared_ptr<PjrtBackend> backend,
                                          std::shared_ptr<const PjrtClient> client,
                                          StableHloFunctionDef def, int num_shards,

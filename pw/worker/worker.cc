@@ -57,6 +57,15 @@ Worker::~Worker() {
 }
 
 absl::Status Worker::LoadFunction(FunctionId id, const FunctionDef& def) {
+  // A per-shard XLA module is compiled here, at registration (on the caller's thread, not the
+  // dispatch thread, and under no lock dispatch takes): its first run then finds it compiled,
+  // and a module XLA rejects fails its registration, naming the function. SPMD modules depend on
+  // their slice's placement and compile at first use.
+  if (const auto* hlo = std::get_if<StableHloFunctionDef>(&def);
+      hlo != nullptr && hlo->num_partitions == 1 && pjrt_ != nullptr) {
+    PW_RETURN_IF_ERROR(Annotate(pjrt::PjrtShardExecutable::Precompile(pjrt_, *hlo),
+                                host_.ToString()));
+  }
   pw::MutexLock lock(&fn_mu_);
   functions_[id] = def;
   return absl::OkStatus();
@@ -64,29 +73,35 @@ absl::Status Worker::LoadFunction(FunctionId id, const FunctionDef& def) {
 
 absl::StatusOr<ExecutableRef> Worker::LoadExecutable(FunctionId id,
                                                      absl::Span<const DeviceId> slice_devices) {
-  pw::MutexLock lock(&fn_mu_);
-  auto fit = functions_.find(id);
-  if (fit == functions_.end())
-    return absl::NotFoundError(absl::StrCat(id.ToString(), " was never loaded on ",
-                                            host_.ToString()));
-  const auto* hlo = std::get_if<StableHloFunctionDef>(&fit->second);
+  FunctionDef def;
   const int num_shards = static_cast<int>(slice_devices.size());
   ExecutableKey key(id, num_shards, {});
-  if (hlo != nullptr && hlo->num_partitions > 1)
-    std::get<2>(key).assign(slice_devices.begin(), slice_devices.end());
-  auto it = executables_.find(key);
-  if (it != executables_.end()) return it->second;
+  {
+    pw::MutexLock lock(&fn_mu_);
+    auto fit = functions_.find(id);
+    if (fit == functions_.end())
+      return absl::NotFoundError(absl::StrCat(id.ToString(), " was never loaded on ",
+                                              host_.ToString()));
+    const auto* hlo = std::get_if<StableHloFunctionDef>(&fit->second);
+    if (hlo != nullptr && hlo->num_partitions > 1)
+      std::get<2>(key).assign(slice_devices.begin(), slice_devices.end());
+    auto it = executables_.find(key);
+    if (it != executables_.end()) return it->second;
+    def = fit->second;
+  }
+  // Loaded outside fn_mu_ (an SPMD module compiles here; others were compiled at registration),
+  // so registering a function never waits behind it; a racing load of the same key is harmless.
   ExecutableRef exe;
-  if (hlo == nullptr) {
-    PW_ASSIGN_OR_RETURN(exe, CompileNative(std::get<NativeFunctionDef>(fit->second), num_shards));
+  if (const auto* hlo = std::get_if<StableHloFunctionDef>(&def); hlo == nullptr) {
+    PW_ASSIGN_OR_RETURN(exe, CompileNative(std::get<NativeFunctionDef>(def), num_shards));
   } else {
     if (pjrt_ == nullptr)
       return absl::FailedPreconditionError(absl::StrCat(
           host_.ToString(), " has no PJRT plugin configured for StableHLO functions"));
     PW_ASSIGN_OR_RETURN(exe, pjrt::PjrtShardExecutable::Compile(pjrt_, *hlo, slice_devices));
   }
-  executables_.emplace(std::move(key), exe);
-  return exe;
+  pw::MutexLock lock(&fn_mu_);
+  return executables_.emplace(std::move(key), exe).first->second;
 }
 
 Device* Worker::FindDevice(DeviceId id) const {
