@@ -1,5 +1,7 @@
 #include "pw/client/client.h"
 
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
 
@@ -93,17 +95,30 @@ absl::StatusOr<Array> Client::Put(const HostArray& value, SliceId slice, const S
 
 // ---- Tracing
 
+namespace {
+std::atomic<uint64_t> next_trace{1};
+thread_local Tracer* current_trace = nullptr;
+}  // namespace
+
+Tracer::Tracer() : id_(next_trace.fetch_add(1, std::memory_order_relaxed)), outer_(current_trace) {
+  current_trace = this;
+}
+
+Tracer::~Tracer() { current_trace = outer_; }
+
+Tracer* Tracer::Current() { return current_trace; }
+
 void Tracer::Fail(absl::Status s) {
   if (error_.ok()) error_ = std::move(s);
 }
 
 Value Tracer::Arg(int index) const {
-  return Value(const_cast<Tracer*>(this), {ValueRef::kArgNode, index}, ir_.args[index]);
+  return Value(id_, {ValueRef::kArgNode, index}, ir_.args[index]);
 }
 
 std::vector<Value> BoundFunction::operator()(const std::vector<Value>& inputs) const {
   const Binding& b = state_->binding;
-  Tracer* t = inputs.empty() ? nullptr : inputs[0].tracer_;
+  Tracer* t = Tracer::Current();
   std::vector<Value> outs;
   if (t == nullptr) return outs;  // Nothing to record into; Trace reports the empty result.
   std::string name = state_->name;
@@ -116,9 +131,11 @@ std::vector<Value> BoundFunction::operator()(const std::vector<Value>& inputs) c
   }
   for (size_t j = 0; j < inputs.size(); ++j) {
     const Value& v = inputs[j];
-    if (v.tracer_ != t) {
-      t->Fail(absl::InvalidArgumentError(
-          absl::StrCat("node '", name, "' input ", j, " comes from another trace")));
+    if (v.trace_ != t->id_) {
+      t->Fail(absl::InvalidArgumentError(absl::StrCat(
+          "node '", name, "' input ", j,
+          " comes from another trace (a value kept from a trace that has ended, or another "
+          "program's)")));
       continue;
     }
     if (j < b.in_global.size() && !(v.spec_ == b.in_global[j])) {
@@ -136,15 +153,17 @@ std::vector<Value> BoundFunction::operator()(const std::vector<Value>& inputs) c
   const int index = static_cast<int>(t->ir_.nodes.size());
   t->ir_.nodes.push_back(std::move(node));
   for (size_t k = 0; k < b.out_global.size(); ++k)
-    outs.push_back(Value(t, {index, static_cast<int>(k)}, b.out_global[k]));
+    outs.push_back(Value(t->id_, {index, static_cast<int>(k)}, b.out_global[k]));
   return outs;
 }
 
 Value BoundFunction::operator()(const Value& input) const {
   std::vector<Value> outs = (*this)(std::vector<Value>{input});
   if (outs.size() != 1) {
-    input.tracer_->Fail(absl::InvalidArgumentError(absl::StrCat(
-        "function '", state_->name, "' has ", outs.size(), " outputs; call it with a vector")));
+    if (Tracer* t = Tracer::Current(); t != nullptr) {
+      t->Fail(absl::InvalidArgumentError(absl::StrCat(
+          "function '", state_->name, "' has ", outs.size(), " outputs; call it with a vector")));
+    }
     return input;
   }
   return outs[0];
@@ -161,7 +180,7 @@ absl::StatusOr<Program> Client::Trace(const std::string& name, const std::vector
   for (size_t i = 0; i < args.size(); ++i) in.push_back(t.Arg(static_cast<int>(i)));
   std::vector<Value> out = fn(in);
   for (const Value& v : out) {
-    if (v.tracer_ != &t) {
+    if (v.trace_ != t.id_) {
       t.Fail(absl::InvalidArgumentError(
           absl::StrCat("program '", name, "' returns a value from another trace")));
       break;

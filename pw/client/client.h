@@ -88,17 +88,22 @@ class VirtualDeviceSet {
   std::vector<Slice> slices_;
 };
 
-// A traced value inside Trace.
+// A traced value inside Trace. It names its trace by identity, never by pointer: kept past its
+// trace (say, in a global) and used again, it is refused, naming the node, instead of reaching
+// a Tracer that has gone.
 class Value {
  public:
   const ArraySpec& spec() const { return spec_; }
+  // The trace that made it (every trace has its own number).
+  uint64_t trace() const { return trace_; }
 
  private:
   friend class Tracer;
   friend class BoundFunction;
   friend class Client;
-  Value(Tracer* t, ValueRef ref, ArraySpec spec) : tracer_(t), ref_(ref), spec_(std::move(spec)) {}
-  Tracer* tracer_;
+  Value(uint64_t trace, ValueRef ref, ArraySpec spec)
+      : trace_(trace), ref_(ref), spec_(std::move(spec)) {}
+  uint64_t trace_;
   ValueRef ref_;
   ArraySpec spec_;
 };
@@ -107,7 +112,9 @@ class BoundFunction {
  public:
   const Binding& binding() const { return state_->binding; }
   const std::string& name() const { return state_->name; }
-  // Inside Trace: records one node and returns its outputs.
+  // Inside Trace: records one node and returns its outputs. Inputs must come from the trace
+  // running on this thread (else the trace fails, naming the node); called outside any trace,
+  // it records nothing and returns no outputs.
   std::vector<Value> operator()(const std::vector<Value>& inputs) const;
   Value operator()(const Value& input) const;
   // Outside Trace: runs now as a one-node program; returns once it is enqueued.
@@ -157,13 +164,21 @@ class Program {
 
 class Tracer {
  public:
+  Tracer();   // Becomes this thread's current trace.
+  ~Tracer();  // The one before it is current again.
+  Tracer(const Tracer&) = delete;
+  Tracer& operator=(const Tracer&) = delete;
   // Records an error; Trace returns the first one.
   void Fail(absl::Status s);
   Value Arg(int index) const;
+  // The innermost trace running on this thread, or nullptr.
+  static Tracer* Current();
 
  private:
   friend class Client;
   friend class BoundFunction;
+  const uint64_t id_;
+  Tracer* const outer_;
   ProgramIr ir_;
   absl::Status error_;
   std::vector<SliceId> arg_slices_;

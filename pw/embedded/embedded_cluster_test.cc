@@ -3,6 +3,7 @@
 #include "pw/embedded/embedded_cluster.h"
 
 #include <atomic>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -503,6 +504,34 @@ TEST_P(ClusterTest, DeviceRemovalMidRunFailsOnlyAffectedPrograms) {
   BoundFunction g = *c->Pmap(ReduceAddFn("grown"), grown);
   Array z = *c->Put(F32({1, 1, 1, 1, 1}), grown.info().id, Sharding::Split({5}, 1, 0));
   EXPECT_EQ(Values((*g.Call({z}))[0]), (std::vector<float>{6, 6, 6, 6, 6}));
+}
+
+// Issue 20, item 5: a Value kept past its trace held a pointer to the stack-local Tracer, so a
+// later trace using it crashed or, at the same stack depth, was silently wired to the wrong node.
+// Traces are named by identity now: the later trace fails, naming the node.
+TEST_P(ClusterTest, AValueKeptFromAnEndedTraceIsRefusedNamingTheNode) {
+  Start(1, 1, 2);
+  auto c = Connect("c");
+  Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  BoundFunction f = *c->Pmap(ScalarFn("f", "mul_scalar", 2), s);
+  std::optional<Value> kept;
+  auto first = c->Trace("first", {{DType::kF32, Shape({2})}}, [&](std::vector<Value> v) {
+    kept = f(v[0]);
+    return std::vector<Value>{*kept};
+  });
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = c->Trace("second", {{DType::kF32, Shape({2})}}, [&](std::vector<Value> v) {
+    return std::vector<Value>{f(*kept)};  // Same stack depth as the first trace's values.
+  });
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find(
+                "tracing program 'second': node 'f' input 0 comes from another trace"),
+            std::string::npos)
+      << second.status();
+  EXPECT_TRUE(f(std::vector<Value>{*kept}).empty());  // Outside any trace: nothing recorded.
+  auto out = first->Call({F32({1, 2})});  // The first program still runs.
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].ToHost()->values<float>(), (std::vector<float>{2, 4}));
 }
 
 TEST_P(ClusterTest, BadInputsGetClearErrorsAndTheRuntimeKeepsServing) {

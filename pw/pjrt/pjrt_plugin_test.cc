@@ -252,7 +252,7 @@ TEST(PjrtBackendTest, ConcurrentRequestsForOneFunctionCompileItOnce) {
 // A pw.pmap export (rt_psum4: one per-shard module whose psum is a pw_all_reduce custom call):
 // each shard launched on its own thread meets the others through the runtime's Collectives,
 // found by the FFI handler in the launch's execute context.
-class RuntimeCollectivesTest : public ::testing::Test {
+class PjrtRuntimeCollectivesTest : public ::testing::Test {
  protected:
   void SetUp() override {
     backend_ = std::make_shared<PjrtBackend>(PW_PJRT_CPU_PLUGIN, devices_);
@@ -290,7 +290,7 @@ class RuntimeCollectivesTest : public ::testing::Test {
   Collectives collectives_;
 };
 
-TEST_F(RuntimeCollectivesTest, ShardsOnTheirOwnThreadsMeetInTheRuntimesAllReduce) {
+TEST_F(PjrtRuntimeCollectivesTest, ShardsOnTheirOwnThreadsMeetInTheRuntimesAllReduce) {
   EXPECT_TRUE(exe_->shards_skippable());  // The runtime can abort its own rendezvous.
   for (int run = 1; run <= 3; ++run) {
     std::vector<absl::StatusOr<std::vector<float>>> outs(4, absl::UnknownError("not run"));
@@ -305,7 +305,7 @@ TEST_F(RuntimeCollectivesTest, ShardsOnTheirOwnThreadsMeetInTheRuntimesAllReduce
   EXPECT_EQ(collectives_.pending(), 0u);
 }
 
-TEST_F(RuntimeCollectivesTest, ARemovedPeerFailsTheCollectiveNamingItInsteadOfHanging) {
+TEST_F(PjrtRuntimeCollectivesTest, ARemovedPeerFailsTheCollectiveNamingItInsteadOfHanging) {
   std::vector<absl::StatusOr<std::vector<float>>> outs(3, absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (int r = 0; r < 3; ++r) threads.emplace_back([&, r] { outs[r] = LaunchRank(1, r); });
@@ -322,7 +322,7 @@ TEST_F(RuntimeCollectivesTest, ARemovedPeerFailsTheCollectiveNamingItInsteadOfHa
   EXPECT_FALSE(LaunchRank(2, 0).ok());  // Its slice still includes the removed device.
 }
 
-TEST_F(RuntimeCollectivesTest, ALaunchWithoutTheRuntimesCollectivesIsAnErrorNotACrash) {
+TEST_F(PjrtRuntimeCollectivesTest, ALaunchWithoutTheRuntimesCollectivesIsAnErrorNotACrash) {
   auto x = HostDeviceBuffer::Create({DType::kF32, Shape({3})}, devices_[0]);
   std::memset(x->mutable_data(), 0, 12);
   ShardLaunch launch;
@@ -336,7 +336,7 @@ TEST_F(RuntimeCollectivesTest, ALaunchWithoutTheRuntimesCollectivesIsAnErrorNotA
               ::testing::HasSubstr("without the runtime's collectives"));
 }
 
-TEST(RuntimeCollectivesBindTest, AFunctionForAnotherAxisSizeIsRefused) {
+TEST(PjrtRuntimeCollectivesBindTest, AFunctionForAnotherAxisSizeIsRefused) {
   const std::vector<DeviceId> two = {DeviceId(0), DeviceId(1)};
   auto backend = std::make_shared<PjrtBackend>(PW_PJRT_CPU_PLUGIN, two);
   StableHloFunctionDef def{"rt_psum4", ReadFile(std::string(PW_STABLEHLO_TESTDATA) +

@@ -30,8 +30,10 @@ absl::StatusOr<ExecutableRef> PjrtShardExecutable::Compile(
         return absl::FailedPreconditionError(absl::StrCat(
             "function '", def.name, "' is an SPMD XLA computation over ", num_shards,
             " devices, but ", d.ToString(), " is not a device of this process's PJRT client: "
-            "the PJRT CPU plugin has no multi-process collectives, so an SPMD function's slice "
-            "must lie within one worker process"));
+            "XLA's own collectives cannot span worker processes on the CPU plugin, so an SPMD "
+            "module's slice must lie within one worker process (export the function per shard "
+            "with runtime collectives instead, as pw.pmap(..., axis_name=...) does; or ask for "
+            "a slice on one host)"));
       }
       placement.push_back(index);
     }

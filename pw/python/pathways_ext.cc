@@ -147,6 +147,11 @@ NB_MODULE(_pathways, m) {
   nb::class_<BoundFunction>(m, "BoundFunction")
       .def_prop_ro("name", &BoundFunction::name)
       .def("__call__", [](const BoundFunction& f, const std::vector<Value>& inputs) {
+        if (Tracer::Current() == nullptr) {
+          throw std::invalid_argument(
+              "function '" + f.name() + "' was called with traced values outside the "
+              "@pw.program trace that made them (a traced value kept past its trace)");
+        }
         return f(inputs);
       });
 
@@ -172,14 +177,30 @@ NB_MODULE(_pathways, m) {
 
   nb::class_<Program>(m, "Program")
       .def("explain", [](const Program& p) { return Unwrap(p.Explain()); })
-      .def("put_arg", [](const Program& p, size_t i, const AnyArray& value) {
-        HostArray h = ToHostArray(value);
-        nb::gil_scoped_release release;
-        return Unwrap(p.PutArg(i, h));
-      })
-      .def("run", [](const Program& p, const std::vector<Array>& args) {
-        nb::gil_scoped_release release;
-        return Unwrap(p.Run(args));
+      // Arrays keep their program (and so its client and cluster) alive: their handles release
+      // buffers through the client, whatever order Python frees things in (at exit, say).
+      .def(
+          "put_arg",
+          [](const Program& p, size_t i, const AnyArray& value) {
+            HostArray h = ToHostArray(value);
+            nb::gil_scoped_release release;
+            return Unwrap(p.PutArg(i, h));
+          },
+          nb::keep_alive<0, 1>())
+      .def("run", [](nb::handle self, const std::vector<Array>& args) {
+        const Program& p = nb::cast<const Program&>(self);
+        std::vector<Array> outs;
+        {
+          nb::gil_scoped_release release;
+          outs = Unwrap(p.Run(args));
+        }
+        nb::list result;
+        for (Array& a : outs) {
+          nb::object o = nb::cast(std::move(a));
+          nb::keep_alive_obj(o, self);
+          result.append(o);
+        }
+        return result;
       });
 
   nb::class_<Client>(m, "Client")
@@ -208,7 +229,7 @@ NB_MODULE(_pathways, m) {
             return Unwrap(c.MakeVirtualDeviceSet().AddSlice({.num_devices = devices,
                                                              .placement = p}));
           },
-          nb::arg("devices"), nb::arg("placement") = "island")
+          nb::arg("devices"), nb::arg("placement") = "island", nb::keep_alive<0, 1>())
       .def(
           "pmap_stablehlo",
           [](Client& c, const std::string& name, nb::bytes module,
@@ -233,7 +254,8 @@ NB_MODULE(_pathways, m) {
             nb::gil_scoped_release release;
             return Unwrap(c.Put(h, slice.info().id,
                                 Sharding::Split({slice.num_devices()}, h.spec.shape.rank(), 0)));
-          })
+          },
+          nb::keep_alive<0, 1>())
       .def(
           "trace",
           [](Client& c, const std::string& name,

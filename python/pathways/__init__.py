@@ -16,6 +16,7 @@ runtime's workers. Programs run on an embedded cluster in this process, or on a 
 """
 from __future__ import annotations
 
+import collections
 import os
 import threading
 
@@ -26,46 +27,57 @@ from . import _collectives, _pathways
 __all__ = ["connect", "make_virtual_device_set", "pmap", "program", "device_put", "Array", "VirtualDeviceSet", "Slice"]
 
 _lock = threading.Lock()
-_cluster = None
-_client = None
+
+
+# A cluster (embedded, or a gRPC channel to one) and this process's client of it. Every object
+# made through it (slices, bound functions, programs, arrays) holds it, so it lives while any of
+# them does: a later pw.connect() or the interpreter's exit cannot free a client under an array
+# still referenced. A tuple on purpose: the garbage collector never clears a tuple, so at exit it
+# goes only once the last array holding it has released its buffer (an Array's handle is its
+# first slot, released before its connection).
+_Connection = collections.namedtuple("_Connection", ["cluster", "client"])
+
+
+_conn: _Connection | None = None
 
 
 def connect(address: str | None = None, token: str | None = None) -> str:
     """Uses a running cluster from now on: `address`, else $PW_CLUSTER, else the cluster `pw up`
     started most recently. Returns the address. Call before using any slice or array."""
-    global _cluster, _client
+    global _conn
     resolved = _pathways.cluster_address(address or "")
     if not resolved:
         raise RuntimeError("no cluster to connect to: pass an address, set PW_CLUSTER, or run `pw up`")
     remote = _pathways.RemoteCluster.dial(resolved, token if token is not None else os.environ.get("PW_TOKEN", ""))
+    conn = _Connection(remote, _pathways.Client.connect_remote(remote, "python"))
     with _lock:
-        _client = _pathways.Client.connect_remote(remote, "python")
-        _cluster = remote
+        _conn = conn
     return resolved
 
 
-def _default_client():
+def _default_connection() -> _Connection:
     """The cluster at $PW_CLUSTER if set, else an embedded cluster in this process
     (PW_ISLANDS x PW_HOSTS_PER_ISLAND x PW_DEVICES_PER_HOST)."""
-    global _cluster, _client
-    if _client is None and os.environ.get("PW_CLUSTER"):
+    global _conn
+    if _conn is None and os.environ.get("PW_CLUSTER"):
         connect(os.environ["PW_CLUSTER"])
     with _lock:
-        if _client is None:
-            _cluster = _pathways.EmbeddedCluster.create(
+        if _conn is None:
+            cluster = _pathways.EmbeddedCluster.create(
                 int(os.environ.get("PW_ISLANDS", "2")),
                 int(os.environ.get("PW_HOSTS_PER_ISLAND", "1")),
                 int(os.environ.get("PW_DEVICES_PER_HOST", "4")))
-            _client = _pathways.Client.connect(_cluster, "python")
-        return _client
+            _conn = _Connection(cluster, _pathways.Client.connect(cluster, "python"))
+        return _conn
 
 
 class Slice:
     """A virtual slice of devices: where it lies (`devices`, `hosts`, `islands`), `release()`;
     a context manager that releases it on exit."""
 
-    def __init__(self, handle):
+    def __init__(self, handle, conn: _Connection):
         self._handle = handle
+        self._conn = conn
 
     @property
     def num_devices(self) -> int:
@@ -103,8 +115,8 @@ class Slice:
 
 
 class VirtualDeviceSet:
-    def __init__(self, client):
-        self._client = client
+    def __init__(self, conn: _Connection):
+        self._conn = conn
 
     def add_slice(self, devices: int | None = None, tpu_devices: int | None = None,
                   placement: str = "island") -> Slice:
@@ -113,11 +125,11 @@ class VirtualDeviceSet:
         n = devices if devices is not None else tpu_devices
         if n is None:
             raise ValueError("add_slice needs devices=N")
-        return Slice(self._client.add_slice(int(n), placement))
+        return Slice(self._conn.client.add_slice(int(n), placement), self._conn)
 
 
 def make_virtual_device_set() -> VirtualDeviceSet:
-    return VirtualDeviceSet(_default_client())
+    return VirtualDeviceSet(_default_connection())
 
 
 _DTYPES = {"float32": "f32", "float64": "f64", "int32": "s32", "int64": "s64", "bool": "pred",
@@ -136,11 +148,12 @@ class Array:
     producing run's error, if any); `numpy.asarray(a)` copies it to the host.
     """
 
-    __slots__ = ("_handle", "_value")
+    __slots__ = ("_handle", "_value", "_conn")  # _handle goes first, before its connection.
 
-    def __init__(self, handle):
+    def __init__(self, handle, conn: _Connection):
         self._handle = handle
         self._value = None
+        self._conn = conn
 
     @property
     def shape(self) -> tuple:
@@ -234,7 +247,7 @@ class _Pmapped:
         if key not in self._bound:
             module, outs, out_tree = self._export(tree, shard_specs)
             axis_size = 0 if self._axis is None else self._slice.num_devices
-            bound = _default_client().pmap_stablehlo(
+            bound = self._slice._conn.client.pmap_stablehlo(
                 self._name, module, list(shard_specs), outs, self._slice._handle, 1, axis_size)
             self._bound[key] = (bound, out_tree)
         return self._bound[key]
@@ -297,7 +310,8 @@ class _Program:
         import jax
         specs = [(a._handle.spec[0], list(a.shape)) if isinstance(a, Array)
                  else _spec(a.shape, a.dtype) for a in leaves]
-        key = (tree, tuple((d, tuple(s)) for d, s in specs))
+        conn = _default_connection()
+        key = (id(conn), tree, tuple((d, tuple(s)) for d, s in specs))
         if key not in self._programs:
             structure = {}
 
@@ -306,8 +320,8 @@ class _Program:
                 flat, structure["tree"] = jax.tree_util.tree_flatten(out)
                 return flat
 
-            prog = _default_client().trace(self._name, specs, body)
-            self._programs[key] = (prog, structure["tree"])
+            prog = conn.client.trace(self._name, specs, body)
+            self._programs[key] = (prog, structure["tree"], conn)
         return self._programs[key]
 
     def explain(self, *args) -> str:
@@ -317,16 +331,17 @@ class _Program:
     def __call__(self, *args):
         import jax
         leaves, tree = self._leaves(args)
-        prog, out_tree = self._trace(leaves, tree)
+        prog, out_tree, conn = self._trace(leaves, tree)
         handles = [a._handle if isinstance(a, Array) else prog.put_arg(i, a)
                    for i, a in enumerate(leaves)]
-        outs = [Array(h) for h in prog.run(handles)]
+        outs = [Array(h, conn) for h in prog.run(handles)]
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
 
 def device_put(x, devices: Slice) -> Array:
     """Puts a numpy array on a slice, pmap-style: row i of the leading axis on device i."""
-    return Array(_default_client().put(devices._handle, np.ascontiguousarray(np.asarray(x))))
+    return Array(devices._conn.client.put(devices._handle, np.ascontiguousarray(np.asarray(x))),
+                 devices._conn)
 
 
 def program(fn):

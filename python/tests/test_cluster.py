@@ -272,3 +272,22 @@ def test_xla_overhead_bench_across_processes(cluster):
     assert two["us_per_node"] > 0 and one["us_per_node"] > 0
     assert out["ratio_two_over_one"] == pytest.approx(two["us_per_node"] / one["us_per_node"],
                                                       rel=1e-2)
+
+
+def test_connecting_twice_and_dropping_the_first_connections_arrays(cluster):
+    env, address, _ = cluster
+    code = ("import gc, numpy as np, pathways as pw\n"
+            f"pw.connect('{address}')\n"
+            "s = pw.make_virtual_device_set().add_slice(devices=2)\n"
+            "a = pw.device_put(np.ones((2, 3), np.float32), s)\n"
+            "b = pw.device_put(np.ones((2, 3), np.float32), s)\n"
+            f"pw.connect('{address}')\n"
+            "del a; gc.collect()  # Released through the first client, which is still alive.\n"
+            "t = pw.make_virtual_device_set().add_slice(devices=2)\n"
+            "f = pw.pmap(lambda x: x * 2.0, devices=t)\n"
+            "print(np.asarray(f(np.ones((2, 3), np.float32))).sum(), np.asarray(b).sum())\n"
+            "KEEP = b  # Referenced at exit.\n")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["12.0", "6.0"]

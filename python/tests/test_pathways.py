@@ -186,3 +186,43 @@ def test_placement_requests_and_where_a_slice_lies():
         ds.add_slice(devices=5, placement="host")
     with pytest.raises(ValueError, match="placement must be 'island', 'host' or 'spread'"):
         ds.add_slice(devices=1, placement="rack")
+
+
+def test_a_traced_value_kept_past_its_trace_is_refused_not_a_crash():
+    # Issue 20, item 5: the Value held a pointer to a stack-local tracer.
+    s = pw.make_virtual_device_set().add_slice(devices=2)
+    f = pw.pmap(lambda x: x * 2.0, devices=s)
+    kept = []
+
+    @pw.program
+    def first(v):
+        y = f(v)
+        kept.append(y)
+        return y
+
+    first(np.ones(2, np.float32))
+
+    @pw.program
+    def second(v):
+        return f(kept[0])
+
+    with pytest.raises(RuntimeError, match="comes from another trace"):
+        second(np.ones(2, np.float32))
+    with pytest.raises(ValueError, match="outside the @pw.program trace"):
+        f(kept[0])
+    np.testing.assert_array_equal(np.asarray(first(np.ones(2, np.float32))), [2.0, 2.0])
+
+
+def test_arrays_outliving_the_interpreter_or_their_client_do_not_crash():
+    # Issue 20, item 4: an Array referenced at exit held a raw pointer to its freed client.
+    code = ("import numpy as np, pathways as pw\n"
+            "s = pw.make_virtual_device_set().add_slice(devices=2)\n"
+            "f = pw.pmap(lambda x: x + 1.0, devices=s)\n"
+            "KEPT = f(np.ones(2, np.float32))\n"
+            "pw._conn = None  # As if connecting anew: the old client lives while KEPT does.\n"
+            "t = pw.make_virtual_device_set().add_slice(devices=2)\n"
+            "g = pw.pmap(lambda x: x * 3.0, devices=t)\n"
+            "print(np.asarray(KEPT).tolist(), np.asarray(g(np.ones(2, np.float32))).tolist())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[2.0, 2.0] [3.0, 3.0]"
