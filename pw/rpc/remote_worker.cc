@@ -133,6 +133,11 @@ void RemoteWorker::Fail(const std::string& reason) {
     pending.swap(pending_);
     if (stream_ != nullptr) stream_->Cancel();
   }
+  {
+    pw::MutexLock lock(&fetches_->mu);
+    if (fetches_->failed.empty()) fetches_->failed = reason;
+    for (grpc::ClientContext* call : fetches_->calls) call->TryCancel();  // OnDone runs later.
+  }
   const absl::Status error = Where(absl::UnavailableError(reason));
   for (auto& [seq, p] : pending) {
     if (p.enqueued.valid()) p.enqueued.Set(error);
@@ -333,13 +338,23 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
   // `bulk`: the bulk reader for a peer on another machine (null otherwise).
   FetchCall(v1::Worker::Stub* stub, const std::string& token, BufferId id, DeviceId device,
             std::shared_ptr<ShmArena> arena, std::shared_ptr<BulkClient> bulk, std::string where,
-            Promise<DeviceBufferRef> promise)
+            Promise<DeviceBufferRef> promise, std::shared_ptr<RemoteWorker::Fetches> fetches)
       : device_(device),
         where_(std::move(where)),
         promise_(std::move(promise)),
         arena_(std::move(arena)),
-        bulk_(std::move(bulk)) {
+        bulk_(std::move(bulk)),
+        fetches_(std::move(fetches)) {
     AddToken(&ctx_, token);
+    {
+      // Registered before the call starts (once started it may end at any time).
+      pw::MutexLock lock(&fetches_->mu);
+      if (fetches_->failed.empty()) {
+        fetches_->calls.insert(&ctx_);
+      } else {
+        ctx_.TryCancel();  // The worker failed already: the call ends as soon as it starts.
+      }
+    }
     req_.set_buffer(id.value());
     req_.set_device(device.value());
     req_.set_shared_memory(arena_ != nullptr);
@@ -351,7 +366,7 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
     // ends, or when the stream ends without one.
     if (bulk_ != nullptr) AddHold();
     StartRead(&chunk_);
-    StartCall();
+    StartCall();  // From here on the call may end (and delete this) on another thread.
   }
   void OnReadDone(bool ok) override {
     if (!ok) return ReleaseUnusedHold();  // The stream's end.
@@ -392,6 +407,14 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
 
   // Sets the promise; deletes this.
   void Complete(absl::Status status) {
+    {
+      pw::MutexLock lock(&fetches_->mu);
+      fetches_->calls.erase(&ctx_);
+      // Cancelled because the worker failed (it stalled, or died): say so.
+      if (!status.ok() && !fetches_->failed.empty())
+        status = absl::UnavailableError(absl::StrCat("the worker failed: ", fetches_->failed,
+                                                     " (", status.message(), ")"));
+    }
     if (status.ok() && (buffer_ == nullptr || offset_ != static_cast<size_t>(buffer_->size_bytes())))
       status = absl::DataLossError(absl::StrCat("shard stream ended after ", offset_, " bytes"));
     if (segment_ != nullptr) arena_->Give(std::move(segment_));
@@ -476,6 +499,7 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
   bool writer_cannot_open_ = false;
   const std::shared_ptr<BulkClient> bulk_;
   bool bulk_started_ = false;  // On gRPC's reactions only.
+  const std::shared_ptr<RemoteWorker::Fetches> fetches_;
   pw::Mutex mu_;
   absl::Status bulk_status_ ABSL_GUARDED_BY(mu_);  // Written on a bulk reader's thread.
 };
@@ -487,7 +511,7 @@ Future<DeviceBufferRef> RemoteWorker::FetchShard(BufferId id, DeviceId device) {
   new FetchCall(stub_.get(), options_.token, id, device, arena_, bulk_,
                 absl::StrCat("fetching ", id.ToString(), " on ", device.ToString(), " from ",
                              host_.ToString(), " at ", address_),
-                std::move(p));
+                std::move(p), fetches_);
   return f;
 }
 

@@ -56,6 +56,13 @@ class RemoteWorker final : public WorkerInterface {
   // that dies while idle is noticed at once, by the stream breaking.
   void OpenCommandStream();
 
+  // Fetches in flight from this worker: Fail() cancels them, as a stalled worker never answers.
+  struct Fetches {
+    pw::Mutex mu;
+    absl::flat_hash_set<grpc::ClientContext*> calls ABSL_GUARDED_BY(mu);
+    std::string failed ABSL_GUARDED_BY(mu);  // Non-empty once Fail() ran: later fetches end too.
+  };
+
  private:
   class Stream;
   struct Pending {
@@ -87,6 +94,7 @@ class RemoteWorker final : public WorkerInterface {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<uint64_t> programs_sent_ ABSL_GUARDED_BY(mu_);  // On stream_.
+  const std::shared_ptr<Fetches> fetches_ = std::make_shared<Fetches>();
 };
 
 }  // namespace pw::rpc

@@ -520,6 +520,34 @@ TEST_F(GrpcClusterTest, KilledWorkerFailsItsRunsOthersContinueAndItRejoins) {
 // A worker that stops answering while its connections stay open (SIGSTOP) is failed by missed
 // heartbeats alone. When it wakes, what it holds is stale: it exits (status 1) instead of
 // rejoining, and a restarted worker rejoins.
+// Issue 20, item 6: a fetch in flight to a worker that stalls (SIGSTOP) blocked the client until
+// the worker woke: the controller declared the host failed but did not cancel the fetch. Now
+// failing the host cancels its fetches, so the client's wait ends with the failure timeout.
+TEST_F(GrpcClusterTest, AFetchFromAStalledWorkerEndsWhenTheWorkerIsDeclaredFailed) {
+  ControllerServer::Options o = Patient();
+  o.failure_timeout = absl::Seconds(2);
+  Start(1, 2, 1, o, /*worker_processes=*/true);
+  auto client = *Client::Connect(remote_.get(), "c");
+  Slice both = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  Array x = *client->Put(F32({1, 2}), both.info().id, Sharding::Split({2}, 1, 0));
+  ASSERT_TRUE(x.Ready().status().ok());
+  ASSERT_TRUE(StopProcess(pids_[1]));
+  const absl::Time stopped = absl::Now();
+  Future<HostArray> fetch = x.ToHostAsync();  // Half of it is on the stalled host:1.
+  const bool ended = fetch.AwaitFor(kGuard);
+  const absl::Duration to_error = absl::Now() - stopped;
+  ASSERT_EQ(kill(pids_[1], SIGCONT), 0);  // Let it exit (it is stale now) before any assert.
+  ASSERT_TRUE(ended) << "the fetch still waited after " << absl::FormatDuration(kGuard);
+  ASSERT_FALSE(fetch.status().ok());
+  EXPECT_TRUE(absl::StrContains(fetch.status().message(), "host:1")) << fetch.status();
+  std::fprintf(stderr, "[ measured ] stalled worker (failure timeout 2s) -> fetch failed after %s\n",
+               absl::FormatDuration(to_error).c_str());
+  int wstatus = 0;
+  const absl::Time deadline = absl::Now() + kGuard;
+  while (waitpid(pids_[1], &wstatus, WNOHANG) == 0 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(20));
+}
+
 TEST_F(GrpcClusterTest, SilentWorkerIsFailedByMissedHeartbeatsAndExitsWhenItWakes) {
   ControllerServer::Options o = Patient();
   o.failure_timeout = absl::Seconds(5);  // The default; the other host must not stall as long.

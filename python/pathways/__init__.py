@@ -136,8 +136,17 @@ _DTYPES = {"float32": "f32", "float64": "f64", "int32": "s32", "int64": "s64", "
            "uint8": "u8", "int8": "s8", "float16": "f16", "uint32": "u32"}
 
 
+def _checked_dtype(dtype) -> str:
+    """The runtime's name of a numpy dtype, or a TypeError naming it and what is supported."""
+    name = np.dtype(dtype).name
+    if name not in _DTYPES:
+        raise TypeError(f"dtype {name} is not supported by pathways; supported: "
+                        f"{', '.join(sorted(_DTYPES))}")
+    return _DTYPES[name]
+
+
 def _spec(shape, dtype):
-    return (_DTYPES[np.dtype(dtype).name], list(shape))
+    return (_checked_dtype(dtype), list(shape))
 
 
 class Array:
@@ -303,7 +312,9 @@ class _Program:
             if isinstance(a, Array):
                 out.append(a)
             else:
-                out.append(np.ascontiguousarray(np.asarray(a)))
+                a = np.ascontiguousarray(np.asarray(a))
+                _checked_dtype(a.dtype)
+                out.append(a)
         return out, tree
 
     def _trace(self, leaves, tree):
@@ -340,8 +351,9 @@ class _Program:
 
 def device_put(x, devices: Slice) -> Array:
     """Puts a numpy array on a slice, pmap-style: row i of the leading axis on device i."""
-    return Array(devices._conn.client.put(devices._handle, np.ascontiguousarray(np.asarray(x))),
-                 devices._conn)
+    x = np.ascontiguousarray(np.asarray(x))
+    _checked_dtype(x.dtype)
+    return Array(devices._conn.client.put(devices._handle, x), devices._conn)
 
 
 def program(fn):

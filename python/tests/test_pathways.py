@@ -226,3 +226,14 @@ def test_arrays_outliving_the_interpreter_or_their_client_do_not_crash():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[2.0, 2.0] [3.0, 3.0]"
+
+
+def test_unsupported_dtypes_are_a_type_error_naming_them():
+    import jax.numpy as jnp
+    s = pw.make_virtual_device_set().add_slice(devices=2)
+    f = pw.pmap(lambda x: x + 1, devices=s)
+    for dtype in (jnp.bfloat16, np.complex64):
+        with pytest.raises(TypeError, match=f"dtype {np.dtype(dtype).name} is not supported"):
+            f(np.ones(2, dtype))
+        with pytest.raises(TypeError, match="supported: bool, float16, float32"):
+            pw.device_put(np.ones((2, 1), dtype), s)
