@@ -46,7 +46,7 @@ std::shared_ptr<HostDeviceBuffer> HostDeviceBuffer::Create(const ArraySpec& spec
 std::shared_ptr<HostDeviceBuffer> HostDeviceBuffer::FromHost(const ArraySpec& spec,
                                                              DeviceId device, const void* data) {
   auto b = Create(spec, device);
-  std::memcpy(b->data_, data, static_cast<size_t>(b->size_bytes()));
+  if (b->size_bytes() > 0) std::memcpy(b->data_, data, static_cast<size_t>(b->size_bytes()));
   return b;
 }
 

@@ -59,7 +59,12 @@ struct FfiExtension {
 
 const FfiExtension* FindFfiExtension(const PJRT_Api* api) {
   for (const PJRT_Extension_Base* e = api->extension_start; e != nullptr; e = e->next) {
-    if (e->type == PJRT_Extension_Type_FFI) return reinterpret_cast<const FfiExtension*>(e);
+    // Read as an integer: a newer plugin has extension types our header's enum lacks.
+    static_assert(sizeof(PJRT_Extension_Type) == sizeof(int));
+    int type;
+    std::memcpy(&type, &e->type, sizeof(type));
+    if (type == static_cast<int>(PJRT_Extension_Type_FFI))
+      return reinterpret_cast<const FfiExtension*>(e);
   }
   return nullptr;
 }
