@@ -23,6 +23,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Most bytes (P^2 x buffer) the broadcast baseline may hold across the processes.
+constexpr double kBroadcastBudget = 2.0 * (1 << 30);
+
 double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
@@ -128,15 +131,24 @@ absl::StatusOr<std::vector<CollectivesBenchResult>> RunCollectivesBench(
                           HostArray::Of<float>(DType::kF32, Shape({p, bytes / 4}), ones));
       PW_ASSIGN_OR_RETURN(Array input,
                           client->Put(host, slice.info().id, Sharding::Split({p}, 2, 0)));
+      // The broadcast holds every process's inputs in every process (P^2 buffers in all, with
+      // its transport's copies on top): past a few GiB it would take this machine's memory.
+      const int measured = algorithms > 1 && static_cast<double>(bytes) * p * p > kBroadcastBudget
+                               ? 1
+                               : algorithms;
+      if (measured < algorithms)
+        std::fprintf(stderr, "collectives bench: P=%d %lld B: broadcast skipped (%d^2 x %lld B "
+                             "exceeds its %.0f GiB budget)\n",
+                     p, (long long)bytes, p, (long long)bytes, kBroadcastBudget / (1 << 30));
       // The same number of all-reduces per run for every algorithm (sized by the first), so
       // each run's overhead weighs alike.
       int k = 0;
-      for (int a = 0; a < algorithms; ++a) {
+      for (int a = 0; a < measured; ++a) {
         PW_ASSIGN_OR_RETURN(int ka, Size(*client, slice, input, bytes, a));
         if (a == 0) k = ka;
       }
       std::vector<Measured> m;
-      for (int a = 0; a < algorithms; ++a) {
+      for (int a = 0; a < measured; ++a) {
         PW_ASSIGN_OR_RETURN(BoundFunction many, client->Pmap(Reduces(bytes / 4, k, a), slice));
         m.push_back({std::move(many), k});
       }
@@ -154,7 +166,7 @@ absl::StatusOr<std::vector<CollectivesBenchResult>> RunCollectivesBench(
         return absl::OkStatus();
       }));
       PW_ASSIGN_OR_RETURN(double tt, TimePerCall(o.min_seconds / 4, [&] { return tcp.Send(src); }));
-      for (int a = 0; a < algorithms; ++a) {
+      for (int a = 0; a < measured; ++a) {
         const double t = m[a].best;
         CollectivesBenchResult r{p, bytes, names[a], t,
                                  static_cast<double>(bytes) * 2 * (p - 1) / p / t / 1e9,
