@@ -97,8 +97,12 @@ absl::StatusOr<std::string> StateDir() {
     return absl::FailedPreconditionError("set PW_STATE_DIR or HOME for pw up's state");
   }
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
+  const bool created = std::filesystem::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  // It holds the cluster token and the logs: owner-only when we make it (a directory the user
+  // named that exists already keeps its mode).
+  if (created && chmod(dir.c_str(), 0700) != 0)
+    return absl::InternalError(absl::StrCat("cannot restrict ", dir, ": ", std::strerror(errno)));
   return dir;
 }
 
@@ -129,12 +133,16 @@ absl::StatusOr<int> SpawnDetached(const std::vector<std::string>& argv, const st
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
     setsid();
-    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    int null = open("/dev/null", O_RDONLY);
+    // Never through a link someone planted in the state directory; owner-only.
+    int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int null = open("/dev/null", O_RDWR);
     if (null >= 0) dup2(null, 0);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
+    // Without its log (say, a link there was refused), to /dev/null: never the caller's output,
+    // which would stay open as long as this process runs.
+    const int out = fd >= 0 ? fd : null;
+    if (out >= 0) {
+      dup2(out, 1);
+      dup2(out, 2);
     }
     execv(args[0], args.data());
     _exit(127);

@@ -291,3 +291,27 @@ def test_connecting_twice_and_dropping_the_first_connections_arrays(cluster):
                        timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["12.0", "6.0"]
+
+
+def test_state_directory_and_logs_are_owner_only_and_logs_never_follow_links(tmp_path):
+    # Issue 20, item 10: the state directory was 0755 and logs were opened through links.
+    state = tmp_path / "state"  # Made by pw up.
+    env = dict(os.environ, PW_STATE_DIR=str(state))
+    env.pop("PW_CLUSTER", None)
+    state.parent.mkdir(exist_ok=True)
+    pw("up", "--detach", "--islands", "1", "--hosts-per-island", "1", "--devices-per-host", "1",
+       env=env)
+    try:
+        assert (state.stat().st_mode & 0o777) == 0o700
+        assert (state / "controller.log").stat().st_mode & 0o077 == 0
+    finally:
+        pw("down", env=env, check=False)
+    # A log that is a link (say, to a file of another user's) is not written through.
+    target = tmp_path / "not-a-log"
+    target.write_text("")
+    (state / "worker-0.log").unlink()
+    (state / "worker-0.log").symlink_to(target)
+    pw("up", "--detach", "--islands", "1", "--hosts-per-island", "1", "--devices-per-host", "1",
+       env=env, check=False)
+    pw("down", env=env, check=False)
+    assert target.read_text() == ""
