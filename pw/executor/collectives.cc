@@ -160,10 +160,13 @@ absl::Status Collectives::AllReduce(const CollectiveKey& key, absl::Span<const D
                                     int rank, const void* input, void* output, size_t bytes,
                                     size_t element_size, const Reduce& reduce,
                                     Algorithm algorithm) {
+  // Small buffers (every dispatch-bench step) decide here, before asking where the ranks are.
+  const bool scatter_fits = algorithm == Algorithm::kAuto && peers_ != nullptr &&
+                            bytes >= kScatterMinBytes && element_size != 0 &&
+                            bytes % element_size == 0;
   CollectivePeers::Processes procs;
-  if (peers_ != nullptr) procs = peers_->ProcessesOf(devices);
-  if (algorithm == Algorithm::kBroadcast || procs.count < 3 || bytes < kScatterMinBytes ||
-      element_size == 0 || bytes % element_size != 0) {
+  if (scatter_fits) procs = peers_->ProcessesOf(devices);
+  if (!scatter_fits || procs.count < 3) {
     return Run(key, devices, rank, input, bytes, output, bytes,
                [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
                  std::memcpy(out[0], in[0], bytes);

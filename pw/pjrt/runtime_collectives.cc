@@ -145,21 +145,30 @@ absl::StatusOr<Reduction> ReductionOf(int64_t r) {
   return static_cast<Reduction>(r);
 }
 
-// Runs one collective of `launch` with this shard's `in`/`out`; `combine` gets every rank's.
-absl::Status RunCollective(CollectiveLaunch* launch, int64_t op_id, absl::string_view kind,
-                           const void* in, size_t in_bytes, void* out, size_t out_bytes,
-                           const Collectives::Combine& combine) {
+// Runs the next invocation of collective `op_id` of `launch`: run(collectives, key). A failure
+// says which collective it was and where.
+template <typename F>
+absl::Status InLaunch(CollectiveLaunch* launch, int64_t op_id, absl::string_view kind,
+                      const F& run) {
   if (launch == nullptr || launch->collectives() == nullptr)
     return absl::FailedPreconditionError(absl::StrCat(
         kind, ": this computation was launched without the runtime's collectives"));
   const CollectiveKey key = launch->NextKey(op_id);
-  absl::Status s = launch->collectives()->Run(key, launch->devices(), launch->rank(), in,
-                                              in_bytes, out, out_bytes, combine);
+  absl::Status s = run(*launch->collectives(), key);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat(kind, " (", launch->Where(key), "): ",
                                                s.message()));
   }
   return s;
+}
+
+// Runs one collective of `launch` with this shard's `in`/`out`; `combine` gets every rank's.
+absl::Status RunCollective(CollectiveLaunch* launch, int64_t op_id, absl::string_view kind,
+                           const void* in, size_t in_bytes, void* out, size_t out_bytes,
+                           const Collectives::Combine& combine) {
+  return InLaunch(launch, op_id, kind, [&](Collectives& c, const CollectiveKey& key) {
+    return c.Run(key, launch->devices(), launch->rank(), in, in_bytes, out, out_bytes, combine);
+  });
 }
 
 absl::Status CheckBytes(absl::string_view kind, size_t got, size_t want) {
@@ -189,16 +198,10 @@ ffi::Error AllReduce(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuf
     Reduce(type, r, both, 0, n / element, acc).IgnoreError();
   };
   CollectiveLaunch* launch = LaunchOf(data);
-  if (launch == nullptr || launch->collectives() == nullptr)
-    return ToFfi(absl::FailedPreconditionError(
-        "all_reduce: this computation was launched without the runtime's collectives"));
-  const CollectiveKey key = launch->NextKey(op_id);
-  absl::Status s = launch->collectives()->AllReduce(key, launch->devices(), launch->rank(),
-                                                    x.untyped_data(), y->untyped_data(), bytes,
-                                                    element, reduce);
-  if (!s.ok())
-    s = absl::Status(s.code(), absl::StrCat("all_reduce (", launch->Where(key), "): ", s.message()));
-  return ToFfi(s);
+  return ToFfi(InLaunch(launch, op_id, "all_reduce", [&](Collectives& c, const CollectiveKey& key) {
+    return c.AllReduce(key, launch->devices(), launch->rank(), x.untyped_data(),
+                       y->untyped_data(), bytes, element, reduce);
+  }));
 }
 
 ffi::Error AllGather(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
