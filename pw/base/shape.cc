@@ -22,6 +22,10 @@ absl::Status Shape::Validate() const {
       return absl::InvalidArgumentError(
           absl::StrCat("shape ", ToString(), " has negative dimension ", i));
     }
+    if (dims_[i] > kMaxElements) {  // Even after a 0 dimension: sizes are computed from dims.
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape ", ToString(), " has dimension ", i, " above 2^48"));
+    }
     if (__builtin_mul_overflow(n, dims_[i], &n) || n > kMaxElements) {
       return absl::InvalidArgumentError(absl::StrCat("shape ", ToString(), " has more than 2^48 elements"));
     }

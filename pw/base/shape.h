@@ -22,8 +22,8 @@ class Shape {
   int64_t dim(int i) const { return dims_[i]; }
   absl::Span<const int64_t> dims() const { return dims_; }
   int64_t num_elements() const;
-  // Checks the rank is at most kMaxRank, every dimension is >= 0 and the element count is at
-  // most kMaxElements.
+  // Checks the rank is at most kMaxRank, every dimension is in [0, kMaxElements] and the
+  // element count is at most kMaxElements.
   absl::Status Validate() const;
   static constexpr int64_t kMaxElements = int64_t{1} << 48;
   static constexpr int kMaxRank = 64;  // XLA's own limit is lower in practice.

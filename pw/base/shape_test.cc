@@ -20,6 +20,9 @@ TEST(ShapeTest, ValidateRejectsNegativeAndMissingDtype) {
   EXPECT_FALSE(Shape({2, -1}).Validate().ok());
   EXPECT_FALSE(Shape({int64_t{1} << 62, 4}).Validate().ok());  // Element count overflows.
   EXPECT_FALSE(Shape({int64_t{1} << 40, int64_t{1} << 10}).Validate().ok());
+  // Issue 20: zero elements, absurd dimensions ([0, 2^62, 2^62] was accepted and stored).
+  EXPECT_FALSE(Shape({0, int64_t{1} << 62, int64_t{1} << 62}).Validate().ok());
+  EXPECT_TRUE(Shape({0, int64_t{1} << 48}).Validate().ok());
   EXPECT_FALSE((ArraySpec{DType::kInvalid, Shape({1})}.Validate().ok()));
   EXPECT_TRUE((ArraySpec{DType::kS32, Shape({1})}.Validate().ok()));
 }

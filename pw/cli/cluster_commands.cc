@@ -95,6 +95,8 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
                                              "last `pw up` cluster)");
 
   down_ = app->add_subcommand("down", "Stop the cluster that `pw up` started");
+  down_->add_option("--cluster", cluster_, "Its address (default: the last `pw up` cluster); "
+                                           "only a cluster pw up started here can be stopped");
 
   controller_ = app->add_subcommand("controller", "Run the controller process");
   controller_->add_option("--config", config_, "Cluster spec (JSON)");
@@ -109,6 +111,11 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
                           "prefer the variable: flags show in ps)");
   controller_->add_option("--failure-timeout-ms", failure_timeout_ms_,
                           kFailureTimeoutHelp);
+  controller_->add_option("--max-clients", max_clients_,
+                          "Clients connected at once; one more is refused (default 1024)");
+  controller_->add_option("--session-grace-ms", session_grace_ms_,
+                          "A client that has not opened its session this long after connecting "
+                          "is disconnected and what it allocated released (default 30000)");
 
   worker_ = app->add_subcommand("worker", "Run one host's worker process");
   worker_->add_option("--controller", controller_address_, "The controller's address")->required();
@@ -174,6 +181,10 @@ int ClusterCommands::Up(const char* argv0) {
 int ClusterCommands::Down() {
   auto state = server::LoadState();
   if (!state.ok()) return Fail(state.status());
+  if (!cluster_.empty() && cluster_ != state->address)
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        "pw down stops the cluster that pw up started on this machine, which is at ",
+        state->address, ", not ", cluster_, " (stop another cluster where it was started)")));
   if (absl::Status s = server::StopLocalCluster(*state); !s.ok()) return Fail(s);
   std::fprintf(stderr, "pw down: stopped the cluster at %s\n", state->address.c_str());
   return 0;
@@ -183,7 +194,12 @@ int ClusterCommands::Status() {
   const std::string address = server::ClusterAddress(cluster_);
   if (address.empty())
     return Fail(absl::NotFoundError("no cluster: pass --cluster, set PW_CLUSTER, or run pw up"));
-  auto c = rpc::RemoteController::Dial(address, {.token = Token("")}, absl::Seconds(5));
+  // The cluster pw up started here: its admin, who sees every run's program.
+  std::string token = Token("");
+  if (auto local = server::LoadState();
+      local.ok() && local->address == address && server::IsClusterProcess(local->controller_pid, *local))
+    token = local->cluster_token;
+  auto c = rpc::RemoteController::Dial(address, {.token = token}, absl::Seconds(5));
   if (!c.ok()) return Fail(c.status());
   auto st = (*c)->FullStatus();
   if (!st.ok()) return Fail(st.status());
@@ -293,6 +309,8 @@ int ClusterCommands::Controller() {
         "PW_CLUSTER_TOKEN (e.g. to the output of `head -c16 /dev/urandom | od -An -tx1 | tr -d "
         "' \\n'`) for the controller and every worker"));
   o.failure_timeout = absl::Milliseconds(failure_timeout_ms_);
+  o.clients.max_clients = max_clients_;
+  o.clients.session_grace = absl::Milliseconds(session_grace_ms_);
   o.heartbeat_interval = std::min(absl::Milliseconds(200), o.failure_timeout / 4);
   auto server = server::ControllerServer::Start(*spec, o);
   if (!server.ok()) return Fail(server.status());

@@ -41,6 +41,8 @@ class ClusterCommands {
   std::string token_;
   std::string cluster_token_;
   int64_t failure_timeout_ms_ = 5000;
+  int64_t max_clients_ = 1024;
+  int64_t session_grace_ms_ = 30000;
   int64_t collective_timeout_ms_ = 0;
   std::string controller_address_;
   int64_t host_ = -1;

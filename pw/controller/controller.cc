@@ -49,7 +49,8 @@ std::string LayoutKey(const std::vector<Placement>& args) {
 }
 }  // namespace
 
-Controller::Controller(const ClusterSpec& spec) : rm_(spec), completions_("pw-ctrl") {
+Controller::Controller(const ClusterSpec& spec, bool hosts_share_process)
+    : hosts_share_process_(hosts_share_process), rm_(spec), completions_("pw-ctrl") {
   pw::MutexLock lock(&mu_);
   for (const auto& h : spec.hosts()) host_island_[h.id] = h.island;
   for (const auto& i : spec.islands()) {
@@ -186,6 +187,14 @@ absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
   PW_RETURN_IF_ERROR(CheckClient(client));
   // Kernels and shapes, before anything runs (SPMD modules for their own partition count).
   const auto* hlo = std::get_if<StableHloFunctionDef>(&def);
+  if (hlo != nullptr) {
+    const int64_t devices = static_cast<int64_t>(rm_.Devices().size());
+    if (std::max(hlo->num_partitions, hlo->collective_axis_size) > devices)
+      return absl::InvalidArgumentError(absl::StrCat(
+          "function '", hlo->name, "' has ", hlo->num_partitions, " partitions and collective axis "
+          "size ", hlo->collective_axis_size, ", but the cluster has only ", devices,
+          " devices: it could never run"));
+  }
   PW_ASSIGN_OR_RETURN(FunctionSignature sig,
                       SignatureOf(def, hlo == nullptr ? 1
                                            : std::max({1, hlo->num_partitions,
@@ -205,12 +214,11 @@ absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
 absl::StatusOr<FunctionSignature> Controller::Signature(ClientId client, FunctionId id,
                                                        int num_shards) {
   pw::MutexLock lock(&mu_);
-  if (!id.valid() || id.value() >= static_cast<int64_t>(functions_.size()))
-    return absl::NotFoundError(absl::StrCat(id.ToString(), " is not registered"));
+  // Another client's function reads as one that does not exist: ids reveal nothing.
+  if (!id.valid() || id.value() >= static_cast<int64_t>(functions_.size()) ||
+      functions_[id.value()].owner != client)
+    return absl::NotFoundError(absl::StrCat(id.ToString(), " is not registered by this client"));
   const Function& f = functions_[id.value()];
-  if (f.owner != client)
-    return absl::PermissionDeniedError(absl::StrCat(id.ToString(), " ('", FunctionName(f.def),
-                                                    "') belongs to another client"));
   auto key = std::make_pair(id, num_shards);
   auto it = signatures_.find(key);
   if (it != signatures_.end()) return it->second;
@@ -226,7 +234,23 @@ absl::StatusOr<std::vector<ArraySpec>> Controller::LoadFunction(ClientId client,
   PW_ASSIGN_OR_RETURN(SliceInfo s, rm_.ResolveSlice(client, slice));
   PW_ASSIGN_OR_RETURN(FunctionSignature sig,
                       Signature(client, function, static_cast<int>(s.devices.size())));
+  PW_RETURN_IF_ERROR(CheckSpmdPlacement(function, s.hosts, s.id.ToString()));
   return sig.outputs;
+}
+
+absl::Status Controller::CheckSpmdPlacement(FunctionId function, const std::vector<HostId>& hosts,
+                                            const std::string& where) const {
+  const size_t num_hosts = absl::flat_hash_set<HostId>(hosts.begin(), hosts.end()).size();
+  if (hosts_share_process_ || num_hosts <= 1) return absl::OkStatus();
+  pw::MutexLock lock(&mu_);
+  const auto* hlo = std::get_if<StableHloFunctionDef>(&functions_[function.value()].def);
+  if (hlo == nullptr || hlo->num_partitions <= 1) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "function '", hlo->name, "' is an SPMD XLA module of ", hlo->num_partitions,
+      " partitions, which meet in XLA's in-process collectives, but ", where, " spans ",
+      num_hosts, " worker processes: export it per shard with runtime collectives (pw.pmap with "
+      "axis_name=, StableHloFunctionDef::collective_axis_size) or ask for a one-host slice "
+      "(placement=host)"));
 }
 
 absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
@@ -256,6 +280,10 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
         return absl::UnavailableError(absl::StrCat("program '", lowered.name, "' node '", n.name,
                                                    "': ", h.ToString(), " has not joined yet"));
     }
+    if (n.kind == LoweredNode::Kind::kCompute)
+      PW_RETURN_IF_ERROR(CheckSpmdPlacement(
+          n.function, n.slice.hosts,
+          absl::StrCat("program '", lowered.name, "' node '", n.name, "''s slice")));
   }
   // island -> host -> that host's nodes, in topological order.
   std::map<int64_t, std::map<int64_t, std::shared_ptr<HostProgram>>> islands;
@@ -347,12 +375,9 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::PlanFor(
   {
     pw::MutexLock lock(&mu_);
     if (!id.valid() || id.value() >= static_cast<int64_t>(programs_.size()) ||
-        programs_[id.value()] == nullptr)
-      return absl::NotFoundError(absl::StrCat(id.ToString(), " is not registered"));
+        programs_[id.value()] == nullptr || programs_[id.value()]->owner != client)
+      return absl::NotFoundError(absl::StrCat(id.ToString(), " is not registered by this client"));
     const Program& p = *programs_[id.value()];
-    if (p.owner != client)
-      return absl::PermissionDeniedError(absl::StrCat(id.ToString(), " ('", p.ir.name,
-                                                      "') belongs to another client"));
     auto it = p.plans.find(key);
     if (it != p.plans.end()) {
       cached = it->second;
@@ -379,11 +404,10 @@ absl::StatusOr<std::string> Controller::ExplainProgram(ClientId client, ProgramI
   PW_RETURN_IF_ERROR(CheckClient(client));
   pw::MutexLock lock(&mu_);
   if (!id.valid() || id.value() >= static_cast<int64_t>(programs_.size()) ||
-      programs_[id.value()] == nullptr || programs_[id.value()]->plans.empty())
-    return absl::NotFoundError(absl::StrCat(id.ToString(), " is not registered"));
+      programs_[id.value()] == nullptr || programs_[id.value()]->owner != client ||
+      programs_[id.value()]->plans.empty())
+    return absl::NotFoundError(absl::StrCat(id.ToString(), " is not registered by this client"));
   const Program& p = *programs_[id.value()];
-  if (p.owner != client)
-    return absl::PermissionDeniedError(absl::StrCat(id.ToString(), " belongs to another client"));
   return p.plans.begin()->second->lowered.ToString();
 }
 

@@ -28,7 +28,9 @@ namespace pw {
 
 class Controller final : public ControllerInterface {
  public:
-  explicit Controller(const ClusterSpec& spec);
+  // `hosts_share_process`: every host's worker runs in this process (the embedded cluster), so
+  // an SPMD XLA module may span hosts; in a process cluster it must lie within one host.
+  explicit Controller(const ClusterSpec& spec, bool hosts_share_process = true);
   // Waits for runs in flight, then stops the schedulers.
   ~Controller() override;
 
@@ -81,6 +83,11 @@ class Controller final : public ControllerInterface {
   class Lowering;
 
   absl::Status CheckClient(ClientId client) const;
+  // An SPMD XLA module (num_partitions > 1) meets its partitions in XLA's in-process
+  // collectives: its slice must lie within one worker process. Checked at binding.
+  // `hosts`: the slice's, one per device.
+  absl::Status CheckSpmdPlacement(FunctionId function, const std::vector<HostId>& hosts,
+                                  const std::string& where) const;
   absl::StatusOr<FunctionSignature> Signature(ClientId client, FunctionId id, int num_shards);
   absl::StatusOr<std::shared_ptr<const Plan>> PlanFor(ClientId client, ProgramId id,
                                                       const std::vector<Placement>& args);
@@ -100,6 +107,7 @@ class Controller final : public ControllerInterface {
   Future<HostArray> FetchPinned(BufferId id, std::shared_ptr<const Placement> placement,
                                 Future<> ready);
 
+  const bool hosts_share_process_;
   ResourceManager rm_;
   BufferTable buffers_;
 

@@ -22,11 +22,10 @@ BufferId BufferTable::NewIds(int64_t n) {
 
 absl::StatusOr<BufferTable::Entry*> BufferTable::FindHandle(ClientId client, BufferId id) const {
   auto it = entries_.find(id);
-  if (it == entries_.end() || it->second.client_refs == 0)
-    return absl::NotFoundError(absl::StrCat(id.ToString(), " does not exist or was released"));
-  if (it->second.buffer.owner != client)
-    return absl::PermissionDeniedError(
-        absl::StrCat(id.ToString(), " belongs to another client"));
+  // Another client's buffer reads as one that does not exist: ids reveal nothing.
+  if (it == entries_.end() || it->second.client_refs == 0 || it->second.buffer.owner != client)
+    return absl::NotFoundError(
+        absl::StrCat(id.ToString(), " is not an array of this client (never made, or released)"));
   return const_cast<Entry*>(&it->second);
 }
 

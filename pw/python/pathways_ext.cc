@@ -1,7 +1,9 @@
 // _pathways: the Python extension behind the `pathways` package (nanobind).
 //
 // A thin layer over the C++ client (pw/client) and the embedded cluster: statuses become Python
-// RuntimeErrors carrying the Status message; numpy arrays convert to and from HostArrays.
+// pathways.errors exceptions (RuntimeErrors, one class per status code) carrying the Status
+// message; numpy arrays convert to and from HostArrays. Calls that may block (RPCs, waits,
+// compiles) release the GIL.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/function.h>
@@ -26,8 +28,21 @@ namespace nb = nanobind;
 namespace pw {
 namespace {
 
+// A non-OK status on its way to Python, where it becomes pathways.errors.<its code> (see the
+// translator registered in the module).
+class StatusError : public std::exception {
+ public:
+  explicit StatusError(absl::Status s) : status_(std::move(s)), what_(status_.ToString()) {}
+  const char* what() const noexcept override { return what_.c_str(); }
+  const absl::Status& status() const { return status_; }
+
+ private:
+  absl::Status status_;
+  std::string what_;
+};
+
 void Check(const absl::Status& s) {
-  if (!s.ok()) throw std::runtime_error(s.ToString());
+  if (!s.ok()) throw StatusError(s);
 }
 template <typename T>
 T Unwrap(absl::StatusOr<T> v) {
@@ -97,6 +112,17 @@ NB_MODULE(_pathways, m) {
   // As in the CLI: Debian's abseil has debug deadlock detection on, which walks a global graph on
   // every Mutex destruction (one per future) and dominated dispatch profiles.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  // Statuses raise pathways.errors.<code> (all RuntimeErrors), carrying the status message.
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      nb::object cls = nb::module_::import_("pathways.errors")
+                           .attr("_for_code")(static_cast<int>(e.status().code()));
+      nb::object err = cls(std::string(e.status().message()));
+      PyErr_SetObject(cls.ptr(), err.ptr());
+    }
+  });
 
   nb::class_<EmbeddedCluster>(m, "EmbeddedCluster")
       .def_static(
@@ -140,7 +166,14 @@ NB_MODULE(_pathways, m) {
         for (IslandId i : s.islands()) ids.push_back(i.value());
         return ids;
       })
-      .def("release", [](const Slice& s) { Check(s.Release()); });
+      .def("release", [](const Slice& s) {
+        absl::Status st;
+        {
+          nb::gil_scoped_release release;
+          st = s.Release();
+        }
+        Check(st);
+      });
 
   nb::class_<Value>(m, "Value").def_prop_ro("spec", [](const Value& v) { return SpecTuple(v.spec()); });
 
@@ -207,6 +240,7 @@ NB_MODULE(_pathways, m) {
       .def_static(
           "connect",
           [](EmbeddedCluster& cluster, const std::string& name) {
+            nb::gil_scoped_release release;
             return Unwrap(Client::Connect(&cluster.controller(), name));
           },
           nb::keep_alive<0, 1>())
@@ -226,6 +260,7 @@ NB_MODULE(_pathways, m) {
             else if (placement == "spread") p = SlicePlacement::kSpread;
             else throw std::invalid_argument("placement must be 'island', 'host' or 'spread', got '" +
                                              placement + "'");
+            nb::gil_scoped_release release;  // An RPC on a process cluster.
             return Unwrap(c.MakeVirtualDeviceSet().AddSlice({.num_devices = devices,
                                                              .placement = p}));
           },
@@ -240,6 +275,7 @@ NB_MODULE(_pathways, m) {
                                      num_partitions, collective_axis_size};
             for (const auto& [d, s] : inputs) def.inputs.push_back(SpecOf(d, s));
             for (const auto& [d, s] : outputs) def.outputs.push_back(SpecOf(d, s));
+            nb::gil_scoped_release release;  // Registers on every worker (which compiles).
             return Unwrap(c.Pmap(FunctionDef(std::move(def)), slice));
           },
           nb::arg("name"), nb::arg("module"), nb::arg("inputs"), nb::arg("outputs"),

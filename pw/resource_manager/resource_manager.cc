@@ -155,12 +155,11 @@ absl::StatusOr<SliceInfo> ResourceManager::AllocateSlice(ClientId client,
 }
 
 absl::StatusOr<const SliceInfo*> ResourceManager::FindOwned(ClientId client, SliceId slice) const {
+  // Another client's slice reads as one that does not exist: ids reveal nothing.
   auto it = slices_.find(slice);
-  if (it == slices_.end())
-    return absl::NotFoundError(absl::StrCat(slice.ToString(), " does not exist or was released"));
-  if (it->second.owner != client)
-    return absl::PermissionDeniedError(
-        absl::StrCat(slice.ToString(), " belongs to another client"));
+  if (it == slices_.end() || it->second.owner != client)
+    return absl::NotFoundError(
+        absl::StrCat(slice.ToString(), " is not a slice of this client (never allocated, or released)"));
   return &it->second;
 }
 

@@ -81,7 +81,8 @@ class ResourceManager {
   absl::StatusOr<DeviceSpec> Device(DeviceId id) const;
 
  private:
-  // The slice if it exists and `client` owns it; NotFound / PermissionDenied naming it otherwise.
+  // The slice if it exists and `client` owns it; NotFound naming it otherwise (another client's
+  // slice reads as one that does not exist).
   absl::StatusOr<const SliceInfo*> FindOwned(ClientId client, SliceId slice) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable pw::Mutex mu_;

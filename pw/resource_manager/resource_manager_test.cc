@@ -75,8 +75,8 @@ TEST(ResourceManagerTest, OwnershipAndRelease) {
   auto s = rm.AllocateSlice(ClientId(1), {.num_devices = 1});
   ASSERT_TRUE(s.ok());
   EXPECT_EQ(rm.ResolveSlice(ClientId(2), s->id).status().code(),
-            absl::StatusCode::kPermissionDenied);
-  EXPECT_EQ(rm.ReleaseSlice(ClientId(2), s->id).code(), absl::StatusCode::kPermissionDenied);
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(rm.ReleaseSlice(ClientId(2), s->id).code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(rm.ReleaseSlice(ClientId(1), s->id).ok());
   EXPECT_EQ(rm.ResolveSlice(ClientId(1), s->id).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(rm.ReleaseSlice(ClientId(1), s->id).code(), absl::StatusCode::kNotFound);

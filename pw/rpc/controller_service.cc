@@ -16,11 +16,12 @@ namespace v1 = ::pathways::v1;
 
 ControllerService::ControllerService(ControllerInterface* controller,
                                      ClusterMembership* membership, std::string client_token,
-                                     std::string cluster_token)
+                                     std::string cluster_token, ClientLimits limits)
     : controller_(controller),
       membership_(membership),
       token_(std::move(client_token)),
-      cluster_token_(std::move(cluster_token)) {
+      cluster_token_(std::move(cluster_token)),
+      limits_(limits) {
   for (int i = 0; i < 4; ++i)
     blocking_.push_back(std::make_unique<WorkQueue>(absl::StrCat("pw-ctrl-rpc", i)));
 }
@@ -47,6 +48,20 @@ absl::Status ControllerService::Authorize(const grpc::CallbackServerContext* ctx
   return CheckToken(ctx, token_);
 }
 
+absl::Status ControllerService::OpenSession(const grpc::CallbackServerContext* ctx,
+                                            int64_t client) {
+  PW_RETURN_IF_ERROR(Authorize(ctx, client));
+  pw::MutexLock lock(&mu_);
+  auto it = keys_.find(ClientId(client));
+  if (it == keys_.end())  // Dropped since.
+    return absl::UnauthenticatedError(absl::StrCat(ClientId(client).ToString(), " is not connected"));
+  if (it->second.session)
+    return absl::AlreadyExistsError(
+        absl::StrCat(ClientId(client).ToString(), " already has a Session open"));
+  it->second.session = true;
+  return absl::OkStatus();
+}
+
 absl::Status ControllerService::AuthorizeMember(const grpc::CallbackServerContext* ctx) const {
   return CheckClusterToken(ctx, cluster_token_);
 }
@@ -56,13 +71,25 @@ absl::Status ControllerService::Authorize(const grpc::CallbackServerContext* ctx
   PW_RETURN_IF_ERROR(CheckToken(ctx, token_));
   const std::string key = Metadata(ctx, "pw-client-key");
   pw::MutexLock lock(&mu_);
+  // One answer whether the client is unknown or the key wrong (which ids are connected is not
+  // revealed), and the key compared in constant time.
   auto it = keys_.find(ClientId(client));
-  if (it == keys_.end())
-    return absl::UnauthenticatedError(absl::StrCat(ClientId(client).ToString(), " is not connected"));
-  if (key != it->second)
-    return absl::PermissionDeniedError(
-        absl::StrCat("this call does not carry ", ClientId(client).ToString(), "'s client key"));
+  if (it == keys_.end() || !SecretEquals(key, it->second.key))
+    return absl::UnauthenticatedError(
+        absl::StrCat(ClientId(client).ToString(),
+                     " is not connected, or this call does not carry its client key"));
   return absl::OkStatus();
+}
+
+int ControllerService::ReapSessionless(absl::Time now) {
+  std::vector<ClientId> stale;
+  {
+    pw::MutexLock lock(&mu_);
+    for (const auto& [id, c] : keys_)
+      if (!c.session && now - c.since > limits_.session_grace) stale.push_back(id);
+  }
+  for (ClientId id : stale) (void)DropClient(id);
+  return static_cast<int>(stale.size());
 }
 
 absl::Status ControllerService::DropClient(ClientId client) {
@@ -87,13 +114,23 @@ grpc::ServerUnaryReactor* ControllerService::Connect(grpc::CallbackServerContext
                           req->protocol_version(), " but this controller speaks version ",
                           kProtocolVersion, "; use matching builds")));
   }
+  {
+    pw::MutexLock lock(&mu_);
+    if (static_cast<int64_t>(keys_.size()) + connecting_ >= limits_.max_clients)
+      return Reply(ctx, absl::ResourceExhaustedError(absl::StrCat(
+                            "client '", req->name(), "': the controller already serves ",
+                            limits_.max_clients,
+                            " clients, its limit (pw controller --max-clients raises it)")));
+    ++connecting_;
+  }
   absl::StatusOr<ClientId> id = controller_->Connect(req->name());
-  if (!id.ok()) return Reply(ctx, id.status());
   std::string key = NewSecret();
   {
     pw::MutexLock lock(&mu_);
-    keys_[*id] = key;
+    --connecting_;
+    if (id.ok()) keys_[*id] = Connected{key, absl::Now()};
   }
+  if (!id.ok()) return Reply(ctx, id.status());
   resp->set_client(id->value());
   resp->set_client_key(std::move(key));
   return Reply(ctx, absl::OkStatus());
@@ -258,9 +295,14 @@ grpc::ServerUnaryReactor* ControllerService::ReleaseArray(grpc::CallbackServerCo
 
 grpc::ServerUnaryReactor* ControllerService::Status(grpc::CallbackServerContext* ctx,
                                                     const v1::Empty*, v1::ClusterStatus* resp) {
-  PW_AUTHORIZE(ctx);
-  return Offload(ctx, [this, resp]() -> absl::Status {
+  // The cluster's processes and its admin (the cluster token: `pw status` where `pw up` ran) see
+  // which programs run; a client sees runs and their clients, not other clients' program names.
+  const bool admin = AuthorizeMember(ctx).ok();
+  if (!admin) PW_AUTHORIZE(ctx);
+  return Offload(ctx, [this, resp, admin]() -> absl::Status {
     PW_ASSIGN_OR_RETURN(ClusterStatus status, controller_->Status());
+    if (!admin)
+      for (ClusterStatus::Running& r : status.running) r.program.clear();
     ToProto(status, resp);
     membership_->AddMembers(resp);
     resp->set_clients(static_cast<int64_t>(num_clients()));
@@ -329,7 +371,7 @@ class ControllerService::SessionReader final : public grpc::ServerReadReactor<v1
   void OnReadDone(bool ok) override {
     if (ok) {
       if (!client_.valid()) {
-        absl::Status s = service_->Authorize(ctx_, msg_.client());
+        absl::Status s = service_->OpenSession(ctx_, msg_.client());
         if (!s.ok()) return Finish(ToGrpc(s));
         client_ = ClientId(msg_.client());
       }

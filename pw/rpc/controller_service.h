@@ -4,7 +4,8 @@
 // Connect checks the protocol version and hands the client a key that every later call for that
 // client must carry, so one client cannot use, read or free another's slices and buffers. A
 // client's Session stream lives as long as the client; when it ends, the client is disconnected
-// (its slices and buffers are released).
+// (its slices and buffers are released); a client that never opens one is disconnected after
+// ClientLimits::session_grace.
 //
 // Two credentials: client calls carry the client token (empty: none required); membership calls
 // (RegisterWorker, Heartbeat, LookupHost, GetClusterSpec, Shutdown) carry the cluster token,
@@ -16,6 +17,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/time/time.h"
 #include "pw/base/mutex.h"
 #include "pw/base/work_queue.h"
 #include "pw/rpc/auth.h"
@@ -38,12 +40,25 @@ class ClusterMembership {
   virtual void Shutdown() = 0;
 };
 
+// Limits on clients, checked at Connect (documented in pw/rpc/README.md).
+struct ClientLimits {
+  // Connected clients at once; one more gets RESOURCE_EXHAUSTED (pw controller --max-clients).
+  int64_t max_clients = 1024;
+  // A client that has not opened its Session stream this long after Connect is disconnected
+  // (what it allocated is released) by ReapSessionless.
+  absl::Duration session_grace = absl::Seconds(30);
+};
+
 class ControllerService final : public ::pathways::v1::Controller::CallbackService {
  public:
   // Both must outlive the service.
   ControllerService(ControllerInterface* controller, ClusterMembership* membership,
-                    std::string client_token, std::string cluster_token);
+                    std::string client_token, std::string cluster_token,
+                    ClientLimits limits = {});
   size_t num_clients() const;
+  // Disconnects the clients that connected before `now - session_grace` and have not opened
+  // their Session; returns how many. (The controller server calls it from its monitor.)
+  int ReapSessionless(absl::Time now);
 
 #define PW_UNARY(Method, Req, Resp)                                                  \
   grpc::ServerUnaryReactor* Method(grpc::CallbackServerContext* ctx,                 \
@@ -78,6 +93,8 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   // The call's token and, for `client`, its key.
   absl::Status Authorize(const grpc::CallbackServerContext* ctx, int64_t client) const;
   absl::Status Authorize(const grpc::CallbackServerContext* ctx) const;
+  // Authorize, then marks `client`'s Session open (once per client).
+  absl::Status OpenSession(const grpc::CallbackServerContext* ctx, int64_t client);
   // A membership call: the cluster token.
   absl::Status AuthorizeMember(const grpc::CallbackServerContext* ctx) const;
   // Disconnects `client` once (the Session stream ended or the client asked).
@@ -93,8 +110,15 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   ClusterMembership* const membership_;
   const std::string token_;
   const std::string cluster_token_;
+  const ClientLimits limits_;
   mutable pw::Mutex mu_;
-  absl::flat_hash_map<ClientId, std::string> keys_ ABSL_GUARDED_BY(mu_);
+  struct Connected {
+    std::string key;
+    absl::Time since;
+    bool session = false;  // Its Session stream has been opened.
+  };
+  absl::flat_hash_map<ClientId, Connected> keys_ ABSL_GUARDED_BY(mu_);
+  int64_t connecting_ ABSL_GUARDED_BY(mu_) = 0;  // Connects past the limit check, not yet in keys_.
   // Runs submitted and not yet waited for by RunDone.
   absl::flat_hash_map<RunId, std::pair<ClientId, Future<>>> runs_ ABSL_GUARDED_BY(mu_);
   std::atomic<size_t> next_blocking_{0};

@@ -73,8 +73,11 @@ absl::StatusOr<std::vector<int>> Indices(const pb::RepeatedField<int32_t>& r,
   return std::vector<int>(r.begin(), r.end());
 }
 
-// A device mesh: positive axes, at most 2^30 devices.
+// A device mesh: positive axes, at most Shape::kMaxRank of them, at most 2^30 devices.
 absl::Status CheckMesh(const pb::RepeatedField<int64_t>& mesh, absl::string_view field) {
+  if (mesh.size() > Shape::kMaxRank)
+    return Invalid(field, absl::StrCat("has ", mesh.size(), " axes, above the limit of ",
+                                       Shape::kMaxRank));
   int64_t devices = 1;
   for (int i = 0; i < mesh.size(); ++i) {
     if (mesh[i] <= 0) {

@@ -216,6 +216,12 @@ TEST(WireTest, RejectsMalformedMessages) {
   v1::ProgramIr ir;
   ir.add_nodes()->mutable_binding()->add_in_sharding()->add_mesh_shape(0);
   ExpectInvalid(FromProto(ir).status(), "ProgramIr node 0: binding in_sharding 0: mesh_shape");
+
+  // Issue 20: a mesh of 10^6 axes of 1 was accepted and stored.
+  v1::SliceRequest wide;
+  wide.set_num_devices(1);
+  for (int i = 0; i < 1000000; ++i) wide.add_mesh_shape(1);
+  ExpectInvalid(FromProto(wide).status(), "has 1000000 axes, above the limit of 64");
 }
 
 TEST(WireTest, StatusRoundTrip) {

@@ -19,9 +19,10 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
   PW_RETURN_IF_ERROR(rpc::CheckListenAddress(options.listen, options.channel.token));
   if (options.cluster_token.empty()) options.cluster_token = rpc::NewSecret();
   std::unique_ptr<ControllerServer> s(new ControllerServer(spec, std::move(options)));
-  s->controller_ = std::make_unique<Controller>(spec);
+  s->controller_ = std::make_unique<Controller>(spec, /*hosts_share_process=*/false);
   s->service_ = std::make_unique<rpc::ControllerService>(
-      s->controller_.get(), s.get(), s->options_.channel.token, s->options_.cluster_token);
+      s->controller_.get(), s.get(), s->options_.channel.token, s->options_.cluster_token,
+      s->options_.clients);
   PW_ASSIGN_OR_RETURN(rpc::Serving serving,
                       rpc::StartServer(s->options_.listen, s->options_.channel, s->service_.get()));
   s->server_ = std::move(serving.server);
@@ -192,6 +193,7 @@ void ControllerServer::MonitorLoop() {
         [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return shutdown_; }, tick);
     mu_.Unlock();
     if (stop) return;
+    service_->ReapSessionless(absl::Now());
     struct Failed {
       HostId host;
       rpc::RemoteWorker* worker;  // The worker observed failing (the host may rejoin meanwhile).

@@ -34,6 +34,7 @@ class ControllerServer final : public rpc::ClusterMembership {
     absl::Duration heartbeat_interval = absl::Milliseconds(200);
     // A worker silent this long is failed; its futures fail within about this time.
     absl::Duration failure_timeout = absl::Seconds(5);
+    rpc::ClientLimits clients;  // Max clients; grace before a client without a Session goes.
   };
   static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(const ClusterSpec& spec,
                                                                  Options options);
@@ -45,6 +46,7 @@ class ControllerServer final : public rpc::ClusterMembership {
   // What workers must present (WorkerServer::Options::channel.token).
   const std::string& cluster_token() const { return options_.cluster_token; }
   Controller& controller() { return *controller_; }
+  rpc::ControllerService& service() { return *service_; }
   // Blocks until Shutdown() (an RPC from `pw down`, or a signal handler's call).
   void WaitForShutdown();
   // Hosts whose worker is registered and alive.

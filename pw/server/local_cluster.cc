@@ -163,6 +163,13 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
   const std::string address_file = dir + "/controller.address";
   std::remove(address_file.c_str());
   PW_RETURN_IF_ERROR(WriteFile(spec_path, spec.ToJson()));
+  // The client token goes to the controller alone: workers never need it.
+  const char* user_token = std::getenv("PW_TOKEN");
+  absl::Cleanup restore_token = [saved = std::string(user_token ? user_token : ""),
+                                 had = user_token != nullptr] {
+    if (had) setenv("PW_TOKEN", saved.c_str(), 1);
+    else unsetenv("PW_TOKEN");
+  };
   if (!o.token.empty()) setenv("PW_TOKEN", o.token.c_str(), 1);
   // The processes' shared secret, in their environment only (not on command lines).
   s.cluster_token = rpc::NewSecret();
@@ -187,6 +194,7 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
     if (absl::Now() > deadline) return fail(absl::DeadlineExceededError("the controller did not start"));
     absl::SleepFor(absl::Milliseconds(20));
   }
+  unsetenv("PW_TOKEN");
   std::vector<std::vector<int>> cpus(spec.hosts().size());
   if (o.bind_cpus) {
     absl::StatusOr<std::vector<int>> allowed = AllowedCpus();

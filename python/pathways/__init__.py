@@ -22,7 +22,7 @@ import threading
 
 import numpy as np
 
-from . import _collectives, _pathways
+from . import _collectives, _pathways, errors
 
 __all__ = ["connect", "make_virtual_device_set", "pmap", "program", "device_put", "Array", "VirtualDeviceSet", "Slice"]
 

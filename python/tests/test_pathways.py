@@ -237,3 +237,21 @@ def test_unsupported_dtypes_are_a_type_error_naming_them():
             f(np.ones(2, dtype))
         with pytest.raises(TypeError, match="supported: bool, float16, float32"):
             pw.device_put(np.ones((2, 1), dtype), s)
+
+
+def test_errors_are_typed_by_status_code():
+    # Issue 20: every runtime error was a bare RuntimeError; they carry their status code now.
+    ds = pw.make_virtual_device_set()
+    with pytest.raises(pw.errors.ResourceExhausted, match="largest island has 4 alive devices") as e:
+        ds.add_slice(devices=5)
+    assert isinstance(e.value, pw.errors.Error) and isinstance(e.value, RuntimeError)
+    assert e.value.code == "RESOURCE_EXHAUSTED" and "largest island" in e.value.message
+    s = ds.add_slice(devices=2)
+    s.release()
+    with pytest.raises(pw.errors.NotFound, match="not a slice of this client"):
+        s.release()
+    f = pw.pmap(lambda x: x * 2.0, devices=ds.add_slice(devices=2))
+    prog = pw.program(lambda v: f(v))
+    traced = prog._trace(*prog._leaves((np.ones((2, 3), np.float32),)))[0]
+    with pytest.raises(pw.errors.InvalidArgument, match=r"argument 0 expects f32\[2,3\]"):
+        traced.put_arg(0, np.ones((2, 4), np.float32))
