@@ -1,5 +1,6 @@
 #include "pw/cli/cluster_commands.h"
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -7,7 +8,10 @@
 #include <cerrno>
 #include <climits>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
+#include <iterator>
+#include <vector>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +29,31 @@ constexpr char kFailureTimeoutHelp[] =
 constexpr char kCollectiveTimeoutHelp[] =
     "How long a collective waits for another worker process before it fails (default 300000)";
 
+constexpr char kRunTimeoutHelp[] =
+    "A run not finished this long after it was submitted is cancelled and its client gets "
+    "DEADLINE_EXCEEDED (default 0: runs have only the timeouts their clients give)";
+constexpr char kOverrunGraceHelp[] =
+    "A worker whose device still runs a cancelled run's computation this long after the "
+    "cancellation restarts in place, so the device serves again (default 5000; 0: never)";
+
+// Replaces this process with a fresh run of the same command line (same pid).
+void RestartInPlace() {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<std::string> args;
+  for (size_t start = 0; start < cmdline.size();) {
+    size_t end = cmdline.find('\0', start);
+    if (end == std::string::npos) end = cmdline.size();
+    args.push_back(cmdline.substr(start, end - start));
+    start = end + 1;
+  }
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  execv("/proc/self/exe", argv.data());
+  std::fprintf(stderr, "pw: could not restart: %s\n", std::strerror(errno));
+}
+
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "pw: %s\n", s.ToString().c_str());
   return 1;
@@ -41,7 +70,7 @@ std::string Token(const std::string& flag, const char* env = "PW_TOKEN") {
 // kernel delivers it to: the handler only writes to a pipe).
 int stop_pipe[2] = {-1, -1};
 void OnStopSignal(std::function<void()> on_signal) {
-  if (pipe(stop_pipe) != 0) return;
+  if (pipe2(stop_pipe, O_CLOEXEC) != 0) return;
   struct sigaction sa = {};
   sa.sa_handler = [](int sig) {
     char c = static_cast<char>(sig);
@@ -88,6 +117,8 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   up_->add_option("--failure-timeout-ms", failure_timeout_ms_,
                   kFailureTimeoutHelp);
   up_->add_option("--collective-timeout-ms", collective_timeout_ms_, kCollectiveTimeoutHelp);
+  up_->add_option("--run-timeout-ms", run_timeout_ms_, kRunTimeoutHelp);
+  up_->add_option("--overrun-grace-ms", overrun_grace_ms_, kOverrunGraceHelp);
 
   status_ = app->add_subcommand("status", "Show the cluster's hosts, devices, memory, queues");
   status_->add_flag("--json", json_, "Print one JSON object");
@@ -97,6 +128,14 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   down_ = app->add_subcommand("down", "Stop the cluster that `pw up` started");
   down_->add_option("--cluster", cluster_, "Its address (default: the last `pw up` cluster); "
                                            "only a cluster pw up started here can be stopped");
+
+  cancel_ = app->add_subcommand("cancel", "Cancel a run, or every run of a client (the cluster's "
+                                          "admin: needs the cluster token)");
+  cancel_->add_option("run", cancel_run_, "The run (its id, as pw status lists it)");
+  cancel_->add_option("--client", cancel_client_, "Cancel every run of this client instead");
+  cancel_->add_option("--reason", cancel_reason_, "Told to the runs' clients");
+  cancel_->add_option("--cluster", cluster_, "Cluster address (default: $PW_CLUSTER, else the "
+                                             "last `pw up` cluster)");
 
   controller_ = app->add_subcommand("controller", "Run the controller process");
   controller_->add_option("--config", config_, "Cluster spec (JSON)");
@@ -111,6 +150,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
                           "prefer the variable: flags show in ps)");
   controller_->add_option("--failure-timeout-ms", failure_timeout_ms_,
                           kFailureTimeoutHelp);
+  controller_->add_option("--run-timeout-ms", run_timeout_ms_, kRunTimeoutHelp);
   controller_->add_option("--max-clients", max_clients_,
                           "Clients connected at once; one more is refused (default 1024)");
   controller_->add_option("--session-grace-ms", session_grace_ms_,
@@ -130,17 +170,19 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
                                              "workers on one machine share memory");
   worker_->add_option("--cpus", cpus_, "Run on these CPUs only, e.g. 0-3,8 (default: any)");
   worker_->add_option("--collective-timeout-ms", collective_timeout_ms_, kCollectiveTimeoutHelp);
+  worker_->add_option("--overrun-grace-ms", overrun_grace_ms_, kOverrunGraceHelp);
 }
 
 bool ClusterCommands::parsed() const {
-  return up_->parsed() || status_->parsed() || down_->parsed() || controller_->parsed() ||
-         worker_->parsed();
+  return up_->parsed() || status_->parsed() || down_->parsed() || cancel_->parsed() ||
+         controller_->parsed() || worker_->parsed();
 }
 
 int ClusterCommands::Run(const char* argv0) {
   if (up_->parsed()) return Up(argv0);
   if (status_->parsed()) return Status();
   if (down_->parsed()) return Down();
+  if (cancel_->parsed()) return Cancel();
   if (controller_->parsed()) return Controller();
   if (worker_->parsed()) return Worker();
   return 1;
@@ -156,6 +198,8 @@ int ClusterCommands::Up(const char* argv0) {
   o.token = Token(token_);
   o.failure_timeout_ms = failure_timeout_ms_;
   o.collective_timeout_ms = collective_timeout_ms_;
+  o.run_timeout_ms = run_timeout_ms_;
+  o.overrun_grace_ms = overrun_grace_ms_;
   o.bind_cpus = cpu_bind_ == "host";
   if (!detach_) {
     // Foreground: a signal brings the cluster down. Set up before any thread starts.
@@ -187,6 +231,29 @@ int ClusterCommands::Down() {
         state->address, ", not ", cluster_, " (stop another cluster where it was started)")));
   if (absl::Status s = server::StopLocalCluster(*state); !s.ok()) return Fail(s);
   std::fprintf(stderr, "pw down: stopped the cluster at %s\n", state->address.c_str());
+  return 0;
+}
+
+int ClusterCommands::Cancel() {
+  if ((cancel_run_ >= 0) == (cancel_client_ >= 0))
+    return Fail(absl::InvalidArgumentError("pw cancel takes a run or --client ID, not both"));
+  const std::string address = server::ClusterAddress(cluster_);
+  if (address.empty())
+    return Fail(absl::NotFoundError("no cluster: pass --cluster, set PW_CLUSTER, or run pw up"));
+  // The admin's credential: the cluster token of the cluster pw up started here, else
+  // $PW_CLUSTER_TOKEN.
+  std::string token = Token("", "PW_CLUSTER_TOKEN");
+  if (auto local = server::LoadState(); local.ok() && local->address == address)
+    token = local->cluster_token;
+  auto c = rpc::RemoteController::Dial(address, {.token = token}, absl::Seconds(5));
+  if (!c.ok()) return Fail(c.status());
+  auto runs = cancel_run_ >= 0 ? (*c)->CancelRun(RunId(cancel_run_), cancel_reason_)
+                               : (*c)->CancelClient(ClientId(cancel_client_), cancel_reason_);
+  if (!runs.ok()) return Fail(runs.status());
+  std::string listed;
+  for (RunId r : *runs) absl::StrAppend(&listed, listed.empty() ? "" : ", ", r.ToString());
+  std::fprintf(stderr, "pw cancel: cancelled %zu run%s%s%s\n", runs->size(),
+               runs->size() == 1 ? "" : "s", listed.empty() ? "" : ": ", listed.c_str());
   return 0;
 }
 
@@ -310,6 +377,7 @@ int ClusterCommands::Controller() {
         "' \\n'`) for the controller and every worker"));
   o.failure_timeout = absl::Milliseconds(failure_timeout_ms_);
   o.clients.max_clients = max_clients_;
+  o.default_run_timeout = absl::Milliseconds(run_timeout_ms_);
   o.clients.session_grace = absl::Milliseconds(session_grace_ms_);
   o.heartbeat_interval = std::min(absl::Milliseconds(200), o.failure_timeout / 4);
   auto server = server::ControllerServer::Start(*spec, o);
@@ -359,6 +427,7 @@ int ClusterCommands::Worker() {
   o.channel.token = Token(cluster_token_, "PW_CLUSTER_TOKEN");
   o.machine = machine_;
   if (collective_timeout_ms_ > 0) o.collective_timeout = absl::Milliseconds(collective_timeout_ms_);
+  if (overrun_grace_ms_ >= 0) o.overrun_grace = absl::Milliseconds(overrun_grace_ms_);
   auto server = server::WorkerServer::Start(o);
   if (!server.ok()) return Fail(server.status());
   {
@@ -370,6 +439,14 @@ int ClusterCommands::Worker() {
   const absl::Status why = (*server)->WaitForStop();
   std::fprintf(stderr, "pw worker: host:%lld stopping%s%s\n", (long long)host_,
                why.ok() ? "" : ": ", why.ok() ? "" : why.ToString().c_str());
+  if ((*server)->restart_requested()) {
+    // A device thread may never return from its computation: replace the process image in
+    // place (same pid, same arguments) instead of tearing the server down. The new worker
+    // rejoins the cluster as this host.
+    std::fflush(nullptr);
+    RestartInPlace();  // Returns only if exec failed.
+    std::_Exit(1);
+  }
   {
     pw::MutexLock lock(&mu);
     running = nullptr;

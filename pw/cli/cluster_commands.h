@@ -1,5 +1,5 @@
-// The cluster subcommands of `pw`: up, status, down, and the server processes (controller,
-// worker) that `pw up` starts.
+// The cluster subcommands of `pw`: up, status, down, cancel (an admin's), and the server
+// processes (controller, worker) that `pw up` starts.
 #pragma once
 
 #include <string>
@@ -22,10 +22,15 @@ class ClusterCommands {
   int Up(const char* argv0);
   int Status();
   int Down();
+  int Cancel();
   int Controller();
   int Worker();
 
-  CLI::App *up_, *status_, *down_, *controller_, *worker_;
+  CLI::App *up_, *status_, *down_, *cancel_, *controller_, *worker_;
+  // pw cancel.
+  int64_t cancel_run_ = -1;
+  int64_t cancel_client_ = -1;
+  std::string cancel_reason_;
   // pw up / pw controller.
   std::string config_;
   int islands_ = 2, hosts_per_island_ = 2, devices_per_host_ = 2;
@@ -44,6 +49,8 @@ class ClusterCommands {
   int64_t max_clients_ = 1024;
   int64_t session_grace_ms_ = 30000;
   int64_t collective_timeout_ms_ = 0;
+  int64_t run_timeout_ms_ = 0;
+  int64_t overrun_grace_ms_ = -1;  // -1: the worker's default.
   std::string controller_address_;
   int64_t host_ = -1;
   std::string machine_;

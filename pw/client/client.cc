@@ -201,14 +201,14 @@ absl::StatusOr<Program> Client::Trace(const std::string& name, const std::vector
 // ---- Running
 
 absl::StatusOr<std::pair<std::vector<Array>, Future<>>> Program::RunAsync(
-    const std::vector<Array>& args, DispatchMode mode) const {
+    const std::vector<Array>& args, const RunOptions& options) const {
   std::vector<BufferId> ids;
   for (const Array& a : args) {
     if (!a.valid()) return absl::InvalidArgumentError("program argument is an empty Array");
     ids.push_back(a.id());
   }
   PW_ASSIGN_OR_RETURN(RunInfo info,
-                      client_->controller()->Submit(client_->id(), id_, ids, mode).Await());
+                      client_->controller()->Submit(client_->id(), id_, ids, options).Await());
   std::vector<Array> outs;
   for (const ArrayInfo& o : info.outputs) outs.push_back(client_->Adopt(o));
   return std::make_pair(std::move(outs), info.done);
@@ -219,13 +219,13 @@ absl::StatusOr<std::string> Program::Explain() const {
 }
 
 absl::StatusOr<std::vector<Array>> Program::Run(const std::vector<Array>& args,
-                                                DispatchMode mode) const {
-  PW_ASSIGN_OR_RETURN(auto r, RunAsync(args, mode));
+                                                const RunOptions& options) const {
+  PW_ASSIGN_OR_RETURN(auto r, RunAsync(args, options));
   return std::move(r.first);
 }
 
 absl::StatusOr<std::vector<Array>> Program::Call(const std::vector<HostArray>& args,
-                                                 DispatchMode mode) const {
+                                                 const RunOptions& options) const {
   if (args.size() != ir_.args.size()) {
     return absl::InvalidArgumentError(absl::StrCat("program '", ir_.name, "' takes ",
                                                    ir_.args.size(), " arguments, got ",
@@ -236,7 +236,7 @@ absl::StatusOr<std::vector<Array>> Program::Call(const std::vector<HostArray>& a
     PW_ASSIGN_OR_RETURN(Array a, PutArg(i, args[i]));
     arrays.push_back(std::move(a));
   }
-  return Run(arrays, mode);
+  return Run(arrays, options);
 }
 
 absl::StatusOr<Array> Program::PutArg(size_t i, const HostArray& value) const {
@@ -252,7 +252,7 @@ absl::StatusOr<Array> Program::PutArg(size_t i, const HostArray& value) const {
 }
 
 absl::StatusOr<std::vector<Array>> BoundFunction::Call(const std::vector<Array>& inputs,
-                                                       DispatchMode mode) const {
+                                                       const RunOptions& options) const {
   Client* c = state_->client;
   const Binding& b = state_->binding;
   ProgramId pid;
@@ -271,7 +271,7 @@ absl::StatusOr<std::vector<Array>> BoundFunction::Call(const std::vector<Array>&
   Program p;
   p.client_ = c;
   p.id_ = pid;
-  return p.Run(inputs, mode);
+  return p.Run(inputs, options);
 }
 
 }  // namespace pw

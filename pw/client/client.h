@@ -119,7 +119,7 @@ class BoundFunction {
   Value operator()(const Value& input) const;
   // Outside Trace: runs now as a one-node program; returns once it is enqueued.
   absl::StatusOr<std::vector<Array>> Call(const std::vector<Array>& inputs,
-                                          DispatchMode mode = DispatchMode::kParallel) const;
+                                          const RunOptions& options = {}) const;
 
  private:
   friend class Client;
@@ -142,13 +142,13 @@ class Program {
   absl::StatusOr<std::string> Explain() const;
   // Runs with device-resident arguments; returns once the run is enqueued on every device.
   absl::StatusOr<std::vector<Array>> Run(const std::vector<Array>& args,
-                                         DispatchMode mode = DispatchMode::kParallel) const;
+                                         const RunOptions& options = {}) const;
   // As Run, but also the run's completion future.
   absl::StatusOr<std::pair<std::vector<Array>, Future<>>> RunAsync(
-      const std::vector<Array>& args, DispatchMode mode = DispatchMode::kParallel) const;
+      const std::vector<Array>& args, const RunOptions& options = {}) const;
   // Puts host arguments where the program first uses them, then runs.
   absl::StatusOr<std::vector<Array>> Call(const std::vector<HostArray>& args,
-                                          DispatchMode mode = DispatchMode::kParallel) const;
+                                          const RunOptions& options = {}) const;
   // Puts one host argument where the program first uses it (its spec must match argument i's).
   absl::StatusOr<Array> PutArg(size_t i, const HostArray& value) const;
 

@@ -49,8 +49,8 @@ std::string LayoutKey(const std::vector<Placement>& args) {
 }
 }  // namespace
 
-Controller::Controller(const ClusterSpec& spec, bool hosts_share_process)
-    : hosts_share_process_(hosts_share_process), rm_(spec), completions_("pw-ctrl") {
+Controller::Controller(const ClusterSpec& spec, Options options)
+    : options_(options), rm_(spec), completions_("pw-ctrl"), timeouts_("pw-ctrl-timeout") {
   pw::MutexLock lock(&mu_);
   for (const auto& h : spec.hosts()) host_island_[h.id] = h.island;
   for (const auto& i : spec.islands()) {
@@ -156,12 +156,8 @@ absl::Status Controller::Disconnect(ClientId client) {
       for (const auto& [run, owner] : run_owner_)
         if (owner.client == client) runs.push_back(run);
     }
-    if (!runs.empty()) {
-      const absl::Status why =
-          absl::CancelledError(absl::StrCat(client.ToString(), " disconnected"));
-      cancelled_.insert(runs.begin(), runs.end());
-      for (WorkerInterface* w : AllWorkers()) w->CancelRuns(runs, why);
-    }
+    if (!runs.empty())
+      CancelOnWorkers(runs, absl::CancelledError(absl::StrCat(client.ToString(), " disconnected")));
   }
   rm_.ReleaseClient(client);
   Free(buffers_.ReleaseClient(client));
@@ -170,6 +166,57 @@ absl::Status Controller::Disconnect(ClientId client) {
     if (p != nullptr && p->owner == client) p->plans.clear();
   clients_.erase(client);
   return absl::OkStatus();
+}
+
+void Controller::CancelOnWorkers(const std::vector<RunId>& runs, const absl::Status& why) {
+  cancelled_.insert(runs.begin(), runs.end());
+  for (WorkerInterface* w : AllWorkers()) w->CancelRuns(runs, why);
+}
+
+void Controller::RunEnd::Set(const absl::Status& s) {
+  std::optional<Promise<>> p;
+  {
+    pw::MutexLock lock(&mu);
+    p.swap(promise);
+  }
+  if (p.has_value()) p->Set(s);
+}
+
+absl::Status Controller::CancelRun(RunId run, const absl::Status& why) {
+  std::shared_ptr<RunEnd> end;
+  {
+    pw::MutexLock cancel(&cancel_mu_);
+    {
+      pw::MutexLock lock(&mu_);
+      auto it = run_owner_.find(run);
+      if (it == run_owner_.end())
+        return absl::NotFoundError(absl::StrCat(run.ToString(), " is not in flight"));
+      end = it->second.end;
+    }
+    CancelOnWorkers({run}, why);
+  }
+  end->Set(why);
+  return absl::OkStatus();
+}
+
+std::vector<RunId> Controller::CancelClientRuns(ClientId client, const absl::Status& why) {
+  std::vector<RunId> runs;
+  std::vector<std::shared_ptr<RunEnd>> ends;
+  {
+    pw::MutexLock cancel(&cancel_mu_);
+    {
+      pw::MutexLock lock(&mu_);
+      for (const auto& [run, owner] : run_owner_) {
+        if (owner.client != client) continue;
+        runs.push_back(run);
+        ends.push_back(owner.end);
+      }
+    }
+    if (!runs.empty()) CancelOnWorkers(runs, why);
+  }
+  for (auto& end : ends) end->Set(why);
+  std::sort(runs.begin(), runs.end());
+  return runs;
 }
 
 absl::StatusOr<SliceInfo> Controller::AllocateSlice(ClientId client, const SliceRequest& request) {
@@ -241,7 +288,7 @@ absl::StatusOr<std::vector<ArraySpec>> Controller::LoadFunction(ClientId client,
 absl::Status Controller::CheckSpmdPlacement(FunctionId function, const std::vector<HostId>& hosts,
                                             const std::string& where) const {
   const size_t num_hosts = absl::flat_hash_set<HostId>(hosts.begin(), hosts.end()).size();
-  if (hosts_share_process_ || num_hosts <= 1) return absl::OkStatus();
+  if (options_.hosts_share_process || num_hosts <= 1) return absl::OkStatus();
   pw::MutexLock lock(&mu_);
   const auto* hlo = std::get_if<StableHloFunctionDef>(&functions_[function.value()].def);
   if (hlo == nullptr || hlo->num_partitions <= 1) return absl::OkStatus();
@@ -412,7 +459,10 @@ absl::StatusOr<std::string> Controller::ExplainProgram(ClientId client, ProgramI
 }
 
 Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
-                                   const std::vector<BufferId>& args, DispatchMode mode) {
+                                   const std::vector<BufferId>& args, const RunOptions& options) {
+  const DispatchMode mode = options.mode;
+  const absl::Duration timeout =
+      options.timeout > absl::ZeroDuration() ? options.timeout : options_.default_run_timeout;
   if (absl::Status s = CheckClient(client); !s.ok()) return Future<RunInfo>::Ready(s);
   // Arguments are pinned as they are looked up, so a concurrent release cannot free them before
   // the run is dispatched; the run unpins them when it finishes.
@@ -438,15 +488,29 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   const LoweredProgram& lp = plan.lowered;
 
   RunId run;
+  auto end = std::make_shared<RunEnd>();
+  Future<> run_done_f;
+  {
+    pw::MutexLock lock(&end->mu);
+    run_done_f = end->promise->future();
+  }
   {
     pw::MutexLock lock(&mu_);
     run = RunId(next_run_++);
     ++runs_in_flight_;
-    run_owner_[run] = {client, lp.name};
+    RunOwner& owner = run_owner_[run];
+    owner = {client, lp.name, end, std::nullopt};
+    if (timeout > absl::ZeroDuration()) {
+      // Scheduled under mu_, so FinishRun (which takes mu_ to erase the owner) sees its id.
+      owner.timeout = timeouts_.Schedule(absl::Now() + timeout, [this, run, timeout,
+                                                                 name = lp.name] {
+        (void)CancelRun(run, absl::DeadlineExceededError(absl::StrCat(
+                                 run.ToString(), " of program '", name, "' overran its timeout of ",
+                                 absl::FormatDuration(timeout), " and was cancelled")));
+      });
+    }
   }
   // Allocate every buffer the run produces; outputs get client handles, all get a run pin.
-  Promise<> run_done;
-  Future<> run_done_f = run_done.future();
   std::vector<BufferId> ids(lp.values.size());
   std::vector<BufferId> unpin;
   // Intermediates the hosts delete themselves (at their last readers) get ids but no entries.
@@ -490,12 +554,11 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
       done.push_back(ack.done);
     }
   }
-  JoinFutures(done).OnReady([this, run, unpin = std::move(unpin), plan = *plan_or, buffers,
-                             run_done = std::move(run_done)](const absl::Status& s) mutable {
+  JoinFutures(done).OnReady([this, run, unpin = std::move(unpin), plan = *plan_or,
+                             buffers](const absl::Status& s) mutable {
     completions_.Post([this, run, unpin = std::move(unpin), plan = std::move(plan),
-                       buffers = std::move(buffers), run_done = std::move(run_done),
-                       s]() mutable {
-      FinishRun(run, unpin, *plan, *buffers, std::move(run_done), s);
+                       buffers = std::move(buffers), s]() mutable {
+      FinishRun(run, unpin, *plan, *buffers, s);
     });
   });
   Promise<RunInfo> accepted;
@@ -508,8 +571,8 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
 }
 
 void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin, const Plan& plan,
-                           const std::vector<BufferId>& ids, Promise<> run_done,
-                           const absl::Status& s) {
+                           const std::vector<BufferId>& ids, const absl::Status& s) {
+  std::shared_ptr<RunEnd> end;
   Free(buffers_.Unpin(unpin));
   if (!s.ok()) {
     // A failed run's readers may not have run: then its intermediates are still on their hosts.
@@ -527,7 +590,10 @@ void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin, const 
     pw::MutexLock cancel(&cancel_mu_);
     {
       pw::MutexLock lock(&mu_);
-      run_owner_.erase(run);
+      auto it = run_owner_.find(run);
+      end = it->second.end;
+      if (it->second.timeout.has_value()) timeouts_.Cancel(*it->second.timeout);
+      run_owner_.erase(it);
     }
     if (cancelled_.erase(run) > 0 || !s.ok())
       for (WorkerInterface* w : AllWorkers()) w->ForgetRuns({run});
@@ -537,7 +603,7 @@ void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin, const 
     pw::MutexLock lock(&mu_);
     ++runs_completed_;
   }
-  run_done.Set(s);
+  end->Set(s);  // Unless a cancellation has set it first.
   // In flight until here: WaitIdle (and so the destructor) waits for Set's callbacks too.
   pw::MutexLock lock(&mu_);
   --runs_in_flight_;

@@ -9,12 +9,14 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "pw/base/mutex.h"
+#include "pw/base/timer.h"
 #include "pw/base/work_queue.h"
 #include "pw/cluster/cluster_spec.h"
 #include "pw/object_store/buffer_table.h"
@@ -28,9 +30,15 @@ namespace pw {
 
 class Controller final : public ControllerInterface {
  public:
-  // `hosts_share_process`: every host's worker runs in this process (the embedded cluster), so
-  // an SPMD XLA module may span hosts; in a process cluster it must lie within one host.
-  explicit Controller(const ClusterSpec& spec, bool hosts_share_process = true);
+  struct Options {
+    // Every host's worker runs in this process (the embedded cluster), so an SPMD XLA module
+    // may span hosts; in a process cluster it must lie within one host.
+    bool hosts_share_process = true;
+    // The timeout of a run submitted without one (RunOptions::timeout); zero: none.
+    absl::Duration default_run_timeout = absl::ZeroDuration();
+  };
+  explicit Controller(const ClusterSpec& spec) : Controller(spec, Options()) {}
+  Controller(const ClusterSpec& spec, Options options);
   // Waits for runs in flight, then stops the schedulers.
   ~Controller() override;
 
@@ -48,6 +56,13 @@ class Controller final : public ControllerInterface {
   absl::Status RestoreDevice(DeviceId device);
   // Blocks until no run is in flight.
   void WaitIdle();
+  // Cancels a run in flight (an admin's `pw cancel`, a timeout): what has not launched fails
+  // with `why`, its collectives are aborted, and its client sees `why` at once. A computation
+  // already running is left to its worker, which restarts if it overruns (pw/server).
+  // NotFound if the run is not in flight.
+  absl::Status CancelRun(RunId run, const absl::Status& why);
+  // Cancels every run of `client` in flight; returns them.
+  std::vector<RunId> CancelClientRuns(ClientId client, const absl::Status& why);
 
   // --- ControllerInterface.
   absl::StatusOr<ClientId> Connect(const std::string& name) override;
@@ -61,7 +76,7 @@ class Controller final : public ControllerInterface {
   absl::StatusOr<ProgramId> RegisterProgram(ClientId client, const ProgramIr& ir) override;
   absl::StatusOr<std::string> ExplainProgram(ClientId client, ProgramId program) override;
   Future<RunInfo> Submit(ClientId client, ProgramId program, const std::vector<BufferId>& args,
-                         DispatchMode mode) override;
+                         const RunOptions& options) override;
   absl::StatusOr<ArrayInfo> PutArray(ClientId client, SliceId slice, const Sharding& sharding,
                                      HostArray value) override;
   Future<HostArray> FetchArray(ClientId client, BufferId id) override;
@@ -101,13 +116,16 @@ class Controller final : public ControllerInterface {
   // (`plan.released`, ids by value in `ids`) are deleted by the workers at their last readers;
   // here only when the run failed.
   void FinishRun(RunId run, const std::vector<BufferId>& unpin, const Plan& plan,
-                 const std::vector<BufferId>& ids, Promise<> run_done, const absl::Status& s);
+                 const std::vector<BufferId>& ids, const absl::Status& s);
+  // Tells the workers to cancel `runs` (their client's end is the caller's to set).
+  void CancelOnWorkers(const std::vector<RunId>& runs, const absl::Status& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cancel_mu_);
   std::vector<WorkerInterface*> AllWorkers() const;
   // Assembles buffer `id` (pinned by the caller) into host memory once `ready`.
   Future<HostArray> FetchPinned(BufferId id, std::shared_ptr<const Placement> placement,
                                 Future<> ready);
 
-  const bool hosts_share_process_;
+  const Options options_;
   ResourceManager rm_;
   BufferTable buffers_;
 
@@ -123,9 +141,17 @@ class Controller final : public ControllerInterface {
   std::vector<std::unique_ptr<IslandScheduler>> schedulers_ ABSL_GUARDED_BY(mu_);
   int64_t next_run_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t runs_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // What the run's client waits on: set once, by the run's end or, earlier, its cancellation.
+  struct RunEnd {
+    void Set(const absl::Status& s);
+    pw::Mutex mu;
+    std::optional<Promise<>> promise ABSL_GUARDED_BY(mu) = Promise<>();
+  };
   struct RunOwner {
     ClientId client;
     std::string program;
+    std::shared_ptr<RunEnd> end;
+    std::optional<Timer::Id> timeout;
   };
   absl::flat_hash_map<RunId, RunOwner> run_owner_ ABSL_GUARDED_BY(mu_);  // Runs in flight.
   int64_t runs_completed_ ABSL_GUARDED_BY(mu_) = 0;
@@ -137,7 +163,8 @@ class Controller final : public ControllerInterface {
   // its CancelRuns. Runs cancelled (their client disconnected) that are still in flight:
   pw::Mutex cancel_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   absl::flat_hash_set<RunId> cancelled_ ABSL_GUARDED_BY(cancel_mu_);
-  WorkQueue completions_;  // Run completion and buffer freeing; last, so drained first.
+  WorkQueue completions_;  // Run completion and buffer freeing; drained before the rest.
+  Timer timeouts_;         // Run timeouts; last, so stopped first.
 };
 
 }  // namespace pw

@@ -17,7 +17,7 @@ StableHloFunctionDef Spmd(int partitions) {
 // Issue 19: an SPMD XLA module on a slice spanning worker processes failed at its first run
 // (the worker's compile); it fails where it is bound, saying what to do instead.
 TEST(ControllerTest, SpmdModuleAcrossWorkerProcessesFailsAtBinding) {
-  Controller c(*ClusterSpec::Uniform(1, 2, 2), /*hosts_share_process=*/false);
+  Controller c(*ClusterSpec::Uniform(1, 2, 2), {.hosts_share_process = false});
   ClientId client = *c.Connect("t");
   auto spread = c.AllocateSlice(client, {.num_devices = 4});
   ASSERT_TRUE(spread.ok()) << spread.status();

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pw/client/client.h"
 #include "pw/examples/figure2.h"
@@ -311,6 +312,56 @@ TEST_P(ClusterTest, BackPressureWaitsForMemoryAndNeverFitFails) {
   auto never = big.Call({bx});
   EXPECT_EQ(never.status().code(), absl::StatusCode::kResourceExhausted) << never.status();
   EXPECT_NE(never.status().message().find("device:"), std::string::npos);
+}
+
+// Issue 20 item 7: a run that could not finish held its client and its devices forever. With a
+// timeout, its client sees DEADLINE_EXCEEDED naming it and the timeout, and its devices serve
+// the next run; an admin cancels a client's runs the same way (seen failing: the next run
+// waited behind the memory the cancelled run's outputs still reserved).
+TEST_P(ClusterTest, RunsOverTheirTimeoutOrCancelledEndAtOnceAndTheDevicesServeTheNext) {
+  Start(1, 1, 2, /*memory=*/16);  // Room for four f32 scalars per device.
+  auto c = Connect("c");
+  Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  BoundFunction f = *c->Pmap(ScalarFn("inc", "add_scalar", 1), s);
+  Array x = *c->Put(F32({0, 0}), s.info().id, Sharding::Split({2}, 1, 0));  // 4 bytes/device
+  std::vector<Array> held;
+  for (int i = 0; i < 3; ++i) held.push_back((*f.Call({x}))[0]);  // 16 bytes/device: full.
+  for (auto& h : held) ASSERT_TRUE(h.Ready().status().ok());
+
+  RunOptions timed;
+  timed.timeout = absl::Milliseconds(50);
+  auto blocked = f.Call({x}, timed);  // Waits for memory that nothing frees.
+  ASSERT_TRUE(blocked.ok()) << blocked.status();
+  Future<> ready = (*blocked)[0].Ready();
+  ASSERT_TRUE(ready.AwaitFor(kDeadlockTimeout));
+  EXPECT_EQ(ready.status().code(), absl::StatusCode::kDeadlineExceeded) << ready.status();
+  EXPECT_THAT(std::string(ready.status().message()),
+              ::testing::HasSubstr("overran its timeout of 50ms and was cancelled"));
+  EXPECT_EQ((*blocked)[0].ToHost().status().code(), absl::StatusCode::kDeadlineExceeded);
+  // The cancelled run does not hold the devices: the next run takes the memory freed.
+  held.pop_back();
+  auto next = f.Call({x});
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(Values((*next)[0]), (std::vector<float>{1, 1}));
+
+  // Full again; the admin cancels the client's waiting run.
+  held.push_back((*next)[0]);
+  auto waiting = f.Call({x});
+  ASSERT_TRUE(waiting.ok());
+  std::vector<RunId> cancelled =
+      controller().CancelClientRuns(c->id(), absl::CancelledError("cancelled by the test"));
+  EXPECT_EQ(cancelled.size(), 1u);
+  Future<> w = (*waiting)[0].Ready();
+  ASSERT_TRUE(w.AwaitFor(kDeadlockTimeout));
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kCancelled) << w.status();
+  EXPECT_EQ(controller().CancelRun(RunId(12345), absl::CancelledError("x")).code(),
+            absl::StatusCode::kNotFound);
+  held.clear();
+  blocked = absl::InternalError("dropped");
+  waiting = absl::InternalError("dropped");
+  next = absl::InternalError("dropped");
+  x = Array();
+  ExpectNothingLeft();
 }
 
 TEST_P(ClusterTest, ChainLongerThanMemoryRunsBecauseIntermediatesAreReleased) {

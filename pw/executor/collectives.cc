@@ -35,6 +35,10 @@ absl::StatusOr<std::shared_ptr<Collectives::Rendezvous>> Collectives::Join(
     auto it = failed_launches_.find(std::make_pair(key.run, key.node));
     if (it != failed_launches_.end()) return it->second;
   }
+  if (!cancelled_runs_.empty()) {
+    auto it = cancelled_runs_.find(key.run);
+    if (it != cancelled_runs_.end()) return it->second;
+  }
   auto& slot = pending_[key];
   if (slot == nullptr) {
     size_t local = devices.size();
@@ -368,6 +372,15 @@ void Collectives::FailLaunch(int64_t run, int32_t node, const absl::Status& reas
   });
 }
 
+void Collectives::CancelRun(int64_t run, const absl::Status& reason) {
+  {
+    pw::MutexLock lock(&mu_);
+    if (forgotten_.contains(run)) return;
+    cancelled_runs_.try_emplace(run, reason);
+  }
+  AbortPending(reason, [run](const CollectiveKey& k, const Rendezvous&) { return k.run == run; });
+}
+
 absl::Status Collectives::LaunchFailure(int64_t run, int32_t node) const {
   pw::MutexLock lock(&mu_);
   auto it = failed_launches_.find(std::make_pair(run, node));
@@ -397,6 +410,7 @@ void Collectives::AbortPending(
 
 void Collectives::ForgetRun(int64_t run) {
   pw::MutexLock lock(&mu_);
+  cancelled_runs_.erase(run);
   for (auto it = failed_launches_.begin(); it != failed_launches_.end();) {
     if (it->first.first == run) failed_launches_.erase(it++);
     else ++it;
@@ -419,7 +433,7 @@ void Collectives::ForgetRun(int64_t run) {
 
 size_t Collectives::records() const {
   pw::MutexLock lock(&mu_);
-  return failed_launches_.size() + early_.size() + early_pieces_.size();
+  return failed_launches_.size() + early_.size() + early_pieces_.size() + cancelled_runs_.size();
 }
 
 size_t Collectives::pending() const {

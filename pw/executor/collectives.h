@@ -119,6 +119,10 @@ class Collectives {
   // With peers, the processes holding other `devices` of the launch are told too.
   void FailLaunch(int64_t run, int32_t node, const absl::Status& reason,
                   absl::Span<const DeviceId> devices = {});
+  // Run `run` was cancelled (its client's timeout, an admin): fails its pending and later
+  // rendezvous on this process with `reason` (every process of the run is told by the
+  // controller).
+  void CancelRun(int64_t run, const absl::Status& reason);
   // The failure FailLaunch recorded for launch (run, node); OK if none.
   absl::Status LaunchFailure(int64_t run, int32_t node) const;
   // Run `run` has ended everywhere: drops its failure records and early inputs, and drops
@@ -231,6 +235,7 @@ class Collectives {
   absl::flat_hash_map<DeviceId, absl::Status> dead_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::pair<int64_t, int32_t>, absl::Status> failed_launches_
       ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int64_t, absl::Status> cancelled_runs_ ABSL_GUARDED_BY(mu_);
   // Inputs from other processes that arrived before any local shard of their collective.
   absl::flat_hash_map<CollectiveKey, std::vector<std::pair<int, std::string>>> early_
       ABSL_GUARDED_BY(mu_);

@@ -34,6 +34,32 @@ TEST(CollectivesTest, ForgetRunDropsRecordsAndLateInputs) {
   EXPECT_EQ(c.records(), 1u);
 }
 
+// A cancelled run's shard waiting for its peer fails with the cancellation, as does a later
+// shard of the run; forgetting the run drops the record.
+TEST(CollectivesTest, CancelRunFailsItsPendingAndLaterCollectives) {
+  Collectives c;
+  const std::vector<DeviceId> devices = {DeviceId(0), DeviceId(1)};
+  const float in = 1;
+  float out = 0;
+  auto sum = [](void* acc, const void* x, size_t) {
+    *static_cast<float*>(acc) += *static_cast<const float*>(x);
+  };
+  absl::Status waited;
+  std::thread rank0([&] {
+    waited = c.AllReduce({.run = 7, .node = 0, .op = 0}, devices, 0, &in, &out, 4, 4, sum);
+  });
+  while (c.pending() == 0) std::this_thread::yield();  // Rank 0 waits for rank 1.
+  c.CancelRun(7, absl::DeadlineExceededError("run:7 overran its timeout"));
+  rank0.join();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kDeadlineExceeded) << waited;
+  absl::Status later = c.AllReduce({.run = 7, .node = 1, .op = 0}, devices, 1, &in, &out, 4, 4, sum);
+  EXPECT_EQ(later.code(), absl::StatusCode::kDeadlineExceeded) << later;
+  EXPECT_EQ(c.pending(), 0u);
+  EXPECT_EQ(c.records(), 1u);
+  c.ForgetRun(7);
+  EXPECT_EQ(c.records(), 0u);
+}
+
 // Devices 0 and 1 are this process's; device 2 is another's, whose input arrives as soon as
 // ours are sent.
 class OneRemotePeer : public CollectivePeers {

@@ -87,6 +87,7 @@ void Device::Loop() {
       Item item = std::move(batch.front());
       batch.pop_front();
       std::move(item)(removed);
+      current_run_.store(-1, std::memory_order_relaxed);
       executed_.fetch_add(1, std::memory_order_release);
       running_.fetch_sub(1, std::memory_order_relaxed);
     }

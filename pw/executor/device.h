@@ -56,6 +56,11 @@ class Device {
   // Counts computations that an item ran beyond itself (a segment of n counts n - 1 more).
   void CountExecuted(int64_t n) { executed_.fetch_add(n, std::memory_order_release); }
 
+  // The run whose item is on the device now (set by the item when it starts; -1 between items),
+  // for the worker's watchdog (Worker::Overrunning).
+  void SetCurrentRun(int64_t run) { current_run_.store(run, std::memory_order_relaxed); }
+  int64_t current_run() const { return current_run_.load(std::memory_order_relaxed); }
+
   size_t queue_depth() const;
   int64_t executed() const;
 
@@ -78,6 +83,7 @@ class Device {
   // so that finishing an item takes no lock.
   alignas(64) std::atomic<size_t> running_{0};
   std::atomic<int64_t> executed_{0};
+  std::atomic<int64_t> current_run_{-1};
   std::thread thread_;
 };
 

@@ -1,5 +1,7 @@
 #include "pw/object_store/object_store.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 namespace pw {
@@ -60,6 +62,18 @@ absl::StatusOr<Future<DeviceBufferRef>> ObjectStore::Get(BufferId id, DeviceId d
 int ObjectStore::Delete(BufferId id) {
   const BufferId ids[] = {id};
   return DeleteAll(ids);
+}
+
+void ObjectStore::DropMemory(BufferId id, DeviceId device) {
+  Memory dropped;  // Released (or its reservation abandoned) after the lock is released.
+  pw::MutexLock lock(&mu_);
+  auto it = buffers_.find(id);
+  if (it == buffers_.end()) return;
+  for (auto& [d, shard] : it->second) {
+    if (d != device) continue;
+    dropped = std::exchange(shard.memory, ReservationRef());
+    break;
+  }
 }
 
 void ObjectStore::DeleteShard(BufferId id, DeviceId device) {

@@ -40,6 +40,9 @@ class ObjectStore {
   Future<DeviceBufferRef> GetWhenCreated(BufferId id, DeviceId device);
   // Removes every shard of `id` on this host; returns how many.
   int Delete(BufferId id);
+  // The shard of `id` on `device` (if any) failed: it holds no memory from now on (a reservation
+  // still waiting is abandoned), though its entry stays until deleted.
+  void DropMemory(BufferId id, DeviceId device);
   // Removes the shard of `id` on `device` (if any).
   void DeleteShard(BufferId id, DeviceId device);
   // Delete for many buffers under one lock.

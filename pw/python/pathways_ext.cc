@@ -220,12 +220,14 @@ NB_MODULE(_pathways, m) {
             return Unwrap(p.PutArg(i, h));
           },
           nb::keep_alive<0, 1>())
-      .def("run", [](nb::handle self, const std::vector<Array>& args) {
+      .def("run", [](nb::handle self, const std::vector<Array>& args, double timeout_s) {
         const Program& p = nb::cast<const Program&>(self);
+        RunOptions options;
+        options.timeout = absl::Seconds(timeout_s);  // 0: the cluster's default.
         std::vector<Array> outs;
         {
           nb::gil_scoped_release release;
-          outs = Unwrap(p.Run(args));
+          outs = Unwrap(p.Run(args, options));
         }
         nb::list result;
         for (Array& a : outs) {
@@ -234,7 +236,7 @@ NB_MODULE(_pathways, m) {
           result.append(o);
         }
         return result;
-      });
+      }, nb::arg("args"), nb::arg("timeout_s") = 0.0);
 
   nb::class_<Client>(m, "Client")
       .def_static(

@@ -213,7 +213,12 @@ grpc::ServerUnaryReactor* ControllerService::Submit(grpc::CallbackServerContext*
   for (int64_t a : req->args()) args.push_back(BufferId(a));
   const ClientId client(req->client());
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  controller_->Submit(client, ProgramId(req->program()), args, *mode)
+  if (req->timeout_us() < 0)
+    return Reply(ctx, absl::InvalidArgumentError(
+                          absl::StrCat("Submit timeout_us is negative: ", req->timeout_us())));
+  RunOptions options(*mode);
+  options.timeout = absl::Microseconds(req->timeout_us());
+  controller_->Submit(client, ProgramId(req->program()), args, options)
       .OnReady([this, reactor, resp, client](const absl::StatusOr<RunInfo>& info) {
         if (info.ok()) {
           resp->set_run(info->run.value());
@@ -358,6 +363,17 @@ grpc::ServerUnaryReactor* ControllerService::Shutdown(grpc::CallbackServerContex
   if (absl::Status a = AuthorizeMember(ctx); !a.ok()) return Reply(ctx, a);
   membership_->Shutdown();
   return Reply(ctx, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* ControllerService::Cancel(grpc::CallbackServerContext* ctx,
+                                                    const v1::CancelRequest* req,
+                                                    v1::CancelResponse* resp) {
+  if (absl::Status a = AuthorizeMember(ctx); !a.ok()) return Reply(ctx, a);
+  return Offload(ctx, [this, req, resp]() -> absl::Status {
+    PW_ASSIGN_OR_RETURN(std::vector<RunId> runs, membership_->Cancel(*req));
+    for (RunId r : runs) resp->add_runs(r.value());
+    return absl::OkStatus();
+  });
 }
 
 // ---------------------------------------------------------------- sessions

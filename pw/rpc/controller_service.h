@@ -8,7 +8,7 @@
 // ClientLimits::session_grace.
 //
 // Two credentials: client calls carry the client token (empty: none required); membership calls
-// (RegisterWorker, Heartbeat, LookupHost, GetClusterSpec, Shutdown) carry the cluster token,
+// (RegisterWorker, Heartbeat, LookupHost, GetClusterSpec, Shutdown, Cancel) carry the cluster token,
 // which only the controller and its workers hold, so a client cannot pose as a host or stop
 // the cluster. Thread-safe.
 #pragma once
@@ -38,6 +38,8 @@ class ClusterMembership {
   virtual void AddMembers(::pathways::v1::ClusterStatus* out) = 0;
   virtual std::string ClusterSpecJson() = 0;
   virtual void Shutdown() = 0;
+  // An admin's cancellation; returns the runs cancelled.
+  virtual absl::StatusOr<std::vector<RunId>> Cancel(const ::pathways::v1::CancelRequest& req) = 0;
 };
 
 // Limits on clients, checked at Connect (documented in pw/rpc/README.md).
@@ -84,6 +86,7 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   PW_UNARY(LookupHost, LookupHostRequest, HostAddress);
   PW_UNARY(GetClusterSpec, Empty, Text);
   PW_UNARY(Shutdown, Empty, Empty);
+  PW_UNARY(Cancel, CancelRequest, CancelResponse);
 #undef PW_UNARY
   grpc::ServerReadReactor<::pathways::v1::SessionMessage>* Session(
       grpc::CallbackServerContext* ctx, ::pathways::v1::Empty* resp) override;

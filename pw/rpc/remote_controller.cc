@@ -262,13 +262,15 @@ struct AsyncCall {
 }  // namespace
 
 Future<RunInfo> RemoteController::Submit(ClientId client, ProgramId program,
-                                         const std::vector<BufferId>& args, DispatchMode mode) {
+                                         const std::vector<BufferId>& args,
+                                         const RunOptions& options) {
   auto call = std::make_shared<AsyncCall<v1::SubmitRequest, v1::RunInfo>>();
   core_->Prepare(&call->ctx, client);
   call->req.set_client(client.value());
   call->req.set_program(program.value());
   for (BufferId a : args) call->req.add_args(a.value());
-  call->req.set_mode(static_cast<int32_t>(mode));
+  call->req.set_mode(static_cast<int32_t>(options.mode));
+  call->req.set_timeout_us(absl::ToInt64Microseconds(options.timeout));
   auto promise = std::make_shared<Promise<RunInfo>>();  // gRPC callbacks must be copyable.
   Future<RunInfo> result = promise->future();
   core_->stub->async()->Submit(
@@ -356,6 +358,33 @@ absl::Status RemoteController::Shutdown() {
   v1::Empty req, resp;
   if (grpc::Status s = core_->stub->Shutdown(&ctx, req, &resp); !s.ok()) return core_->Where(s);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<RunId>> RemoteController::CancelWith(const v1::CancelRequest& req) {
+  grpc::ClientContext ctx;
+  AddToken(&ctx, core_->options.token);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::CancelResponse resp;
+  if (grpc::Status s = core_->stub->Cancel(&ctx, req, &resp); !s.ok()) return core_->Where(s);
+  std::vector<RunId> runs;
+  for (int64_t r : resp.runs()) runs.push_back(RunId(r));
+  return runs;
+}
+
+absl::StatusOr<std::vector<RunId>> RemoteController::CancelRun(RunId run,
+                                                               const std::string& reason) {
+  v1::CancelRequest req;
+  req.set_run(run.value());
+  req.set_reason(reason);
+  return CancelWith(req);
+}
+
+absl::StatusOr<std::vector<RunId>> RemoteController::CancelClient(ClientId client,
+                                                                  const std::string& reason) {
+  v1::CancelRequest req;
+  req.set_client(client.value());
+  req.set_reason(reason);
+  return CancelWith(req);
 }
 
 }  // namespace pw::rpc

@@ -31,6 +31,10 @@ class RemoteController final : public ControllerInterface {
   // The whole status reply, with membership (for `pw status`).
   absl::StatusOr<::pathways::v1::ClusterStatus> FullStatus();
   absl::Status Shutdown();
+  // An admin's cancellation (the channel's token must be the cluster token): run `run`, or
+  // every run of `client` in flight. Returns the runs cancelled.
+  absl::StatusOr<std::vector<RunId>> CancelRun(RunId run, const std::string& reason);
+  absl::StatusOr<std::vector<RunId>> CancelClient(ClientId client, const std::string& reason);
 
   absl::StatusOr<ClientId> Connect(const std::string& name) override;
   absl::Status Disconnect(ClientId client) override;
@@ -42,7 +46,7 @@ class RemoteController final : public ControllerInterface {
   absl::StatusOr<ProgramId> RegisterProgram(ClientId client, const ProgramIr& ir) override;
   absl::StatusOr<std::string> ExplainProgram(ClientId client, ProgramId program) override;
   Future<RunInfo> Submit(ClientId client, ProgramId program, const std::vector<BufferId>& args,
-                         DispatchMode mode) override;
+                         const RunOptions& options) override;
   absl::StatusOr<ArrayInfo> PutArray(ClientId client, SliceId slice, const Sharding& sharding,
                                      HostArray value) override;
   Future<HostArray> FetchArray(ClientId client, BufferId id) override;
@@ -52,6 +56,7 @@ class RemoteController final : public ControllerInterface {
 
  private:
   struct Session;
+  absl::StatusOr<std::vector<RunId>> CancelWith(const ::pathways::v1::CancelRequest& req);
   // What asynchronous calls' callbacks use: shared, so a callback that runs after this object is
   // gone (a run finishing after the client exits) still finds it.
   struct Core {

@@ -92,8 +92,9 @@ ControllerServer::Options Patient() {
 class GrpcClusterTest : public ::testing::Test {
  protected:
   void Start(int islands, int hosts, int devices, ControllerServer::Options o = Patient(),
-             bool worker_processes = false) {
-    spec_ = *ClusterSpec::Uniform(islands, hosts, devices);
+             bool worker_processes = false,
+             int64_t memory = ClusterSpec::kDefaultDeviceMemory) {
+    spec_ = *ClusterSpec::Uniform(islands, hosts, devices, memory);
     auto c = ControllerServer::Start(spec_, o);
     ASSERT_TRUE(c.ok()) << c.status();
     controller_ = *std::move(c);
@@ -410,6 +411,45 @@ TEST_F(GrpcClusterTest, ConnectsPastMaxClientsAreRefusedNamingTheLimit) {
   EXPECT_THAT(std::string(fourth.status().message()), ::testing::HasSubstr("--max-clients"));
   ASSERT_TRUE(remote_->Disconnect(*second).ok());
   EXPECT_TRUE(remote_->Connect("fifth").ok());  // Room again.
+}
+
+// Issue 20 item 7: `pw cancel` (the admin's Cancel RPC, with the cluster token) ends a run that
+// waits forever; a client's token cannot cancel.
+TEST_F(GrpcClusterTest, TheAdminCancelsARunOrAClientsRunsWithTheClusterToken) {
+  Start(1, 1, 2, Patient(), /*worker_processes=*/false, /*memory=*/8);
+  auto c = *Client::Connect(remote_.get(), "c");
+  Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  BoundFunction f = *c->Pmap(ReduceAdd("inc"), s);
+  Array x = *c->Put(F32({0, 0}), s.info().id, Sharding::Split({2}, 1, 0));
+  Array full = (*f.Call({x}))[0];  // 8 bytes per device: full.
+  ASSERT_TRUE(full.Ready().status().ok());
+  auto blocked = f.Call({x});  // Waits for memory.
+  ASSERT_TRUE(blocked.ok());
+  ClusterStatus st = remote_->Status().value();
+  ASSERT_EQ(st.running.size(), 1u);
+  const RunId run = st.running[0].run;
+  auto as_client = remote_->CancelRun(run, "");
+  EXPECT_TRUE(absl::IsUnauthenticated(as_client.status())) << as_client.status();
+  auto admin = *rpc::RemoteController::Dial(controller_->address(),
+                                            {.token = controller_->cluster_token()});
+  auto cancelled = admin->CancelRun(run, "maintenance");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(*cancelled, std::vector<RunId>{run});
+  Future<> ready = (*blocked)[0].Ready();
+  ASSERT_TRUE(ready.AwaitFor(kGuard));
+  EXPECT_EQ(ready.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(std::string(ready.status().message()),
+              ::testing::HasSubstr("was cancelled by the cluster's admin: maintenance"));
+  // Its client sees the end at once; the run is in flight until its worker has failed it.
+  controller_->controller().WaitIdle();
+  EXPECT_TRUE(absl::IsNotFound(admin->CancelRun(run, "").status()));
+  // A client's runs, all at once.
+  auto again = f.Call({x});
+  ASSERT_TRUE(again.ok());
+  auto all = admin->CancelClient(c->id(), "");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->size(), 1u);
+  EXPECT_EQ((*again)[0].Ready().status().code(), absl::StatusCode::kCancelled);
 }
 
 TEST_F(GrpcClusterTest, MalformedTruncatedAndOversizedMessagesGetErrors) {

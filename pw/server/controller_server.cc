@@ -19,7 +19,9 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
   PW_RETURN_IF_ERROR(rpc::CheckListenAddress(options.listen, options.channel.token));
   if (options.cluster_token.empty()) options.cluster_token = rpc::NewSecret();
   std::unique_ptr<ControllerServer> s(new ControllerServer(spec, std::move(options)));
-  s->controller_ = std::make_unique<Controller>(spec, /*hosts_share_process=*/false);
+  s->controller_ = std::make_unique<Controller>(
+      spec, Controller::Options{.hosts_share_process = false,
+                                .default_run_timeout = s->options_.default_run_timeout});
   s->service_ = std::make_unique<rpc::ControllerService>(
       s->controller_.get(), s.get(), s->options_.channel.token, s->options_.cluster_token,
       s->options_.clients);
@@ -184,6 +186,27 @@ void ControllerServer::FailHost(HostId host, const std::string& reason,
   m.alive = false;
   m.failing = false;
   m.reason = reason;
+}
+
+absl::StatusOr<std::vector<RunId>> ControllerServer::Cancel(const v1::CancelRequest& req) {
+  const std::string why = req.reason().empty() ? "" : absl::StrCat(": ", req.reason());
+  switch (req.target_case()) {
+    case v1::CancelRequest::kRun: {
+      const RunId run(req.run());
+      PW_RETURN_IF_ERROR(controller_->CancelRun(
+          run, absl::CancelledError(absl::StrCat(run.ToString(), " was cancelled by the cluster's "
+                                                 "admin", why))));
+      return std::vector<RunId>{run};
+    }
+    case v1::CancelRequest::kClient: {
+      const ClientId client(req.client());
+      return controller_->CancelClientRuns(
+          client, absl::CancelledError(absl::StrCat("the runs of ", client.ToString(),
+                                                    " were cancelled by the cluster's admin", why)));
+    }
+    default:
+      return absl::InvalidArgumentError("Cancel names neither a run nor a client");
+  }
 }
 
 void ControllerServer::MonitorLoop() {

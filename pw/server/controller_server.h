@@ -35,6 +35,8 @@ class ControllerServer final : public rpc::ClusterMembership {
     // A worker silent this long is failed; its futures fail within about this time.
     absl::Duration failure_timeout = absl::Seconds(5);
     rpc::ClientLimits clients;  // Max clients; grace before a client without a Session goes.
+    // The timeout of runs submitted without one (zero: none; pw controller --run-timeout-ms).
+    absl::Duration default_run_timeout = absl::ZeroDuration();
   };
   static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(const ClusterSpec& spec,
                                                                  Options options);
@@ -62,6 +64,7 @@ class ControllerServer final : public rpc::ClusterMembership {
   absl::StatusOr<::pathways::v1::HostAddress> LookupHost(HostId host) override;
   void AddMembers(::pathways::v1::ClusterStatus* out) override;
   std::string ClusterSpecJson() override { return spec_.ToJson(); }
+  absl::StatusOr<std::vector<RunId>> Cancel(const ::pathways::v1::CancelRequest& req) override;
   void Shutdown() override;
 
  private:

@@ -182,7 +182,8 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
   PW_ASSIGN_OR_RETURN(s.controller_pid,
                       SpawnDetached({o.pw_binary, "controller", "--config", spec_path,
                                      "--listen", "127.0.0.1:0", "--address-file", address_file,
-                                     "--failure-timeout-ms", absl::StrCat(o.failure_timeout_ms)},
+                                     "--failure-timeout-ms", absl::StrCat(o.failure_timeout_ms),
+                                     "--run-timeout-ms", absl::StrCat(o.run_timeout_ms)},
                                     dir + "/controller.log"));
   const absl::Time deadline = absl::Now() + o.ready_timeout;
   while (true) {
@@ -213,6 +214,8 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
     if (!cpus[i].empty()) argv.insert(argv.end(), {"--cpus", s.worker_cpus.back()});
     if (o.collective_timeout_ms > 0)
       argv.insert(argv.end(), {"--collective-timeout-ms", absl::StrCat(o.collective_timeout_ms)});
+    if (o.overrun_grace_ms >= 0)
+      argv.insert(argv.end(), {"--overrun-grace-ms", absl::StrCat(o.overrun_grace_ms)});
     absl::StatusOr<int> pid =
         SpawnDetached(argv, absl::StrCat(dir, "/worker-", h.id.value(), ".log"));
     if (!pid.ok()) return fail(pid.status());

@@ -30,6 +30,10 @@ struct LaunchOptions {
   int64_t failure_timeout_ms = 5000;
   // Passed to every worker (pw worker --collective-timeout-ms; 0: its default).
   int64_t collective_timeout_ms = 0;
+  // Passed to the controller (--run-timeout-ms; 0: none) and the workers (--overrun-grace-ms;
+  // -1: their default).
+  int64_t run_timeout_ms = 0;
+  int64_t overrun_grace_ms = -1;
   // Give each host's worker its own share of the CPUs this process may use (SplitCpus).
   bool bind_cpus = true;
   absl::Duration ready_timeout = absl::Seconds(60);

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
 #include "pw/rpc/wire.h"
@@ -144,6 +146,7 @@ void WorkerServer::HeartbeatLoop() {
         [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stop_; }, heartbeat_interval_);
     mu_.Unlock();
     if (stop) return;
+    if (CheckOverruns(absl::Now())) return;
     v1::HeartbeatRequest req;
     req.set_host(options_.host.value());
     v1::Empty resp;
@@ -166,6 +169,29 @@ void WorkerServer::HeartbeatLoop() {
       return;
     }
   }
+}
+
+bool WorkerServer::restart_requested() const {
+  pw::MutexLock lock(&mu_);
+  return restart_;
+}
+
+bool WorkerServer::CheckOverruns(absl::Time now) {
+  if (options_.overrun_grace <= absl::ZeroDuration()) return false;
+  std::vector<Worker::Overrun> overruns = worker_->Overrunning(now, options_.overrun_grace);
+  if (overruns.empty()) return false;
+  const Worker::Overrun& o = overruns.front();
+  const absl::Status why = absl::AbortedError(absl::StrCat(
+      options_.host.ToString(), ": ", o.device.ToString(), " still runs ", o.run.ToString(), " ",
+      absl::FormatDuration(o.since_cancel), " after it was cancelled (", o.why.message(),
+      "); a computation the runtime cannot interrupt holds it, so this worker restarts"));
+  std::fprintf(stderr, "pw worker: %s\n", std::string(why.message()).c_str());
+  {
+    pw::MutexLock lock(&mu_);
+    restart_ = true;
+  }
+  Stop(why);
+  return true;
 }
 
 rpc::RemoteWorker* WorkerServer::RemotePeer(HostId host) {

@@ -48,6 +48,11 @@ class WorkerServer final : public CollectivePeers {
     std::string machine;
     // How long one collective waits for another worker process before it fails.
     absl::Duration collective_timeout = absl::Minutes(5);
+    // A device still running a computation of a cancelled run (a timeout, an admin, a client
+    // gone) this long after the cancellation cannot be freed in this process: the worker stops
+    // with restart_requested() (the `pw worker` command then starts afresh in place). Zero: no
+    // watchdog.
+    absl::Duration overrun_grace = absl::Seconds(5);
   };
   // Fetches the cluster spec, starts serving, registers with the controller.
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(Options options);
@@ -63,6 +68,11 @@ class WorkerServer final : public CollectivePeers {
   // Returns OK after Stop(), else why the worker stopped.
   absl::Status WaitForStop();
   void Stop(const absl::Status& why = absl::OkStatus());
+  // Whether the worker stopped because a device overran a cancelled run: its device threads may
+  // never return, so the process must be replaced (exec) rather than torn down.
+  bool restart_requested() const;
+  // Checks the devices once (the heartbeat loop calls it); true if it asked for a restart.
+  bool CheckOverruns(absl::Time now);
 
   // --- CollectivePeers.
   bool IsLocal(DeviceId device) const override;
@@ -117,6 +127,7 @@ class WorkerServer final : public CollectivePeers {
   std::vector<std::unique_ptr<rpc::RemoteWorker>> stubs_ ABSL_GUARDED_BY(mu_);  // Never freed early.
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status stop_reason_ ABSL_GUARDED_BY(mu_);
+  bool restart_ ABSL_GUARDED_BY(mu_) = false;
   std::thread heartbeat_;
 };
 

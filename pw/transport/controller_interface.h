@@ -78,9 +78,10 @@ class ControllerInterface {
   // The program's sharded dataflow graph (as lowered for its first argument layout), for people.
   virtual absl::StatusOr<std::string> ExplainProgram(ClientId client, ProgramId program) = 0;
   // Ready once the run has been validated, lowered, gang-scheduled and enqueued on every device
-  // (what a client waits for per call); RunInfo::done follows when it has executed.
+  // (what a client waits for per call); RunInfo::done follows when it has executed (or failed,
+  // was cancelled, or overran its timeout).
   virtual Future<RunInfo> Submit(ClientId client, ProgramId program,
-                                 const std::vector<BufferId>& args, DispatchMode mode) = 0;
+                                 const std::vector<BufferId>& args, const RunOptions& options) = 0;
 
   virtual absl::StatusOr<ArrayInfo> PutArray(ClientId client, SliceId slice,
                                              const Sharding& sharding, HostArray value) = 0;

@@ -8,6 +8,7 @@
 #include <variant>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "pw/base/future.h"
 #include "pw/base/ids.h"
 #include "pw/base/shape.h"
@@ -25,6 +26,17 @@ enum class DispatchMode {
   kSequential,
 };
 absl::string_view DispatchModeName(DispatchMode m);
+
+// How one run is submitted. Implicitly made from a DispatchMode (a run without a timeout of its
+// own).
+struct RunOptions {
+  RunOptions(DispatchMode m = DispatchMode::kParallel) : mode(m) {}  // NOLINT: implicit.
+  DispatchMode mode;
+  // > 0: the run is cancelled if it has not finished this long after it was submitted; its
+  // client sees DEADLINE_EXCEEDED naming the run, program and timeout at once (the cluster's
+  // default when 0: Controller::Options::default_run_timeout).
+  absl::Duration timeout = absl::ZeroDuration();
+};
 
 // Buffers in host programs are value indices of the lowered program; each run maps them to its
 // own BufferIds (HostWork::buffers).

@@ -231,7 +231,8 @@ void Worker::DispatchSegments(std::shared_ptr<const HostWork> work,
   }
   for (SegmentPtr& s : segments) {
     Device* device = s->plan->device;
-    device->Enqueue([this, s = std::move(s)](const absl::Status& health) mutable {
+    device->Enqueue([this, device, s = std::move(s)](const absl::Status& health) mutable {
+      device->SetCurrentRun(s->work->run.value());
       RunSegment(*s, health);
     });
   }
@@ -256,8 +257,10 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
     absl::Status s = health.ok() ? device.removed() : health;
     if (s.ok()) s = Cancelled(work.run);
     if (s.ok() && scratch != nullptr &&
-        std::any_of(step.outputs.begin(), step.outputs.end(), [](int y) { return y >= 0; }))
-      s = scratch->status();
+        std::any_of(step.outputs.begin(), step.outputs.end(), [](int y) { return y >= 0; })) {
+      s = AwaitUnlessCancelled(*scratch, work.run);
+      if (s.ok()) s = scratch->status();
+    }
     for (; next_setup_error < seg.setup_errors.size() &&
            seg.setup_errors[next_setup_error].first == static_cast<int>(i);
          ++next_setup_error)
@@ -265,6 +268,7 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
     // The store entries hold the outputs' memory: once granted, the segment needs it no more.
     for (int y : step.outputs) {
       if (y >= 0 || !seg.output_memory[~y].valid()) continue;
+      if (s.ok()) s = AwaitUnlessCancelled(seg.output_memory[~y], work.run);
       if (s.ok()) s = seg.output_memory[~y].status();
       seg.output_memory[~y] = Future<ReservationRef>();
     }
@@ -273,6 +277,10 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
       const int x = step.inputs[j];
       absl::StatusOr<DeviceBufferRef> v;
       if (x < 0) {
+        if (absl::Status c = AwaitUnlessCancelled(seg.inputs[~x], work.run); !c.ok()) {
+          s = c;
+          break;
+        }
         v = seg.inputs[~x].Await();
       } else if (slots[x].ok() && *slots[x] == nullptr) {
         v = absl::InternalError(absl::StrCat("an input of ", step.node->name, " on ",
@@ -310,8 +318,13 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
       collectives_->FailLaunch(work.run.value(), step.node->node, error,
                                step.compute->slice_devices);
       for (int y : step.outputs) {
-        if (y >= 0) slots[y] = error;
-        else seg.outputs[~y].Set(error);
+        if (y >= 0) {
+          slots[y] = error;
+        } else {
+          seg.outputs[~y].Set(error);
+          // A failed output holds no memory (a cancelled run's must not keep its device full).
+          store_.DropMemory(work.buffer(plan.outputs[~y].value), device.id());
+        }
       }
       if (seg.first_error.ok()) seg.first_error = error;
     } else {

@@ -345,7 +345,9 @@ void Worker::DispatchCompute(const std::shared_ptr<Dispatched>& d, Dispatching& 
                                                  .last_read = std::move(last_read),
                                                  .release = std::move(release)}));
     // The device waits for inputs and memory itself, like a stream waiting on events.
-    state.Enqueue(device, [this, shard = std::move(shard)](const absl::Status& health) mutable {
+    state.Enqueue(device, [this, device, run = work->run,
+                           shard = std::move(shard)](const absl::Status& health) mutable {
+      device->SetCurrentRun(run.value());
       RunShard(std::move(shard), health);
     });
   }
@@ -358,13 +360,17 @@ void Worker::RunShard(ShardPtr shard, absl::Status s) {
   // be skipped one by one: then cancellation leaves it alone).
   const bool skippable = exe.shards_skippable();
   if (s.ok() && skippable) s = Cancelled(work.run);
-  for (size_t k = 0; s.ok() && k < shard->memory.size(); ++k) s = shard->memory[k].status();
+  for (size_t k = 0; s.ok() && k < shard->memory.size(); ++k) {
+    if (skippable) s = AwaitUnlessCancelled(shard->memory[k], work.run);
+    if (s.ok()) s = shard->memory[k].status();
+  }
   // The store entries hold the reservations from here on; dropping ours now means the memory is
   // free as soon as the run deletes its buffers, not when the shard is done.
   shard->memory.clear();
   ShardLaunch launch;
   launch.inputs.reserve(shard->inputs.size());
   for (size_t j = 0; s.ok() && j < shard->inputs.size(); ++j) {
+    if (skippable && !(s = AwaitUnlessCancelled(shard->inputs[j], work.run)).ok()) break;
     const absl::StatusOr<DeviceBufferRef>& v = shard->inputs[j].Await();
     if (v.ok()) {
       launch.inputs.push_back(*v);
@@ -461,6 +467,8 @@ void Worker::FailShard(ShardPtr shard, const absl::Status& status) {
   collectives_->FailLaunch(shard->work().run.value(), shard->node->node, error,
                            shard->compute().slice_devices);
   for (auto& p : shard->outputs) p.Set(error);
+  // A failed shard's outputs hold no memory (a cancelled run's must not keep its devices full).
+  for (int v : shard->compute().outputs) store_.DropMemory(shard->work().buffer(v), shard->device);
   shard->ended = error;  // The caller's ShardPtr ends it.
 }
 
@@ -607,9 +615,30 @@ void Worker::DeleteBuffers(const std::vector<BufferId>& ids) {
 }
 
 void Worker::CancelRuns(const std::vector<RunId>& runs, const absl::Status& reason) {
+  {
+    const absl::Time now = absl::Now();
+    pw::MutexLock lock(&cancel_mu_);
+    for (RunId r : runs) cancelled_.try_emplace(r, CancelledRun{reason, now});
+    num_cancelled_.store(cancelled_.size(), std::memory_order_release);
+  }
+  // Shards of the runs waiting in collectives (for peers that will not come) fail now.
+  for (RunId r : runs) collectives_->CancelRun(r.value(), reason);
+}
+
+std::vector<Worker::Overrun> Worker::Overrunning(absl::Time now, absl::Duration grace) const {
+  std::vector<Overrun> out;
+  if (num_cancelled_.load(std::memory_order_acquire) == 0) return out;
   pw::MutexLock lock(&cancel_mu_);
-  for (RunId r : runs) cancelled_.try_emplace(r, reason);
-  num_cancelled_.store(cancelled_.size(), std::memory_order_release);
+  for (const auto& [id, device] : devices_) {
+    const int64_t run = device->current_run();
+    if (run < 0) continue;
+    auto it = cancelled_.find(RunId(run));
+    if (it == cancelled_.end() || now - it->second.at <= grace) continue;
+    out.push_back({id, RunId(run), now - it->second.at, it->second.why});
+  }
+  std::sort(out.begin(), out.end(),
+            [](const Overrun& a, const Overrun& b) { return a.device < b.device; });
+  return out;
 }
 
 void Worker::ForgetRuns(const std::vector<RunId>& runs) {
@@ -625,7 +654,7 @@ absl::Status Worker::Cancelled(RunId run) {
   auto it = cancelled_.find(run);
   if (it == cancelled_.end()) return absl::OkStatus();
   cancelled_shards_.fetch_add(1, std::memory_order_relaxed);
-  return it->second;
+  return it->second.why;
 }
 
 absl::Status Worker::RemoveDevice(DeviceId device_id, const absl::Status& reason) {

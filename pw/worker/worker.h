@@ -56,6 +56,16 @@ class Worker final : public WorkerInterface {
   void DeleteBuffers(const std::vector<BufferId>& ids) override;
   void CancelRuns(const std::vector<RunId>& runs, const absl::Status& reason) override;
   void ForgetRuns(const std::vector<RunId>& runs) override;
+  // Devices still running a computation of a run cancelled more than `grace` before `now`: a
+  // computation the runtime cannot interrupt (an endless XLA while_loop, say). Its process must
+  // restart for the device to serve again (pw/server's watchdog does).
+  struct Overrun {
+    DeviceId device;
+    RunId run;
+    absl::Duration since_cancel;
+    absl::Status why;  // Why the run was cancelled.
+  };
+  std::vector<Overrun> Overrunning(absl::Time now, absl::Duration grace) const;
   absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) override;
   absl::Status RestoreDevice(DeviceId device) override;
   absl::StatusOr<HostStatus> Status() const override;
@@ -155,6 +165,18 @@ class Worker final : public WorkerInterface {
                                                absl::Span<const DeviceId> slice_devices);
   // Why `run` was cancelled (counting one more shard not run), or OK.
   absl::Status Cancelled(RunId run);
+  // Waits on the device thread for `f` (an input, memory), or until `run` is cancelled: a
+  // cancelled run's shard does not hold its device waiting for what may never come. Returns the
+  // cancellation, or OK once `f` is ready (its value is the caller's to read).
+  template <typename F>
+  absl::Status AwaitUnlessCancelled(const F& f, RunId run) {
+    while (!f.IsReady()) {
+      if (f.AwaitFor(kCancelPoll)) break;
+      if (absl::Status c = Cancelled(run); !c.ok()) return c;
+    }
+    return absl::OkStatus();
+  }
+  static constexpr absl::Duration kCancelPoll = absl::Milliseconds(20);
   // Registers a failed shard so consumers see `error` too.
   void PutFailed(BufferId id, DeviceId device, const absl::Status& error);
 
@@ -171,7 +193,11 @@ class Worker final : public WorkerInterface {
   // After the PJRT client and executables: shards (possibly PJRT buffers) are destroyed first.
   ObjectStore store_;
   mutable pw::Mutex cancel_mu_;
-  absl::flat_hash_map<RunId, absl::Status> cancelled_ ABSL_GUARDED_BY(cancel_mu_);
+  struct CancelledRun {
+    absl::Status why;
+    absl::Time at;
+  };
+  absl::flat_hash_map<RunId, CancelledRun> cancelled_ ABSL_GUARDED_BY(cancel_mu_);
   std::atomic<size_t> num_cancelled_{0};  // cancelled_.size(), read without the lock.
   std::atomic<int64_t> cancelled_shards_{0};
   std::atomic<int64_t> ici_bytes_{0};

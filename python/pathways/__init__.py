@@ -261,10 +261,13 @@ class _Pmapped:
             self._bound[key] = (bound, out_tree)
         return self._bound[key]
 
-    def __call__(self, *args):
+    def __call__(self, *args, timeout: float | None = None):
         import jax
         leaves, tree = jax.tree_util.tree_flatten(args)
         if leaves and all(isinstance(a, _pathways.Value) for a in leaves):
+            if timeout is not None:
+                raise ValueError(f"{self._name}: timeout= is for a call outside @pw.program; "
+                                 "give it to the program's call")
             shard_specs = []
             for a in leaves:
                 dtype, shape = a.spec
@@ -279,7 +282,7 @@ class _Pmapped:
             op = lambda *a: self(*a)  # noqa: E731
             op.__name__ = self._name
             self._op_program = _Program(op)
-        return self._op_program(*args)
+        return self._op_program(*args, timeout=timeout)
 
 
 def _np_dtype(name: str):
@@ -339,13 +342,20 @@ class _Program:
         leaves, tree = self._leaves(args)
         return self._trace(leaves, tree)[0].explain()
 
-    def __call__(self, *args):
+    def __call__(self, *args, timeout: float | None = None):
+        """Runs the program; returns its results as soon as it is dispatched.
+
+        `timeout` (seconds): the run is cancelled if it has not finished by then, and reading its
+        results raises pathways.errors.DeadlineExceeded (default: the cluster's run timeout).
+        """
         import jax
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         leaves, tree = self._leaves(args)
         prog, out_tree, conn = self._trace(leaves, tree)
         handles = [a._handle if isinstance(a, Array) else prog.put_arg(i, a)
                    for i, a in enumerate(leaves)]
-        outs = [Array(h, conn) for h in prog.run(handles)]
+        outs = [Array(h, conn) for h in prog.run(handles, timeout or 0.0)]
         return jax.tree_util.tree_unflatten(out_tree, outs)
 
 

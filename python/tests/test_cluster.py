@@ -76,6 +76,10 @@ def test_up_status_figure2_down(cluster):
         time.sleep(0.05)
         s = status(env)
     assert s["logical_buffers"] == 0
+    # The admin's cancel (the cluster token from pw up's state): nothing runs now.
+    r = pw("cancel", "999", env=env, check=False)
+    assert r.returncode == 1 and "run:999 is not in flight" in r.stderr, r.stderr
+    assert "cancelled 0 runs" in pw("cancel", "--client", "0", env=env).stderr
 
 
 def test_python_client_on_the_cluster(cluster):
@@ -315,3 +319,60 @@ def test_state_directory_and_logs_are_owner_only_and_logs_never_follow_links(tmp
        env=env, check=False)
     pw("down", env=env, check=False)
     assert target.read_text() == ""
+
+
+RUNAWAY = """
+import sys, time, numpy as np, jax, jax.numpy as jnp, pathways as pw
+pw.connect(sys.argv[1])
+s = pw.make_virtual_device_set().add_slice(devices=2)
+# Never ends: c saturates at 2**24 and stays below infinity.
+forever = pw.pmap(lambda x: jax.lax.while_loop(lambda c: c < jnp.inf, lambda c: c + 1.0, x),
+                  devices=s)
+y = forever(np.zeros(2, np.float32), timeout=1.0)
+t0 = time.monotonic()
+try:
+    np.asarray(y)
+    print("finished?!")
+except pw.errors.DeadlineExceeded as e:
+    print(f"deadline after {time.monotonic() - t0:.1f}s: {e}", flush=True)
+# The devices serve the next program once the worker has restarted (a bounded delay).
+inc = pw.pmap(lambda x: x + 1.0, devices=s)
+t0 = time.monotonic()
+while True:
+    try:
+        print("next:", np.asarray(inc(np.zeros(2, np.float32))).tolist(),
+              f"after {time.monotonic() - t0:.1f}s", flush=True)
+        break
+    except pw.errors.Error as e:
+        if time.monotonic() - t0 > 60:
+            raise
+        time.sleep(0.2)
+"""
+
+
+# Issue 20 item 7: an endless lax.while_loop kept its devices busy for every later program, from
+# any client, until someone killed the workers. Its run times out; the worker whose device still
+# runs it restarts in place (same pid) and rejoins; the next program runs.
+def test_a_runaway_computation_times_out_and_its_worker_restarts_in_place(tmp_path):
+    env = dict(os.environ, PW_STATE_DIR=str(tmp_path))
+    env.pop("PW_CLUSTER", None)
+    address = pw("up", "--detach", "--islands", "1", "--hosts-per-island", "2",
+                 "--devices-per-host", "1", "--failure-timeout-ms", "60000",
+                 "--overrun-grace-ms", "1000", env=env).stdout.strip().splitlines()[-1]
+    state = json.loads((tmp_path / "cluster.json").read_text())
+    try:
+        r = subprocess.run([sys.executable, "-c", RUNAWAY, address], env=env,
+                           capture_output=True, text=True, timeout=300)
+        print(r.stdout)
+        assert r.returncode == 0, r.stdout + r.stderr
+        lines = r.stdout.splitlines()
+        assert lines[0].startswith("deadline after "), lines
+        assert "overran its timeout of 1s and was cancelled" in lines[0], lines
+        assert lines[1].startswith("next: [1.0, 1.0]"), lines
+        logs = "".join((tmp_path / f"worker-{h}.log").read_text() for h in (0, 1))
+        assert "after it was cancelled" in logs and "this worker restarts" in logs, logs
+        # In place: the same processes, all alive and serving.
+        assert all(alive(p) for p in state["worker_pids"])
+        assert [h["alive"] for h in status(env)["hosts"]] == [True, True]
+    finally:
+        pw("down", env=env, check=False)

@@ -255,3 +255,10 @@ def test_errors_are_typed_by_status_code():
     traced = prog._trace(*prog._leaves((np.ones((2, 3), np.float32),)))[0]
     with pytest.raises(pw.errors.InvalidArgument, match=r"argument 0 expects f32\[2,3\]"):
         traced.put_arg(0, np.ones((2, 4), np.float32))
+
+
+def test_timeouts_must_be_positive():
+    f = pw.pmap(lambda x: x + 1.0, devices=pw.make_virtual_device_set().add_slice(devices=2))
+    with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
+        f(np.zeros(2, np.float32), timeout=-1)
+    np.testing.assert_array_equal(np.asarray(f(np.zeros(2, np.float32), timeout=60.0)), [1, 1])
