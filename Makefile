@@ -3,7 +3,11 @@ BUILD_DIR ?= build
 JOBS ?= 2
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: deps build python test demo asan tsan clean
+FUZZ_DIR ?= build-fuzz
+FUZZ_TARGETS = wire_fuzz cluster_spec_fuzz
+FUZZ_SECONDS ?= 600
+
+.PHONY: deps build python test demo asan tsan fuzz fuzz-build clean
 
 deps:
 	@scripts/install-deps.sh
@@ -18,9 +22,19 @@ build: deps $(BUILD_DIR)/build.ninja
 python: deps
 	.venv/bin/pip install -q --no-build-isolation -e .
 
-test: build python
+test: build python fuzz-build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 	.venv/bin/python -m pytest -q python/tests
+	FUZZ_DIR=$(FUZZ_DIR) scripts/fuzz.sh 25  # A short run of every fuzz target; `make fuzz`: longer.
+
+# libFuzzer targets (clang, coverage + ASan/UBSan) in their own tree: only the targets are built.
+fuzz-build: deps
+	cmake -S . -B $(FUZZ_DIR) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DCMAKE_CXX_COMPILER=clang++-14 -DPW_FUZZ=ON -DPW_TESTS=OFF
+	cmake --build $(FUZZ_DIR) -j $(JOBS) --target $(FUZZ_TARGETS)
+
+fuzz: fuzz-build
+	FUZZ_DIR=$(FUZZ_DIR) scripts/fuzz.sh $(FUZZ_SECONDS)
 
 # The main job: the paper's Figure 2 program, then the data-parallel MLP (examples/mlp_dp.py),
 # on a `pw up` cluster of 2 islands x 2 hosts x 2 devices that scripts/demo.sh starts and stops.

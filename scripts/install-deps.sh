@@ -11,6 +11,7 @@ DEB_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev libgoogle-perftools-dev valgrind
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc iproute2
   iptables libnetfilter-queue-dev  # The multi-host test adds DCN latency where tc netem is absent.
+  clang-14 libclang-rt-14-dev  # libFuzzer targets (make fuzz; a short run in make test).
 )
 
 missing=()
