@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
 #include "pw/rpc/remote_controller.h"
+#include "pw/rpc/shm_arena.h"
 #include "pw/server/cpu_binding.h"
 #include "pw/server/local_cluster.h"
 
@@ -412,6 +413,9 @@ int ClusterCommands::Worker() {
     std::fprintf(stderr, "pw worker: host:%lld runs on CPUs %s\n", (long long)host_,
                  server::FormatCpuList(*cpus).c_str());
   }
+  // Before this process makes any segment: those of a crashed worker, or of the image this one
+  // replaced when it restarted in place, hold shared memory until unlinked.
+  rpc::RemoveStaleSegments(/*this_process=*/true);
   server::WorkerServer* running = nullptr;
   pw::Mutex mu;
   OnStopSignal([&] {

@@ -157,7 +157,7 @@ absl::Status ShmWriterCache::Write(const std::string& name, const void* data, si
   return absl::OkStatus();
 }
 
-int RemoveStaleSegments() {
+int RemoveStaleSegments(bool this_process) {
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) return 0;
   int removed = 0;
@@ -168,9 +168,8 @@ int RemoveStaleSegments() {
     if (!absl::ConsumePrefix(&n, "arena-")) absl::ConsumePrefix(&n, "mbox-");
     int pid = 0;
     if (!absl::SimpleAtoi(n.substr(0, n.find('-')), &pid) || pid <= 0) continue;
-    if (kill(pid, 0) != 0 && errno == ESRCH &&
-        shm_unlink(absl::StrCat("/", e->d_name).c_str()) == 0)
-      ++removed;
+    const bool gone = (this_process && pid == getpid()) || (kill(pid, 0) != 0 && errno == ESRCH);
+    if (gone && shm_unlink(absl::StrCat("/", e->d_name).c_str()) == 0) ++removed;
   }
   closedir(dir);
   return removed;

@@ -84,7 +84,9 @@ class ShmWriterCache {
 };
 
 // Unlinks pathways segments (arenas, mailboxes, one-transfer segments) whose creating process
-// is gone (e.g. killed with SIGKILL); returns how many.
-int RemoveStaleSegments();
+// is gone (e.g. killed with SIGKILL), and with `this_process` this pid's own: those of the image
+// this process replaced with exec (call it only before this process has made any). Returns how
+// many.
+int RemoveStaleSegments(bool this_process = false);
 
 }  // namespace pw::rpc

@@ -60,6 +60,9 @@ TEST(ShmArenaTest, StaleSegmentsOfDeadProcessesAreRemoved) {
   const int fd = shm_open(live.c_str(), O_RDONLY, 0);
   EXPECT_GE(fd, 0) << "a live process's segment was removed";
   if (fd >= 0) close(fd);
+  // A process that replaced its image (a worker restarting in place) removes its own old ones.
+  RemoveStaleSegments(/*this_process=*/true);
+  EXPECT_LT(shm_open(live.c_str(), O_RDONLY, 0), 0) << "this pid's old segment is still there";
   shm_unlink(live.c_str());
 }
 

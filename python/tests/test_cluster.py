@@ -376,3 +376,16 @@ def test_a_runaway_computation_times_out_and_its_worker_restarts_in_place(tmp_pa
         assert [h["alive"] for h in status(env)["hosts"]] == [True, True]
     finally:
         pw("down", env=env, check=False)
+
+
+# Issue 20: random SIGKILL / SIGSTOP of island 0's workers (restarted as a cluster manager would)
+# under 4 looping clients: every result right, every error naming a host, island 1 untouched and
+# completing throughout, nothing leaked (python/tests/chaos.py checks and reports).
+def test_chaos_kills_and_stalls_under_looping_clients():
+    r = subprocess.run([sys.executable, str(ROOT / "python" / "tests" / "chaos.py"), "--clients",
+                        "4", "--seconds", "45", "--every", "5"],
+                       capture_output=True, text=True, timeout=600)
+    print(r.stdout)
+    assert r.returncode == 0, r.stdout + r.stderr[-4000:]
+    report = json.loads(r.stdout)
+    assert report["passed"] and report["wrong"] == 0 and len(report["faults"]) >= 5, report
