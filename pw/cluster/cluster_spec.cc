@@ -56,6 +56,17 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Uniform(int islands, int hosts_per_isla
   return spec;
 }
 
+namespace {
+// obj[key] if it is there (it must be a string), else `fallback`.
+absl::StatusOr<std::string> OptionalName(const nlohmann::json& obj, const char* key,
+                                         std::string fallback, const std::string& where) {
+  if (!obj.contains(key)) return fallback;
+  if (!obj[key].is_string())
+    return absl::InvalidArgumentError(absl::StrCat(where, ".", key, " must be a string"));
+  return obj[key].get<std::string>();
+}
+}  // namespace
+
 absl::StatusOr<ClusterSpec> ClusterSpec::FromJson(absl::string_view text) {
   nlohmann::json j = nlohmann::json::parse(std::string(text), nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("cluster spec is not valid JSON");
@@ -75,7 +86,8 @@ absl::StatusOr<ClusterSpec> ClusterSpec::FromJson(absl::string_view text) {
     std::string where = absl::StrCat("islands[", i, "]");
     if (!ji.is_object() || !ji.contains("hosts") || !ji["hosts"].is_array() || ji["hosts"].empty())
       return absl::InvalidArgumentError(absl::StrCat(where, " needs a non-empty \"hosts\" array"));
-    std::string name = ji.value("name", absl::StrCat("island", i));
+    absl::StatusOr<std::string> name = OptionalName(ji, "name", absl::StrCat("island", i), where);
+    if (!name.ok()) return name.status();
     std::vector<std::pair<std::string, int>> hosts;
     std::vector<int64_t> memory;
     for (size_t h = 0; h < ji["hosts"].size(); ++h) {
@@ -93,10 +105,13 @@ absl::StatusOr<ClusterSpec> ClusterSpec::FromJson(absl::string_view text) {
               absl::StrCat(hwhere, ".device_memory_bytes must be a positive integer"));
         mem = jh["device_memory_bytes"].get<int64_t>();
       }
-      hosts.emplace_back(jh.value("name", absl::StrCat(name, "h", h)), jh["devices"].get<int>());
+      absl::StatusOr<std::string> host_name =
+          OptionalName(jh, "name", absl::StrCat(*name, "h", h), hwhere);
+      if (!host_name.ok()) return host_name.status();
+      hosts.emplace_back(*std::move(host_name), jh["devices"].get<int>());
       memory.push_back(mem);
     }
-    spec.AddIsland(std::move(name), hosts, memory).IgnoreError();
+    spec.AddIsland(*std::move(name), hosts, memory).IgnoreError();
   }
   return spec;
 }

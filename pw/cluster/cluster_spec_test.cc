@@ -37,6 +37,14 @@ TEST(ClusterSpecTest, BadSpecsNameTheProblem) {
   ASSERT_FALSE(e2.ok());
   EXPECT_NE(e2.status().message().find("islands[0].hosts[0]"), std::string::npos);
   EXPECT_FALSE(ClusterSpec::FromJson(R"({"islands": []})").ok());
+  // Found by cluster_spec_fuzz: a name that is not a string threw out of the parser (aborting
+  // pw up / pw controller).
+  auto e3 = ClusterSpec::FromJson(R"({"islands": [{"name": 6666, "hosts": [{"devices": 2}]}]})");
+  EXPECT_EQ(e3.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e3.status().message().find("islands[0].name must be a string"), std::string::npos);
+  auto e4 = ClusterSpec::FromJson(R"({"islands": [{"hosts": [{"devices": 2, "name": [1]}]}]})");
+  EXPECT_NE(e4.status().message().find("islands[0].hosts[0].name must be a string"),
+            std::string::npos) << e4.status();
   EXPECT_FALSE(ClusterSpec::Uniform(0, 1, 1).ok());
   EXPECT_EQ(ClusterSpec::FromFile("/nonexistent.json").status().code(),
             absl::StatusCode::kNotFound);

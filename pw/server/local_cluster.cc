@@ -117,11 +117,15 @@ absl::StatusOr<LocalClusterState> LoadState() {
     return absl::DataLossError(absl::StrCat(dir, "/cluster.json is malformed"));
   LocalClusterState s;
   s.state_dir = dir;
-  s.address = j.value("address", "");
-  s.controller_pid = j.value("controller_pid", 0);
-  s.worker_pids = j.value("worker_pids", std::vector<int>{});
-  s.worker_cpus = j.value("worker_cpus", std::vector<std::string>{});
-  s.cluster_token = j.value("cluster_token", "");
+  try {  // A field of the wrong type throws: the file is ours, but may have been edited.
+    s.address = j.value("address", "");
+    s.controller_pid = j.value("controller_pid", 0);
+    s.worker_pids = j.value("worker_pids", std::vector<int>{});
+    s.worker_cpus = j.value("worker_cpus", std::vector<std::string>{});
+    s.cluster_token = j.value("cluster_token", "");
+  } catch (const nlohmann::json::exception& e) {
+    return absl::DataLossError(absl::StrCat(dir, "/cluster.json is malformed: ", e.what()));
+  }
   return s;
 }
 
