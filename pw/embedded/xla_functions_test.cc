@@ -189,11 +189,15 @@ TEST(XlaRuntimeCollectivesTest, FunctionSpansHostsAndMatchesTheSpmdModule) {
   std::vector<float> row = {572, 680, 568};  // As in SpmdFunctionSpansHostsOfTheProcess.
   std::vector<float> want;
   for (int i = 0; i < 4; ++i) want.insert(want.end(), row.begin(), row.end());
+  const int64_t segments_before = cluster->worker(HostId(0))->segment_works();
   for (int i = 0; i < 3; ++i) {
     auto out = f->Call({*HostArray::Of<float>(DType::kF32, Shape({4, 3}), Rows(4))});
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_EQ((*out)[0].ToHost()->values<float>(), want);
   }
+  // Issue 19 item 4: XLA functions took the shard path only; per-shard modules take the planned
+  // segment path of native kernels now (seen failing: 0 segment works), one per run and host.
+  EXPECT_EQ(cluster->worker(HostId(0))->segment_works() - segments_before, 3);
   // Bound to a slice of another size: refused at bind time, naming both sizes.
   Slice two = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
   auto wrong = client->Pmap(LoadRuntime("rt_psum4", 4), two);

@@ -60,10 +60,6 @@ class Executable {
   // rendezvous the runtime cannot abort (an SPMD executable's partitions inside the backend), so
   // once one shard has launched, the others must too.
   virtual bool shards_skippable() const { return true; }
-  // Whether Launch always runs the shard before returning (sets `ran`), on the device thread:
-  // then later shards on the same device may read its outputs without futures (the worker runs
-  // a work's shards on a device as one segment).
-  virtual bool runs_on_launch() const { return false; }
   virtual Run Launch(const ShardLaunch& launch) const {
     Future<std::vector<DeviceBufferRef>> f = ExecuteShard(launch);
     if (f.IsReady()) return {.ran = f.Await()};

@@ -65,7 +65,6 @@ class NativeExecutable final : public Executable {
     run.ran = Run(launch);
     return run;
   }
-  bool runs_on_launch() const override { return true; }
 
  private:
   absl::StatusOr<std::vector<DeviceBufferRef>> Run(const ShardLaunch& launch) const {

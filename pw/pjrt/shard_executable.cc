@@ -98,6 +98,7 @@ absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtShardExecutable::Stage(
 Future<std::vector<DeviceBufferRef>> PjrtShardExecutable::ExecuteShard(
     const ShardLaunch& launch) const {
   Run run = Launch(launch);
+  if (run.ran.has_value()) return Future<std::vector<DeviceBufferRef>>::Ready(*std::move(run.ran));
   Promise<std::vector<DeviceBufferRef>> p;
   Future<std::vector<DeviceBufferRef>> f = p.future();
   run.outputs.OnReady([p = std::move(p), computed = run.computed](
@@ -149,9 +150,15 @@ Executable::Run PjrtShardExecutable::Launch(const ShardLaunch& launch) const {
     launched = exe_->Launch(inputs, index, launch.device, launch_id, def_.outputs);
   }
   if (!launched.ok()) return fail(launched.status());
-  return Run{Outputs::Ready(std::vector<DeviceBufferRef>(launched->outputs.begin(),
-                                                         launched->outputs.end())),
-             launched->computed};
+  std::vector<DeviceBufferRef> outputs(launched->outputs.begin(), launched->outputs.end());
+  // Run already (the CPU plugin, inputs ready): complete inline, as native kernels do.
+  if (!launched->computed.valid() || launched->computed.IsReady()) {
+    const absl::Status computed =
+        launched->computed.valid() ? launched->computed.status() : absl::OkStatus();
+    if (!computed.ok()) return Run{.ran = computed};
+    return Run{.ran = std::move(outputs)};
+  }
+  return Run{Outputs::Ready(std::move(outputs)), launched->computed};
 }
 
 }  // namespace pw::pjrt

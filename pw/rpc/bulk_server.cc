@@ -175,10 +175,16 @@ void BulkServer::AcceptLoop() {
       if (connections_.size() >= kMaxConnections) {
         refused = absl::ResourceExhaustedError(absl::StrCat(
             "bulk stream: this worker already serves ", kMaxConnections, " connections"));
-      } else if (unauthenticated_ >= kMaxUnauthenticated) {
-        refused = absl::ResourceExhaustedError(absl::StrCat(
-            "bulk stream: ", kMaxUnauthenticated, " connections are already saying hello"));
       } else {
+        if (unauthenticated_ >= kMaxUnauthenticated) {
+          // The oldest connection still silent makes room (its hello read fails, it ends).
+          for (Connection& old : connections_) {
+            if (old.greeted) continue;
+            old.greeted = true;
+            shutdown(old.fd, SHUT_RDWR);
+            break;
+          }
+        }
         ++unauthenticated_;
         bulk::Configure(fd, kHelloSeconds);
         Connection& c = connections_.emplace_back();
@@ -227,6 +233,7 @@ void BulkServer::Serve(Connection* c) {
   {
     pw::MutexLock lock(&mu_);
     --unauthenticated_;
+    c->greeted = true;
   }
   if (!hello.ok()) return;
   bulk::Configure(fd, kProgressSeconds);

@@ -3,10 +3,12 @@
 // ticket's bytes, which are sent straight from the shard's memory.
 //
 // One thread accepts; each connection has its own thread (readers keep a few open, see
-// BulkClient), at most kMaxConnections at once, of which at most kMaxUnauthenticated have not
-// yet said their hello (connections over either limit are refused with ResourceExhausted). A
-// connection that has not said a correct hello within 10 s, or makes no progress for 60 s, is
-// closed; a wrong ticket gets an error and the connection stays usable. Thread-safe.
+// BulkClient), at most kMaxConnections at once (one more is refused with ResourceExhausted), of
+// which at most kMaxUnauthenticated have not yet said their hello: a new connection past that
+// closes the oldest of those, so connections that never say hello (no token needed to open
+// one) cannot keep peers out. A connection that has not said a correct hello within 10 s, or
+// makes no progress for 60 s, is closed; a wrong ticket gets an error and the connection stays
+// usable. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -62,6 +64,7 @@ class BulkServer {
     int fd;
     std::thread thread;
     std::atomic<bool> finished{false};
+    bool greeted = false;  // Said its hello (or was closed for not saying it). Under mu_.
   };
   BulkServer(int listen_fd, int port, std::string token);
   void AcceptLoop();

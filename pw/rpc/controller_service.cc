@@ -1,5 +1,7 @@
 #include "pw/rpc/controller_service.h"
 
+#include <malloc.h>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +11,9 @@
 
 namespace pw::rpc {
 namespace v1 = ::pathways::v1;
+
+// A PutArray at least this large gives its memory back to the system when done.
+constexpr size_t kTrimAfterBytes = size_t{64} << 20;
 
 // A handler's first line: authorizes the call (and its client), or replies with the error.
 #define PW_AUTHORIZE(...)                                                    \
@@ -261,12 +266,18 @@ grpc::ServerUnaryReactor* ControllerService::PutArray(grpc::CallbackServerContex
   PW_AUTHORIZE(ctx, req->client());
   absl::StatusOr<Sharding> sharding = FromProto(req->sharding());
   if (!sharding.ok()) return Reply(ctx, Annotate(sharding.status(), "PutArray sharding"));
-  v1::HostArray value = req->value();
-  absl::StatusOr<HostArray> array = FromProto(&value);
+  // The request is this call's until it finishes: its bytes move into the array (and the
+  // message's copy is freed) instead of being copied once more.
+  auto* value = const_cast<v1::HostArray*>(&req->value());
+  const size_t bytes = value->data().size();
+  absl::StatusOr<HostArray> array = FromProto(value);
   if (!array.ok()) return Reply(ctx, Annotate(array.status(), "PutArray value"));
   auto info = controller_->PutArray(ClientId(req->client()), SliceId(req->slice()), *sharding,
                                     *std::move(array));
   if (info.ok()) ToProto(*info, resp);
+  // gRPC received the message in many small slices, which the allocator keeps after they are
+  // freed: give a large message's memory back to the system.
+  if (bytes >= kTrimAfterBytes) malloc_trim(0);
   return Reply(ctx, info.status());
 }
 

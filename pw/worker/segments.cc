@@ -114,7 +114,7 @@ std::shared_ptr<const Worker::SegmentPlan> Worker::MakePlan(const HostWork& work
       continue;
     }
     absl::StatusOr<ExecutableRef> exe = LoadExecutable(c->function, c->slice_devices);
-    if (!exe.ok() || !(*exe)->runs_on_launch() || !(*exe)->shards_skippable() ||
+    if (!exe.ok() || !(*exe)->shards_skippable() ||
         (*exe)->output_specs().size() != c->outputs.size())
       return unusable;
     plan->executables.push_back(*exe);
@@ -304,9 +304,18 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
       launch.slice_devices = step.compute->slice_devices;
       launch.device = device.id();
       launch.collectives = collectives_;
-      ran = std::move(step.exe->Launch(launch).ran);
-      if (!ran.has_value()) s = absl::InternalError("a segment's launch did not run on launch");
-      else if (!ran->ok()) s = ran->status();
+      Executable::Run run = step.exe->Launch(launch);
+      ran = std::move(run.ran);
+      if (!ran.has_value()) {
+        // A backend with its own streams (PJRT) hands back futures: the step completes through
+        // its event, on the device thread, as native kernels complete inline (a later step may
+        // read its outputs from a slot).
+        const absl::Status computed = run.computed.valid() ? run.computed.status()
+                                                           : absl::OkStatus();
+        ran = computed.ok() ? run.outputs.Await()
+                            : absl::StatusOr<std::vector<DeviceBufferRef>>(computed);
+      }
+      if (!ran->ok()) s = ran->status();
       else if ((*ran)->size() != step.outputs.size())
         s = absl::InternalError(absl::StrCat((*ran)->size(), " outputs, expected ",
                                              step.outputs.size()));

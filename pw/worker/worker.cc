@@ -188,9 +188,11 @@ void Worker::ShardEnd::operator()(Shard* shard) const {
 
 void Worker::RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued,
                          Promise<> done) {
-  if (std::shared_ptr<const SegmentPlan> plan = PlanOf(*work))
+  if (std::shared_ptr<const SegmentPlan> plan = PlanOf(*work)) {
+    segment_works_.fetch_add(1, std::memory_order_relaxed);
     return DispatchSegments(std::move(work), std::move(plan), std::move(enqueued),
                             std::move(done));
+  }
   auto d = std::make_shared<Dispatched>();
   Dispatching state;
   state.local.assign(work->buffers->size(), false);

@@ -66,6 +66,8 @@ class Worker final : public WorkerInterface {
     absl::Status why;  // Why the run was cancelled.
   };
   std::vector<Overrun> Overrunning(absl::Time now, absl::Duration grace) const;
+  // Works dispatched as segments (the planned path) so far; the rest took the shard path.
+  int64_t segment_works() const { return segment_works_.load(std::memory_order_relaxed); }
   absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) override;
   absl::Status RestoreDevice(DeviceId device) override;
   absl::StatusOr<HostStatus> Status() const override;
@@ -200,6 +202,7 @@ class Worker final : public WorkerInterface {
   absl::flat_hash_map<RunId, CancelledRun> cancelled_ ABSL_GUARDED_BY(cancel_mu_);
   std::atomic<size_t> num_cancelled_{0};  // cancelled_.size(), read without the lock.
   std::atomic<int64_t> cancelled_shards_{0};
+  std::atomic<int64_t> segment_works_{0};
   std::atomic<int64_t> ici_bytes_{0};
   std::atomic<int64_t> dcn_bytes_{0};
   WorkQueue data_plane_;
