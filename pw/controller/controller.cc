@@ -78,7 +78,8 @@ absl::Status Controller::AttachWorker(HostId host, IslandId island, WorkerInterf
           [this](HostId h) { return Worker(h); }));
     }
     for (size_t i = 0; i < functions_.size(); ++i)
-      fns.emplace_back(FunctionId(static_cast<int64_t>(i)), functions_[i].def);
+      if (functions_[i].owner.valid())  // Not freed with its client.
+        fns.emplace_back(FunctionId(static_cast<int64_t>(i)), functions_[i].def);
   }
   for (const auto& [id, def] : fns) PW_RETURN_IF_ERROR(worker->LoadFunction(id, def));
   return absl::OkStatus();
@@ -161,9 +162,19 @@ absl::Status Controller::Disconnect(ClientId client) {
   }
   rm_.ReleaseClient(client);
   Free(buffers_.ReleaseClient(client));
+  // Its functions (modules of any size) and programs go too: a long-lived cluster serves clients
+  // without end. Ids are not reused; a freed one reads as never registered.
   pw::MutexLock lock(&mu_);
   for (auto& p : programs_)
-    if (p != nullptr && p->owner == client) p->plans.clear();
+    if (p != nullptr && p->owner == client) p.reset();
+  for (size_t i = 0; i < functions_.size(); ++i) {
+    if (functions_[i].owner != client) continue;
+    functions_[i] = Function{ClientId(), NativeFunctionDef{}};
+    for (auto it = signatures_.begin(); it != signatures_.end();) {
+      if (it->first.first == FunctionId(static_cast<int64_t>(i))) signatures_.erase(it++);
+      else ++it;
+    }
+  }
   clients_.erase(client);
   return absl::OkStatus();
 }
@@ -734,6 +745,14 @@ absl::Status Controller::ReleaseArray(ClientId client, BufferId id) {
   PW_ASSIGN_OR_RETURN(auto freed, buffers_.ReleaseHandle(client, id));
   Free(freed);
   return absl::OkStatus();
+}
+
+Controller::Registry Controller::registry() const {
+  pw::MutexLock lock(&mu_);
+  Registry r;
+  for (const Function& f : functions_) r.functions += f.owner.valid();
+  for (const auto& p : programs_) r.programs += p != nullptr;
+  return r;
 }
 
 absl::StatusOr<ClusterStatus> Controller::Status() {

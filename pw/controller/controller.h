@@ -61,6 +61,11 @@ class Controller final : public ControllerInterface {
   // already running is left to its worker, which restarts if it overruns (pw/server).
   // NotFound if the run is not in flight.
   absl::Status CancelRun(RunId run, const absl::Status& why);
+  // Functions and programs registered and not yet freed (a client's go when it disconnects).
+  struct Registry {
+    size_t functions = 0, programs = 0;
+  };
+  Registry registry() const;
   // Cancels every run of `client` in flight; returns them.
   std::vector<RunId> CancelClientRuns(ClientId client, const absl::Status& why);
 

@@ -1,6 +1,8 @@
 // The Controller alone (no workers attached): binding rules checked before anything runs.
 #include "pw/controller/controller.h"
 
+#include "pw/executor/native_function.h"
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -79,6 +81,29 @@ TEST(ControllerTest, FunctionsLargerThanTheClusterAreRefusedAtRegistration) {
               HasSubstr("has 1000000 partitions and collective axis size 0, but the cluster has "
                         "only 4 devices"));
   EXPECT_TRUE(c.RegisterFunction(client, Spmd(4)).ok());
+}
+
+// Issue 20: a disconnected client's functions (their modules) and programs stayed registered
+// for as long as the controller ran (seen failing: both functions and the program left).
+TEST(ControllerTest, ADisconnectedClientsFunctionsAndProgramsAreFreed) {
+  Controller c(*ClusterSpec::Uniform(1, 1, 2));
+  ClientId gone = *c.Connect("gone"), stays = *c.Connect("stays");
+  auto slice = c.AllocateSlice(gone, {.num_devices = 2});
+  ASSERT_TRUE(slice.ok());
+  NativeFunctionBuilder b("inc");
+  int x = b.Input({DType::kF32, Shape({1})});
+  auto fn = c.RegisterFunction(gone, b.Build({b.Op("add_scalar", {x}, {{"value", 1.0}})}));
+  ASSERT_TRUE(fn.ok()) << fn.status();
+  const ArraySpec g{DType::kF32, Shape({2})};
+  const Sharding sh = Sharding::Split({2}, 1, 0);
+  ProgramIr ir{"p", {g}, {{"inc", {fn->id, slice->id, {g}, {sh}, {g}, {sh}}, {{-1, 0}}}}, {{0, 0}}};
+  ASSERT_TRUE(c.RegisterProgram(gone, ir).ok());
+  ASSERT_TRUE(c.RegisterFunction(stays, Spmd(1)).ok());
+  EXPECT_EQ(c.registry().functions, 2u);
+  EXPECT_EQ(c.registry().programs, 1u);
+  ASSERT_TRUE(c.Disconnect(gone).ok());
+  EXPECT_EQ(c.registry().functions, 1u);
+  EXPECT_EQ(c.registry().programs, 0u);
 }
 
 }  // namespace

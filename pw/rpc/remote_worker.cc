@@ -138,6 +138,8 @@ void RemoteWorker::Fail(const std::string& reason) {
     if (fetches_->failed.empty()) fetches_->failed = reason;
     for (grpc::ClientContext* call : fetches_->calls) call->TryCancel();  // OnDone runs later.
   }
+  // This stub may be kept (work in flight holds it), but its shared memory is of no more use.
+  if (arena_ != nullptr) arena_->Close();
   const absl::Status error = Where(absl::UnavailableError(reason));
   for (auto& [seq, p] : pending) {
     if (p.enqueued.valid()) p.enqueued.Set(error);

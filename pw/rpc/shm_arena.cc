@@ -56,7 +56,23 @@ std::shared_ptr<ShmSegment> ShmArena::Take() {
 
 void ShmArena::Give(std::shared_ptr<ShmSegment> segment) {
   pw::MutexLock lock(&mu_);
+  if (closed_) {
+    bytes_ -= segment->capacity();
+    Unlink(segment->name());
+    return;  // Unmapped as `segment` goes.
+  }
   free_.push_back(std::move(segment));
+}
+
+void ShmArena::Close() {
+  std::vector<std::shared_ptr<ShmSegment>> dropped;  // Unmapped after the lock is released.
+  pw::MutexLock lock(&mu_);
+  closed_ = true;
+  for (const auto& s : free_) {
+    bytes_ -= s->capacity();
+    Unlink(s->name());
+  }
+  dropped.swap(free_);
 }
 
 void ShmArena::Unlink(const std::string& name) {
@@ -75,6 +91,7 @@ absl::Status ShmArena::Grow(size_t size) {
   while (capacity < size) capacity <<= 1;
   {
     pw::MutexLock lock(&mu_);
+    if (closed_) return absl::FailedPreconditionError("shared-memory arena is closed");
     // Room: drop the smallest free segments while over a limit.
     std::sort(free_.begin(), free_.end(),
               [](const auto& a, const auto& b) { return a->capacity() > b->capacity(); });

@@ -56,6 +56,9 @@ class ShmArena {
   absl::Status Grow(size_t size);
   // Forgets (and unlinks) a segment the writer could not use.
   void Discard(const std::shared_ptr<ShmSegment>& segment);
+  // The peer is gone: unmaps and unlinks the free segments now, and those taken as they come
+  // back; the pool grows no more. (A failed worker's stub may live on; its memory should not.)
+  void Close();
 
  private:
   void Unlink(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -65,6 +68,7 @@ class ShmArena {
   std::vector<std::shared_ptr<ShmSegment>> free_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> names_ ABSL_GUARDED_BY(mu_);  // Every live segment made here.
   size_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // The writer's side: readers' segments mapped by name, the most recently used kept mapped.

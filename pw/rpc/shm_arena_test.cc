@@ -45,6 +45,28 @@ TEST(ShmArenaTest, LimitsAndDiscardedSegments) {
   EXPECT_TRUE(arena.Grow(1 << 20).ok());  // Room again.
 }
 
+// Issue 20: a failed worker's stub kept its reader's pool (each segment at least 1 MiB, resident)
+// for as long as the controller ran, so every rejoin grew the controller.
+TEST(ShmArenaTest, ClosingFreesTheSegmentsFreeNowAndThoseGivenBackLater) {
+  ShmArena arena(/*max_segments=*/2);
+  ShmWriterCache writer;
+  ASSERT_TRUE(arena.Grow(1 << 20).ok());
+  ASSERT_TRUE(arena.Grow(1 << 20).ok());
+  auto taken = arena.Take();  // One taken, one free.
+  ASSERT_NE(taken, nullptr);
+  auto other = arena.Take();
+  ASSERT_NE(other, nullptr);
+  const std::string free_name = other->name();
+  arena.Give(std::move(other));
+  arena.Close();
+  EXPECT_TRUE(absl::IsNotFound(writer.Write(free_name, "x", 1))) << "a free segment survived";
+  const std::string taken_name = taken->name();
+  arena.Give(std::move(taken));  // Comes back after the close: unlinked, not pooled.
+  EXPECT_TRUE(absl::IsNotFound(writer.Write(taken_name, "x", 1)));
+  EXPECT_EQ(arena.Take(), nullptr);
+  EXPECT_TRUE(absl::IsFailedPrecondition(arena.Grow(1 << 20)));
+}
+
 TEST(ShmArenaTest, StaleSegmentsOfDeadProcessesAreRemoved) {
   // A pid that cannot be alive (above the kernel's maximum), and ours.
   const std::string dead = "/pw-mbox-2147483640-test", live = absl::StrCat("/pw-arena-", getpid(), "-test");

@@ -251,12 +251,16 @@ def main():
         report["fds"] = {str(pid): [before[pid][0], after[pid][0]] for pid in watched}
         report["threads"] = {str(pid): [before[pid][1], after[pid][1]] for pid in watched}
         report["stale_shm_segments"] = stale_segments()
-        drift = {}
+        drift, mb = {}, {}
         for pid, samples in rss.items():
             half = [kb for t, kb in samples if t >= a.seconds / 2 and kb]
             if len(half) >= 2:
                 drift[str(pid)] = round((max(half[-5:]) - half[0]) / half[0], 4)
-        report["rss_drift"] = drift
+                mb[str(pid)] = [round(half[0] / 1024, 1), round(max(half[-5:]) / 1024, 1)]
+        report["rss_drift"] = drift  # Over the second half: (end - start) / start.
+        report["rss_mb_second_half"] = mb  # [start, end]
+        report["roles"] = {str(controller): "controller", **{str(p): "island-1 worker"
+                                                            for p in island1}}
         # Slack for gRPC's own pools, which grow on demand (threads) and keep a channel per peer;
         # growth with every fault would exceed it.
         leaks = [pid for pid in watched
