@@ -10,26 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from chaos import alive, pw  # python/tests is on sys.path under pytest (rootdir-relative)
+
 ROOT = Path(__file__).resolve().parents[2]
 PW = ROOT / "build" / "bin" / "pw"
 FIGURE2 = "(array([3., 5.]), array([2., 4.]))"
 
 pytestmark = pytest.mark.skipif(not PW.exists(), reason="build/bin/pw is not built (make build)")
-
-
-def pw(*args, env, check=True, timeout=120):
-    r = subprocess.run([str(PW), *args], env=env, capture_output=True, text=True, timeout=timeout)
-    if check and r.returncode != 0:
-        raise AssertionError(f"pw {' '.join(args)} failed ({r.returncode}): {r.stderr}")
-    return r
-
-
-def alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture
