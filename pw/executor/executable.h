@@ -56,10 +56,13 @@ class Executable {
     Future<> computed;
     std::optional<absl::StatusOr<std::vector<DeviceBufferRef>>> ran;
   };
-  // Whether a launch's shards may be skipped independently: false when the shards meet in a
-  // rendezvous the runtime cannot abort (an SPMD executable's partitions inside the backend), so
-  // once one shard has launched, the others must too.
-  virtual bool shards_skippable() const { return true; }
+  // A shard of a launch that fails before it runs here (an input, its memory or its device
+  // failed, its run was cancelled), after the runtime has failed the launch in its Collectives.
+  // A backend whose shards meet in a rendezvous inside it that the runtime cannot abort (an SPMD
+  // module's partitions in XLA's collectives) runs it anyway, on zeros, so the peers complete; the
+  // peers then fail their results (they see the launch's failure). Others do nothing. `launch`
+  // has no inputs.
+  virtual void RunStandIn(const ShardLaunch& launch) const {}
   virtual Run Launch(const ShardLaunch& launch) const {
     Future<std::vector<DeviceBufferRef>> f = ExecuteShard(launch);
     if (f.IsReady()) return {.ran = f.Await()};

@@ -66,6 +66,7 @@ absl::StatusOr<std::shared_ptr<const PjrtExecutable>> PjrtBackend::Compile(
   std::shared_ptr<const PjrtClient> client;
   Promise<std::shared_ptr<const PjrtExecutable>> compiling;
   std::optional<Future<std::shared_ptr<const PjrtExecutable>>> cached;
+  std::function<void(const std::string&)> hook;
   {
     pw::MutexLock lock(&mu_);
     if (auto it = cache_.find(key); it != cache_.end()) {
@@ -74,9 +75,11 @@ absl::StatusOr<std::shared_ptr<const PjrtExecutable>> PjrtBackend::Compile(
       PW_ASSIGN_OR_RETURN(client, ClientLocked());
       ++num_compiles_;
       cache_.emplace(key, compiling.future());
+      hook = compile_hook_;
     }
   }
   if (cached.has_value()) return cached->Await();  // Compiled, or being compiled by another.
+  if (hook) hook(name);
   // Outside mu_: other functions compile (and the client is used) meanwhile.
   absl::StatusOr<std::unique_ptr<PjrtExecutable>> exe =
       client->Compile(name, module, std::move(inputs), placement);
@@ -100,6 +103,11 @@ absl::Status PjrtBackend::RuntimeCollectives() {
   pw::MutexLock lock(&mu_);
   PW_RETURN_IF_ERROR(ClientLocked().status());
   return collectives_status_;
+}
+
+void PjrtBackend::SetCompileHookForTesting(std::function<void(const std::string&)> hook) {
+  pw::MutexLock lock(&mu_);
+  compile_hook_ = std::move(hook);
 }
 
 int64_t PjrtBackend::num_compiles() const {

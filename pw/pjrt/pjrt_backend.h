@@ -14,6 +14,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -53,6 +54,10 @@ class PjrtBackend {
   absl::Status RuntimeCollectives() ABSL_LOCKS_EXCLUDED(mu_);
   // Number of compiles done (cache misses).
   int64_t num_compiles() const ABSL_LOCKS_EXCLUDED(mu_);
+  // For tests: called with the function's name on the compiling thread before each compile (a
+  // cache miss), outside any lock.
+  void SetCompileHookForTesting(std::function<void(const std::string&)> hook)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::StatusOr<std::shared_ptr<const PjrtClient>> ClientLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -68,6 +73,7 @@ class PjrtBackend {
       ABSL_GUARDED_BY(mu_);
   int64_t num_compiles_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status collectives_status_ ABSL_GUARDED_BY(mu_);
+  std::function<void(const std::string&)> compile_hook_ ABSL_GUARDED_BY(mu_);
   // Its own lock: staging on a device thread must not wait behind a compile holding mu_.
   pw::Mutex keys_mu_;
   absl::node_hash_set<std::string> staging_keys_ ABSL_GUARDED_BY(keys_mu_);

@@ -1,5 +1,7 @@
 #include "pw/pjrt/shard_executable.h"
 
+#include <cstring>
+
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
@@ -151,14 +153,39 @@ Executable::Run PjrtShardExecutable::Launch(const ShardLaunch& launch) const {
   }
   if (!launched.ok()) return fail(launched.status());
   std::vector<DeviceBufferRef> outputs(launched->outputs.begin(), launched->outputs.end());
+  // An SPMD partition's results are whole only if no partition of its launch ran as a stand-in.
+  auto whole = [key = launch.key, collectives = launch.collectives,
+                spmd = exe_->num_partitions() > 1](absl::Status computed) {
+    if (computed.ok() && spmd && collectives != nullptr)
+      computed = collectives->LaunchFailure(key.run, key.node);
+    return computed;
+  };
   // Run already (the CPU plugin, inputs ready): complete inline, as native kernels do.
   if (!launched->computed.valid() || launched->computed.IsReady()) {
     const absl::Status computed =
-        launched->computed.valid() ? launched->computed.status() : absl::OkStatus();
+        whole(launched->computed.valid() ? launched->computed.status() : absl::OkStatus());
     if (!computed.ok()) return Run{.ran = computed};
     return Run{.ran = std::move(outputs)};
   }
-  return Run{Outputs::Ready(std::move(outputs)), launched->computed};
+  if (exe_->num_partitions() <= 1) return Run{Outputs::Ready(std::move(outputs)), launched->computed};
+  Promise<> checked;
+  Future<> computed = checked.future();
+  launched->computed.OnReady([whole = std::move(whole), checked = std::move(checked)](
+                                 const absl::Status& s) mutable { checked.Set(whole(s)); });
+  return Run{Outputs::Ready(std::move(outputs)), std::move(computed)};
+}
+
+void PjrtShardExecutable::RunStandIn(const ShardLaunch& launch) const {
+  if (exe_->num_partitions() <= 1) return;  // Per-shard: its peers meet in the runtime.
+  ShardLaunch zeros = launch;
+  zeros.inputs.clear();
+  for (const ArraySpec& spec : def_.inputs) {
+    auto buffer = HostDeviceBuffer::Create(spec, launch.device);
+    std::memset(buffer->mutable_data(), 0, spec.size_bytes());
+    zeros.inputs.push_back(std::move(buffer));
+  }
+  Run run = Launch(zeros);
+  if (!run.ran.has_value() && run.computed.valid()) run.computed.Await();  // Its result goes.
 }
 
 }  // namespace pw::pjrt

@@ -9,7 +9,9 @@
 //   partition i placed on the slice's i-th device. Each device executor launches its own partition
 //   (launch id derived from the run and node), and the partitions meet in XLA's collectives. All
 //   of the slice's devices must belong to the same PJRT backend (one process: the CPU plugin has
-//   no multi-process collectives); otherwise compiling fails, naming the device.
+//   no multi-process collectives); otherwise compiling fails, naming the device. A partition
+//   whose launch another partition failed (Collectives::LaunchFailure, read once it has run)
+//   fails its outputs: they were computed with a stand-in's zeros (RunStandIn).
 // Inputs that are not already PJRT buffers of the right shape on that device (native kernels'
 // outputs, put arrays) are staged through host memory, once per buffer (the staged copy is kept
 // as the buffer's mirror). Outputs are PJRT buffers owned by the plugin, handed on as soon as the
@@ -50,7 +52,9 @@ class PjrtShardExecutable final : public Executable {
   Future<std::vector<DeviceBufferRef>> ExecuteShard(const ShardLaunch& launch) const override;
   // Outputs as soon as the partition is enqueued on its PJRT device.
   Run Launch(const ShardLaunch& launch) const override;
-  bool shards_skippable() const override { return exe_->num_partitions() <= 1; }
+  // An SPMD partition that will not run for real still launches, on zeros, and waits to have
+  // run, so its peers inside XLA's collectives complete (XLA would end the process otherwise).
+  void RunStandIn(const ShardLaunch& launch) const override;
 
  private:
   PjrtShardExecutable(std::shared_ptr<PjrtBackend> backend,

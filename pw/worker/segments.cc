@@ -1,4 +1,5 @@
-// Segments: a work's shards on one device run as one queue item (see worker.h).
+// Segments: a work's shards on one device run as one queue item (see worker.h); the one path of
+// every work, whatever its backends.
 #include <algorithm>
 
 #include "absl/container/flat_hash_map.h"
@@ -10,15 +11,15 @@ namespace pw {
 
 struct Worker::SegmentPlan {
   std::weak_ptr<const HostProgram> program;  // Planned for (the steps point into it).
-  bool usable = false;  // Else the work takes the shard-by-shard path.
-  std::vector<ExecutableRef> executables;    // What the steps' `exe` point to.
+  absl::Status malformed;  // A work no plan can run (it names the node): it fails whole.
   // One compute node's shard on the device. A value is a slot of the segment (>= 0): an
   // intermediate that only later steps of the segment read; or (< 0) ~i, the segment's i-th
   // input or output, in the store.
   struct Step {
     const NodeWork* node;
     const ComputeWork* compute;
-    const Executable* exe;
+    Future<ExecutableRef> exe;  // Compiled (or compiling) for the node's slice.
+    absl::Status invalid;       // Why it cannot run (e.g. its function is unknown), if so.
     int rank;
     absl::InlinedVector<int, 2> inputs;
     absl::InlinedVector<bool, 2> take;  // The slot's last read: its value is moved out.
@@ -39,6 +40,13 @@ struct Worker::SegmentPlan {
     int64_t scratch_bytes = 0;  // The most bytes the slots hold at once.
   };
   std::vector<OnDevice> devices;
+  // Shards the work assigns to devices this host does not have: their outputs are stored failed.
+  struct Misplaced {
+    const ComputeWork* compute;
+    DeviceId device;
+    absl::Status error;
+  };
+  std::vector<Misplaced> misplaced;
   // The work's nodes in order: a transfer (step < 0) or a compute node's shard on a device.
   struct Action {
     const NodeWork* node;
@@ -86,26 +94,35 @@ std::shared_ptr<const Worker::SegmentPlan> Worker::PlanOf(const HostWork& work) 
     }
     it = plans_.emplace(key, MakePlan(work)).first;
   }
-  return it->second->usable ? it->second : nullptr;
+  return it->second;
 }
 
 std::shared_ptr<const Worker::SegmentPlan> Worker::MakePlan(const HostWork& work) {
   auto plan = std::make_shared<SegmentPlan>();
   plan->program = work.program;
-  // Anything unusual takes the shard-by-shard path, which reports it.
-  auto unusable = std::make_shared<SegmentPlan>();
-  unusable->program = work.program;
+  auto malformed = [&](const NodeWork& node, absl::string_view what) {
+    auto bad = std::make_shared<SegmentPlan>();
+    bad->program = work.program;
+    bad->malformed = absl::InvalidArgumentError(absl::StrCat(
+        work.run.ToString(), " program '", work.program->program, "' node '", node.name, "': ",
+        what));
+    return bad;
+  };
   const auto& nodes = work.program->nodes;
+  const int num_values = static_cast<int>(work.buffers->size());
   // Values read last by a node of the work: the rest are read outside it (or kept).
-  std::vector<bool> local(work.buffers->size(), false);
+  std::vector<bool> local(num_values, false);
   for (size_t i = work.begin; i < work.end; ++i)
     if (const auto* c = std::get_if<ComputeWork>(&nodes[i].work))
       for (int v : c->release)
-        if (v >= 0 && v < static_cast<int>(local.size())) local[v] = true;
+        if (v >= 0 && v < num_values) local[v] = true;
   absl::flat_hash_map<DeviceId, int> device_index;
   // Each device's slot of a value produced by an earlier step, with its bytes.
   absl::flat_hash_map<std::pair<int, DeviceId>, std::pair<int, int64_t>> slots;
   std::vector<int64_t> live;  // By device: bytes in slots now.
+  // Consecutive nodes of one function on one slice (a chain of steps) share the lookup.
+  const ComputeWork* loaded_for = nullptr;
+  absl::StatusOr<Loaded> loaded;
   for (size_t i = work.begin; i < work.end; ++i) {
     const NodeWork& node = nodes[i];
     const auto* c = std::get_if<ComputeWork>(&node.work);
@@ -113,23 +130,42 @@ std::shared_ptr<const Worker::SegmentPlan> Worker::MakePlan(const HostWork& work
       plan->order.push_back({&node});
       continue;
     }
-    absl::StatusOr<ExecutableRef> exe = LoadExecutable(c->function, c->slice_devices);
-    if (!exe.ok() || !(*exe)->shards_skippable() ||
-        (*exe)->output_specs().size() != c->outputs.size())
-      return unusable;
-    plan->executables.push_back(*exe);
+    if (loaded_for == nullptr || c->function != loaded_for->function ||
+        c->slice_devices != loaded_for->slice_devices) {
+      loaded = LoadExecutable(c->function, c->slice_devices);
+      loaded_for = c;
+    }
+    absl::Status invalid = loaded.status();
+    if (invalid.ok() && loaded->outputs.size() != c->outputs.size())
+      invalid = absl::InternalError(absl::StrCat("the node has ", c->outputs.size(),
+                                                 " outputs but its function ",
+                                                 loaded->outputs.size()));
+    for (int v : c->inputs)
+      if (v < 0 || v >= num_values) return malformed(node, absl::StrCat("input value ", v));
+    for (int v : c->outputs)
+      if (v < 0 || v >= num_values) return malformed(node, absl::StrCat("output value ", v));
+    for (int v : c->release)
+      if (v < 0 || v >= num_values) return malformed(node, absl::StrCat("released value ", v));
     for (int rank : c->local_ranks) {
-      if (rank < 0 || rank >= static_cast<int>(c->slice_devices.size())) return unusable;
+      if (rank < 0 || rank >= static_cast<int>(c->slice_devices.size()))
+        return malformed(node, absl::StrCat("rank ", rank, " of a slice of ",
+                                            c->slice_devices.size()));
       const DeviceId id = c->slice_devices[rank];
       Device* device = FindDevice(id);
-      if (device == nullptr) return unusable;
+      if (device == nullptr) {
+        plan->misplaced.push_back({c, id, absl::InternalError(absl::StrCat(
+                                              NodeWhere(work, node, id), ": ", id.ToString(),
+                                              " is not on ", host_.ToString()))});
+        continue;
+      }
       auto [d, added] = device_index.try_emplace(id, static_cast<int>(plan->devices.size()));
       if (added) {
         plan->devices.push_back({device});
         live.push_back(0);
       }
       SegmentPlan::OnDevice& on = plan->devices[d->second];
-      SegmentPlan::Step step{&node, c, exe->get(), rank};
+      SegmentPlan::Step step{&node, c, loaded.ok() ? loaded->exe : Future<ExecutableRef>(),
+                             invalid, rank};
       for (size_t j = 0; j < c->inputs.size(); ++j) {
         const int v = c->inputs[j];
         auto s = slots.find(std::make_pair(v, id));
@@ -148,14 +184,16 @@ std::shared_ptr<const Worker::SegmentPlan> Worker::MakePlan(const HostWork& work
       }
       for (size_t k = 0; k < c->outputs.size(); ++k) {
         const int v = c->outputs[k];
-        if (v < 0 || v >= static_cast<int>(local.size())) return unusable;
-        const int64_t bytes = (*exe)->output_specs()[k].size_bytes();
+        const int64_t bytes =
+            loaded.ok() && k < loaded->outputs.size() ? loaded->outputs[k].size_bytes() : 0;
         if (!local[v]) {
           step.outputs.push_back(~static_cast<int>(on.outputs.size()));
           on.outputs.push_back({v, bytes});
           continue;
         }
-        if (!slots.try_emplace(std::make_pair(v, id), on.slots, bytes).second) return unusable;
+        if (!slots.try_emplace(std::make_pair(v, id), on.slots, bytes).second)
+          return malformed(node, absl::StrCat("value ", v, " is produced twice on ",
+                                              id.ToString()));
         step.outputs.push_back(on.slots++);
         live[d->second] += bytes;
       }
@@ -174,13 +212,16 @@ std::shared_ptr<const Worker::SegmentPlan> Worker::MakePlan(const HostWork& work
       on.steps.push_back(std::move(step));
     }
   }
-  plan->usable = true;
   return plan;
 }
 
-void Worker::DispatchSegments(std::shared_ptr<const HostWork> work,
-                              std::shared_ptr<const SegmentPlan> plan, Promise<> enqueued,
+void Worker::DispatchSegments(std::shared_ptr<const HostWork> work, Promise<> enqueued,
                               Promise<> done) {
+  std::shared_ptr<const SegmentPlan> plan = PlanOf(*work);
+  if (!plan->malformed.ok()) {
+    enqueued.Set();
+    return done.Set(plan->malformed);
+  }
   // Until every segment and transfer has ended: what they point into.
   struct Held {
     std::shared_ptr<const HostWork> work;
@@ -192,6 +233,11 @@ void Worker::DispatchSegments(std::shared_ptr<const HostWork> work,
   d->plan = std::move(plan);
   const HostWork& w = *d->work;
   const std::shared_ptr<Countdown> transfers_done(d, &d->done);
+  for (const SegmentPlan::Misplaced& m : d->plan->misplaced) {
+    for (int v : m.compute->outputs) PutFailed(w.buffer(v), m.device, m.error);
+    d->done.Add();
+    d->done.Done(m.error);
+  }
   std::vector<SegmentPtr> segments;
   for (const SegmentPlan::OnDevice& on : d->plan->devices) {
     SegmentPtr s(new Segment{.work = &w, .done = &d->done, .plan = &on});
@@ -253,7 +299,7 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
   size_t next_setup_error = 0;
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     const SegmentPlan::Step& step = plan.steps[i];
-    // Why it does not run, if it does not: as a shard would (RunShard).
+    // Why it does not run, if it does not.
     absl::Status s = health.ok() ? device.removed() : health;
     if (s.ok()) s = Cancelled(work.run);
     if (s.ok() && scratch != nullptr &&
@@ -272,7 +318,15 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
       if (s.ok()) s = seg.output_memory[~y].status();
       seg.output_memory[~y] = Future<ReservationRef>();
     }
+    if (s.ok()) s = step.invalid;
+    if (s.ok()) s = AwaitUnlessCancelled(step.exe, work.run);  // Compiling, if XLA's.
+    if (s.ok()) s = step.exe.status();
     ShardLaunch launch;
+    launch.key = {work.run.value(), step.node->node, 0};
+    launch.rank = step.rank;
+    launch.slice_devices = step.compute->slice_devices;
+    launch.device = device.id();
+    launch.collectives = collectives_;
     for (size_t j = 0; s.ok() && j < step.inputs.size(); ++j) {
       const int x = step.inputs[j];
       absl::StatusOr<DeviceBufferRef> v;
@@ -299,12 +353,7 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
     if (s.ok()) s = Cancelled(work.run);
     std::optional<absl::StatusOr<std::vector<DeviceBufferRef>>> ran;
     if (s.ok()) {
-      launch.key = {work.run.value(), step.node->node, 0};
-      launch.rank = step.rank;
-      launch.slice_devices = step.compute->slice_devices;
-      launch.device = device.id();
-      launch.collectives = collectives_;
-      Executable::Run run = step.exe->Launch(launch);
+      Executable::Run run = (*step.exe.Await())->Launch(launch);
       ran = std::move(run.ran);
       if (!ran.has_value()) {
         // A backend with its own streams (PJRT) hands back futures: the step completes through
@@ -326,6 +375,13 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
       const absl::Status error = Annotate(s, NodeWhere(work, *step.node, device.id()));
       collectives_->FailLaunch(work.run.value(), step.node->node, error,
                                step.compute->slice_devices);
+      // A backend whose shards meet inside it, beyond the runtime's reach (an SPMD module's
+      // partitions in XLA's rendezvous), still runs one that did not launch, as a stand-in, so
+      // they complete.
+      if (!ran.has_value() && step.invalid.ok() && step.exe.valid() && step.exe.Await().ok()) {
+        launch.inputs.clear();
+        (*step.exe.Await())->RunStandIn(launch);
+      }
       for (int y : step.outputs) {
         if (y >= 0) {
           slots[y] = error;

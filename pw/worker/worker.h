@@ -1,15 +1,15 @@
 // Worker: one host's devices, object-store shard and data plane.
 //
-// Thread-safe. Host-side work (Dispatch) runs on the worker's dispatch thread in arrival order:
-// for each node it reserves output memory, creates the output shards in the object store as
-// pending futures, looks up (or sets up receives for) inputs, and enqueues the computation on each
-// local device. Nothing there waits for data or memory, so a whole subgraph is dispatched before
-// any of it runs; the device thread waits for the item's inputs and memory when it reaches it,
-// like a stream waiting on events, then launches it; outputs are fulfilled when the executable's
-// completion future is ready. Receives (transfer nodes) pull
-// source shards from their hosts (FetchShard on the peer) and copy on the data-plane thread.
-// A work whose computations all run on launch (native kernels) goes to each device as one item,
-// a segment (segments.cc), whose intermediates stay on the device thread.
+// Thread-safe. Host-side work (Dispatch) runs on the worker's dispatch thread in arrival order.
+// Every work, whatever its backends, takes one path (segments.cc): its range of the host program is
+// planned once, and each run's dispatch creates the output shards in the object store as pending
+// futures, looks up (or sets up receives for) the inputs, reserves memory and enqueues one item,
+// a segment, per local device. Nothing there waits for data, memory or a compile, so a whole
+// subgraph is dispatched before any of it runs; the device thread waits for each step's compiled
+// executable, inputs and memory when it reaches it, like a stream waiting on events, then launches
+// it, keeping intermediates in the segment's slots. Receives (transfer nodes) pull source shards
+// from their hosts (FetchShard on the peer) and copy on the data-plane thread. XLA modules compile
+// on the compile thread, never on the dispatch thread.
 #pragma once
 
 #include <atomic>
@@ -66,8 +66,8 @@ class Worker final : public WorkerInterface {
     absl::Status why;  // Why the run was cancelled.
   };
   std::vector<Overrun> Overrunning(absl::Time now, absl::Duration grace) const;
-  // Works dispatched as segments (the planned path) so far; the rest took the shard path.
-  int64_t segment_works() const { return segment_works_.load(std::memory_order_relaxed); }
+  // The PJRT backend this worker runs StableHLO functions on (null: none).
+  const std::shared_ptr<pjrt::PjrtBackend>& pjrt_backend() const { return pjrt_; }
   absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) override;
   absl::Status RestoreDevice(DeviceId device) override;
   absl::StatusOr<HostStatus> Status() const override;
@@ -80,91 +80,42 @@ class Worker final : public WorkerInterface {
   }
 
  private:
-  void RunHostWork(std::shared_ptr<const HostWork> work, Promise<> enqueued, Promise<> done);
   // "run R program 'P' node 'N' on device D", for errors.
   static std::string NodeWhere(const HostWork& work, const NodeWork& node, DeviceId device);
   // `bytes` of `device`'s memory: granted now if they fit (no future), else a reservation to
   // wait for, which also goes to `*pending` (if given) for the device thread to wait on.
   static ObjectStore::Memory ReserveMemory(Device& device, int64_t bytes,
                                            Future<ReservationRef>* pending);
-  struct Dispatched;
-  struct Dispatching;
-  // Each adds its shards to `d->done` and finishes them when they complete.
-  void DispatchCompute(const std::shared_ptr<Dispatched>& d, Dispatching& state,
-                       const NodeWork& node, const ComputeWork& c,
-                       const absl::StatusOr<ExecutableRef>& exe);
   void DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,
                         const std::shared_ptr<Countdown>& done);
-  // One shard of a compute node, run by whichever step of it runs: RunShard on the device
-  // thread, then OnShardOutputs and OnShardComputed (inline for backends that complete before
-  // Launch returns, else from the launch's futures), or FailShard.
-  struct alignas(64) Shard {  // Its own cache lines: the host's devices run neighbouring shards.
-    // Its work (naming the run in errors) and the work's countdown, in the Dispatched that holds
-    // the shard: that stays until the countdown completes, which the shard's end (ShardEnd) is
-    // part of, so a shard holds no reference of its own.
-    const HostWork* host_work = nullptr;
-    Countdown* work_done = nullptr;
-    const NodeWork* node = nullptr;  // In the work's program.
-    const Executable* exe = nullptr;  // Held by the Dispatched.
-    int rank = 0;
-    DeviceId device;
-    absl::InlinedVector<Future<DeviceBufferRef>, 2> inputs;
-    absl::InlinedVector<Future<ReservationRef>, 2> memory;  // Those not granted at dispatch.
-    absl::InlinedVector<Promise<DeviceBufferRef>, 2> outputs;  // Those not yet handed on.
-    // The memory of intermediates handed to this shard's node without the store (see Dispatching)
-    // that it reads last: released when the shard ends.
-    absl::InlinedVector<ObjectStore::Memory, 1> last_read;
-    // The store's intermediates that it reads last: deleted once it has run.
-    absl::InlinedVector<BufferId, 1> release;
-    // Why it fails once it has run: it ran as a stand-in on zeros, or its launch failed.
-    absl::Status failed;
-    std::vector<DeviceBufferRef> held;  // Outputs held until the launch is known to be whole.
-    bool in_flight = false;  // Counted in in_flight_: it completes through a callback.
-    // How it ended, for the work's countdown: set by OnShardComputed or FailShard (unset: it
-    // was dropped without running).
-    std::optional<absl::Status> ended;
-    const HostWork& work() const { return *host_work; }
-    const ComputeWork& compute() const { return std::get<ComputeWork>(node->work); }
-  };
-  // Segments: when every compute node of a work runs on launch (native kernels) and may be
-  // skipped shard by shard, each device runs all of its shards of the work as one queue item.
-  // Shapes are static, so the range of a host program is planned once (SegmentPlan) and each
-  // run's dispatch does only what other parts of the system see: the store's entries of values
-  // read outside the segment, their memory, and one reservation for the segment's
-  // intermediates (the most bytes they hold at once). The device thread keeps the
-  // intermediates in the segment's slots: no shard objects, futures or per-node reservations.
+  // Segments: each device runs all of its shards of a work as one queue item. Shapes are static,
+  // so the range of a host program is planned once (SegmentPlan) and each run's dispatch does
+  // only what other parts of the system see: the store's entries of values read outside the
+  // segment, their memory, and one reservation for the segment's intermediates (the most bytes
+  // they hold at once). The device thread keeps the intermediates in the segment's slots: no
+  // per-shard objects, futures or reservations.
   struct SegmentPlan;
   struct Segment;
   struct SegmentEnd {
     void operator()(Segment* segment) const;
   };
   using SegmentPtr = std::unique_ptr<Segment, SegmentEnd>;
-  // The plan of the work's range of its program (cached), or null where segments do not apply.
+  // The plan of the work's range of its program (cached).
   std::shared_ptr<const SegmentPlan> PlanOf(const HostWork& work);
   std::shared_ptr<const SegmentPlan> MakePlan(const HostWork& work);
-  void DispatchSegments(std::shared_ptr<const HostWork> work,
-                        std::shared_ptr<const SegmentPlan> plan, Promise<> enqueued,
-                        Promise<> done);
+  void DispatchSegments(std::shared_ptr<const HostWork> work, Promise<> enqueued, Promise<> done);
   // On the device thread: runs the segment's steps in order.
   void RunSegment(Segment& segment, absl::Status health);
-  // Ends a shard: drops what it holds, then counts it done in its work (which may free it).
-  struct ShardEnd {
-    void operator()(Shard* shard) const;
+  // A function's executable for a slice as dispatch plans with it. Native kernels compile at
+  // once (cheaply); StableHLO modules on the compile thread (a per-shard module was compiled at
+  // registration and is found in the backend's cache), so neither the dispatch thread nor a lock
+  // it takes ever waits for XLA; the device thread waits for `exe` when it reaches the step.
+  // `outputs`: per-shard output specs, known from the definition before it compiles.
+  struct Loaded {
+    Future<ExecutableRef> exe;
+    std::vector<ArraySpec> outputs;
   };
-  using ShardPtr = std::unique_ptr<Shard, ShardEnd>;
-  // On the device thread: waits for memory and inputs, then launches (or fails) the shard.
-  void RunShard(ShardPtr shard, absl::Status health);
-  void OnShardOutputs(ShardPtr shard,
-                      const absl::StatusOr<std::vector<DeviceBufferRef>>& outputs,
-                      Future<> computed);
-  // Counts a launched shard in in_flight_ (once) before it waits for a completion callback.
-  void CountInFlight(Shard& shard);
-  // Ends a launched shard (and its count in in_flight_): hands on or fails its outputs.
-  void OnShardComputed(ShardPtr shard, absl::Status computed);
-  // Fails the shard's remaining outputs and its launch's collectives, naming where.
-  void FailShard(ShardPtr shard, const absl::Status& status);
-  absl::StatusOr<ExecutableRef> LoadExecutable(FunctionId id,
-                                               absl::Span<const DeviceId> slice_devices);
+  absl::StatusOr<Loaded> LoadExecutable(FunctionId id, absl::Span<const DeviceId> slice_devices);
   // Why `run` was cancelled (counting one more shard not run), or OK.
   absl::Status Cancelled(RunId run);
   // Waits on the device thread for `f` (an input, memory), or until `run` is cancelled: a
@@ -189,9 +140,11 @@ class Worker final : public WorkerInterface {
   pw::Mutex fn_mu_;
   const std::shared_ptr<pjrt::PjrtBackend> pjrt_;
   absl::flat_hash_map<FunctionId, FunctionDef> functions_ ABSL_GUARDED_BY(fn_mu_);
-  // Keyed by function and slice shape; SPMD XLA functions by function and slice devices.
+  // Keyed by function and slice shape; SPMD XLA functions by function and slice devices. Each
+  // key compiles once (its first caller posts the compile; later ones share its future); a
+  // compile error stays, as compiling the same module for the same devices fails the same way.
   using ExecutableKey = std::tuple<FunctionId, int, std::vector<DeviceId>>;
-  absl::flat_hash_map<ExecutableKey, ExecutableRef> executables_ ABSL_GUARDED_BY(fn_mu_);
+  absl::flat_hash_map<ExecutableKey, Loaded> executables_ ABSL_GUARDED_BY(fn_mu_);
   // After the PJRT client and executables: shards (possibly PJRT buffers) are destroyed first.
   ObjectStore store_;
   mutable pw::Mutex cancel_mu_;
@@ -202,19 +155,9 @@ class Worker final : public WorkerInterface {
   absl::flat_hash_map<RunId, CancelledRun> cancelled_ ABSL_GUARDED_BY(cancel_mu_);
   std::atomic<size_t> num_cancelled_{0};  // cancelled_.size(), read without the lock.
   std::atomic<int64_t> cancelled_shards_{0};
-  std::atomic<int64_t> segment_works_{0};
   std::atomic<int64_t> ici_bytes_{0};
   std::atomic<int64_t> dcn_bytes_{0};
   WorkQueue data_plane_;
-  // Launched shards waiting for a completion callback (which uses the store) that has not run
-  // yet; shards that complete on the device thread are not counted (the devices go first).
-  // Destroyed after the devices (no new launches) and before the store: waits for them.
-  struct InFlight {
-    std::atomic<int64_t> count{0};
-    ~InFlight() {
-      while (count.load(std::memory_order_acquire) > 0) absl::SleepFor(absl::Microseconds(100));
-    }
-  } in_flight_;
   // Plans by host program and range. Used on the dispatch thread only.
   struct PlanKey {
     const HostProgram* program;
@@ -227,6 +170,7 @@ class Worker final : public WorkerInterface {
   };
   absl::flat_hash_map<PlanKey, std::shared_ptr<const SegmentPlan>> plans_;
   absl::flat_hash_map<DeviceId, std::unique_ptr<Device>> devices_;  // Fixed at construction.
+  WorkQueue compile_;   // XLA compiles (drained before the devices go).
   WorkQueue dispatch_;  // Last: destroyed (drained) first.
 };
 
