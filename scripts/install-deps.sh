@@ -12,6 +12,7 @@ DEB_PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc iproute2
   iptables libnetfilter-queue-dev  # The multi-host test adds DCN latency where tc netem is absent.
   clang-14 libclang-rt-14-dev  # libFuzzer targets (make fuzz; a short run in make test).
+  libssl-dev openssl  # TLS: the bulk stream (OpenSSL), scripts/tls-certs.sh.
 )
 
 missing=()

@@ -4,7 +4,9 @@
 # are shaped: a bandwidth cap (tc htb) and 2 ms of added latency each way (tc netem, or where the
 # kernel lacks netem, pw-netdelay on an iptables NFQUEUE rule at each host's input).
 # Checks the added latency, then runs Figure 2, the dispatch benchmark and the transfer benchmark
-# across the hosts and checks DCN/ICI accounting.
+# across the hosts and checks DCN/ICI accounting. Every connection is TLS (the processes listen
+# off loopback): mutual between the controller and workers, the bulk stream between the "machines"
+# included; clients use PW_TLS_CA.
 #
 # Needs root, `ip netns` and veth/bridge links; exits 0 with "SKIP: ..." when they cannot be made.
 # Usage: scripts/netns-cluster-test.sh [path/to/pw [path/to/pw-netdelay]]
@@ -92,14 +94,18 @@ echo "DCN links: $shaped"
 
 export PW_TOKEN=$TOKEN PW_STATE_DIR=$DIR
 CLUSTER_TOKEN="netns-cluster-$$-$RANDOM$RANDOM"  # The controller's and workers' only.
+"$(dirname "$0")/tls-certs.sh" "$DIR/tls" "$CTRL" "${ADDR[@]}" 127.0.0.1 localhost ||
+  { echo "FAIL: scripts/tls-certs.sh"; exit 1; }
+TLS=(--tls-cert "$DIR/tls/cert.pem" --tls-key "$DIR/tls/key.pem" --tls-ca "$DIR/tls/ca.pem")
+export PW_TLS_CA=$DIR/tls/ca.pem
 PW_CLUSTER_TOKEN=$CLUSTER_TOKEN "$PW" controller --islands 2 --hosts-per-island 2 --devices-per-host 2 --listen "$CTRL:0" \
-  --failure-timeout-ms 60000 --address-file "$DIR/addr" >"$DIR/controller.log" 2>&1 &
+  "${TLS[@]}" --failure-timeout-ms 60000 --address-file "$DIR/addr" >"$DIR/controller.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 200); do [ -s "$DIR/addr" ] && break; sleep 0.05; done
 ADDRESS=$(cat "$DIR/addr" 2>/dev/null) || { cat "$DIR/controller.log"; echo "FAIL: controller did not start"; exit 1; }
 for i in 0 1 2 3; do
   PW_CLUSTER_TOKEN=$CLUSTER_TOKEN ip netns exec "${NS[$i]}" "$PW" worker --controller "$ADDRESS" --host "$i" --listen "${ADDR[$i]}:0" \
-    --machine "netns-host-$i" >"$DIR/worker-$i.log" 2>&1 &
+    "${TLS[@]}" --machine "netns-host-$i" >"$DIR/worker-$i.log" 2>&1 &
   PIDS+=($!)
 done
 alive_hosts() {
@@ -139,6 +145,11 @@ if PW_TOKEN= "$PW" example figure2 --cluster "$ADDRESS" >/dev/null 2>"$DIR/noaut
   echo "FAIL: a call without the token was accepted"; exit 1
 fi
 grep -q UNAUTHENTICATED "$DIR/noauth.err" || { cat "$DIR/noauth.err"; echo "FAIL: expected UNAUTHENTICATED"; exit 1; }
+# A client without the CA (plaintext) does not get through, and is told why.
+if PW_TLS_CA= timeout 60 "$PW" example figure2 --cluster "$ADDRESS" >/dev/null 2>"$DIR/plain.err"; then
+  echo "FAIL: a plaintext client was served"; exit 1
+fi
+grep -q PW_TLS_CA "$DIR/plain.err" || { cat "$DIR/plain.err"; echo "FAIL: expected a hint at PW_TLS_CA"; exit 1; }
 
 out=$(timeout 300 "$PW" example figure2 --cluster "$ADDRESS") || { tail "$DIR"/*.log; echo "FAIL: figure2"; exit 1; }
 [ "$out" = "(array([3., 5.]), array([2., 4.]))" ] || { echo "FAIL: figure2 printed $out"; exit 1; }

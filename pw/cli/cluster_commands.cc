@@ -100,7 +100,27 @@ std::string Bytes(int64_t b) {
   return absl::StrCat(b, " B");
 }
 
+constexpr char kTlsCertHelp[] =
+    "This process's TLS certificate (PEM; scripts/tls-certs.sh makes a cluster's); with "
+    "--tls-key and --tls-ca, every connection of the cluster is TLS, mutual between its processes";
+constexpr char kTlsKeyHelp[] = "The certificate's private key (PEM)";
+constexpr char kTlsCaHelp[] =
+    "The CA that signs the cluster's certificates (PEM); clients set PW_TLS_CA to it";
+constexpr char kInsecureHelp[] =
+    "Allow listening off loopback without TLS (plaintext; only on a network you trust)";
+
 }  // namespace
+
+void ClusterCommands::AddTlsFlags(CLI::App* command, bool insecure) {
+  command->add_option("--tls-cert", tls_cert_, kTlsCertHelp);
+  command->add_option("--tls-key", tls_key_, kTlsKeyHelp);
+  command->add_option("--tls-ca", tls_ca_, kTlsCaHelp);
+  command->add_option("--tls-server-name", tls_server_name_,
+                      "The name every server's certificate carries, checked instead of the "
+                      "address dialled (one name for a cluster whose addresses are not known "
+                      "ahead, e.g. pods); clients set PW_TLS_SERVER_NAME to it");
+  if (insecure) command->add_flag("--insecure", insecure_, kInsecureHelp);
+}
 
 ClusterCommands::ClusterCommands(CLI::App* app) {
   up_ = app->add_subcommand("up", "Start a local cluster: a controller and one worker process per "
@@ -120,6 +140,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   up_->add_option("--collective-timeout-ms", collective_timeout_ms_, kCollectiveTimeoutHelp);
   up_->add_option("--run-timeout-ms", run_timeout_ms_, kRunTimeoutHelp);
   up_->add_option("--overrun-grace-ms", overrun_grace_ms_, kOverrunGraceHelp);
+  AddTlsFlags(up_, /*insecure=*/false);  // pw up's processes listen on loopback.
 
   status_ = app->add_subcommand("status", "Show the cluster's hosts, devices, memory, queues");
   status_->add_flag("--json", json_, "Print one JSON object");
@@ -157,6 +178,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   controller_->add_option("--session-grace-ms", session_grace_ms_,
                           "A client that has not opened its session this long after connecting "
                           "is disconnected and what it allocated released (default 30000)");
+  AddTlsFlags(controller_, /*insecure=*/true);
 
   worker_ = app->add_subcommand("worker", "Run one host's worker process");
   worker_->add_option("--controller", controller_address_, "The controller's address")->required();
@@ -172,6 +194,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   worker_->add_option("--cpus", cpus_, "Run on these CPUs only, e.g. 0-3,8 (default: any)");
   worker_->add_option("--collective-timeout-ms", collective_timeout_ms_, kCollectiveTimeoutHelp);
   worker_->add_option("--overrun-grace-ms", overrun_grace_ms_, kOverrunGraceHelp);
+  AddTlsFlags(worker_, /*insecure=*/true);
 }
 
 bool ClusterCommands::parsed() const {
@@ -201,6 +224,7 @@ int ClusterCommands::Up(const char* argv0) {
   o.collective_timeout_ms = collective_timeout_ms_;
   o.run_timeout_ms = run_timeout_ms_;
   o.overrun_grace_ms = overrun_grace_ms_;
+  o.tls = {tls_cert_, tls_key_, tls_ca_, tls_server_name_};
   o.bind_cpus = cpu_bind_ == "host";
   if (!detach_) {
     // Foreground: a signal brings the cluster down. Set up before any thread starts.
@@ -244,9 +268,13 @@ int ClusterCommands::Cancel() {
   // The admin's credential: the cluster token of the cluster pw up started here, else
   // $PW_CLUSTER_TOKEN.
   std::string token = Token("", "PW_CLUSTER_TOKEN");
-  if (auto local = server::LoadState(); local.ok() && local->address == address)
+  rpc::ChannelOptions channel;
+  if (auto local = server::LoadState(); local.ok() && local->address == address) {
     token = local->cluster_token;
-  auto c = rpc::RemoteController::Dial(address, {.token = token}, absl::Seconds(5));
+    channel = server::ChannelTo(*local, "");
+  }
+  channel.token = token;
+  auto c = rpc::RemoteController::Dial(address, channel, absl::Seconds(5));
   if (!c.ok()) return Fail(c.status());
   auto runs = cancel_run_ >= 0 ? (*c)->CancelRun(RunId(cancel_run_), cancel_reason_)
                                : (*c)->CancelClient(ClientId(cancel_client_), cancel_reason_);
@@ -264,10 +292,14 @@ int ClusterCommands::Status() {
     return Fail(absl::NotFoundError("no cluster: pass --cluster, set PW_CLUSTER, or run pw up"));
   // The cluster pw up started here: its admin, who sees every run's program.
   std::string token = Token("");
-  if (auto local = server::LoadState();
-      local.ok() && local->address == address && server::IsClusterProcess(local->controller_pid, *local))
+  rpc::ChannelOptions channel;
+  if (auto local = server::LoadState(); local.ok() && local->address == address &&
+                                        server::IsClusterProcess(local->controller_pid, *local)) {
     token = local->cluster_token;
-  auto c = rpc::RemoteController::Dial(address, {.token = token}, absl::Seconds(5));
+    channel = server::ChannelTo(*local, "");
+  }
+  channel.token = token;
+  auto c = rpc::RemoteController::Dial(address, channel, absl::Seconds(5));
   if (!c.ok()) return Fail(c.status());
   auto st = (*c)->FullStatus();
   if (!st.ok()) return Fail(st.status());
@@ -370,6 +402,10 @@ int ClusterCommands::Controller() {
   server::ControllerServer::Options o;
   o.listen = listen_;
   o.channel.token = Token(token_);
+  auto tls = rpc::LoadTls({tls_cert_, tls_key_, tls_ca_, tls_server_name_}, /*server=*/true);
+  if (!tls.ok()) return Fail(tls.status());
+  o.channel.tls = *tls;
+  o.insecure = insecure_;
   o.cluster_token = Token(cluster_token_, "PW_CLUSTER_TOKEN");
   if (o.cluster_token.empty())
     return Fail(absl::InvalidArgumentError(
@@ -429,6 +465,10 @@ int ClusterCommands::Worker() {
   o.listen = listen_;
   o.bulk_port = bulk_port_;
   o.channel.token = Token(cluster_token_, "PW_CLUSTER_TOKEN");
+  auto tls = rpc::LoadTls({tls_cert_, tls_key_, tls_ca_, tls_server_name_}, /*server=*/true);
+  if (!tls.ok()) return Fail(tls.status());
+  o.channel.tls = *tls;
+  o.insecure = insecure_;
   o.machine = machine_;
   if (collective_timeout_ms_ > 0) o.collective_timeout = absl::Milliseconds(collective_timeout_ms_);
   if (overrun_grace_ms_ >= 0) o.overrun_grace = absl::Milliseconds(overrun_grace_ms_);

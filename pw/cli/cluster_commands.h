@@ -25,6 +25,8 @@ class ClusterCommands {
   int Cancel();
   int Controller();
   int Worker();
+  // --tls-cert, --tls-key, --tls-ca (and --insecure where the command can listen off loopback).
+  void AddTlsFlags(CLI::App* command, bool insecure);
 
   CLI::App *up_, *status_, *down_, *cancel_, *controller_, *worker_;
   // pw cancel.
@@ -45,6 +47,8 @@ class ClusterCommands {
   std::string address_file_;
   std::string token_;
   std::string cluster_token_;
+  std::string tls_cert_, tls_key_, tls_ca_, tls_server_name_;  // --tls-*.
+  bool insecure_ = false;
   int64_t failure_timeout_ms_ = 5000;
   int64_t max_clients_ = 1024;
   int64_t session_grace_ms_ = 30000;

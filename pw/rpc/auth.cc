@@ -70,10 +70,17 @@ bool IsLoopback(absl::string_view address) {
   return parts.size() == 4 && absl::SimpleAtoi(parts[0], &first) && first == 127;
 }
 
-absl::Status CheckListenAddress(absl::string_view address, const std::string& token) {
-  if (IsLoopback(address) || !token.empty()) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "listening on ", address, " (not loopback) requires a token: pass --token or set PW_TOKEN"));
+absl::Status CheckListenAddress(absl::string_view address, const std::string& token, bool tls,
+                                bool insecure) {
+  if (IsLoopback(address)) return absl::OkStatus();
+  if (token.empty())
+    return absl::FailedPreconditionError(absl::StrCat(
+        "listening on ", address, " (not loopback) requires a token: pass --token or set PW_TOKEN"));
+  if (!tls && !insecure)
+    return absl::FailedPreconditionError(absl::StrCat(
+        "listening on ", address, " (not loopback) without TLS: pass --tls-cert, --tls-key and "
+        "--tls-ca, or --insecure to serve in plaintext on a network you trust"));
+  return absl::OkStatus();
 }
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const ChannelOptions& o) {
@@ -83,15 +90,31 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Cha
   // Reconnect quickly to a restarted peer.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (o.tls == nullptr)
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  if (!o.tls->server_name.empty()) args.SetSslTargetNameOverride(o.tls->server_name);
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = o.tls->ca_pem;
+  ssl.pem_private_key = o.tls->key_pem;
+  ssl.pem_cert_chain = o.tls->cert_pem;
+  return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
 }
 
 absl::StatusOr<Serving> StartServer(const std::string& listen, const ChannelOptions& o,
-                                    grpc::Service* service) {
+                                    grpc::Service* service, bool require_peer_certificate) {
   const int limit = static_cast<int>(std::min<int64_t>(o.max_message_bytes, INT32_MAX));
   grpc::ServerBuilder builder;
   Serving s;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &s.port);
+  std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+  if (o.tls != nullptr) {
+    grpc::SslServerCredentialsOptions ssl(
+        require_peer_certificate ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                 : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+    ssl.pem_root_certs = o.tls->ca_pem;
+    ssl.pem_key_cert_pairs.push_back({o.tls->key_pem, o.tls->cert_pem});
+    credentials = grpc::SslServerCredentials(ssl);
+  }
+  builder.AddListeningPort(listen, credentials, &s.port);
   builder.SetMaxReceiveMessageSize(limit);
   builder.SetMaxSendMessageSize(limit);
   builder.RegisterService(service);

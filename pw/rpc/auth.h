@@ -7,7 +7,8 @@
 //   call between the controller and workers, and any call to a worker. Only those processes hold
 //   it, so a client cannot read shards from a worker, pose as a host, or stop the cluster.
 // Per-client keys (ConnectResponse.client_key, sent as "pw-client-key") stop one client from
-// acting as another. Thread-safe pure functions.
+// acting as another. TLS (tls.h) protects the bytes on the wire; listening off loopback without
+// it takes an explicit --insecure. Thread-safe pure functions.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
+#include "pw/rpc/tls.h"
 
 namespace pw::rpc {
 
@@ -26,6 +28,7 @@ inline constexpr int64_t kDefaultMaxMessageBytes = int64_t{1} << 30;
 struct ChannelOptions {
   std::string token;  // Sent with every call (client or cluster token); empty: none.
   int64_t max_message_bytes = kDefaultMaxMessageBytes;
+  std::shared_ptr<const Tls> tls;  // Null: plaintext.
 };
 
 // Adds the token (if any) to an outgoing call.
@@ -41,8 +44,9 @@ std::string Metadata(const grpc::ServerContextBase* ctx, absl::string_view key);
 std::string HostOf(absl::string_view address);
 // Whether "host:port" names a loopback address (127.0.0.0/8, ::1, localhost).
 bool IsLoopback(absl::string_view address);
-// Listening on a non-loopback address needs a token.
-absl::Status CheckListenAddress(absl::string_view address, const std::string& token);
+// Listening on a non-loopback address needs a token, and TLS unless `insecure` (--insecure).
+absl::Status CheckListenAddress(absl::string_view address, const std::string& token,
+                                bool tls = false, bool insecure = false);
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const ChannelOptions& o);
 // Serves `service` on `listen` ("host:port"; port 0: any free port) with the message limit.
@@ -50,8 +54,11 @@ struct Serving {
   std::unique_ptr<grpc::Server> server;
   int port = 0;  // The bound port.
 };
+// With TLS (`o.tls`), the server presents its certificate; `require_peer_certificate`: every
+// caller must present one the CA signed (workers: only the controller and peers call them);
+// otherwise a certificate a caller presents is verified (the controller's clients need none).
 absl::StatusOr<Serving> StartServer(const std::string& listen, const ChannelOptions& o,
-                                    grpc::Service* service);
+                                    grpc::Service* service, bool require_peer_certificate);
 
 // Whether `got` equals the non-empty `secret`, compared without an early exit, so the time
 // taken does not reveal a matching prefix.

@@ -38,7 +38,8 @@ struct BulkClient::Job {
 
 class BulkClient::State : public std::enable_shared_from_this<State> {
  public:
-  State(std::string host, std::string token) : host_(std::move(host)), token_(std::move(token)) {}
+  State(std::string host, std::string token, std::shared_ptr<const TlsContext> tls)
+      : host_(std::move(host)), token_(std::move(token)), tls_(std::move(tls)) {}
 
   // Queues `job` (moved from) and starts a thread if too few are idle; false if stopped.
   bool Enqueue(Job& job) {
@@ -75,16 +76,23 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
       }
     }
     pw::MutexLock lock(&mu_);
-    for (const Idle& i : idle_) close(i.fd);
+    for (Idle& i : idle_) Drop(std::move(i.conn));
     idle_.clear();
   }
 
  private:
+  using ConnPtr = std::unique_ptr<bulk::Conn>;
   struct Idle {
     int port;
-    int fd;
+    ConnPtr conn;
     absl::Time since;
   };
+  // Frees the TLS session, then closes the socket.
+  static void Drop(ConnPtr conn) {
+    const int fd = conn->fd();
+    conn.reset();
+    close(fd);
+  }
 
   void Loop() {
     while (true) {
@@ -106,20 +114,19 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
   absl::Status Transfer(const Job& job) {
     const std::string where =
         absl::StrCat("bulk read of ticket ", job.ticket, " from ", host_, ":", job.port);
-    int fd = TakeIdle(job.port);
-    bool reused = fd >= 0;
+    ConnPtr conn = TakeIdle(job.port);
+    bool reused = conn != nullptr;
     absl::Status s, got;
     while (true) {
-      if (fd < 0) {
-        absl::StatusOr<int> c = Connect(job.port);
+      if (conn == nullptr) {
+        absl::StatusOr<ConnPtr> c = Connect(job.port);
         if (!c.ok()) return Annotate(c.status(), where);
-        fd = *c;
+        conn = *std::move(c);
       }
-      s = bulk::SendU64(fd, job.ticket, "sending a ticket");
-      if (s.ok()) s = bulk::RecvStatus(fd, &got);
+      s = bulk::SendU64(*conn, job.ticket, "sending a ticket");
+      if (s.ok()) s = bulk::RecvStatus(*conn, &got);
       if (s.ok()) break;
-      Close(fd);
-      fd = -1;
+      Close(std::move(conn));
       // A pooled connection the server has closed (idle too long, or it restarted): so may the
       // others to that port be. Once more on a new one.
       if (!reused || !absl::IsUnavailable(s)) return Annotate(s, where);
@@ -127,25 +134,26 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
       reused = false;
     }
     if (!got.ok()) {
-      GiveBack(job.port, fd);
+      GiveBack(job.port, std::move(conn));
       return Annotate(got, where);
     }
     uint64_t size = 0;
-    s = bulk::RecvU64(fd, &size, "reading a shard's size");
+    s = bulk::RecvU64(*conn, &size, "reading a shard's size");
     if (s.ok() && size != job.size)
       s = absl::DataLossError(absl::StrCat("the server offers ", size, " bytes, not the ",
                                            job.size, " of the shard's spec"));
-    if (s.ok()) s = bulk::RecvAll(fd, job.dst, job.size, "reading a shard");
+    if (s.ok()) s = bulk::RecvAll(*conn, job.dst, job.size, "reading a shard");
     if (!s.ok()) {
-      Close(fd);
+      Close(std::move(conn));
       return Annotate(s, where);
     }
-    GiveBack(job.port, fd);
+    GiveBack(job.port, std::move(conn));
     return absl::OkStatus();
   }
 
-  // A new connection to `port`, past the hello (kConnectSeconds for both).
-  absl::StatusOr<int> Connect(int port) {
+  // A new connection to `port`, past the TLS handshake (if any) and the hello (kConnectSeconds
+  // for all of it).
+  absl::StatusOr<ConnPtr> Connect(int port) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -172,56 +180,62 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
         why = absl::UnavailableError(absl::StrCat(
             "connect: ", std::strerror(errno),
             " (is the worker's bulk port open? see pw worker --bulk-port)"));
-        Close(fd);
+        Close(std::make_unique<bulk::Conn>(fd));
         fd = -1;
       }
     }
     freeaddrinfo(found);
     if (fd < 0) return why;
+    absl::StatusOr<ConnPtr> conn =
+        tls_ == nullptr ? std::make_unique<bulk::Conn>(fd) : tls_->Connect(fd, host_);
+    if (!conn.ok()) {
+      Close(std::make_unique<bulk::Conn>(fd));
+      return conn.status();
+    }
     std::string hello(bulk::kMagic, sizeof(bulk::kMagic));
     const uint32_t version = bulk::kVersion, len = static_cast<uint32_t>(token_.size());
     hello.append(reinterpret_cast<const char*>(&version), 4);
     hello.append(reinterpret_cast<const char*>(&len), 4);
     hello += token_;
     absl::Status got;
-    absl::Status s = bulk::SendAll(fd, hello.data(), hello.size(), "sending the hello");
-    if (s.ok()) s = bulk::RecvStatus(fd, &got);
+    absl::Status s = bulk::SendAll(**conn, hello.data(), hello.size(), "sending the hello");
+    if (s.ok()) s = bulk::RecvStatus(**conn, &got);
     if (s.ok() && !got.ok()) s = Annotate(got, "the server refused the hello");
     if (!s.ok()) {
-      Close(fd);
+      Close(*std::move(conn));
       return s;
     }
     bulk::Configure(fd, kProgressSeconds);
-    return fd;
+    return conn;
   }
 
-  // A pooled connection to `port` (now in active_, so Stop can abort it), or -1. Connections
+  // A pooled connection to `port` (now in active_, so Stop can abort it), or null. Connections
   // idle so long that the server may have closed them are closed instead.
-  int TakeIdle(int port) {
+  ConnPtr TakeIdle(int port) {
     pw::MutexLock lock(&mu_);
-    if (stopping_) return -1;
+    if (stopping_) return nullptr;
     const absl::Time stale = absl::Now() - absl::Seconds(kIdleSeconds);
     for (size_t i = 0; i < idle_.size();) {
       if (idle_[i].since < stale) {
-        close(idle_[i].fd);
+        Drop(std::move(idle_[i].conn));
         idle_.erase(idle_.begin() + i);
       } else if (idle_[i].port == port) {
-        const int fd = idle_[i].fd;
+        ConnPtr conn = std::move(idle_[i].conn);
         idle_.erase(idle_.begin() + i);
-        active_.insert(fd);
-        return fd;
+        active_.insert(conn->fd());
+        return conn;
       } else {
         ++i;
       }
     }
-    return -1;
+    return nullptr;
   }
 
   void DropIdle(int port) {
     pw::MutexLock lock(&mu_);
     for (size_t i = 0; i < idle_.size();) {
       if (idle_[i].port == port) {
-        close(idle_[i].fd);
+        Drop(std::move(idle_[i].conn));
         idle_.erase(idle_.begin() + i);
       } else {
         ++i;
@@ -229,28 +243,29 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
     }
   }
 
-  void GiveBack(int port, int fd) {
+  void GiveBack(int port, ConnPtr conn) {
     pw::MutexLock lock(&mu_);
-    active_.erase(fd);
+    active_.erase(conn->fd());
     if (stopping_) {
-      close(fd);
+      Drop(std::move(conn));
       return;
     }
-    idle_.push_back({port, fd, absl::Now()});
+    idle_.push_back({port, std::move(conn), absl::Now()});
     if (idle_.size() > kMaxThreads) {  // One to a peer's old port, say: the oldest goes.
-      close(idle_.front().fd);
+      Drop(std::move(idle_.front().conn));
       idle_.erase(idle_.begin());
     }
   }
 
-  void Close(int fd) {
+  void Close(ConnPtr conn) {
     pw::MutexLock lock(&mu_);
-    active_.erase(fd);
-    close(fd);
+    active_.erase(conn->fd());
+    Drop(std::move(conn));
   }
 
   const std::string host_;
   const std::string token_;
+  const std::shared_ptr<const TlsContext> tls_;
   mutable pw::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<Job> queue_ ABSL_GUARDED_BY(mu_);
@@ -260,8 +275,8 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
   absl::flat_hash_set<int> active_ ABSL_GUARDED_BY(mu_);
 };
 
-BulkClient::BulkClient(std::string host, std::string token)
-    : state_(std::make_shared<State>(std::move(host), std::move(token))) {}
+BulkClient::BulkClient(std::string host, std::string token, std::shared_ptr<const TlsContext> tls)
+    : state_(std::make_shared<State>(std::move(host), std::move(token), std::move(tls))) {}
 
 BulkClient::~BulkClient() { state_->Stop(); }
 

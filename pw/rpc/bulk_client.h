@@ -5,7 +5,8 @@
 // more wait in order. Connections stay open between reads for up to 50 s (the server closes one
 // idle for 60 s; a read that finds its pooled connection closed before any reply is retried once
 // on a new one). Connecting and the hello get 10 s; then a read making no progress for 60 s
-// fails. Thread-safe.
+// fails. With TLS (a client TlsContext), each connection starts with a TLS handshake that checks
+// the server's certificate names `host` and presents this process's certificate. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +15,7 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
+#include "pw/rpc/tls.h"
 
 namespace pw::rpc {
 
@@ -21,8 +23,8 @@ class BulkClient {
  public:
   static constexpr int kMaxThreads = 4;
   // Reads from the worker at `host` (a name or address, IPv6 without brackets: HostOf), saying
-  // `token` (the cluster token).
-  BulkClient(std::string host, std::string token);
+  // `token` (the cluster token), over TLS when `tls` is given.
+  BulkClient(std::string host, std::string token, std::shared_ptr<const TlsContext> tls = nullptr);
   // Fails reads not started (Cancelled), aborts running ones, joins the threads (but the one
   // running this, when a read's `done` dropped the last reference).
   ~BulkClient();

@@ -20,13 +20,13 @@ namespace {
 constexpr int kHelloSeconds = 10;     // A whole hello must arrive in this time.
 constexpr int kProgressSeconds = 60;  // Then, no progress for this long closes the connection.
 
-absl::Status Refuse(int fd, const absl::Status& why) {
+absl::Status Refuse(bulk::Conn& fd, const absl::Status& why) {
   (void)bulk::SendStatus(fd, why);
   return why;
 }
 
 // Reads and checks a connection's hello, which must arrive by `deadline`; answers it.
-absl::Status Hello(int fd, const std::string& token, absl::Time deadline) {
+absl::Status Hello(bulk::Conn& fd, const std::string& token, absl::Time deadline) {
   char head[12];
   PW_RETURN_IF_ERROR(bulk::RecvAll(fd, head, sizeof(head), "bulk stream hello", deadline));
   if (std::memcmp(head, bulk::kMagic, 4) != 0)
@@ -53,8 +53,9 @@ absl::Status Hello(int fd, const std::string& token, absl::Time deadline) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(const std::string& host, int port,
-                                                              std::string token) {
+absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(
+    const std::string& host, int port, std::string token,
+    std::shared_ptr<const TlsContext> tls) {
   if (token.empty()) return absl::InvalidArgumentError("bulk server: needs the cluster token");
   if (port < 0 || port > 65535)
     return absl::InvalidArgumentError(absl::StrCat("bulk server: port ", port, " is not a port"));
@@ -89,15 +90,17 @@ absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(const std::string&
   const int bound_port = bound.ss_family == AF_INET6
                              ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                              : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  std::unique_ptr<BulkServer> s(new BulkServer(fd, bound_port, std::move(token)));
+  std::unique_ptr<BulkServer> s(new BulkServer(fd, bound_port, std::move(token), std::move(tls)));
   s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
   return s;
 }
 
-BulkServer::BulkServer(int listen_fd, int port, std::string token)
+BulkServer::BulkServer(int listen_fd, int port, std::string token,
+                       std::shared_ptr<const TlsContext> tls)
     : listen_fd_(listen_fd),
       port_(port),
       token_(std::move(token)),
+      tls_(std::move(tls)),
       next_ticket_(absl::Uniform<uint64_t>(absl::BitGen()) | 1) {}
 
 BulkServer::~BulkServer() {
@@ -198,7 +201,8 @@ void BulkServer::AcceptLoop() {
     }
     if (!refused.ok()) {
       bulk::Configure(fd, 1);
-      (void)bulk::SendStatus(fd, refused);
+      bulk::Conn plain(fd);
+      if (tls_ == nullptr) (void)bulk::SendStatus(plain, refused);  // With TLS: just the close.
       // Unread input (the hello) would turn the close into a reset that loses the reply: read
       // what has come, a bounded amount, without waiting.
       shutdown(fd, SHUT_WR);
@@ -228,15 +232,19 @@ void BulkServer::Reap() {
 }
 
 void BulkServer::Serve(Connection* c) {
-  const int fd = c->fd;
-  const absl::Status hello = Hello(fd, token_, absl::Now() + absl::Seconds(kHelloSeconds));
+  // The TLS handshake, then the hello, within the hello's time (the socket's timeout).
+  const absl::Time deadline = absl::Now() + absl::Seconds(kHelloSeconds);
+  absl::StatusOr<std::unique_ptr<bulk::Conn>> conn =
+      tls_ == nullptr ? std::make_unique<bulk::Conn>(c->fd) : tls_->Accept(c->fd);
+  const absl::Status hello = conn.ok() ? Hello(**conn, token_, deadline) : conn.status();
   {
     pw::MutexLock lock(&mu_);
     --unauthenticated_;
     c->greeted = true;
   }
   if (!hello.ok()) return;
-  bulk::Configure(fd, kProgressSeconds);
+  bulk::Conn& fd = **conn;
+  bulk::Configure(c->fd, kProgressSeconds);
   while (true) {
     uint64_t ticket;
     if (!bulk::RecvU64(fd, &ticket, "reading a ticket").ok()) return;

@@ -8,7 +8,8 @@
 // closes the oldest of those, so connections that never say hello (no token needed to open
 // one) cannot keep peers out. A connection that has not said a correct hello within 10 s, or
 // makes no progress for 60 s, is closed; a wrong ticket gets an error and the connection stays
-// usable. Thread-safe.
+// usable. With TLS (a server TlsContext), each connection starts with a mutual TLS handshake,
+// within the hello's 10 s; a refused connection is then just closed. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -22,6 +23,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "pw/base/mutex.h"
+#include "pw/rpc/tls.h"
 
 namespace pw::rpc {
 
@@ -31,9 +33,11 @@ class BulkServer {
   static constexpr int kMaxUnauthenticated = 32;  // Of those, still saying hello.
   // Listens on `host` (a name or address of this machine, IPv6 without brackets; "0.0.0.0",
   // "::": every interface)
-  // at `port` (0: a free one). Connections must present `token`.
-  static absl::StatusOr<std::unique_ptr<BulkServer>> Start(const std::string& host, int port,
-                                                           std::string token);
+  // at `port` (0: a free one). Connections must present `token`, after a TLS handshake when
+  // `tls` is given (a server context).
+  static absl::StatusOr<std::unique_ptr<BulkServer>> Start(
+      const std::string& host, int port, std::string token,
+      std::shared_ptr<const TlsContext> tls = nullptr);
   // Closes every connection, then fails the offers still open (Cancelled).
   ~BulkServer();
   BulkServer(const BulkServer&) = delete;
@@ -66,7 +70,7 @@ class BulkServer {
     std::atomic<bool> finished{false};
     bool greeted = false;  // Said its hello (or was closed for not saying it). Under mu_.
   };
-  BulkServer(int listen_fd, int port, std::string token);
+  BulkServer(int listen_fd, int port, std::string token, std::shared_ptr<const TlsContext> tls);
   void AcceptLoop();
   void Serve(Connection* c);
   // Reaps finished connections' threads (joins them).
@@ -75,6 +79,7 @@ class BulkServer {
   const int listen_fd_;
   const int port_;
   const std::string token_;
+  const std::shared_ptr<const TlsContext> tls_;
   std::thread acceptor_;
   std::atomic<int64_t> sent_bytes_{0};
   mutable pw::Mutex mu_;

@@ -15,6 +15,7 @@
 #include "pw/rpc/bulk_client.h"
 #include "pw/rpc/bulk_server.h"
 #include "pw/rpc/bulk_wire.h"
+#include "pw/rpc/tls_testing.h"
 
 namespace pw::rpc {
 namespace {
@@ -64,8 +65,9 @@ absl::Status RawHello(int port, const std::string& bytes) {
   if (fd < 0) return absl::UnavailableError("connect");
   bulk::Configure(fd, 5);
   absl::Status got;
-  absl::Status s = bulk::SendAll(fd, bytes.data(), bytes.size(), "test hello");
-  if (s.ok()) s = bulk::RecvStatus(fd, &got);
+  bulk::Conn conn(fd);
+  absl::Status s = bulk::SendAll(conn, bytes.data(), bytes.size(), "test hello");
+  if (s.ok()) s = bulk::RecvStatus(conn, &got);
   close(fd);
   return s.ok() ? got : s;
 }
@@ -95,6 +97,95 @@ TEST(BulkTest, ReadsOfferedBytesIntoTheDestination) {
   absl::Status again = Read(client, (*server)->port(), ticket, dst.data(), dst.size()).Await();
   EXPECT_TRUE(absl::IsNotFound(again)) << again;
   EXPECT_NE(again.message().find(absl::StrCat(ticket)), std::string::npos) << again;
+}
+
+std::shared_ptr<const TlsContext> Context(const std::shared_ptr<const Tls>& tls, bool server) {
+  auto ctx = TlsContext::Create(*tls, server);
+  return ctx.ok() ? *ctx : nullptr;
+}
+
+// Issue 20 (TLS off loopback): the bulk stream under mutual TLS reads as before; a reader without
+// TLS, with a certificate of another CA, or dialling a name the server's certificate lacks, is
+// refused, and the offer stays for a good reader.
+TEST(BulkTest, TlsReadsAndRefusesReadersOutsideTheCluster) {
+  auto cluster = MakeTestCerts("cluster", "localhost 127.0.0.1");
+  auto other = MakeTestCerts("other", "localhost 127.0.0.1");
+  auto misnamed = MakeTestCerts("misnamed", "10.9.9.9");
+  ASSERT_TRUE(cluster && other && misnamed) << "scripts/tls-certs.sh failed";
+  auto server = BulkServer::Start("127.0.0.1", 0, kToken, Context(cluster, true));
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  const auto bytes = Pattern(3 << 20, 5);
+  uint64_t ticket;
+  Future<> sent = Offer(**server, bytes, &ticket);
+  std::vector<char> dst(bytes->size());
+  {
+    BulkClient plain("127.0.0.1", kToken);
+    EXPECT_FALSE(Read(plain, port, ticket, dst.data(), dst.size()).Await().ok());
+  }
+  {
+    BulkClient stranger("127.0.0.1", kToken, Context(other, false));
+    absl::Status s = Read(stranger, port, ticket, dst.data(), dst.size()).Await();
+    EXPECT_TRUE(absl::IsUnauthenticated(s)) << s;
+    EXPECT_NE(s.message().find("TLS handshake"), std::string::npos) << s;
+  }
+  {
+    // A server whose certificate names only 10.9.9.9, dialled as 127.0.0.1 by a reader that
+    // trusts its CA: refused, as the name is checked.
+    auto wrong_name = BulkServer::Start("127.0.0.1", 0, kToken, Context(misnamed, true));
+    ASSERT_TRUE(wrong_name.ok()) << wrong_name.status();
+    uint64_t t2;
+    Future<> sent2 = Offer(**wrong_name, bytes, &t2);
+    BulkClient reader("127.0.0.1", kToken, Context(misnamed, false));
+    absl::Status s = Read(reader, (*wrong_name)->port(), t2, dst.data(), dst.size()).Await();
+    EXPECT_TRUE(absl::IsUnauthenticated(s)) << s;
+    EXPECT_NE(s.message().find("mismatch"), std::string::npos) << s;
+  }
+  {
+    // One name for the cluster (--tls-server-name), checked instead of the address dialled.
+    auto named = MakeTestCerts("named", "pathways-cluster");
+    ASSERT_TRUE(named != nullptr);
+    Tls as_cluster = *named;
+    as_cluster.server_name = "pathways-cluster";
+    auto by_name = BulkServer::Start("127.0.0.1", 0, kToken, Context(named, true));
+    ASSERT_TRUE(by_name.ok()) << by_name.status();
+    uint64_t t3;
+    Future<> sent3 = Offer(**by_name, bytes, &t3);
+    BulkClient reader("127.0.0.1", kToken,
+                      Context(std::make_shared<const Tls>(as_cluster), false));
+    EXPECT_TRUE(Read(reader, (*by_name)->port(), t3, dst.data(), dst.size()).Await().ok());
+    EXPECT_EQ(dst, *bytes);
+  }
+  EXPECT_EQ((*server)->open_offers(), 1u);
+  BulkClient member("127.0.0.1", kToken, Context(cluster, false));
+  ASSERT_TRUE(Read(member, port, ticket, dst.data(), dst.size()).Await().ok());
+  EXPECT_TRUE(sent.Await().ok());
+  EXPECT_EQ(dst, *bytes);
+  // Pooled TLS connections serve later reads too.
+  for (int i = 0; i < 3; ++i) {
+    Future<> more = Offer(**server, bytes, &ticket);
+    std::fill(dst.begin(), dst.end(), 0);
+    ASSERT_TRUE(Read(member, port, ticket, dst.data(), dst.size()).Await().ok());
+    EXPECT_EQ(dst, *bytes);
+  }
+}
+
+TEST(BulkTest, TlsFilesAreCheckedWhenLoadedNamingTheFlag) {
+  auto missing = LoadTls({"/nonexistent/cert.pem", "/nonexistent/key.pem", "/nonexistent/ca.pem"},
+                         true);
+  EXPECT_TRUE(absl::IsNotFound(missing.status())) << missing.status();
+  EXPECT_NE(missing.status().message().find("--tls-ca"), std::string::npos) << missing.status();
+  auto half = LoadTls({"", "", "/x/ca.pem"}, /*server=*/true);
+  EXPECT_TRUE(absl::IsInvalidArgument(half.status())) << half.status();
+  ASSERT_TRUE(MakeTestCerts("swap", "localhost") != nullptr);
+  TlsFiles swapped = TestTlsFiles("swap");
+  swapped.key = swapped.ca.substr(0, swapped.ca.size() - 6) + "ca-key.pem";
+  // A key that is not the certificate's (the CA's key) is refused.
+  auto mismatched = LoadTls(swapped, true);
+  EXPECT_TRUE(absl::IsInvalidArgument(mismatched.status())) << mismatched.status();
+  EXPECT_NE(mismatched.status().message().find("does not match"), std::string::npos)
+      << mismatched.status();
+  EXPECT_EQ(LoadTls({}, true)->get(), nullptr);  // No TLS asked for.
 }
 
 TEST(BulkTest, ManyReadsAtOnceShareAFewThreads) {

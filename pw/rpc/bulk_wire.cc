@@ -11,6 +11,9 @@
 #include <cstring>
 #include <string>
 
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "pw/base/status_macros.h"
@@ -25,12 +28,47 @@ absl::Status SocketError(absl::string_view what, int err) {
     return absl::DeadlineExceededError(absl::StrCat(what, ": the peer made no progress in time"));
   return absl::UnavailableError(absl::StrCat(what, ": ", std::strerror(err)));
 }
+// errno for an SSL_read/SSL_write that returned `r` <= 0; false when the peer closed cleanly.
+bool SslErrno(ssl_st* ssl, int r) {
+  const int e = SSL_get_error(ssl, r);
+  ERR_clear_error();
+  if (e == SSL_ERROR_ZERO_RETURN) return false;
+  if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+    errno = EAGAIN;
+  } else if (e == SSL_ERROR_SYSCALL) {
+    if (errno == 0) return false;  // EOF without close_notify.
+  } else {
+    errno = EPROTO;
+  }
+  return true;
+}
 }  // namespace
 
-absl::Status SendAll(int fd, const void* data, size_t n, absl::string_view what) {
+Conn::~Conn() {
+  if (ssl_ != nullptr) SSL_free(ssl_);
+}
+
+ssize_t Conn::Send(const void* data, size_t n) {
+  if (ssl_ == nullptr) return send(fd_, data, n, MSG_NOSIGNAL);
+  errno = 0;
+  const int w = SSL_write(ssl_, data, static_cast<int>(std::min<size_t>(n, 1 << 30)));
+  if (w > 0) return w;
+  if (!SslErrno(ssl_, w)) errno = EPIPE;
+  return -1;
+}
+
+ssize_t Conn::Recv(void* data, size_t n) {
+  if (ssl_ == nullptr) return recv(fd_, data, n, 0);
+  errno = 0;
+  const int r = SSL_read(ssl_, data, static_cast<int>(std::min<size_t>(n, 1 << 30)));
+  if (r > 0) return r;
+  return SslErrno(ssl_, r) ? -1 : 0;
+}
+
+absl::Status SendAll(Conn& c, const void* data, size_t n, absl::string_view what) {
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    const ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+    const ssize_t w = c.Send(p, n);
     if (w < 0) {
       if (errno == EINTR) continue;
       return SocketError(what, errno);
@@ -41,7 +79,7 @@ absl::Status SendAll(int fd, const void* data, size_t n, absl::string_view what)
   return absl::OkStatus();
 }
 
-absl::Status RecvAll(int fd, void* data, size_t n, absl::string_view what, absl::Time deadline) {
+absl::Status RecvAll(Conn& c, void* data, size_t n, absl::string_view what, absl::Time deadline) {
   char* p = static_cast<char*>(data);
   while (n > 0) {
     if (deadline != absl::InfiniteFuture()) {
@@ -49,9 +87,9 @@ absl::Status RecvAll(int fd, void* data, size_t n, absl::string_view what, absl:
       if (left <= absl::ZeroDuration())
         return absl::DeadlineExceededError(absl::StrCat(what, ": not all of it came in time"));
       const timeval tv = absl::ToTimeval(std::max(left, absl::Milliseconds(1)));
-      setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+      setsockopt(c.fd(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     }
-    const ssize_t r = recv(fd, p, n, 0);
+    const ssize_t r = c.Recv(p, n);
     if (r == 0)
       return absl::UnavailableError(absl::StrCat(what, ": the peer closed the connection"));
     if (r < 0) {
@@ -64,28 +102,28 @@ absl::Status RecvAll(int fd, void* data, size_t n, absl::string_view what, absl:
   return absl::OkStatus();
 }
 
-absl::Status SendU64(int fd, uint64_t v, absl::string_view what) {
-  return SendAll(fd, &v, sizeof(v), what);
+absl::Status SendU64(Conn& c, uint64_t v, absl::string_view what) {
+  return SendAll(c, &v, sizeof(v), what);
 }
 
-absl::Status RecvU64(int fd, uint64_t* v, absl::string_view what) {
-  return RecvAll(fd, v, sizeof(*v), what);
+absl::Status RecvU64(Conn& c, uint64_t* v, absl::string_view what) {
+  return RecvAll(c, v, sizeof(*v), what);
 }
 
-absl::Status SendStatus(int fd, const absl::Status& s) {
+absl::Status SendStatus(Conn& c, const absl::Status& s) {
   const absl::string_view m = s.message().substr(0, kMaxMessageBytes);
   char header[8];
   const uint32_t code = static_cast<uint32_t>(s.code());
   const uint32_t len = static_cast<uint32_t>(m.size());
   std::memcpy(header, &code, 4);
   std::memcpy(header + 4, &len, 4);
-  PW_RETURN_IF_ERROR(SendAll(fd, header, sizeof(header), "sending a status"));
-  return SendAll(fd, m.data(), m.size(), "sending a status");
+  PW_RETURN_IF_ERROR(SendAll(c, header, sizeof(header), "sending a status"));
+  return SendAll(c, m.data(), m.size(), "sending a status");
 }
 
-absl::Status RecvStatus(int fd, absl::Status* got) {
+absl::Status RecvStatus(Conn& c, absl::Status* got) {
   char header[8];
-  PW_RETURN_IF_ERROR(RecvAll(fd, header, sizeof(header), "reading a status"));
+  PW_RETURN_IF_ERROR(RecvAll(c, header, sizeof(header), "reading a status"));
   uint32_t code, len;
   std::memcpy(&code, header, 4);
   std::memcpy(&len, header + 4, 4);
@@ -93,7 +131,7 @@ absl::Status RecvStatus(int fd, absl::Status* got) {
     return absl::DataLossError(
         absl::StrCat("bulk stream: a status with code ", code, " and ", len, " message bytes"));
   std::string message(len, '\0');
-  PW_RETURN_IF_ERROR(RecvAll(fd, message.data(), len, "reading a status"));
+  PW_RETURN_IF_ERROR(RecvAll(c, message.data(), len, "reading a status"));
   if (code == 0) {
     *got = absl::OkStatus();
   } else {

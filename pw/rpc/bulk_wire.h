@@ -1,4 +1,5 @@
-// The bulk stream's wire format: large shards' bytes between machines on plain TCP, beside gRPC.
+// The bulk stream's wire format: large shards' bytes between machines on TCP (TLS over it when the
+// cluster uses TLS: tls.h), beside gRPC.
 //
 // Why not gRPC: a shard's bytes in gRPC messages are copied into protobuf, into gRPC's slices and
 // out again on both ends (4 copies beside the kernel's); a plain socket reads them straight into
@@ -16,6 +17,8 @@
 // Thread-compatible functions on blocking sockets.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -23,7 +26,29 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
+struct ssl_st;  // OpenSSL's SSL.
+
 namespace pw::rpc::bulk {
+
+// One connection's byte stream: the socket itself, or TLS over it (made by TlsContext). Does not
+// own the socket. Thread-compatible.
+class Conn {
+ public:
+  explicit Conn(int fd, ssl_st* ssl = nullptr) : fd_(fd), ssl_(ssl) {}
+  ~Conn();  // Frees the TLS session (not the socket).
+  Conn(const Conn&) = delete;
+  Conn& operator=(const Conn&) = delete;
+  int fd() const { return fd_; }
+  bool tls() const { return ssl_ != nullptr; }
+  // As send(2) (never raising SIGPIPE) and recv(2): bytes moved, 0 when the peer closed (Recv),
+  // or -1 with errno set (EAGAIN: the socket's timeout; EPROTO: a TLS error).
+  ssize_t Send(const void* data, size_t n);
+  ssize_t Recv(void* data, size_t n);
+
+ private:
+  const int fd_;
+  ssl_st* const ssl_;
+};
 
 inline constexpr char kMagic[4] = {'P', 'W', 'B', '1'};
 inline constexpr uint32_t kVersion = 1;
@@ -33,16 +58,16 @@ inline constexpr uint32_t kMaxMessageBytes = 4096;
 // All `n` bytes, or an error naming `what` (a peer that closed early: Unavailable; a socket
 // timeout, or `deadline` passed: DeadlineExceeded). A finite deadline resets the socket's
 // receive timeout.
-absl::Status SendAll(int fd, const void* data, size_t n, absl::string_view what);
-absl::Status RecvAll(int fd, void* data, size_t n, absl::string_view what,
+absl::Status SendAll(Conn& c, const void* data, size_t n, absl::string_view what);
+absl::Status RecvAll(Conn& c, void* data, size_t n, absl::string_view what,
                      absl::Time deadline = absl::InfiniteFuture());
-absl::Status SendU64(int fd, uint64_t v, absl::string_view what);
-absl::Status RecvU64(int fd, uint64_t* v, absl::string_view what);
+absl::Status SendU64(Conn& c, uint64_t v, absl::string_view what);
+absl::Status RecvU64(Conn& c, uint64_t* v, absl::string_view what);
 
 // A status on the wire. RecvStatus returns the transport's error, or OK with the status read in
 // `*got` (a code that is not canonical, or a message too long, is a DataLoss error).
-absl::Status SendStatus(int fd, const absl::Status& s);
-absl::Status RecvStatus(int fd, absl::Status* got);
+absl::Status SendStatus(Conn& c, const absl::Status& s);
+absl::Status RecvStatus(Conn& c, absl::Status* got);
 
 // Sets the socket's send and receive timeouts (0: none), TCP_NODELAY and SO_KEEPALIVE.
 void Configure(int fd, int timeout_seconds);

@@ -33,10 +33,18 @@ RemoteController::RemoteController(std::string address, const ChannelOptions& op
 
 absl::StatusOr<std::unique_ptr<RemoteController>> RemoteController::Dial(
     const std::string& address, const ChannelOptions& options, absl::Duration timeout) {
-  std::unique_ptr<RemoteController> c(new RemoteController(address, options));
+  ChannelOptions o = options;
+  if (o.tls == nullptr) {
+    PW_ASSIGN_OR_RETURN(o.tls, TlsFromEnvironment());
+  }
+  std::unique_ptr<RemoteController> c(new RemoteController(address, o));
   if (!c->core_->channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
-    return absl::UnavailableError(absl::StrCat("cannot reach a pathways controller at ", address,
-                                               " within ", absl::FormatDuration(timeout)));
+    return absl::UnavailableError(absl::StrCat(
+        "cannot reach a pathways controller at ", address, " within ",
+        absl::FormatDuration(timeout),
+        o.tls == nullptr ? " (if it serves TLS, set PW_TLS_CA to its CA certificate)"
+                         : " over TLS (is PW_TLS_CA the CA of its certificate, and does the "
+                           "certificate name this address?)"));
   }
   return c;
 }

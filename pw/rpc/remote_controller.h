@@ -20,7 +20,9 @@ namespace pw::rpc {
 
 class RemoteController final : public ControllerInterface {
  public:
-  // Fails if the controller cannot be reached within `timeout`.
+  // Fails if the controller cannot be reached within `timeout`. Without `options.tls`, TLS comes
+  // from $PW_TLS_CA (and $PW_TLS_CERT, $PW_TLS_KEY) when set: every client (CLI, C++, Python)
+  // dials here.
   static absl::StatusOr<std::unique_ptr<RemoteController>> Dial(
       const std::string& address, const ChannelOptions& options,
       absl::Duration timeout = absl::Seconds(10));

@@ -104,6 +104,15 @@ class RemoteWorker::Stream final : public grpc::ClientBidiReactor<v1::Command, v
   bool released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+namespace {
+// The bulk stream's TLS for `options` (null: plaintext). Its files were checked when loaded.
+std::shared_ptr<const TlsContext> BulkTls(const ChannelOptions& options) {
+  if (options.tls == nullptr) return nullptr;
+  auto ctx = TlsContext::Create(*options.tls, /*server=*/false);
+  return ctx.ok() ? *std::move(ctx) : nullptr;
+}
+}  // namespace
+
 RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOptions& options,
                            bool same_machine)
     : host_(host),
@@ -111,7 +120,8 @@ RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOption
       options_(options),
       arena_(same_machine ? std::make_shared<ShmArena>() : nullptr),
       bulk_(same_machine ? nullptr
-                         : std::make_shared<BulkClient>(HostOf(address_), options.token)),
+                         : std::make_shared<BulkClient>(HostOf(address_), options.token,
+                                                        BulkTls(options))),
       channel_(MakeChannel(address_, options)),
       stub_(v1::Worker::NewStub(channel_)) {}
 

@@ -18,6 +18,7 @@
 #include "pw/client/client.h"
 #include "pw/examples/figure2.h"
 #include "pw/rpc/remote_controller.h"
+#include "pw/rpc/tls_testing.h"
 #include "pw/rpc/wire.h"
 #include "pw/server/controller_server.h"
 #include "pw/server/local_cluster.h"
@@ -99,6 +100,7 @@ class GrpcClusterTest : public ::testing::Test {
     ASSERT_TRUE(c.ok()) << c.status();
     controller_ = *std::move(c);
     token_ = o.channel.token;
+    tls_ = o.channel.tls;
     for (const HostSpec& h : spec_.hosts()) {
       if (worker_processes) {
         StartWorkerProcess(h.id);
@@ -112,7 +114,7 @@ class GrpcClusterTest : public ::testing::Test {
       }
     }
     WaitAlive(static_cast<int>(spec_.hosts().size()));
-    auto r = rpc::RemoteController::Dial(controller_->address(), {.token = token_});
+    auto r = rpc::RemoteController::Dial(controller_->address(), {.token = token_, .tls = tls_});
     ASSERT_TRUE(r.ok()) << r.status();
     remote_ = *std::move(r);
   }
@@ -168,6 +170,7 @@ class GrpcClusterTest : public ::testing::Test {
 
   ClusterSpec spec_;
   std::string token_;
+  std::shared_ptr<const rpc::Tls> tls_;  // The cluster's, if it serves TLS.
   std::unique_ptr<ControllerServer> controller_;
   std::vector<std::unique_ptr<WorkerServer>> workers_;
   std::vector<int> pids_;
@@ -235,7 +238,7 @@ TEST_F(GrpcClusterTest, ProtocolVersionMismatchIsRefused) {
 
 TEST_F(GrpcClusterTest, TokensAreRequiredAndChecked) {
   EXPECT_TRUE(absl::IsFailedPrecondition(rpc::CheckListenAddress("0.0.0.0:0", "")));
-  EXPECT_TRUE(rpc::CheckListenAddress("0.0.0.0:0", "secret").ok());
+  EXPECT_TRUE(rpc::CheckListenAddress("0.0.0.0:0", "secret", false, /*insecure=*/true).ok());
   EXPECT_TRUE(rpc::CheckListenAddress("127.0.0.1:0", "").ok());
   EXPECT_FALSE(ControllerServer::Start(*ClusterSpec::Uniform(1, 1, 1), {.listen = "0.0.0.0:0"}).ok());
 
@@ -318,6 +321,81 @@ TEST_F(GrpcClusterTest, PeersOnOtherMachinesReadLargeShardsFromTheBulkStream) {
   EXPECT_EQ(values(*got), big);
   EXPECT_EQ(workers_[0]->bulk().sent_bytes() - sent, int64_t{4} * 300000);
   EXPECT_EQ(workers_[0]->bulk().open_offers(), 0u);
+}
+
+// Issue 20 (TLS off loopback): a cluster on TLS (mutual between controller and workers) serves
+// programs and large shards on the bulk stream over TLS; plaintext callers and holders of another
+// CA's certificate are refused; listening off loopback without TLS needs --insecure.
+TEST_F(GrpcClusterTest, ServesOverTlsAndRefusesPlaintextAndStrangers) {
+  auto tls = rpc::MakeTestCerts("cluster", "localhost 127.0.0.1");
+  auto stranger = rpc::MakeTestCerts("stranger", "localhost 127.0.0.1");
+  ASSERT_TRUE(tls && stranger) << "scripts/tls-certs.sh failed";
+  ControllerServer::Options o = Patient();
+  o.channel.tls = tls;
+  Start(1, 2, 1, o);
+  auto c = remote_->Connect("tls");
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto slice = remote_->AllocateSlice(*c, {.num_devices = 1});
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  std::vector<float> big(300000);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i % 977);
+  auto large = remote_->PutArray(*c, slice->id, Sharding::Split({1}, 1, 0), F32(big));
+  ASSERT_TRUE(large.ok()) << large.status();
+  ASSERT_TRUE(remote_->ArrayReady(*c, large->id).status().ok());
+  const DeviceId device = slice->devices[0];
+  const int on = static_cast<int>(spec_.device(device).host.value());
+  const int64_t sent = workers_[on]->bulk().sent_bytes();
+  {
+    rpc::RemoteWorker far(spec_.device(device).host, workers_[on]->address(),
+                          {.token = controller_->cluster_token(), .tls = tls}, false);
+    auto got = far.FetchShard(large->id, device).Await();
+    ASSERT_TRUE(got.ok()) << got.status();
+    const auto* h = static_cast<const HostDeviceBuffer*>(got->get());
+    EXPECT_EQ(std::vector<float>(h->as<float>(), h->as<float>() + big.size()), big);
+    EXPECT_EQ(workers_[on]->bulk().sent_bytes() - sent, int64_t{4} * 300000);  // On the bulk stream.
+  }
+  // Plaintext to the controller and to a worker: refused (the handshake never completes).
+  auto plain = rpc::RemoteController::Dial(controller_->address(), {.token = token_},
+                                           absl::Seconds(2));
+  EXPECT_TRUE(absl::IsUnavailable(plain.status())) << plain.status();
+  EXPECT_TRUE(absl::StrContains(plain.status().message(), "PW_TLS_CA")) << plain.status();
+  {
+    rpc::RemoteWorker plain_peer(HostId(on), workers_[on]->address(),
+                                 {.token = controller_->cluster_token()}, false);
+    EXPECT_FALSE(plain_peer.FetchShard(large->id, device).Await().ok());
+    // A certificate of another CA, with the right cluster token: refused too.
+    rpc::RemoteWorker imposter(HostId(on), workers_[on]->address(),
+                               {.token = controller_->cluster_token(), .tls = stranger}, false);
+    EXPECT_FALSE(imposter.FetchShard(large->id, device).Await().ok());
+  }
+  // A client that trusts the CA but presents no certificate of its own may use the controller.
+  auto ca_only = std::make_shared<rpc::Tls>(rpc::Tls{.ca_pem = tls->ca_pem});
+  auto client = rpc::RemoteController::Dial(controller_->address(), {.token = token_, .tls = ca_only});
+  ASSERT_TRUE(client.ok()) << client.status();
+  EXPECT_TRUE((*client)->Connect("ca-only").ok());
+  // Off loopback, plaintext needs --insecure.
+  absl::Status open = rpc::CheckListenAddress("0.0.0.0:0", "secret");
+  EXPECT_TRUE(absl::IsFailedPrecondition(open)) << open;
+  EXPECT_TRUE(absl::StrContains(open.message(), "--insecure")) << open;
+  EXPECT_TRUE(rpc::CheckListenAddress("0.0.0.0:0", "secret", /*tls=*/true).ok());
+  EXPECT_TRUE(rpc::CheckListenAddress("0.0.0.0:0", "secret", false, /*insecure=*/true).ok());
+}
+
+// --tls-server-name: certificates that name the cluster, not its addresses (pods).
+TEST_F(GrpcClusterTest, TlsWithOneNameForTheCluster) {
+  auto named = rpc::MakeTestCerts("one-name", "pathways-cluster");
+  ASSERT_TRUE(named != nullptr);
+  auto tls = std::make_shared<rpc::Tls>(*named);
+  tls->server_name = "pathways-cluster";
+  ControllerServer::Options o = Patient();
+  o.channel.tls = tls;
+  Start(1, 2, 1, o);  // Workers register and peers dial each other by that name.
+  auto r = RunFigure2(remote_.get());
+  ASSERT_TRUE(r.ok()) << r.status();
+  // Without the name, the addresses are checked, which the certificate lacks.
+  auto by_address = rpc::RemoteController::Dial(controller_->address(),
+                                                {.token = token_, .tls = named}, absl::Seconds(2));
+  EXPECT_TRUE(absl::IsUnavailable(by_address.status())) << by_address.status();
 }
 
 TEST_F(GrpcClusterTest, ClientCannotUseAnotherClientsBuffers) {

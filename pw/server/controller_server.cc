@@ -16,7 +16,8 @@ ControllerServer::ControllerServer(const ClusterSpec& spec, Options options)
 
 absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const ClusterSpec& spec,
                                                                           Options options) {
-  PW_RETURN_IF_ERROR(rpc::CheckListenAddress(options.listen, options.channel.token));
+  PW_RETURN_IF_ERROR(rpc::CheckListenAddress(options.listen, options.channel.token,
+                                             options.channel.tls != nullptr, options.insecure));
   if (options.cluster_token.empty()) options.cluster_token = rpc::NewSecret();
   std::unique_ptr<ControllerServer> s(new ControllerServer(spec, std::move(options)));
   s->controller_ = std::make_unique<Controller>(
@@ -26,7 +27,8 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
       s->controller_.get(), s.get(), s->options_.channel.token, s->options_.cluster_token,
       s->options_.clients);
   PW_ASSIGN_OR_RETURN(rpc::Serving serving,
-                      rpc::StartServer(s->options_.listen, s->options_.channel, s->service_.get()));
+                      rpc::StartServer(s->options_.listen, s->options_.channel, s->service_.get(),
+                                       /*require_peer_certificate=*/false));
   s->server_ = std::move(serving.server);
   const int port = serving.port;
   const std::string host = s->options_.listen.substr(0, s->options_.listen.rfind(':'));

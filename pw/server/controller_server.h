@@ -28,7 +28,9 @@ class ControllerServer final : public rpc::ClusterMembership {
  public:
   struct Options {
     std::string listen = "127.0.0.1:0";  // Port 0: any free port (see address()).
-    rpc::ChannelOptions channel;          // Client token and message limit.
+    rpc::ChannelOptions channel;          // Client token, message limit, TLS (to clients and workers).
+    // Listening off loopback needs TLS (channel.tls) unless this is set (--insecure).
+    bool insecure = false;
     // Shared with the workers only (see pw/rpc/auth.h). Empty: a random one (cluster_token()).
     std::string cluster_token;
     absl::Duration heartbeat_interval = absl::Milliseconds(200);

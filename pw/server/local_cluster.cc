@@ -67,7 +67,11 @@ absl::Status SaveState(const LocalClusterState& s) {
                       {"controller_pid", s.controller_pid},
                       {"worker_pids", s.worker_pids},
                       {"worker_cpus", s.worker_cpus},
-                      {"cluster_token", s.cluster_token}};
+                      {"cluster_token", s.cluster_token},
+                      {"tls_cert", s.tls.cert},
+                      {"tls_key", s.tls.key},
+                      {"tls_ca", s.tls.ca},
+                      {"tls_server_name", s.tls.server_name}};
   return WriteFile(s.state_dir + "/cluster.json", j.dump(2) + "\n");
 }
 
@@ -123,6 +127,8 @@ absl::StatusOr<LocalClusterState> LoadState() {
     s.worker_pids = j.value("worker_pids", std::vector<int>{});
     s.worker_cpus = j.value("worker_cpus", std::vector<std::string>{});
     s.cluster_token = j.value("cluster_token", "");
+    s.tls = {j.value("tls_cert", ""), j.value("tls_key", ""), j.value("tls_ca", ""),
+             j.value("tls_server_name", "")};
   } catch (const nlohmann::json::exception& e) {
     return absl::DataLossError(absl::StrCat(dir, "/cluster.json is malformed: ", e.what()));
   }
@@ -163,6 +169,17 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
                                                  old->address, " (pw down stops it)"));
   LocalClusterState s;
   s.state_dir = dir;
+  // Checked here, so a bad file fails pw up naming it; the processes get absolute paths.
+  PW_RETURN_IF_ERROR(rpc::LoadTls(o.tls, /*server=*/true).status());
+  auto absolute = [](const std::string& p) {
+    return p.empty() ? p : std::filesystem::absolute(p).string();
+  };
+  s.tls = {absolute(o.tls.cert), absolute(o.tls.key), absolute(o.tls.ca), o.tls.server_name};
+  std::vector<std::string> tls_flags;
+  if (!s.tls.empty())
+    tls_flags = {"--tls-cert", s.tls.cert, "--tls-key", s.tls.key, "--tls-ca", s.tls.ca};
+  if (!s.tls.empty() && !s.tls.server_name.empty())
+    tls_flags.insert(tls_flags.end(), {"--tls-server-name", s.tls.server_name});
   const std::string spec_path = dir + "/cluster-spec.json";
   const std::string address_file = dir + "/controller.address";
   std::remove(address_file.c_str());
@@ -183,12 +200,12 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
     (void)StopLocalCluster(s, absl::Seconds(2));
     return Annotate(error, absl::StrCat("pw up (logs in ", dir, ")"));
   };
-  PW_ASSIGN_OR_RETURN(s.controller_pid,
-                      SpawnDetached({o.pw_binary, "controller", "--config", spec_path,
-                                     "--listen", "127.0.0.1:0", "--address-file", address_file,
-                                     "--failure-timeout-ms", absl::StrCat(o.failure_timeout_ms),
-                                     "--run-timeout-ms", absl::StrCat(o.run_timeout_ms)},
-                                    dir + "/controller.log"));
+  std::vector<std::string> controller_argv = {
+      o.pw_binary, "controller", "--config", spec_path, "--listen", "127.0.0.1:0",
+      "--address-file", address_file, "--failure-timeout-ms", absl::StrCat(o.failure_timeout_ms),
+      "--run-timeout-ms", absl::StrCat(o.run_timeout_ms)};
+  controller_argv.insert(controller_argv.end(), tls_flags.begin(), tls_flags.end());
+  PW_ASSIGN_OR_RETURN(s.controller_pid, SpawnDetached(controller_argv, dir + "/controller.log"));
   const absl::Time deadline = absl::Now() + o.ready_timeout;
   while (true) {
     if (absl::StatusOr<std::string> a = ReadFile(address_file); a.ok() && !a->empty()) {
@@ -220,6 +237,7 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
       argv.insert(argv.end(), {"--collective-timeout-ms", absl::StrCat(o.collective_timeout_ms)});
     if (o.overrun_grace_ms >= 0)
       argv.insert(argv.end(), {"--overrun-grace-ms", absl::StrCat(o.overrun_grace_ms)});
+    argv.insert(argv.end(), tls_flags.begin(), tls_flags.end());
     absl::StatusOr<int> pid =
         SpawnDetached(argv, absl::StrCat(dir, "/worker-", h.id.value(), ".log"));
     if (!pid.ok()) return fail(pid.status());
@@ -228,7 +246,7 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
   PW_RETURN_IF_ERROR(SaveState(s));
   std::move(forget_token).Invoke();
   // Ready when every host's worker has registered.
-  auto controller = rpc::RemoteController::Dial(s.address, {.token = o.token}, absl::Seconds(10));
+  auto controller = rpc::RemoteController::Dial(s.address, ChannelTo(s, o.token), absl::Seconds(10));
   if (!controller.ok()) return fail(controller.status());
   while (true) {
     absl::StatusOr<::pathways::v1::ClusterStatus> st = (*controller)->FullStatus();
@@ -244,6 +262,12 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
     absl::SleepFor(absl::Milliseconds(20));
   }
   return s;
+}
+
+rpc::ChannelOptions ChannelTo(const LocalClusterState& s, std::string token) {
+  rpc::ChannelOptions o{.token = std::move(token)};
+  if (auto tls = rpc::LoadTls(s.tls, /*server=*/false); tls.ok()) o.tls = *tls;
+  return o;
 }
 
 bool IsClusterProcess(int pid, const LocalClusterState& s) {
@@ -264,7 +288,7 @@ absl::Status StopLocalCluster(const LocalClusterState& s, absl::Duration grace) 
     if (IsClusterProcess(pid, s)) pids.push_back(pid);
   const bool controller = IsClusterProcess(s.controller_pid, s);
   if (!s.address.empty() && controller) {
-    auto c = rpc::RemoteController::Dial(s.address, {.token = s.cluster_token}, absl::Seconds(2));
+    auto c = rpc::RemoteController::Dial(s.address, ChannelTo(s, s.cluster_token), absl::Seconds(2));
     if (c.ok()) (void)(*c)->Shutdown();
   }
   for (int pid : pids) kill(pid, SIGTERM);

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "pw/cluster/cluster_spec.h"
+#include "pw/rpc/auth.h"
 
 namespace pw::server {
 
@@ -22,7 +23,12 @@ struct LocalClusterState {
   std::vector<std::string> worker_cpus;
   std::string cluster_token;  // The processes' (pw down presents it to shut the controller down).
   std::string state_dir;
+  rpc::TlsFiles tls;  // The processes' certificate files (absolute paths), if they serve TLS.
 };
+
+// A channel to the cluster `s` with `token`, over its TLS if it serves TLS (files that can no
+// longer be read: none, so the dial names the failure).
+rpc::ChannelOptions ChannelTo(const LocalClusterState& s, std::string token);
 
 struct LaunchOptions {
   std::string pw_binary;   // Path of the `pw` executable to run.
@@ -34,6 +40,8 @@ struct LaunchOptions {
   // -1: their default).
   int64_t run_timeout_ms = 0;
   int64_t overrun_grace_ms = -1;
+  // Certificate files every process serves and dials with (pw up --tls-cert/--tls-key/--tls-ca).
+  rpc::TlsFiles tls;
   // Give each host's worker its own share of the CPUs this process may use (SplitCpus).
   bool bind_cpus = true;
   absl::Duration ready_timeout = absl::Seconds(60);

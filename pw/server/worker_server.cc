@@ -34,6 +34,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
     return absl::InvalidArgumentError(
         "a worker needs the cluster token (--cluster-token or PW_CLUSTER_TOKEN) that its "
         "controller was given or printed");
+  PW_RETURN_IF_ERROR(rpc::CheckListenAddress(options.listen, options.channel.token,
+                                             options.channel.tls != nullptr, options.insecure));
   std::unique_ptr<WorkerServer> s(new WorkerServer(std::move(options)));
   rpc::RemoveStaleSegments();  // Segments of killed workers on this machine.
   auto channel = rpc::MakeChannel(s->options_.controller, s->options_.channel);
@@ -67,10 +69,16 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
                         if (c.ParseFromArray(m.data(), static_cast<int>(m.size())))
                           (void)p->ReceiveCollective(c);
                       }));
-  // Large shards for readers on other machines, on the interface that gRPC listens on.
+  // Large shards for readers on other machines, on the interface that gRPC listens on, with the
+  // same TLS.
+  std::shared_ptr<const rpc::TlsContext> bulk_tls;
+  if (s->options_.channel.tls != nullptr) {
+    PW_ASSIGN_OR_RETURN(bulk_tls, rpc::TlsContext::Create(*s->options_.channel.tls, true));
+  }
   PW_ASSIGN_OR_RETURN(s->bulk_, rpc::BulkServer::Start(rpc::HostOf(s->options_.listen),
                                                        s->options_.bulk_port,
-                                                       s->options_.channel.token));
+                                                       s->options_.channel.token,
+                                                       std::move(bulk_tls)));
   s->service_ = std::make_unique<rpc::WorkerService>(
       s->worker_.get(), s->options_.channel.token,
       [p = s.get()](const v1::CollectiveContribution& c) { return p->ReceiveCollective(c); },
@@ -84,7 +92,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
         }
       });
   PW_ASSIGN_OR_RETURN(rpc::Serving serving,
-                      rpc::StartServer(s->options_.listen, s->options_.channel, s->service_.get()));
+                      rpc::StartServer(s->options_.listen, s->options_.channel, s->service_.get(),
+                                       /*require_peer_certificate=*/true));
   s->server_ = std::move(serving.server);
   const int port = serving.port;
   // A wildcard listen address is advertised as this machine's name, which peers can dial.

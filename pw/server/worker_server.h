@@ -41,6 +41,9 @@ class WorkerServer final : public CollectivePeers {
     // free one (peers learn it with each shard).
     int bulk_port = 0;
     rpc::ChannelOptions channel;  // token: the cluster token (required; ControllerServer's).
+    // Listening off loopback needs TLS (channel.tls: mutual with the controller and peers,
+    // bulk stream included) unless this is set (--insecure).
+    bool insecure = false;
     std::string pjrt_plugin = pjrt::DefaultCpuPluginPath();
     absl::Duration controller_lost_timeout = absl::Seconds(10);
     // This worker's machine: peers reporting the same one exchange shards through shared memory,

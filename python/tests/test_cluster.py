@@ -365,6 +365,48 @@ def test_a_runaway_computation_times_out_and_its_worker_restarts_in_place(tmp_pa
         pw("down", env=env, check=False)
 
 
+TLS_CLIENT = """
+import sys, numpy as np, pathways as pw
+pw.connect(sys.argv[1])
+s = pw.make_virtual_device_set().add_slice(devices=2)
+f = pw.pmap(lambda x: jax.lax.psum(x, "i"), devices=s, axis_name="i")
+print(np.asarray(f(np.array([1., 2.], np.float32))).tolist())
+""".replace("import sys,", "import sys, jax,")
+
+
+# Issue 20 (TLS): a pw up cluster on TLS. Python clients with PW_TLS_CA run (a psum across the
+# worker processes); one without it is refused with an error saying what to set; pw status and
+# pw down use pw up's certificates; listening off loopback in plaintext needs --insecure.
+def test_a_cluster_on_tls(tmp_path):
+    certs = tmp_path / "tls"
+    subprocess.run([str(ROOT / "scripts" / "tls-certs.sh"), str(certs)], check=True)
+    state_dir = tmp_path / "state"
+    env = dict(os.environ, PW_STATE_DIR=str(state_dir))
+    for k in ("PW_CLUSTER", "PW_TLS_CA", "PW_TLS_CERT", "PW_TLS_KEY"):
+        env.pop(k, None)
+    tls = ["--tls-cert", str(certs / "cert.pem"), "--tls-key", str(certs / "key.pem"),
+           "--tls-ca", str(certs / "ca.pem")]
+    address = pw("up", "--detach", "--islands", "1", "--hosts-per-island", "2",
+                 "--devices-per-host", "1", "--failure-timeout-ms", "60000", *tls,
+                 env=env).stdout.strip().splitlines()[-1]
+    try:
+        assert [h["alive"] for h in status(env)["hosts"]] == [True, True]
+        r = subprocess.run([sys.executable, "-c", TLS_CLIENT, address],
+                           env=dict(env, PW_TLS_CA=str(certs / "ca.pem")),
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split() == ["[3.0,", "3.0]"], r.stdout
+        plain = subprocess.run([sys.executable, "-c", TLS_CLIENT, address], env=env,
+                               capture_output=True, text=True, timeout=300)
+        assert plain.returncode != 0
+        assert "Unavailable" in plain.stderr and "PW_TLS_CA" in plain.stderr, plain.stderr
+    finally:
+        pw("down", env=env, check=False)
+    r = pw("controller", "--listen", "0.0.0.0:0", "--token", "t", env=dict(
+        env, PW_CLUSTER_TOKEN="c"), check=False, timeout=30)
+    assert r.returncode == 1 and "--insecure" in r.stderr, r.stderr
+
+
 # Issue 20: random SIGKILL / SIGSTOP of island 0's workers (restarted as a cluster manager would)
 # under 4 looping clients: every result right, every error naming a host, island 1 untouched and
 # completing throughout, nothing leaked (python/tests/chaos.py checks and reports).
