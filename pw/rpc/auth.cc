@@ -1,12 +1,16 @@
 #include "pw/rpc/auth.h"
 
+#include <memory>
 #include <random>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "google/protobuf/descriptor.h"
+#include "grpcpp/support/server_interceptor.h"
 
 namespace pw::rpc {
 namespace {
@@ -100,6 +104,54 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Cha
   return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
 }
 
+namespace {
+
+// gRPC answers a request body that does not parse as the method's message with UNIMPLEMENTED and
+// no message, before any handler runs (our handlers never answer UNIMPLEMENTED): this says what
+// happened, and where.
+class MalformedBodyInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit MalformedBodyInterceptor(std::string method) : method_(std::move(method)) {}
+  // Whether "/package.Service/Method" is a method of the protocol (its generated descriptor).
+  static bool Known(absl::string_view path) {
+    if (path.size() < 2 || path[0] != '/') return false;
+    std::string name(path.substr(1));
+    const size_t slash = name.rfind('/');
+    if (slash == std::string::npos) return false;
+    name[slash] = '.';
+    return google::protobuf::DescriptorPool::generated_pool()->FindMethodByName(name) != nullptr;
+  }
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_STATUS)) {
+      const grpc::Status s = methods->GetSendStatus();
+      if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED && s.error_message().empty())
+        methods->ModifySendStatus(Known(method_)
+            ? grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                           absl::StrCat("malformed request to ", method_,
+                                        ": its body is not a message of the method's type "
+                                        "(pathways.proto; a client of another protocol version?)"))
+            : grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                           absl::StrCat("no method ", method_, " here (pathways.proto)")));
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string method_;
+};
+
+class MalformedBodyInterceptors final
+    : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    return new MalformedBodyInterceptor(info->method() == nullptr ? "" : info->method());
+  }
+};
+
+}  // namespace
+
 absl::StatusOr<Serving> StartServer(const std::string& listen, const ChannelOptions& o,
                                     grpc::Service* service, bool require_peer_certificate) {
   const int limit = static_cast<int>(std::min<int64_t>(o.max_message_bytes, INT32_MAX));
@@ -118,6 +170,9 @@ absl::StatusOr<Serving> StartServer(const std::string& listen, const ChannelOpti
   builder.SetMaxReceiveMessageSize(limit);
   builder.SetMaxSendMessageSize(limit);
   builder.RegisterService(service);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<MalformedBodyInterceptors>());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   s.server = builder.BuildAndStart();
   if (s.server == nullptr || s.port == 0)
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));

@@ -1,10 +1,10 @@
 #include "pw/rpc/controller_service.h"
 
-#include <malloc.h>
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "pw/base/heap.h"
 #include "pw/base/status_macros.h"
 #include "pw/rpc/reactors.h"
 #include "pw/rpc/wire.h"
@@ -12,8 +12,6 @@
 namespace pw::rpc {
 namespace v1 = ::pathways::v1;
 
-// A PutArray at least this large gives its memory back to the system when done.
-constexpr size_t kTrimAfterBytes = size_t{64} << 20;
 
 // A handler's first line: authorizes the call (and its client), or replies with the error.
 #define PW_AUTHORIZE(...)                                                    \
@@ -275,9 +273,9 @@ grpc::ServerUnaryReactor* ControllerService::PutArray(grpc::CallbackServerContex
   auto info = controller_->PutArray(ClientId(req->client()), SliceId(req->slice()), *sharding,
                                     *std::move(array));
   if (info.ok()) ToProto(*info, resp);
-  // gRPC received the message in many small slices, which the allocator keeps after they are
-  // freed: give a large message's memory back to the system.
-  if (bytes >= kTrimAfterBytes) malloc_trim(0);
+  // The request's slices and copies are freed when the call ends; the monitor then gives a large
+  // message's memory back to the system (pw/base/heap.h).
+  CountTransientBytes(static_cast<int64_t>(bytes));
   return Reply(ctx, info.status());
 }
 
@@ -289,6 +287,7 @@ grpc::ServerUnaryReactor* ControllerService::FetchArray(grpc::CallbackServerCont
   controller_->FetchArray(ClientId(req->client()), BufferId(req->buffer()))
       .OnReady([reactor, resp](const absl::StatusOr<HostArray>& a) {
         if (a.ok()) ToProto(*a, resp);
+        if (a.ok()) CountTransientBytes(static_cast<int64_t>(a->bytes.size()));
         reactor->Finish(ToGrpc(a.status()));
       });
   return reactor;

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "pw/base/heap.h"
 #include "pw/base/status_macros.h"
 #include "pw/rpc/reactors.h"
 #include "pw/rpc/shared_memory.h"
@@ -148,7 +149,8 @@ class WorkerService::CommandStream final
     Finish(grpc::Status::OK);
   }
 
-  void Apply(const v1::Command& c) {
+  // Takes what it keeps out of `c` (a put shard's bytes), which the read path then reuses.
+  void Apply(v1::Command& c) {
     const uint64_t seq = c.seq();
     auto fail = [&](const absl::Status& s, bool dispatch) {
       if (dispatch) Send(sink_, seq, v1::CommandEvent::ENQUEUED, s);
@@ -182,8 +184,9 @@ class WorkerService::CommandStream final
         return;
       }
       case v1::Command::kPutShard: {
-        v1::PutShardRequest p = c.put_shard();
-        absl::StatusOr<HostArray> shard = FromProto(p.mutable_shard());
+        v1::PutShardRequest& p = *c.mutable_put_shard();
+        CountTransientBytes(static_cast<int64_t>(p.shard().data().size()));  // gRPC's slices.
+        absl::StatusOr<HostArray> shard = FromProto(p.mutable_shard());  // Moves the bytes.
         if (!shard.ok()) return fail(Annotate(shard.status(), "put shard"), false);
         if (p.buffer() < 0 || p.device() < 0)
           return fail(absl::InvalidArgumentError("put shard: negative buffer or device id"), false);

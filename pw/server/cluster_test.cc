@@ -554,7 +554,26 @@ TEST_F(GrpcClusterTest, MalformedTruncatedAndOversizedMessagesGetErrors) {
                       });
     std::unique_lock<std::mutex> l(mu);
     cv.wait(l, [&] { return done; });
-    EXPECT_FALSE(status.ok());
+    // Issue 20: gRPC's own answer was UNIMPLEMENTED with no message.
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+    EXPECT_THAT(status.error_message(),
+                ::testing::HasSubstr("malformed request to /pathways.v1.Controller/Submit"));
+  }
+  {  // A method that does not exist is still gRPC's UNIMPLEMENTED, not a malformed body.
+    grpc::ClientContext ctx;
+    grpc::Slice slice(std::string("\x08\x01", 2));
+    grpc::ByteBuffer request(&slice, 1), response;
+    auto done = std::make_shared<Promise<>>();
+    Future<> finished = done->future();
+    grpc::Status status;
+    generic.UnaryCall(&ctx, "/pathways.v1.Controller/NoSuchMethod", grpc::StubOptions(), &request,
+                      &response, [&status, done](grpc::Status s) {
+                        status = s;
+                        done->Set();
+                      });
+    finished.Await();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << status.error_message();
+    EXPECT_THAT(status.error_message(), ::testing::HasSubstr("NoSuchMethod"));
   }
   // Well-formed protobuf, invalid content: an unknown dtype in a program.
   auto id = *remote_->Connect("bad-programs");

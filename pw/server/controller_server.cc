@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "pw/base/heap.h"
 #include "pw/base/status_macros.h"
 #include "pw/rpc/wire.h"
 
@@ -219,6 +220,7 @@ void ControllerServer::MonitorLoop() {
     mu_.Unlock();
     if (stop) return;
     service_->ReapSessionless(absl::Now());
+    ReleaseFreeMemoryAfterTransients();  // After large puts and fetches (pw/base/heap.h).
     struct Failed {
       HostId host;
       rpc::RemoteWorker* worker;  // The worker observed failing (the host may rejoin meanwhile).

@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
+#include "pw/base/heap.h"
 #include "pw/base/status_macros.h"
 #include "pw/rpc/wire.h"
 
@@ -156,6 +157,7 @@ void WorkerServer::HeartbeatLoop() {
     mu_.Unlock();
     if (stop) return;
     if (CheckOverruns(absl::Now())) return;
+    ReleaseFreeMemoryAfterTransients();  // After large shards on the wire (pw/base/heap.h).
     v1::HeartbeatRequest req;
     req.set_host(options_.host.value());
     v1::Empty resp;
