@@ -178,6 +178,9 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   controller_->add_option("--session-grace-ms", session_grace_ms_,
                           "A client that has not opened its session this long after connecting "
                           "is disconnected and what it allocated released (default 30000)");
+  controller_->add_option("--max-program-nodes", max_program_nodes_,
+                          "The most nodes a program may have; a larger one is refused (default "
+                          "1048576)");
   AddTlsFlags(controller_, /*insecure=*/true);
 
   worker_ = app->add_subcommand("worker", "Run one host's worker process");
@@ -415,6 +418,7 @@ int ClusterCommands::Controller() {
   o.failure_timeout = absl::Milliseconds(failure_timeout_ms_);
   o.clients.max_clients = max_clients_;
   o.default_run_timeout = absl::Milliseconds(run_timeout_ms_);
+  o.max_program_nodes = max_program_nodes_;
   o.clients.session_grace = absl::Milliseconds(session_grace_ms_);
   o.heartbeat_interval = std::min(absl::Milliseconds(200), o.failure_timeout / 4);
   auto server = server::ControllerServer::Start(*spec, o);

@@ -394,6 +394,10 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
 absl::StatusOr<ProgramId> Controller::RegisterProgram(ClientId client, const ProgramIr& ir) {
   PW_RETURN_IF_ERROR(CheckClient(client));
   const std::string prog = absl::StrCat("program '", ir.name.empty() ? "program" : ir.name, "'");
+  if (static_cast<int64_t>(ir.nodes.size()) > options_.max_program_nodes)
+    return absl::ResourceExhaustedError(absl::StrCat(
+        prog, " has ", ir.nodes.size(), " nodes, more than this cluster's limit of ",
+        options_.max_program_nodes, " (pw controller --max-program-nodes raises it)"));
   // Validate with each argument placed where its first consumer wants it.
   std::vector<Placement> args(ir.args.size());
   std::vector<bool> placed(ir.args.size(), false);

@@ -36,6 +36,9 @@ class Controller final : public ControllerInterface {
     bool hosts_share_process = true;
     // The timeout of a run submitted without one (RunOptions::timeout); zero: none.
     absl::Duration default_run_timeout = absl::ZeroDuration();
+    // The most nodes a registered program may have (pw controller --max-program-nodes): its
+    // plans, host programs and per-run state grow with them.
+    int64_t max_program_nodes = int64_t{1} << 20;
   };
   explicit Controller(const ClusterSpec& spec) : Controller(spec, Options()) {}
   Controller(const ClusterSpec& spec, Options options);

@@ -54,6 +54,21 @@ TEST(ControllerTest, SpmdModuleSpansHostsOfOneProcess) {  // The embedded cluste
   EXPECT_TRUE(c.LoadFunction(client, fn->id, spread->id).ok());
 }
 
+// Issue 20 (limits): a program larger than the cluster's limit is refused, naming the limit and
+// how to raise it.
+TEST(ControllerTest, AProgramOverTheNodeLimitIsRefusedNamingTheLimit) {
+  Controller c(*ClusterSpec::Uniform(1, 1, 1), {.max_program_nodes = 3});
+  ClientId client = *c.Connect("t");
+  ProgramIr ir;
+  ir.name = "big";
+  ir.nodes.resize(4);
+  auto id = c.RegisterProgram(client, ir);
+  EXPECT_EQ(id.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(id.status().message()),
+              HasSubstr("program 'big' has 4 nodes, more than this cluster's limit of 3 (pw "
+                        "controller --max-program-nodes"));
+}
+
 // Another client's function, program or slice reads as one that does not exist (issue 20: a
 // PERMISSION_DENIED naming the function revealed other clients' ids and names).
 TEST(ControllerTest, AnotherClientsObjectsReadAsMissing) {

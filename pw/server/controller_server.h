@@ -39,6 +39,7 @@ class ControllerServer final : public rpc::ClusterMembership {
     rpc::ClientLimits clients;  // Max clients; grace before a client without a Session goes.
     // The timeout of runs submitted without one (zero: none; pw controller --run-timeout-ms).
     absl::Duration default_run_timeout = absl::ZeroDuration();
+    int64_t max_program_nodes = Controller::Options().max_program_nodes;  // Controller::Options.
   };
   static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(const ClusterSpec& spec,
                                                                  Options options);
