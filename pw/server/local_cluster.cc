@@ -25,6 +25,7 @@
 #include "pw/base/status_macros.h"
 #include "pw/rpc/auth.h"
 #include "pw/rpc/remote_controller.h"
+#include "pw/rpc/shm_arena.h"
 #include "pw/server/cpu_binding.h"
 
 namespace pw::server {
@@ -302,6 +303,12 @@ absl::Status StopLocalCluster(const LocalClusterState& s, absl::Duration grace) 
       stuck.push_back(pid);
     }
   }
+  // Processes killed here (or earlier) leave their shared-memory segments: once they are gone
+  // (init reaps them), remove those.
+  const absl::Time reaped = absl::Now() + absl::Seconds(2);
+  for (int pid : stuck)
+    while (kill(pid, 0) == 0 && absl::Now() < reaped) absl::SleepFor(absl::Milliseconds(10));
+  rpc::RemoveStaleSegments();
   std::remove((s.state_dir + "/cluster.json").c_str());
   if (!stuck.empty())
     return absl::DeadlineExceededError(absl::StrCat("killed processes ", absl::StrJoin(stuck, ","),

@@ -56,7 +56,7 @@ absl::StatusOr<LocalClusterState> LoadState();
 absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
                                                      const LaunchOptions& options);
 // Asks the controller to shut down, stops the workers (SIGTERM, then SIGKILL after `grace`),
-// and forgets the state.
+// removes the shared-memory segments of processes that are gone, and forgets the state.
 absl::Status StopLocalCluster(const LocalClusterState& state, absl::Duration grace = absl::Seconds(5));
 
 // The cluster a client command should use: `flag`, else $PW_CLUSTER, else the most recent

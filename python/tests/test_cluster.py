@@ -365,6 +365,23 @@ def test_a_runaway_computation_times_out_and_its_worker_restarts_in_place(tmp_pa
         pw("down", env=env, check=False)
 
 
+# A worker that does not stop on SIGTERM (here: stopped) is killed by pw down, which then removes
+# the shared-memory segments it left (seen failing first: its pw-mbox-<pid>-* mailbox stayed).
+def test_pw_down_removes_the_segments_of_workers_it_had_to_kill(tmp_path):
+    env = dict(os.environ, PW_STATE_DIR=str(tmp_path))
+    env.pop("PW_CLUSTER", None)
+    pw("up", "--detach", "--islands", "1", "--hosts-per-island", "1", "--devices-per-host", "1",
+       "--failure-timeout-ms", "60000", env=env)
+    worker = json.loads((tmp_path / "cluster.json").read_text())["worker_pids"][0]
+    def segments():
+        return [n for n in os.listdir("/dev/shm") if n.startswith(f"pw-mbox-{worker}-")]
+    assert segments(), "the worker made no mailbox"
+    os.kill(worker, signal.SIGSTOP)
+    r = pw("down", env=env, check=False, timeout=60)
+    assert "killed processes" in r.stderr, r.stderr
+    assert segments() == []
+
+
 TLS_CLIENT = """
 import sys, numpy as np, pathways as pw
 pw.connect(sys.argv[1])
