@@ -33,6 +33,9 @@ constexpr char kCollectiveTimeoutHelp[] =
 constexpr char kRunTimeoutHelp[] =
     "A run not finished this long after it was submitted is cancelled and its client gets "
     "DEADLINE_EXCEEDED (default 0: runs have only the timeouts their clients give)";
+constexpr char kMaxClientBytesHelp[] =
+    "The most bytes of arrays (every shard and replica) one client may hold on the cluster at "
+    "once; a put or run past it fails with RESOURCE_EXHAUSTED (default 0: no quota)";
 constexpr char kOverrunGraceHelp[] =
     "A worker whose device still runs a cancelled run's computation this long after the "
     "cancellation restarts in place, so the device serves again (default 5000; 0: never)";
@@ -140,6 +143,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   up_->add_option("--collective-timeout-ms", collective_timeout_ms_, kCollectiveTimeoutHelp);
   up_->add_option("--run-timeout-ms", run_timeout_ms_, kRunTimeoutHelp);
   up_->add_option("--overrun-grace-ms", overrun_grace_ms_, kOverrunGraceHelp);
+  up_->add_option("--max-client-bytes", max_client_bytes_, kMaxClientBytesHelp);
   AddTlsFlags(up_, /*insecure=*/false);  // pw up's processes listen on loopback.
 
   status_ = app->add_subcommand("status", "Show the cluster's hosts, devices, memory, queues");
@@ -181,6 +185,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   controller_->add_option("--max-program-nodes", max_program_nodes_,
                           "The most nodes a program may have; a larger one is refused (default "
                           "1048576)");
+  controller_->add_option("--max-client-bytes", max_client_bytes_, kMaxClientBytesHelp);
   AddTlsFlags(controller_, /*insecure=*/true);
 
   worker_ = app->add_subcommand("worker", "Run one host's worker process");
@@ -226,6 +231,7 @@ int ClusterCommands::Up(const char* argv0) {
   o.failure_timeout_ms = failure_timeout_ms_;
   o.collective_timeout_ms = collective_timeout_ms_;
   o.run_timeout_ms = run_timeout_ms_;
+  o.max_client_bytes = max_client_bytes_;
   o.overrun_grace_ms = overrun_grace_ms_;
   o.tls = {tls_cert_, tls_key_, tls_ca_, tls_server_name_};
   o.bind_cpus = cpu_bind_ == "host";
@@ -419,6 +425,7 @@ int ClusterCommands::Controller() {
   o.clients.max_clients = max_clients_;
   o.default_run_timeout = absl::Milliseconds(run_timeout_ms_);
   o.max_program_nodes = max_program_nodes_;
+  o.max_client_bytes = max_client_bytes_;
   o.clients.session_grace = absl::Milliseconds(session_grace_ms_);
   o.heartbeat_interval = std::min(absl::Milliseconds(200), o.failure_timeout / 4);
   auto server = server::ControllerServer::Start(*spec, o);

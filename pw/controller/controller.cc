@@ -22,7 +22,16 @@ struct Controller::Plan {
   // Values some node reads last (LoweredNode::release): the workers delete their shards.
   std::vector<bool> released;
   int64_t num_released = 0;
+  // Bytes of the buffers a run creates and lists (not arguments, not released intermediates),
+  // charged to the client's quota per run.
+  int64_t listed_bytes = 0;
 };
+
+namespace {
+int64_t PlacedBytes(const Placement& p) {
+  return p.shard_bytes() * static_cast<int64_t>(p.devices.size());
+}
+}  // namespace
 
 class Controller::Lowering final : public LoweringContext {
  public:
@@ -387,6 +396,9 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
   for (const LoweredNode& n : lowered.nodes)
     for (int v : n.release) plan->released[v] = true;
   plan->num_released = std::count(plan->released.begin(), plan->released.end(), true);
+  for (size_t v = 0; v < lowered.values.size(); ++v)
+    if (lowered.values[v].arg < 0 && !plan->released[v])
+      plan->listed_bytes += PlacedBytes(*lowered.values[v].placement);
   plan->lowered = std::move(lowered);
   return std::shared_ptr<const Plan>(std::move(plan));
 }
@@ -501,6 +513,10 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   if (!plan_or.ok()) return fail(plan_or.status());
   const Plan& plan = **plan_or;
   const LoweredProgram& lp = plan.lowered;
+  if (absl::Status s = ChargeQuota(client, plan.listed_bytes,
+                                   absl::StrCat("a run of program '", lp.name, "'"));
+      !s.ok())
+    return fail(s);
 
   RunId run;
   auto end = std::make_shared<RunEnd>();
@@ -538,7 +554,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
       ids[v] = BufferId(next_released++);
     } else {
       ids[v] = buffers_.Create({BufferId(), client, val.placement, run_done_f},
-                               plan.output_refs[v], /*pins=*/1);
+                               plan.output_refs[v], /*pins=*/1, PlacedBytes(*val.placement));
       unpin.push_back(ids[v]);
     }
   }
@@ -583,6 +599,15 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
     accepted.Set(std::move(info));  // Errors of enqueued work surface through info.done.
   });
   return result;
+}
+
+absl::Status Controller::ChargeQuota(ClientId client, int64_t bytes, const std::string& what) {
+  if (buffers_.TryCharge(client, bytes, options_.max_client_bytes)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      what, " needs ", bytes, " bytes of arrays on the cluster, but ", client.ToString(),
+      " already holds ", buffers_.HeldBytes(client), " of its quota of ",
+      options_.max_client_bytes,
+      " bytes: release arrays it no longer needs (pw controller --max-client-bytes raises it)"));
 }
 
 void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin, const Plan& plan,
@@ -657,8 +682,10 @@ absl::StatusOr<ArrayInfo> Controller::PutArray(ClientId client, SliceId slice_id
   }
   Promise<> ready;
   auto placement = std::make_shared<const Placement>(PlacementOn(slice, value.spec, sharding));
+  const int64_t bytes = PlacedBytes(*placement);
+  PW_RETURN_IF_ERROR(ChargeQuota(client, bytes, absl::StrCat("a put of ", value.spec.ToString())));
   BufferId id = buffers_.Create({BufferId(), client, placement, ready.future()}, /*client_refs=*/1,
-                                /*pins=*/0);
+                                /*pins=*/0, bytes);
   const Box whole{std::vector<int64_t>(value.spec.shape.rank(), 0),
                   std::vector<int64_t>(value.spec.shape.dims().begin(), value.spec.shape.dims().end())};
   const ArraySpec shard_spec{value.spec.dtype, sharding.ShardShape(value.spec.shape)};

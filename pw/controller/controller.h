@@ -39,6 +39,10 @@ class Controller final : public ControllerInterface {
     // The most nodes a registered program may have (pw controller --max-program-nodes): its
     // plans, host programs and per-run state grow with them.
     int64_t max_program_nodes = int64_t{1} << 20;
+    // The most bytes (every shard, replicas included) of arrays one client may hold on the
+    // cluster at once: its puts and the buffers its runs produce (pw controller
+    // --max-client-bytes). A put or run past it is refused with ResourceExhausted. 0: no quota.
+    int64_t max_client_bytes = 0;
   };
   explicit Controller(const ClusterSpec& spec) : Controller(spec, Options()) {}
   Controller(const ClusterSpec& spec, Options options);
@@ -123,6 +127,8 @@ class Controller final : public ControllerInterface {
   // Unpins the run's buffers and deletes those now unreferenced. The run's intermediates
   // (`plan.released`, ids by value in `ids`) are deleted by the workers at their last readers;
   // here only when the run failed.
+  // Charges `bytes` of new arrays (`what`) to `client`, or ResourceExhausted naming its quota.
+  absl::Status ChargeQuota(ClientId client, int64_t bytes, const std::string& what);
   void FinishRun(RunId run, const std::vector<BufferId>& unpin, const Plan& plan,
                  const std::vector<BufferId>& ids, const absl::Status& s);
   // Tells the workers to cancel `runs` (their client's end is the caller's to set).

@@ -8,7 +8,9 @@ namespace pw {
 absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Create(const ClusterSpec& spec,
                                                                          Options options) {
   std::unique_ptr<EmbeddedCluster> c(new EmbeddedCluster(std::move(options)));
-  c->controller_ = std::make_unique<Controller>(spec);
+  Controller::Options controller = c->options_.controller;
+  controller.hosts_share_process = true;
+  c->controller_ = std::make_unique<Controller>(spec, controller);
   // One PJRT client for all the hosts of this process: SPMD functions can span them.
   std::vector<DeviceId> all;
   for (const auto& h : spec.hosts()) all.insert(all.end(), h.devices.begin(), h.devices.end());

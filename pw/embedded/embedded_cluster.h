@@ -24,6 +24,7 @@ class EmbeddedCluster {
   struct Options {
     // PJRT plugin for StableHLO functions, loaded on first use.
     std::string pjrt_plugin = pjrt::DefaultCpuPluginPath();
+    Controller::Options controller;  // Limits and defaults (hosts share this process).
   };
   static absl::StatusOr<std::unique_ptr<EmbeddedCluster>> Create(const ClusterSpec& spec,
                                                                  Options options);

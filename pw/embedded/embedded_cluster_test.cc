@@ -63,7 +63,9 @@ class ClusterTest : public ::testing::TestWithParam<Transport> {
   void Start(int islands, int hosts, int devices, int64_t memory = ClusterSpec::kDefaultDeviceMemory) {
     const ClusterSpec spec = *ClusterSpec::Uniform(islands, hosts, devices, memory);
     if (!grpc()) {
-      embedded_ = *EmbeddedCluster::Create(spec);
+      EmbeddedCluster::Options eo;
+      eo.controller.max_client_bytes = client_quota_;
+      embedded_ = *EmbeddedCluster::Create(spec, eo);
       controller_ = &embedded_->controller();
       api_ = controller_;
       return;
@@ -71,6 +73,7 @@ class ClusterTest : public ::testing::TestWithParam<Transport> {
     // Heartbeats are not under test here: a stall of this loaded VM must not fail a host.
     server::ControllerServer::Options o;
     o.failure_timeout = kDeadlockTimeout;
+    o.max_client_bytes = client_quota_;
     auto server = server::ControllerServer::Start(spec, o);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
@@ -98,6 +101,7 @@ class ClusterTest : public ::testing::TestWithParam<Transport> {
   }
   // What clients talk to: the controller itself, or its gRPC stub.
   ControllerInterface* api() { return api_; }
+  int64_t client_quota_ = 0;  // Controller::Options::max_client_bytes for Start.
   // The controller (in this process either way): status, device removal.
   Controller& controller() { return *controller_; }
   EmbeddedCluster* embedded_for_test() { return embedded_.get(); }
@@ -733,6 +737,39 @@ TEST_P(ClusterTest, FetchAfterReleasingTheHandleStillCompletes) {
   EXPECT_EQ(fetched.Await()->values<float>(), (std::vector<float>{2, 3}));
   x = Array();
   ExpectNothingLeft();
+}
+
+// Issue 20 (quotas): one client could hold every device's memory. Each client's arrays (puts and
+// run outputs, every shard and replica) count against --max-client-bytes; past it a put or run
+// fails naming the quota and the flag, other clients keep their own, and a release makes room.
+TEST_P(ClusterTest, EachClientsArraysStayWithinItsQuota) {
+  client_quota_ = 32;
+  Start(1, 1, 2);
+  auto a = Connect("a"), b = Connect("b");
+  Slice s = *a->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  BoundFunction f = *a->Pmap(ScalarFn("inc", "add_scalar", 1), s);
+  const Sharding split = Sharding::Split({2}, 1, 0);
+  Array x = *a->Put(F32({1, 2}), s.info().id, split);  // 8 bytes.
+  std::vector<Array> kept;
+  for (int i = 0; i < 3; ++i) kept.push_back((*f.Call({x}))[0]);  // 32 bytes now.
+  ASSERT_TRUE(kept.back().Ready().status().ok());
+  auto over = f.Call({x});
+  ASSERT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
+  EXPECT_THAT(std::string(over.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("a run of program 'inc' needs 8 bytes"),
+                               ::testing::HasSubstr("quota of 32"),
+                               ::testing::HasSubstr("--max-client-bytes")));
+  // A replicated put counts every replica: 16 bytes, refused too.
+  auto put = a->Put(F32({1, 2}), s.info().id, Sharding::Replicated({2}, 1));
+  EXPECT_EQ(put.status().code(), absl::StatusCode::kResourceExhausted) << put.status();
+  // Another client's quota is its own.
+  Slice sb = *b->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  Array bx = *b->Put(F32({1, 2}), sb.info().id, Sharding::Replicated({2}, 1));
+  EXPECT_TRUE(bx.Ready().status().ok());
+  kept.pop_back();  // Released: room for one more run.
+  auto again = f.Call({x});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(Values((*again)[0]), (std::vector<float>{2, 3}));
 }
 
 TEST_P(ClusterTest, DisconnectReleasesEverything) {

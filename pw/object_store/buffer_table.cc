@@ -5,12 +5,38 @@
 
 namespace pw {
 
-BufferId BufferTable::Create(LogicalBuffer buffer, int client_refs, int pins) {
+bool BufferTable::TryCharge(ClientId client, int64_t bytes, int64_t quota) {
+  pw::MutexLock lock(&mu_);
+  auto it = held_.find(client);
+  const int64_t held = it == held_.end() ? 0 : it->second;
+  if (quota > 0 && (bytes > quota || held > quota - bytes)) return false;
+  if (bytes > 0) held_[client] = held + bytes;
+  return true;
+}
+
+int64_t BufferTable::HeldBytes(ClientId client) const {
+  pw::MutexLock lock(&mu_);
+  auto it = held_.find(client);
+  return it == held_.end() ? 0 : it->second;
+}
+
+BufferId BufferTable::Create(LogicalBuffer buffer, int client_refs, int pins, int64_t charged) {
   pw::MutexLock lock(&mu_);
   buffer.id = BufferId(next_id_++);
   BufferId id = buffer.id;
-  entries_.emplace(id, Entry{std::move(buffer), client_refs, pins});
+  entries_.emplace(id, Entry{std::move(buffer), client_refs, pins, charged});
   return id;
+}
+
+void BufferTable::Remove(absl::flat_hash_map<BufferId, Entry>::iterator it,
+                         std::vector<LogicalBuffer>* freed) {
+  Entry& e = it->second;
+  if (e.charged > 0) {
+    auto h = held_.find(e.buffer.owner);
+    if (h != held_.end() && (h->second -= e.charged) <= 0) held_.erase(h);
+  }
+  freed->push_back(std::move(e.buffer));
+  entries_.erase(it);
 }
 
 BufferId BufferTable::NewIds(int64_t n) {
@@ -48,10 +74,7 @@ std::vector<LogicalBuffer> BufferTable::Unpin(const std::vector<BufferId>& ids) 
   for (BufferId id : ids) {
     auto it = entries_.find(id);
     if (it == entries_.end()) continue;
-    if (--it->second.pins == 0 && it->second.client_refs == 0) {
-      freed.push_back(std::move(it->second.buffer));
-      entries_.erase(it);
-    }
+    if (--it->second.pins == 0 && it->second.client_refs == 0) Remove(it, &freed);
   }
   return freed;
 }
@@ -61,10 +84,7 @@ absl::StatusOr<std::vector<LogicalBuffer>> BufferTable::ReleaseHandle(ClientId c
   pw::MutexLock lock(&mu_);
   PW_ASSIGN_OR_RETURN(Entry * e, FindHandle(client, id));
   std::vector<LogicalBuffer> freed;
-  if (--e->client_refs == 0 && e->pins == 0) {
-    freed.push_back(std::move(e->buffer));
-    entries_.erase(id);
-  }
+  if (--e->client_refs == 0 && e->pins == 0) Remove(entries_.find(id), &freed);
   return freed;
 }
 
@@ -75,8 +95,7 @@ std::vector<LogicalBuffer> BufferTable::ReleaseClient(ClientId client) {
     auto& e = it->second;
     if (e.buffer.owner == client) e.client_refs = 0;
     if (e.buffer.owner == client && e.pins == 0) {
-      freed.push_back(std::move(e.buffer));
-      entries_.erase(it++);
+      Remove(it++, &freed);
     } else {
       ++it;
     }

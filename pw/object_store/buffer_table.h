@@ -4,6 +4,8 @@
 // stores of the hosts holding its devices. References are of two kinds: client handles (what a
 // client may release) and pins (held by runs that read or produce the buffer). The buffer is
 // freed (Unref returns it, and the caller deletes its shards on their hosts) when both reach zero.
+// Each buffer's device bytes (every shard, replicas included) are charged to its owner while it
+// exists, so the controller can hold each client to a quota (TryCharge).
 #pragma once
 
 #include <cstdint>
@@ -32,8 +34,15 @@ struct LogicalBuffer {
 
 class BufferTable {
  public:
-  // Registers a buffer with the given reference counts; assigns and returns its id.
-  BufferId Create(LogicalBuffer buffer, int client_refs, int pins);
+  // Charges `bytes` to `client` if its buffers' bytes stay within `quota` (0: no quota); false
+  // (nothing charged) if not. Buffers created with these bytes (Create's `charged`) give them
+  // back when freed.
+  bool TryCharge(ClientId client, int64_t bytes, int64_t quota);
+  // Registers a buffer with the given reference counts; assigns and returns its id. `charged`:
+  // bytes TryCharge charged its owner for it (returned when it is freed).
+  BufferId Create(LogicalBuffer buffer, int client_refs, int pins, int64_t charged = 0);
+  // The bytes of the buffers `client` owns that exist now (charged and not yet freed).
+  int64_t HeldBytes(ClientId client) const;
   // `n` consecutive ids of buffers that are not listed (a run's intermediates, which no client
   // holds and its hosts delete themselves); returns the first.
   BufferId NewIds(int64_t n);
@@ -55,13 +64,18 @@ class BufferTable {
     LogicalBuffer buffer;
     int client_refs = 0;
     int pins = 0;
+    int64_t charged = 0;
   };
+  // Removes the entry and returns its owner's charge; the buffer moves to `freed`.
+  void Remove(absl::flat_hash_map<BufferId, Entry>::iterator it, std::vector<LogicalBuffer>* freed)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The entry of a handle `client` holds, or NotFound / PermissionDenied naming the buffer.
   absl::StatusOr<Entry*> FindHandle(ClientId client, BufferId id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   mutable pw::Mutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<BufferId, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ClientId, int64_t> held_ ABSL_GUARDED_BY(mu_);  // Charged bytes; none: 0.
 };
 
 }  // namespace pw

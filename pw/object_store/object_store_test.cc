@@ -60,6 +60,28 @@ TEST(BufferTableTest, ReleaseClientFreesUnpinned) {
   EXPECT_EQ(t.Unpin({pinned}).size(), 1u);
 }
 
+TEST(BufferTableTest, ChargesEachClientWithinItsQuotaUntilItsBuffersAreFreed) {
+  BufferTable t;
+  LogicalBuffer lb;
+  lb.owner = ClientId(1);
+  ASSERT_TRUE(t.TryCharge(ClientId(1), 60, /*quota=*/100));
+  const BufferId a = t.Create(lb, /*client_refs=*/1, /*pins=*/0, /*charged=*/60);
+  EXPECT_FALSE(t.TryCharge(ClientId(1), 41, 100));  // 101 > 100: nothing charged.
+  EXPECT_EQ(t.HeldBytes(ClientId(1)), 60);
+  EXPECT_TRUE(t.TryCharge(ClientId(2), 100, 100));  // Another client's quota is its own.
+  EXPECT_FALSE(t.TryCharge(ClientId(3), int64_t{1} << 62, 100));  // No overflow past the quota.
+  ASSERT_TRUE(t.TryCharge(ClientId(1), 40, 100));
+  const BufferId b = t.Create(lb, 1, /*pins=*/1, 40);
+  ASSERT_TRUE(t.ReleaseHandle(ClientId(1), a).ok());
+  EXPECT_EQ(t.HeldBytes(ClientId(1)), 40);
+  EXPECT_TRUE(t.ReleaseClient(ClientId(1)).empty());  // b is still pinned by a run: still held.
+  EXPECT_EQ(t.HeldBytes(ClientId(1)), 40);
+  EXPECT_EQ(t.Unpin({b}).size(), 1u);
+  EXPECT_EQ(t.HeldBytes(ClientId(1)), 0);
+  EXPECT_TRUE(t.TryCharge(ClientId(1), 100, 100));
+  EXPECT_TRUE(t.TryCharge(ClientId(4), int64_t{1} << 62, /*quota=*/0));  // 0: no quota.
+}
+
 TEST(BufferTableTest, UnlistedIdsAreNeverReusedAndNotEntries) {
   BufferTable t;
   LogicalBuffer lb;

@@ -24,7 +24,8 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
   s->controller_ = std::make_unique<Controller>(
       spec, Controller::Options{.hosts_share_process = false,
                                 .default_run_timeout = s->options_.default_run_timeout,
-                                .max_program_nodes = s->options_.max_program_nodes});
+                                .max_program_nodes = s->options_.max_program_nodes,
+                                .max_client_bytes = s->options_.max_client_bytes});
   s->service_ = std::make_unique<rpc::ControllerService>(
       s->controller_.get(), s.get(), s->options_.channel.token, s->options_.cluster_token,
       s->options_.clients);

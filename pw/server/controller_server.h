@@ -40,6 +40,7 @@ class ControllerServer final : public rpc::ClusterMembership {
     // The timeout of runs submitted without one (zero: none; pw controller --run-timeout-ms).
     absl::Duration default_run_timeout = absl::ZeroDuration();
     int64_t max_program_nodes = Controller::Options().max_program_nodes;  // Controller::Options.
+    int64_t max_client_bytes = 0;  // Controller::Options: each client's quota of array bytes.
   };
   static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(const ClusterSpec& spec,
                                                                  Options options);

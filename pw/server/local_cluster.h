@@ -39,6 +39,7 @@ struct LaunchOptions {
   // Passed to the controller (--run-timeout-ms; 0: none) and the workers (--overrun-grace-ms;
   // -1: their default).
   int64_t run_timeout_ms = 0;
+  int64_t max_client_bytes = 0;  // The controller's --max-client-bytes (0: no quota).
   int64_t overrun_grace_ms = -1;
   // Certificate files every process serves and dials with (pw up --tls-cert/--tls-key/--tls-ca).
   rpc::TlsFiles tls;
