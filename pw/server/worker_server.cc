@@ -157,7 +157,7 @@ void WorkerServer::HeartbeatLoop() {
     mu_.Unlock();
     if (stop) return;
     if (CheckOverruns(absl::Now())) return;
-    ReleaseFreeMemoryAfterTransients();  // After large shards on the wire (pw/base/heap.h).
+    ReleaseFreeMemoryIfDue(absl::Now());  // After large shards on the wire (pw/base/heap.h).
     v1::HeartbeatRequest req;
     req.set_host(options_.host.value());
     v1::Empty resp;

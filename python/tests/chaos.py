@@ -10,7 +10,8 @@ Island 1 is never touched. At the end it checks, and prints as one JSON object o
 - nothing leaked once the clients are gone and every host is back: no logical buffers, no
   buffers or memory on any host, no growth of the controller's and island 1 workers' fds and
   threads, no /dev/shm segments of dead processes;
-- RSS of the controller and island 1 workers over the second half (`rss_drift`).
+- RSS and threads of the controller and island 1 workers over the second half (`rss_drift`,
+  `threads_second_half`).
 Exit status 1 if any check failed. `test_cluster.py` runs it briefly; the soak in a closing note
 is a long run of it.
 """
@@ -181,6 +182,7 @@ def main():
         for q in procs:
             q.start()
         rss = {pid: [] for pid in watched}
+        tasks = {pid: [] for pid in watched}  # Thread counts, sampled with rss.
         events = []
         next_fault = time.time() + a.every
         stopped = None  # (host, pid, until)
@@ -190,6 +192,7 @@ def main():
             now = time.time()
             for pid in watched:
                 rss[pid].append((now - start, rss_kb(pid)))
+                tasks[pid].append((now - start, count(f"/proc/{pid}/task")))
             if stopped and now >= stopped[2]:
                 os.kill(stopped[1], signal.SIGCONT)  # Declared failed meanwhile: it exits.
                 stopped = None
@@ -259,6 +262,11 @@ def main():
                 mb[str(pid)] = [round(half[0] / 1024, 1), round(max(half[-5:]) / 1024, 1)]
         report["rss_drift"] = drift  # Over the second half: (end - start) / start.
         report["rss_mb_second_half"] = mb  # [start, end]
+        # Threads once warmed up (gRPC's pools start small and grow to their working size in the
+        # first seconds of load): [at the second half's start, most at its end].
+        report["threads_second_half"] = {
+            str(pid): [half[0], max(half[-5:])] for pid, samples in tasks.items()
+            for half in [[n for t, n in samples if t >= a.seconds / 2 and n > 0]] if half}
         report["roles"] = {str(controller): "controller", **{str(p): "island-1 worker"
                                                             for p in island1}}
         # Slack for gRPC's own pools, which grow on demand (threads) and keep a channel per peer;
