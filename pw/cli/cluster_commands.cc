@@ -343,6 +343,10 @@ int ClusterCommands::Status() {
       h["dcn_bytes_received"] = hs.dcn_bytes_received();
       h["dispatch_queue_depth"] = hs.dispatch_queue_depth();
       h["cancelled_shards"] = hs.cancelled_shards();
+      h["functions"] = hs.functions();
+      h["executables"] = hs.executables();
+      h["programs"] = hs.programs();
+      h["plans"] = hs.plans();
       ici += hs.ici_bytes_received();
       dcn += hs.dcn_bytes_received();
       h["devices"] = nlohmann::json::array();

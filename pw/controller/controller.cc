@@ -173,18 +173,40 @@ absl::Status Controller::Disconnect(ClientId client) {
   Free(buffers_.ReleaseClient(client));
   // Its functions (modules of any size) and programs go too: a long-lived cluster serves clients
   // without end. Ids are not reused; a freed one reads as never registered.
-  pw::MutexLock lock(&mu_);
-  for (auto& p : programs_)
-    if (p != nullptr && p->owner == client) p.reset();
-  for (size_t i = 0; i < functions_.size(); ++i) {
-    if (functions_[i].owner != client) continue;
-    functions_[i] = Function{ClientId(), NativeFunctionDef{}};
-    for (auto it = signatures_.begin(); it != signatures_.end();) {
-      if (it->first.first == FunctionId(static_cast<int64_t>(i))) signatures_.erase(it++);
-      else ++it;
+  std::vector<FunctionId> unload;
+  absl::flat_hash_map<HostId, std::vector<uint64_t>> host_programs;
+  std::vector<WorkerInterface*> workers;
+  {
+    pw::MutexLock lock(&mu_);
+    for (auto& p : programs_) {
+      if (p == nullptr || p->owner != client) continue;
+      for (const auto& [layout, plan] : p->plans)
+        for (const auto& [island, hosts] : plan->islands)
+          for (const auto& [host, program] : hosts) host_programs[host].push_back(program->id);
+      p.reset();
     }
+    for (size_t i = 0; i < functions_.size(); ++i) {
+      if (functions_[i].owner != client) continue;
+      functions_[i] = Function{ClientId(), NativeFunctionDef{}};
+      unload.push_back(FunctionId(static_cast<int64_t>(i)));
+    }
+    for (auto it = signatures_.begin(); it != signatures_.end();) {
+      if (std::find(unload.begin(), unload.end(), it->first.first) != unload.end())
+        signatures_.erase(it++);
+      else
+        ++it;
+    }
+    clients_.erase(client);
+    for (const auto& [h, w] : workers_) workers.push_back(w);
   }
-  clients_.erase(client);
+  // The workers' copies go too (compiled executables, host programs and their plans), after
+  // the runs' cancellations.
+  for (WorkerInterface* w : workers) {
+    auto it = host_programs.find(w->host());
+    static const std::vector<uint64_t> kNone;
+    const std::vector<uint64_t>& programs = it == host_programs.end() ? kNone : it->second;
+    if (!unload.empty() || !programs.empty()) w->Unload(unload, programs);
+  }
   return absl::OkStatus();
 }
 

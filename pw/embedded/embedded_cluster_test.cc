@@ -772,6 +772,50 @@ TEST_P(ClusterTest, EachClientsArraysStayWithinItsQuota) {
   EXPECT_EQ(Values((*again)[0]), (std::vector<float>{2, 3}));
 }
 
+// Issue 20: a disconnected client's functions stayed loaded on every worker (definitions and
+// compiled executables) for as long as the worker ran; now they are unloaded on every host,
+// and another client's stay.
+TEST_P(ClusterTest, ADisconnectedClientsFunctionsAreUnloadedOnEveryHost) {
+  Start(1, 2, 1);
+  auto stays = Connect("stays");
+  Slice ss = *stays->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  BoundFunction kept = *stays->Pmap(ScalarFn("kept", "add_scalar", 1), ss);
+  auto per_host = [&](auto field) {
+    std::vector<size_t> n;
+    for (const HostStatus& h : StatusOfEveryHost(controller()).value().hosts) n.push_back(h.*field);
+    return n;
+  };
+  {
+    auto c = Connect("c");
+    Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+    BoundFunction f = *c->Pmap(ScalarFn("inc", "add_scalar", 1), s);
+    BoundFunction g = *c->Pmap(ScalarFn("dbl", "mul_scalar", 2), s);
+    Array x = *c->Put(F32({1, 2}), s.info().id, Sharding::Split({2}, 1, 0));
+    EXPECT_EQ(Values((*g.Call({(*f.Call({x}))[0]}))[0]), (std::vector<float>{4, 6}));
+    EXPECT_EQ(per_host(&HostStatus::functions), (std::vector<size_t>{3, 3}));
+    EXPECT_EQ(per_host(&HostStatus::executables), (std::vector<size_t>{2, 2}));
+    EXPECT_EQ(per_host(&HostStatus::plans), (std::vector<size_t>{2, 2}));
+    // A worker process keeps the bodies of the host programs sent to it.
+    const size_t bodies = grpc() ? 2 : 0;
+    EXPECT_EQ(per_host(&HostStatus::programs), (std::vector<size_t>{bodies, bodies}));
+  }
+  // Over gRPC the unload is a command on each worker's stream, and plans go on the dispatch
+  // thread: both a little later.
+  const std::vector<size_t> none{0, 0};
+  auto unloaded = [&] {
+    return per_host(&HostStatus::functions) == std::vector<size_t>{1, 1} &&
+           per_host(&HostStatus::plans) == none && per_host(&HostStatus::programs) == none;
+  };
+  const absl::Time deadline = absl::Now() + kDeadlockTimeout;
+  while (!unloaded() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(per_host(&HostStatus::functions), (std::vector<size_t>{1, 1}));
+  EXPECT_EQ(per_host(&HostStatus::executables), none);
+  EXPECT_EQ(per_host(&HostStatus::plans), none);
+  EXPECT_EQ(per_host(&HostStatus::programs), none);
+  Array y = *stays->Put(F32({1, 2}), ss.info().id, Sharding::Split({2}, 1, 0));
+  EXPECT_EQ(Values((*kept.Call({y}))[0]), (std::vector<float>{2, 3}));
+}
+
 TEST_P(ClusterTest, DisconnectReleasesEverything) {
   Start(1, 1, 2);
   {

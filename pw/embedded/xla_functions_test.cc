@@ -367,6 +367,45 @@ TEST(XlaCompileTest, AnSpmdCompileDoesNotHoldTheDispatchThread) {
   EXPECT_TRUE(finished && served) << "the native program waited behind the XLA compile";
 }
 
+// Issue 20: workers kept every function ever registered, and the PJRT cache every executable, for
+// as long as they ran. A disconnected client's functions are unloaded on every host and their
+// executables freed; the same module registered again compiles again and runs.
+TEST(XlaCompileTest, ADisconnectedClientsExecutablesAreFreed) {
+  auto cluster = *EmbeddedCluster::Create(*ClusterSpec::Uniform(1, 1, 2));
+  pjrt::PjrtBackend* backend = cluster->worker(HostId(0))->pjrt_backend().get();
+  const HostArray x = *HostArray::Of<float>(DType::kF32, Shape({2}), {1.f, 2.f});
+  for (int round = 0; round < 2; ++round) {
+    auto client = *Client::Connect(&cluster->controller(), "unload");
+    Slice s = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+    auto add1 = client->Pmap(Load("add1", {kScalar}, {kScalar}), s);
+    auto spmd = client->Pmap(LoadSpmd("psum2", 2), s);
+    ASSERT_TRUE(add1.ok() && spmd.ok()) << add1.status() << spmd.status();
+    auto out = add1->Call({*client->Put(x, s.info().id, Sharding::Split({2}, 1, 0))});
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ((*out)[0].ToHost()->values<float>(), (std::vector<float>{2.f, 3.f}));
+    auto rows = spmd->Call({*client->Put(*HostArray::Of<float>(DType::kF32, Shape({2, 3}), Rows(2)),
+                                         s.info().id, Sharding::Split({2}, 2, 0))});
+    ASSERT_TRUE(rows.ok()) << rows.status();
+    ASSERT_TRUE((*rows)[0].ToHost().ok());
+    HostStatus h = *cluster->worker(HostId(0))->Status();
+    EXPECT_EQ(h.functions, 2u);
+    EXPECT_EQ(h.executables, 2u);
+    EXPECT_EQ(backend->num_cached(), 2u);
+    EXPECT_EQ(backend->num_compiles(), 2 * (round + 1));  // Compiled again after the unload.
+    out->clear();
+    rows->clear();
+    client.reset();  // Disconnects.
+    // Plans (which hold executables) are dropped on the dispatch thread, a little later.
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while ((h = *cluster->worker(HostId(0))->Status()).plans != 0 && absl::Now() < deadline)
+      absl::SleepFor(absl::Milliseconds(2));
+    EXPECT_EQ(h.plans, 0u);
+    EXPECT_EQ(h.functions, 0u);
+    EXPECT_EQ(h.executables, 0u);
+    EXPECT_EQ(backend->num_cached(), 0u) << "round " << round;
+  }
+}
+
 TEST_F(XlaFunctionsTest, SpmdFunctionBindsOnlyToSlicesOfItsPartitionCount) {
   Slice s = NewSlice();  // 2 devices.
   auto wrong = client_->Pmap(LoadSpmd("psum4", 4), s);

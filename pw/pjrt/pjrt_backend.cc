@@ -70,15 +70,24 @@ absl::StatusOr<std::shared_ptr<const PjrtExecutable>> PjrtBackend::Compile(
   {
     pw::MutexLock lock(&mu_);
     if (auto it = cache_.find(key); it != cache_.end()) {
-      cached = it->second;
-    } else {
+      if (it->second.compiling.has_value()) {
+        cached = it->second.compiling;
+      } else if (std::shared_ptr<const PjrtExecutable> exe = it->second.compiled.lock()) {
+        return exe;
+      }
+    }
+    if (!cached.has_value()) {
       PW_ASSIGN_OR_RETURN(client, ClientLocked());
       ++num_compiles_;
-      cache_.emplace(key, compiling.future());
+      // Entries no one holds any more go (their keys hold whole modules).
+      absl::erase_if(cache_, [](const auto& kv) {
+        return !kv.second.compiling.has_value() && kv.second.compiled.expired();
+      });
+      cache_[key] = Cached{compiling.future(), {}};
       hook = compile_hook_;
     }
   }
-  if (cached.has_value()) return cached->Await();  // Compiled, or being compiled by another.
+  if (cached.has_value()) return cached->Await();  // Being compiled by another caller.
   if (hook) hook(name);
   // Outside mu_: other functions compile (and the client is used) meanwhile.
   absl::StatusOr<std::unique_ptr<PjrtExecutable>> exe =
@@ -90,8 +99,19 @@ absl::StatusOr<std::shared_ptr<const PjrtExecutable>> PjrtBackend::Compile(
     return exe.status();
   }
   std::shared_ptr<const PjrtExecutable> ready = *std::move(exe);
+  {
+    pw::MutexLock lock(&mu_);
+    cache_[key] = Cached{std::nullopt, ready};
+  }
   compiling.Set(ready);
   return ready;
+}
+
+size_t PjrtBackend::num_cached() const {
+  pw::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [key, c] : cache_) n += c.compiling.has_value() || !c.compiled.expired();
+  return n;
 }
 
 const void* PjrtBackend::StagingKey(int device_index, const ArraySpec& spec) {

@@ -7,7 +7,9 @@
 // plugin without that option (a GPU plugin) keeps its own devices, and runtime devices share them
 // round-robin (runtime device i of the backend -> PJRT device i mod count).
 // Executables are cached by fingerprint: the module bytes, the declared PJRT input specs and the
-// partition placement, so workers sharing a backend compile a function for a slice once.
+// partition placement, so workers sharing a backend compile a function for a slice once. The cache
+// holds an executable only while someone else does (its workers' functions): once the last
+// function using it is unloaded it is freed, and its entry goes at the next compile.
 //
 // Thread-safe. Each fingerprint compiles once: concurrent callers for it wait for the first,
 // while other functions compile at the same time (no lock is held during a compile).
@@ -16,6 +18,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,6 +57,8 @@ class PjrtBackend {
   absl::Status RuntimeCollectives() ABSL_LOCKS_EXCLUDED(mu_);
   // Number of compiles done (cache misses).
   int64_t num_compiles() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Executables cached (compiled or compiling, and still held by someone).
+  size_t num_cached() const ABSL_LOCKS_EXCLUDED(mu_);
   // For tests: called with the function's name on the compiling thread before each compile (a
   // cache miss), outside any lock.
   void SetCompileHookForTesting(std::function<void(const std::string&)> hook)
@@ -68,9 +73,13 @@ class PjrtBackend {
   std::atomic<int> pjrt_devices_{1};  // Set when the client is created.
   mutable pw::Mutex mu_;
   std::shared_ptr<const PjrtClient> client_ ABSL_GUARDED_BY(mu_);
-  // By fingerprint; a pending future while its first caller compiles it (outside mu_).
-  absl::flat_hash_map<std::string, Future<std::shared_ptr<const PjrtExecutable>>> cache_
-      ABSL_GUARDED_BY(mu_);
+  // By fingerprint: a pending future while its first caller compiles it (outside mu_), then a
+  // weak reference.
+  struct Cached {
+    std::optional<Future<std::shared_ptr<const PjrtExecutable>>> compiling;
+    std::weak_ptr<const PjrtExecutable> compiled;
+  };
+  absl::flat_hash_map<std::string, Cached> cache_ ABSL_GUARDED_BY(mu_);
   int64_t num_compiles_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status collectives_status_ ABSL_GUARDED_BY(mu_);
   std::function<void(const std::string&)> compile_hook_ ABSL_GUARDED_BY(mu_);

@@ -52,12 +52,12 @@ absl::StatusOr<ExecutableRef> PjrtShardExecutable::Compile(
                                                std::move(exe)));
 }
 
-absl::Status PjrtShardExecutable::Precompile(const std::shared_ptr<PjrtBackend>& backend,
-                                             const StableHloFunctionDef& def) {
+absl::StatusOr<std::shared_ptr<const PjrtExecutable>> PjrtShardExecutable::Precompile(
+    const std::shared_ptr<PjrtBackend>& backend, const StableHloFunctionDef& def) {
   if (def.num_partitions != 1)
     return absl::InvalidArgumentError(absl::StrCat("function '", def.name,
                                                    "' is an SPMD module: it compiles per slice"));
-  return backend->Compile(def.name, def.module, def.inputs, {}).status();
+  return backend->Compile(def.name, def.module, def.inputs, {});
 }
 
 PjrtShardExecutable::PjrtShardExecutable(std::shared_ptr<PjrtBackend> backend,

@@ -41,9 +41,10 @@ class PjrtShardExecutable final : public Executable {
                                                const StableHloFunctionDef& def,
                                                absl::Span<const DeviceId> slice_devices);
   // Compiles a per-shard module (num_partitions 1) into the backend's cache ahead of its first
-  // Compile, which then finds it there. Errors name the function.
-  static absl::Status Precompile(const std::shared_ptr<PjrtBackend>& backend,
-                                 const StableHloFunctionDef& def);
+  // Compile, which then finds it there while the caller holds the result. Errors name the
+  // function.
+  static absl::StatusOr<std::shared_ptr<const PjrtExecutable>> Precompile(
+      const std::shared_ptr<PjrtBackend>& backend, const StableHloFunctionDef& def);
 
   const std::string& name() const override { return def_.name; }
   int num_shards() const override { return num_shards_; }

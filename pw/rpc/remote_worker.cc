@@ -270,6 +270,19 @@ void RemoteWorker::DeleteBuffers(const std::vector<BufferId>& ids) {
   SendUnacknowledged(std::move(c));
 }
 
+void RemoteWorker::Unload(const std::vector<FunctionId>& functions,
+                          const std::vector<uint64_t>& host_programs) {
+  v1::Command c;
+  for (FunctionId f : functions) c.mutable_unload()->add_functions(f.value());
+  for (uint64_t p : host_programs) c.mutable_unload()->add_host_programs(p);
+  {
+    // A program sent again later (never: its client is gone) would carry its body again.
+    pw::MutexLock lock(&mu_);
+    for (uint64_t p : host_programs) programs_sent_.erase(p);
+  }
+  SendUnacknowledged(std::move(c));
+}
+
 void RemoteWorker::CancelRuns(const std::vector<RunId>& runs, const absl::Status& reason) {
   v1::Command c;
   for (RunId r : runs) c.mutable_cancel_runs()->add_runs(r.value());

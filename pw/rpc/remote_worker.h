@@ -1,7 +1,7 @@
 // RemoteWorker: WorkerInterface over gRPC, for the controller (commands) and for peer workers
 // (the data plane's FetchShard, collectives).
 //
-// Commands (Dispatch, PutShard, DeleteBuffers, CancelRuns, ForgetRuns) go on one stream, opened on first use, so the
+// Commands (Dispatch, PutShard, DeleteBuffers, Unload, CancelRuns, ForgetRuns) go on one stream, opened on first use, so the
 // worker applies them in call order; each host program's body is sent once per stream. When the
 // stream breaks (the worker died) or Fail() is called (missed heartbeats), every outstanding and
 // later command fails with Unavailable naming the host and why. Thread-safe.
@@ -38,6 +38,8 @@ class RemoteWorker final : public WorkerInterface {
   Future<> PutShard(BufferId id, DeviceId device, HostArray shard) override;
   Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) override;
   void DeleteBuffers(const std::vector<BufferId>& ids) override;
+  void Unload(const std::vector<FunctionId>& functions,
+              const std::vector<uint64_t>& host_programs) override;
   void CancelRuns(const std::vector<RunId>& runs, const absl::Status& reason) override;
   void ForgetRuns(const std::vector<RunId>& runs) override;
   absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) override;

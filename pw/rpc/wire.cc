@@ -551,6 +551,10 @@ void ToProto(const HostStatus& h, v1::HostStatus* out) {
   out->set_dcn_bytes_received(h.dcn_bytes_received);
   out->set_dispatch_queue_depth(static_cast<int64_t>(h.dispatch_queue_depth));
   out->set_cancelled_shards(h.cancelled_shards);
+  out->set_functions(static_cast<int64_t>(h.functions));
+  out->set_executables(static_cast<int64_t>(h.executables));
+  out->set_programs(static_cast<int64_t>(h.programs));
+  out->set_plans(static_cast<int64_t>(h.plans));
   out->set_error(h.error);
 }
 
@@ -567,6 +571,10 @@ absl::StatusOr<HostStatus> FromProto(const v1::HostStatus& p) {
                       Count(p.dispatch_queue_depth(), "host status dispatch_queue_depth"));
   PW_ASSIGN_OR_RETURN(h.cancelled_shards,
                       Count(p.cancelled_shards(), "host status cancelled_shards"));
+  PW_ASSIGN_OR_RETURN(h.functions, Count(p.functions(), "host status functions"));
+  PW_ASSIGN_OR_RETURN(h.executables, Count(p.executables(), "host status executables"));
+  PW_ASSIGN_OR_RETURN(h.programs, Count(p.programs(), "host status programs"));
+  PW_ASSIGN_OR_RETURN(h.plans, Count(p.plans(), "host status plans"));
   h.error = p.error();
   return h;
 }

@@ -153,7 +153,17 @@ TEST(WireTest, HostProgramRoundTrip) {
 TEST(WireTest, HostAndClusterStatusRoundTrip) {
   HostStatus h{HostId(2), IslandId(1), {}, 5, 640, 100, 200, 3};
   h.devices.push_back({DeviceId(4), HostId(2), IslandId(1), false, 1 << 20, 512, 1, 2, 9});
+  h.cancelled_shards = 7;
+  h.functions = 11;
+  h.executables = 12;
+  h.programs = 13;
+  h.plans = 14;
   const HostStatus back = RoundTrip<v1::HostStatus>(h);
+  EXPECT_EQ(back.cancelled_shards, 7u);
+  EXPECT_EQ(back.functions, 11u);
+  EXPECT_EQ(back.executables, 12u);
+  EXPECT_EQ(back.programs, 13u);
+  EXPECT_EQ(back.plans, 14u);
   EXPECT_EQ(back.host, h.host);
   EXPECT_EQ(back.island, h.island);
   EXPECT_EQ(back.buffers, 5u);

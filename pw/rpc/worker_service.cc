@@ -39,6 +39,11 @@ absl::StatusOr<std::shared_ptr<const HostProgram>> WorkerService::Program(
   return it->second;
 }
 
+void WorkerService::ForgetPrograms(const std::vector<uint64_t>& ids) {
+  pw::MutexLock lock(&mu_);
+  for (uint64_t id : ids) programs_.erase(id);
+}
+
 grpc::ServerUnaryReactor* WorkerService::LoadFunction(grpc::CallbackServerContext* ctx,
                                                       const v1::WorkerLoadFunctionRequest* req,
                                                       v1::Empty*) {
@@ -200,6 +205,19 @@ class WorkerService::CommandStream final
         std::vector<BufferId> ids;
         for (int64_t b : c.delete_buffers().buffers()) ids.push_back(BufferId(b));
         worker->DeleteBuffers(ids);
+        return;
+      }
+      case v1::Command::kUnload: {
+        std::vector<FunctionId> ids;
+        for (int64_t f : c.unload().functions()) {
+          if (f < 0) return fail(absl::InvalidArgumentError(absl::StrCat(
+                                     "command ", seq, ": negative function id ", f)), false);
+          ids.push_back(FunctionId(f));
+        }
+        const std::vector<uint64_t> programs(c.unload().host_programs().begin(),
+                                             c.unload().host_programs().end());
+        service_->ForgetPrograms(programs);
+        worker->Unload(ids, programs);
         return;
       }
       case v1::Command::kCancelRuns:
@@ -521,6 +539,10 @@ grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx
                                                 const v1::Empty*, v1::HostStatus* resp) {
   if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
   absl::StatusOr<HostStatus> status = worker_->Status();
+  if (status.ok()) {
+    pw::MutexLock lock(&mu_);
+    status->programs = programs_.size();
+  }
   if (status.ok()) ToProto(*status, resp);
   return Reply(ctx, status.status());
 }

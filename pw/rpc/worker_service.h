@@ -73,6 +73,8 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
  private:
   class CommandStream;
   class ShardStream;
+  // Drops cached host programs (their client disconnected; RemoteWorker::Unload).
+  void ForgetPrograms(const std::vector<uint64_t>& ids);
   // The cached host program `id`, storing `body` first if given.
   absl::StatusOr<std::shared_ptr<const HostProgram>> Program(
       uint64_t id, const ::pathways::v1::HostProgram* body);

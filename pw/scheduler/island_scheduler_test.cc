@@ -26,6 +26,7 @@ class FakeWorker final : public WorkerInterface {
   Future<> PutShard(BufferId, DeviceId, HostArray) override { return {}; }
   Future<DeviceBufferRef> FetchShard(BufferId, DeviceId) override { return {}; }
   void DeleteBuffers(const std::vector<BufferId>&) override {}
+  void Unload(const std::vector<FunctionId>&, const std::vector<uint64_t>&) override {}
   void CancelRuns(const std::vector<RunId>&, const absl::Status&) override {}
   void ForgetRuns(const std::vector<RunId>&) override {}
   absl::Status RemoveDevice(DeviceId, const absl::Status&) override { return absl::OkStatus(); }

@@ -119,6 +119,10 @@ struct HostStatus {
   int64_t dcn_bytes_received = 0;
   size_t dispatch_queue_depth = 0;
   size_t cancelled_shards = 0;  // Shards of cancelled runs that were not run.
+  size_t functions = 0;    // Functions loaded (registered and not unloaded).
+  size_t executables = 0;  // Their compiled executables (per slice shape), compiling included.
+  size_t programs = 0;  // Host program bodies a worker process keeps (in process: the controller's).
+  size_t plans = 0;     // Dispatch plans cached (per host program and range; hold executables).
   // Non-empty when the host's status could not be had (the counts above are then empty).
   std::string error;
 };

@@ -30,6 +30,11 @@ class WorkerInterface {
   // dispatch has not reached this host yet is waited for.
   virtual Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) = 0;
   virtual void DeleteBuffers(const std::vector<BufferId>& ids) = 0;
+  // Forgets what a disconnected client left on this host: its functions (definitions and
+  // compiled executables) and its host programs (HostProgram::id; bodies and plans). Work for
+  // them dispatched later fails as never loaded. Ordered with Dispatch like DeleteBuffers.
+  virtual void Unload(const std::vector<FunctionId>& functions,
+                      const std::vector<uint64_t>& host_programs) = 0;
   // The runs' work on this host that has not launched yet (including work dispatched later)
   // fails with `reason` instead of running; collectives it would join are failed for the other
   // shards. Already launched computations finish. Ordered with Dispatch like DeleteBuffers.

@@ -93,8 +93,17 @@ std::shared_ptr<const Worker::SegmentPlan> Worker::PlanOf(const HostWork& work) 
       if (plans_.size() >= 4096) plans_.clear();
     }
     it = plans_.emplace(key, MakePlan(work)).first;
+    num_plans_.store(plans_.size(), std::memory_order_relaxed);
   }
   return it->second;
+}
+
+void Worker::DropPlans(const absl::flat_hash_set<uint64_t>& programs) {
+  absl::erase_if(plans_, [&](const auto& kv) {
+    std::shared_ptr<const HostProgram> p = kv.second->program.lock();
+    return p == nullptr || programs.contains(p->id);
+  });
+  num_plans_.store(plans_.size(), std::memory_order_relaxed);
 }
 
 std::shared_ptr<const Worker::SegmentPlan> Worker::MakePlan(const HostWork& work) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
 #include "pw/pjrt/shard_executable.h"
@@ -52,14 +53,50 @@ absl::Status Worker::LoadFunction(FunctionId id, const FunctionDef& def) {
   // dispatch thread, and under no lock dispatch takes): its first run then finds it compiled,
   // and a module XLA rejects fails its registration, naming the function. SPMD modules depend on
   // their slice's devices and compile on the compile thread when first dispatched.
+  std::shared_ptr<const void> precompiled;
   if (const auto* hlo = std::get_if<StableHloFunctionDef>(&def);
       hlo != nullptr && hlo->num_partitions == 1 && pjrt_ != nullptr) {
-    PW_RETURN_IF_ERROR(Annotate(pjrt::PjrtShardExecutable::Precompile(pjrt_, *hlo),
-                                host_.ToString()));
+    auto exe = pjrt::PjrtShardExecutable::Precompile(pjrt_, *hlo);
+    PW_RETURN_IF_ERROR(Annotate(exe.status(), host_.ToString()));
+    precompiled = *std::move(exe);
   }
   pw::MutexLock lock(&fn_mu_);
   functions_[id] = def;
+  if (precompiled != nullptr) precompiled_[id] = std::move(precompiled);
   return absl::OkStatus();
+}
+
+void Worker::Unload(const std::vector<FunctionId>& functions,
+                    const std::vector<uint64_t>& host_programs) {
+  // Destroyed after fn_mu_ is released (an executable's destructor may take time in the
+  // plugin); work in flight keeps what it holds.
+  std::vector<Loaded> executables;
+  std::vector<std::shared_ptr<const void>> precompiled;
+  const absl::flat_hash_set<FunctionId> gone(functions.begin(), functions.end());
+  {
+    pw::MutexLock lock(&fn_mu_);
+    for (FunctionId id : functions) {
+      functions_.erase(id);
+      if (auto it = precompiled_.find(id); it != precompiled_.end()) {
+        precompiled.push_back(std::move(it->second));
+        precompiled_.erase(it);
+      }
+    }
+    for (auto it = executables_.begin(); it != executables_.end();) {
+      if (gone.contains(std::get<0>(it->first))) {
+        executables.push_back(std::move(it->second));
+        executables_.erase(it++);
+      } else {
+        ++it;
+      }
+    }
+  }
+  // Plans (which hold executables) are the dispatch thread's: dropped there, after the work
+  // queued before this, with those of programs that have gone.
+  dispatch_.Post([this, programs = absl::flat_hash_set<uint64_t>(host_programs.begin(),
+                                                                  host_programs.end())] {
+    DropPlans(programs);
+  });
 }
 
 absl::StatusOr<Worker::Loaded> Worker::LoadExecutable(FunctionId id,
@@ -341,6 +378,10 @@ absl::StatusOr<HostStatus> Worker::Status() const {
   s.dcn_bytes_received = dcn_bytes_.load();
   s.dispatch_queue_depth = dispatch_.depth();
   s.cancelled_shards = static_cast<size_t>(cancelled_shards_.load());
+  pw::MutexLock lock(&fn_mu_);
+  s.functions = functions_.size();
+  s.executables = executables_.size();
+  s.plans = num_plans_.load(std::memory_order_relaxed);
   return s;
 }
 

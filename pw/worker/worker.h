@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/container/inlined_vector.h"
 #include "pw/base/mutex.h"
 #include "pw/base/countdown.h"
@@ -54,6 +55,8 @@ class Worker final : public WorkerInterface {
   Future<> PutShard(BufferId id, DeviceId device, HostArray shard) override;
   Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) override;
   void DeleteBuffers(const std::vector<BufferId>& ids) override;
+  void Unload(const std::vector<FunctionId>& functions,
+              const std::vector<uint64_t>& host_programs) override;
   void CancelRuns(const std::vector<RunId>& runs, const absl::Status& reason) override;
   void ForgetRuns(const std::vector<RunId>& runs) override;
   // Devices still running a computation of a run cancelled more than `grace` before `now`: a
@@ -103,6 +106,8 @@ class Worker final : public WorkerInterface {
   // The plan of the work's range of its program (cached).
   std::shared_ptr<const SegmentPlan> PlanOf(const HostWork& work);
   std::shared_ptr<const SegmentPlan> MakePlan(const HostWork& work);
+  // On the dispatch thread: drops the plans of `programs` and of programs that have gone.
+  void DropPlans(const absl::flat_hash_set<uint64_t>& programs);
   void DispatchSegments(std::shared_ptr<const HostWork> work, Promise<> enqueued, Promise<> done);
   // On the device thread: runs the segment's steps in order.
   void RunSegment(Segment& segment, absl::Status health);
@@ -137,9 +142,12 @@ class Worker final : public WorkerInterface {
   const IslandId island_;
   Collectives* const collectives_;
   const PeerLookup peers_;
-  pw::Mutex fn_mu_;
+  mutable pw::Mutex fn_mu_;
   const std::shared_ptr<pjrt::PjrtBackend> pjrt_;
   absl::flat_hash_map<FunctionId, FunctionDef> functions_ ABSL_GUARDED_BY(fn_mu_);
+  // Per-shard XLA modules compiled at LoadFunction, held so the backend's cache (which holds
+  // executables only while someone uses them) keeps them for the first run.
+  absl::flat_hash_map<FunctionId, std::shared_ptr<const void>> precompiled_ ABSL_GUARDED_BY(fn_mu_);
   // Keyed by function and slice shape; SPMD XLA functions by function and slice devices. Each
   // key compiles once (its first caller posts the compile; later ones share its future); a
   // compile error stays, as compiling the same module for the same devices fails the same way.
@@ -169,6 +177,7 @@ class Worker final : public WorkerInterface {
     friend bool operator==(const PlanKey&, const PlanKey&) = default;
   };
   absl::flat_hash_map<PlanKey, std::shared_ptr<const SegmentPlan>> plans_;
+  std::atomic<size_t> num_plans_{0};  // plans_.size(), for Status.
   absl::flat_hash_map<DeviceId, std::unique_ptr<Device>> devices_;  // Fixed at construction.
   WorkQueue compile_;   // XLA compiles (drained before the devices go).
   WorkQueue dispatch_;  // Last: destroyed (drained) first.
