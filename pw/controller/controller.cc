@@ -711,16 +711,26 @@ absl::StatusOr<ArrayInfo> Controller::PutArray(ClientId client, SliceId slice_id
   const Box whole{std::vector<int64_t>(value.spec.shape.rank(), 0),
                   std::vector<int64_t>(value.spec.shape.dims().begin(), value.spec.shape.dims().end())};
   const ArraySpec shard_spec{value.spec.dtype, sharding.ShardShape(value.spec.shape)};
-  std::vector<Future<>> puts;
-  for (size_t r = 0; r < slice.devices.size(); ++r) {
-    HostArray shard{shard_spec, std::vector<uint8_t>(shard_spec.size_bytes())};
-    CopyBoxIntersection(value.bytes.data(), whole, shard.bytes.data(),
-                        sharding.ShardBox(value.spec.shape, static_cast<int>(r)),
+  // Every shard is cut before any is sent, and the whole array freed then (a shard covering it,
+  // the last, takes its bytes): one more copy of a large put at most, not one per hop.
+  std::vector<HostArray> shards(slice.devices.size());
+  for (size_t r = 0; r < shards.size(); ++r) {
+    const Box box = sharding.ShardBox(value.spec.shape, static_cast<int>(r));
+    if (r + 1 == shards.size() && box == whole) {
+      shards[r] = HostArray{shard_spec, std::move(value.bytes)};
+      break;
+    }
+    shards[r] = HostArray{shard_spec, std::vector<uint8_t>(shard_spec.size_bytes())};
+    CopyBoxIntersection(value.bytes.data(), whole, shards[r].bytes.data(), box,
                         DTypeSize(value.spec.dtype));
+  }
+  std::vector<uint8_t>().swap(value.bytes);
+  std::vector<Future<>> puts;
+  for (size_t r = 0; r < shards.size(); ++r) {
     WorkerInterface* w = Worker(slice.hosts[r]);
     puts.push_back(w == nullptr ? Future<>::Ready(absl::UnavailableError(absl::StrCat(
                                       slice.hosts[r].ToString(), " has no worker")))
-                                : w->PutShard(id, slice.devices[r], std::move(shard)));
+                                : w->PutShard(id, slice.devices[r], std::move(shards[r])));
   }
   JoinFutures(puts).OnReady([ready = std::move(ready)](const absl::Status& s) mutable { ready.Set(s); });
   return ArrayInfo{id, value.spec, sharding, slice_id};
@@ -773,7 +783,13 @@ Future<HostArray> Controller::FetchPinned(BufferId id, std::shared_ptr<const Pla
       const Box whole{std::vector<int64_t>(g.shape.rank(), 0),
                       std::vector<int64_t>(g.shape.dims().begin(), g.shape.dims().end())};
       for (size_t i = 0; i < shards.size(); ++i) {
-        const DeviceBufferRef& b = *shards[i].Await();
+        DeviceBufferRef b = *shards[i].Await();
+        shards[i] = Future<DeviceBufferRef>();  // This copy holds the shard only until copied.
+        if (boxes[i] == whole) {  // One shard is the whole array: no staging copy.
+          absl::Status c = b->CopyToHost(out.bytes.data()).status();
+          if (!c.ok()) return p.Set(c);
+          continue;
+        }
         std::vector<uint8_t> staged(b->size_bytes());
         absl::Status c = b->CopyToHost(staged.data()).status();
         if (!c.ok()) return p.Set(c);

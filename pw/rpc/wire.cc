@@ -217,7 +217,8 @@ absl::StatusOr<HostArray> FromProto(v1::HostArray* p) {
   }
   HostArray a{std::move(spec), {}};
   a.bytes.assign(p->data().begin(), p->data().end());
-  p->clear_data();
+  // Freed now, not when the message goes (clear_data keeps the string's capacity).
+  std::string().swap(*p->mutable_data());
   return a;
 }
 
