@@ -782,7 +782,8 @@ TEST_P(ClusterTest, ADisconnectedClientsFunctionsAreUnloadedOnEveryHost) {
   BoundFunction kept = *stays->Pmap(ScalarFn("kept", "add_scalar", 1), ss);
   auto per_host = [&](auto field) {
     std::vector<size_t> n;
-    for (const HostStatus& h : StatusOfEveryHost(controller()).value().hosts) n.push_back(h.*field);
+    const ClusterStatus status = StatusOfEveryHost(controller()).value();
+    for (const HostStatus& h : status.hosts) n.push_back(h.*field);
     return n;
   };
   {
