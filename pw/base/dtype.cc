@@ -13,7 +13,8 @@ constexpr Info kInfos[] = {
     {DType::kInvalid, "invalid"}, {DType::kPred, "pred"}, {DType::kS8, "s8"},
     {DType::kS32, "s32"},         {DType::kS64, "s64"},   {DType::kU8, "u8"},
     {DType::kU32, "u32"},         {DType::kF16, "f16"},   {DType::kBF16, "bf16"},
-    {DType::kF32, "f32"},         {DType::kF64, "f64"},
+    {DType::kF32, "f32"},         {DType::kF64, "f64"},   {DType::kS16, "s16"},
+    {DType::kU16, "u16"},         {DType::kU64, "u64"},   {DType::kC64, "c64"},
 };
 const Info& InfoOf(DType t) {
   for (const auto& i : kInfos)

@@ -140,14 +140,18 @@ absl::StatusOr<PJRT_Buffer_Type> ToPjrtType(DType t) {
     case DType::kBF16: return PJRT_Buffer_Type_BF16;
     case DType::kF32: return PJRT_Buffer_Type_F32;
     case DType::kF64: return PJRT_Buffer_Type_F64;
+    case DType::kS16: return PJRT_Buffer_Type_S16;
+    case DType::kU16: return PJRT_Buffer_Type_U16;
+    case DType::kU64: return PJRT_Buffer_Type_U64;
+    case DType::kC64: return PJRT_Buffer_Type_C64;
     case DType::kInvalid: break;
   }
   return absl::InvalidArgumentError(absl::StrCat("dtype ", DTypeName(t), " has no PJRT type"));
 }
 
 absl::StatusOr<DType> FromPjrtType(PJRT_Buffer_Type t) {
-  for (DType d : {DType::kPred, DType::kS8, DType::kS32, DType::kS64, DType::kU8, DType::kU32,
-                  DType::kF16, DType::kBF16, DType::kF32, DType::kF64}) {
+  for (int i = static_cast<int>(DType::kPred); i <= static_cast<int>(DType::kLast); ++i) {
+    const DType d = static_cast<DType>(i);
     if (*ToPjrtType(d) == t) return d;
   }
   return absl::UnimplementedError(absl::StrCat("PJRT element type ", static_cast<int>(t),

@@ -54,47 +54,28 @@ ArraySpec SpecOf(const std::string& dtype, const std::vector<int64_t>& shape) {
   return ArraySpec{Unwrap(DTypeFromName(dtype)), Shape(shape)};
 }
 
-using AnyArray = nb::ndarray<nb::numpy, nb::c_contig, nb::device::cpu>;
+// An array's bytes as Python hands them over: a flat uint8 view of a C-contiguous numpy array
+// of any dtype (bfloat16 and complex64 included: numpy cannot export those by DLPack), read-only
+// ones too. The dtype and shape come beside it (pathways/__init__.py: _raw).
+using RawBytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
-std::string DTypeNameOf(const nb::dlpack::dtype& t) {
-  using nb::dlpack::dtype_code;
-  const int bits = t.bits;
-  switch (static_cast<dtype_code>(t.code)) {
-    case dtype_code::Float: return bits == 32 ? "f32" : bits == 64 ? "f64" : bits == 16 ? "f16" : "";
-    case dtype_code::Int: return bits == 32 ? "s32" : bits == 64 ? "s64" : bits == 8 ? "s8" : "";
-    case dtype_code::UInt: return bits == 8 ? "u8" : bits == 32 ? "u32" : "";
-    case dtype_code::Bool: return "pred";
-    default: return "";
-  }
-}
-
-HostArray ToHostArray(const AnyArray& a) {
-  std::string name = DTypeNameOf(a.dtype());
-  if (name.empty()) throw std::runtime_error("unsupported numpy dtype");
-  std::vector<int64_t> shape;
-  for (size_t i = 0; i < a.ndim(); ++i) shape.push_back(static_cast<int64_t>(a.shape(i)));
-  HostArray h{SpecOf(name, shape), {}};
-  h.bytes.resize(h.spec.size_bytes());
-  std::memcpy(h.bytes.data(), a.data(), h.bytes.size());
+HostArray ToHostArray(const RawBytes& raw, const std::string& dtype,
+                      const std::vector<int64_t>& shape) {
+  HostArray h{SpecOf(dtype, shape), {}};
+  Check(h.spec.Validate());
+  if (static_cast<int64_t>(raw.size()) != h.spec.size_bytes())
+    throw std::invalid_argument(absl::StrCat("an array ", h.spec.ToString(), " has ",
+                                             h.spec.size_bytes(), " bytes, got ", raw.size()));
+  h.bytes.assign(raw.data(), raw.data() + raw.size());
   return h;
 }
 
+// The array's bytes as a flat uint8 numpy array that owns them (Python views it as its dtype).
 nb::object ToNumpy(HostArray h) {
-  nb::dlpack::dtype t{};
-  t.lanes = 1;
-  t.bits = static_cast<uint8_t>(DTypeSize(h.spec.dtype) * 8);
-  switch (h.spec.dtype) {
-    case DType::kF16: case DType::kF32: case DType::kF64:
-      t.code = static_cast<uint8_t>(nb::dlpack::dtype_code::Float); break;
-    case DType::kS8: case DType::kS32: case DType::kS64:
-      t.code = static_cast<uint8_t>(nb::dlpack::dtype_code::Int); break;
-    case DType::kPred: t.code = static_cast<uint8_t>(nb::dlpack::dtype_code::Bool); break;
-    default: t.code = static_cast<uint8_t>(nb::dlpack::dtype_code::UInt); break;
-  }
   auto* owned = new HostArray(std::move(h));
   nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<HostArray*>(p); });
-  std::vector<size_t> shape(owned->spec.shape.dims().begin(), owned->spec.shape.dims().end());
-  nb::ndarray<nb::numpy> arr(owned->bytes.data(), shape.size(), shape.data(), owner, nullptr, t);
+  const size_t n = owned->bytes.size();
+  nb::ndarray<nb::numpy, uint8_t, nb::ndim<1>> arr(owned->bytes.data(), {n}, owner);
   return arr.cast();
 }
 
@@ -191,6 +172,7 @@ NB_MODULE(_pathways, m) {
   // A device-resident array: a handle to a buffer in the object store.
   nb::class_<Array>(m, "Array")
       .def_prop_ro("spec", [](const Array& a) { return SpecTuple(a.spec()); })
+      .def("is_ready", [](const Array& a) { return a.Ready().IsReady(); })
       .def("wait", [](const Array& a) {  // Raises the producing run's error, if any.
         absl::Status s;
         {
@@ -214,8 +196,9 @@ NB_MODULE(_pathways, m) {
       // buffers through the client, whatever order Python frees things in (at exit, say).
       .def(
           "put_arg",
-          [](const Program& p, size_t i, const AnyArray& value) {
-            HostArray h = ToHostArray(value);
+          [](const Program& p, size_t i, const RawBytes& raw, const std::string& dtype,
+             const std::vector<int64_t>& shape) {
+            HostArray h = ToHostArray(raw, dtype, shape);
             nb::gil_scoped_release release;
             return Unwrap(p.PutArg(i, h));
           },
@@ -285,8 +268,9 @@ NB_MODULE(_pathways, m) {
           nb::keep_alive<0, 1>())
       .def(
           "put",
-          [](Client& c, const Slice& slice, const AnyArray& value) {
-            HostArray h = ToHostArray(value);
+          [](Client& c, const Slice& slice, const RawBytes& raw, const std::string& dtype,
+             const std::vector<int64_t>& shape) {
+            HostArray h = ToHostArray(raw, dtype, shape);
             if (h.spec.shape.rank() == 0)
               throw std::invalid_argument("device_put needs a leading device axis; got a scalar");
             nb::gil_scoped_release release;

@@ -177,7 +177,7 @@ void ToProto(const ArraySpec& s, v1::ArraySpec* out) {
 }
 
 absl::StatusOr<ArraySpec> FromProto(const v1::ArraySpec& p) {
-  if (p.dtype() < static_cast<int>(DType::kPred) || p.dtype() > static_cast<int>(DType::kF64)) {
+  if (p.dtype() < static_cast<int>(DType::kPred) || p.dtype() > static_cast<int>(DType::kLast)) {
     return Invalid("dtype", absl::StrCat(p.dtype(), " is unknown"));
   }
   ArraySpec s{static_cast<DType>(p.dtype()),

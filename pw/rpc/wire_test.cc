@@ -31,6 +31,8 @@ TEST(WireTest, ArraySpecAndShardingRoundTrip) {
   EXPECT_EQ(RoundTrip<v1::ArraySpec>(spec), spec);
   const ArraySpec scalar{DType::kPred, Shape()};
   EXPECT_EQ(RoundTrip<v1::ArraySpec>(scalar), scalar);
+  const ArraySpec complex{DType::kC64, Shape({3})};  // The last dtype (kLast) is accepted.
+  EXPECT_EQ(RoundTrip<v1::ArraySpec>(complex), complex);
   const Sharding sharding({2, 2}, {1, -1});
   EXPECT_EQ(RoundTrip<v1::Sharding>(sharding), sharding);
   EXPECT_EQ(RoundTrip<v1::Sharding>(Sharding()), Sharding());

@@ -132,8 +132,10 @@ def make_virtual_device_set() -> VirtualDeviceSet:
     return VirtualDeviceSet(_default_connection())
 
 
+# numpy's dtype name -> the runtime's. bfloat16 is ml_dtypes' (JAX's) numpy type.
 _DTYPES = {"float32": "f32", "float64": "f64", "int32": "s32", "int64": "s64", "bool": "pred",
-           "uint8": "u8", "int8": "s8", "float16": "f16", "uint32": "u32"}
+           "uint8": "u8", "int8": "s8", "float16": "f16", "uint32": "u32", "bfloat16": "bf16",
+           "int16": "s16", "uint16": "u16", "uint64": "u64", "complex64": "c64"}
 
 
 def _checked_dtype(dtype) -> str:
@@ -147,6 +149,12 @@ def _checked_dtype(dtype) -> str:
 
 def _spec(shape, dtype):
     return (_checked_dtype(dtype), list(shape))
+
+
+def _raw(x):
+    """What the extension takes for a host array: its bytes (a flat uint8 view: any dtype,
+    read-only or not), the runtime's dtype name and the shape. `x` must be C-contiguous."""
+    return x.reshape(-1).view(np.uint8), _checked_dtype(x.dtype), list(x.shape)
 
 
 class Array:
@@ -164,26 +172,51 @@ class Array:
         self._value = None
         self._conn = conn
 
+    def _live(self):
+        if self._handle is None:
+            raise RuntimeError("Array has been deleted")
+        return self._handle
+
     @property
     def shape(self) -> tuple:
-        return tuple(self._handle.spec[1])
+        return tuple(self._live().spec[1])
 
     @property
     def dtype(self) -> np.dtype:
-        return _np_dtype(self._handle.spec[0])
+        return _np_dtype(self._live().spec[0])
+
+    def is_ready(self) -> bool:
+        """Whether the run producing it has finished (or failed), as jax.Array.is_ready."""
+        return self._live().is_ready()
+
+    def delete(self) -> None:
+        """Releases the array's buffers now (runs already given it still read it)."""
+        self._handle = None
+        self._value = None
+
+    def is_deleted(self) -> bool:
+        return self._handle is None
 
     @property
     def ndim(self) -> int:
         return len(self.shape)
 
     def block_until_ready(self) -> "Array":
-        self._handle.wait()
+        self._live().wait()
         return self
 
     def __array__(self, dtype=None, copy=None):
+        """The values on the host, read once and kept read-only (as jax.Array's); `copy=True`
+        returns a writable copy; `copy=False` works when no conversion is asked for."""
         if self._value is None:
-            self._value = self._handle.to_numpy()
-        return self._value if dtype is None else self._value.astype(dtype)
+            value = self._live().to_numpy().view(self.dtype).reshape(self.shape)
+            value.flags.writeable = False
+            self._value = value
+        if dtype is not None and np.dtype(dtype) != self._value.dtype:
+            if copy is False:
+                raise ValueError(f"converting {self._value.dtype} to {np.dtype(dtype)} needs a copy")
+            return self._value.astype(dtype)
+        return self._value.copy() if copy else self._value
 
     def __repr__(self):
         return repr(np.asarray(self))
@@ -219,7 +252,7 @@ class _Pmapped:
             flat, out_tree["tree"] = jax.tree_util.tree_flatten(out)
             return flat
 
-        with jax.enable_x64(any(d in ("f64", "s64") for d, _ in shard_specs)):
+        with jax.enable_x64(any(d in ("f64", "s64", "u64") for d, _ in shard_specs)):
             if self._axis is None:
                 args = [jax.ShapeDtypeStruct(tuple(s), _np_dtype(d)) for d, s in shard_specs]
                 exported = jax.export.export(jax.jit(flat_fn))(*args)
@@ -286,6 +319,9 @@ class _Pmapped:
 
 
 def _np_dtype(name: str):
+    if name == "bf16":
+        import ml_dtypes  # JAX's numpy dtypes (a dependency of jax).
+        return np.dtype(ml_dtypes.bfloat16)
     for k, v in _DTYPES.items():
         if v == name:
             return np.dtype(k)
@@ -322,7 +358,7 @@ class _Program:
 
     def _trace(self, leaves, tree):
         import jax
-        specs = [(a._handle.spec[0], list(a.shape)) if isinstance(a, Array)
+        specs = [(a._live().spec[0], list(a.shape)) if isinstance(a, Array)
                  else _spec(a.shape, a.dtype) for a in leaves]
         conn = _default_connection()
         key = (id(conn), tree, tuple((d, tuple(s)) for d, s in specs))
@@ -353,7 +389,7 @@ class _Program:
             raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
         leaves, tree = self._leaves(args)
         prog, out_tree, conn = self._trace(leaves, tree)
-        handles = [a._handle if isinstance(a, Array) else prog.put_arg(i, a)
+        handles = [a._live() if isinstance(a, Array) else prog.put_arg(i, *_raw(a))
                    for i, a in enumerate(leaves)]
         outs = [Array(h, conn) for h in prog.run(handles, timeout or 0.0)]
         return jax.tree_util.tree_unflatten(out_tree, outs)
@@ -362,8 +398,7 @@ class _Program:
 def device_put(x, devices: Slice) -> Array:
     """Puts a numpy array on a slice, pmap-style: row i of the leading axis on device i."""
     x = np.ascontiguousarray(np.asarray(x))
-    _checked_dtype(x.dtype)
-    return Array(devices._conn.client.put(devices._handle, x), devices._conn)
+    return Array(devices._conn.client.put(devices._handle, *_raw(x)), devices._conn)
 
 
 def program(fn):

@@ -80,11 +80,19 @@ def test_python_client_on_the_cluster(cluster):
             f"print(pw.connect('{address}'))\n"
             "s = pw.make_virtual_device_set().add_slice(devices=2)\n"
             "f = pw.pmap(lambda x: x * 3.0, devices=s)\n"
-            "print(np.asarray(f(np.array([1., 2.], np.float32))).tolist())\n")
+            "print(np.asarray(f(np.array([1., 2.], np.float32))).tolist())\n"
+            # Issue 21 item 4: every dtype crosses the wire; a jax.Array in bfloat16 runs.
+            "import ml_dtypes, jax.numpy as jnp\n"
+            "for dt in (ml_dtypes.bfloat16, np.int16, np.uint64, np.complex64, np.bool_):\n"
+            "    x = (np.arange(4).reshape(2, 2) % 3).astype(dt)\n"
+            "    back = np.asarray(pw.device_put(x, s))\n"
+            "    assert back.dtype == x.dtype and (back == x).all(), dt\n"
+            "g = pw.pmap(lambda v: v * 2, devices=s)\n"
+            "print(np.asarray(g(jnp.ones((2, 2), jnp.bfloat16))).astype(np.float32).tolist())\n")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.split() == [address, "[3.0,", "6.0]"]
+    assert r.stdout.strip().splitlines() == [address, "[3.0, 6.0]", "[[2.0, 2.0], [2.0, 2.0]]"]
 
 
 def test_killed_worker_leaves_and_rejoins(cluster):

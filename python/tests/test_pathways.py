@@ -77,6 +77,45 @@ def test_pytrees_in_and_out():
     np.testing.assert_array_equal(np.asarray(out["y"]), [21.0, 61.0])
 
 
+# Issue 21 item 1: jax.Array inputs (and read-only numpy, which np.asarray(jax_array) is) were
+# refused by the binding ("incompatible function arguments"); results ignored `copy`.
+def test_jax_arrays_read_only_and_strided_numpy_are_inputs():
+    import jax.numpy as jnp
+    s = pw.make_virtual_device_set().add_slice(devices=2)
+    f = pw.pmap(lambda x: x + 1.0, devices=s)
+    read_only = np.ones((2, 3), np.float32)
+    read_only.setflags(write=False)
+    strided = np.ones((3, 2), np.float32).T
+    for x in (jnp.ones((2, 3), jnp.float32), read_only, strided):
+        np.testing.assert_array_equal(np.asarray(f(x)), np.full((2, 3), 2.0))
+    g = pw.program(lambda d: {"a": f(d["a"]), "b": f(d["b"])})
+    out = g({"a": jnp.zeros((2, 3), jnp.float32), "b": read_only})
+    np.testing.assert_array_equal(np.asarray(out["a"]), np.ones((2, 3)))
+    np.testing.assert_array_equal(np.asarray(pw.device_put(jnp.arange(4.0).reshape(2, 2), s)),
+                                  [[0.0, 1.0], [2.0, 3.0]])
+
+
+def test_results_read_as_jax_arrays_do_copy_readiness_and_delete():
+    import jax.numpy as jnp
+    s = pw.make_virtual_device_set().add_slice(devices=2)
+    y = pw.pmap(lambda x: x * 2.0, devices=s)(np.ones((2, 2), np.float32))
+    assert y.block_until_ready().is_ready()
+    view = np.asarray(y)
+    assert not view.flags.writeable  # As jax.Array's: the array's own values, kept.
+    mine = np.array(y)  # copy=True
+    mine[0, 0] = 7.0
+    np.testing.assert_array_equal(np.asarray(y), np.full((2, 2), 2.0))
+    assert np.asarray(y, dtype=np.float64).dtype == np.float64
+    with pytest.raises(ValueError, match="needs a copy"):
+        np.asarray(y, dtype=np.float64, copy=False)
+    j = jnp.asarray(y)
+    assert j.dtype == jnp.float32 and float(j.sum()) == 8.0
+    y.delete()
+    assert y.is_deleted()
+    with pytest.raises(RuntimeError, match="Array has been deleted"):
+        np.asarray(y)
+
+
 def test_collectives_inside_a_function_span_the_slice():
     s = pw.make_virtual_device_set().add_slice(devices=4)
     import jax
@@ -99,7 +138,7 @@ def test_bad_calls_raise_with_the_status_message():
     h = prog(np.ones((2, 3), np.float32))
     traced = prog._trace(*prog._leaves((np.ones((2, 3), np.float32),)))[0]
     with pytest.raises(RuntimeError, match=r"argument 0 expects f32\[2,3\], got f32\[2,4\]"):
-        traced.put_arg(0, np.ones((2, 4), np.float32))
+        traced.put_arg(0, *pw._raw(np.ones((2, 4), np.float32)))
     with pytest.raises((RuntimeError, ValueError), match="expects|leading device axis"):
         prog(np.float32(1.0))
     np.testing.assert_array_equal(np.asarray(h), np.full((2, 3), 2.0))  # Still serving.
@@ -229,14 +268,43 @@ def test_arrays_outliving_the_interpreter_or_their_client_do_not_crash():
 
 
 def test_unsupported_dtypes_are_a_type_error_naming_them():
-    import jax.numpy as jnp
+    import ml_dtypes
     s = pw.make_virtual_device_set().add_slice(devices=2)
     f = pw.pmap(lambda x: x + 1, devices=s)
-    for dtype in (jnp.bfloat16, np.complex64):
+    for dtype in (np.complex128, ml_dtypes.float8_e4m3fn):
         with pytest.raises(TypeError, match=f"dtype {np.dtype(dtype).name} is not supported"):
             f(np.ones(2, dtype))
-        with pytest.raises(TypeError, match="supported: bool, float16, float32"):
+        with pytest.raises(TypeError, match="supported: bfloat16, bool, complex64, float16"):
             pw.device_put(np.ones((2, 1), dtype), s)
+
+
+# Issue 21 item 4: bfloat16 and complex64 raised TypeError (KeyError before that), and int16,
+# uint16 and uint64 were not supported; read-only numpy arrays were refused by the binding.
+def test_every_jax_dtype_round_trips_and_runs():
+    import jax.numpy as jnp
+    import ml_dtypes
+    s = pw.make_virtual_device_set().add_slice(devices=2)
+    base = np.arange(6).reshape(2, 3) % 3
+    for dt in (ml_dtypes.bfloat16, np.float16, np.float32, np.float64, np.int8, np.int16,
+               np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_,
+               np.complex64):
+        x = base.astype(dt)
+        x.setflags(write=False)
+        back = np.asarray(pw.device_put(x, s))
+        assert back.dtype == np.dtype(dt) and back.shape == (2, 3), (dt, back.dtype)
+        np.testing.assert_array_equal(back, x)
+    # Computed by XLA (64-bit inputs export in JAX's x64 mode).
+    f = pw.pmap(lambda v: v * 2, devices=s)
+    for dt in (ml_dtypes.bfloat16, np.float16, np.float32, np.float64, np.int8, np.int16,
+               np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_,
+               np.complex64):
+        x = base.astype(dt)
+        want = x * np.array(2, dtype=np.int8 if dt is np.bool_ else dt)
+        if dt is np.bool_:
+            want = np.asarray(jnp.asarray(x) * 2)  # JAX's promotion: bool * int -> int32.
+        got = np.asarray(f(x))
+        assert got.dtype == want.dtype, (dt, got.dtype, want.dtype)
+        np.testing.assert_array_equal(got, want)
 
 
 def test_errors_are_typed_by_status_code():
@@ -254,7 +322,7 @@ def test_errors_are_typed_by_status_code():
     prog = pw.program(lambda v: f(v))
     traced = prog._trace(*prog._leaves((np.ones((2, 3), np.float32),)))[0]
     with pytest.raises(pw.errors.InvalidArgument, match=r"argument 0 expects f32\[2,3\]"):
-        traced.put_arg(0, np.ones((2, 4), np.float32))
+        traced.put_arg(0, *pw._raw(np.ones((2, 4), np.float32)))
 
 
 def test_timeouts_must_be_positive():
