@@ -53,7 +53,7 @@ absl::Status Worker::LoadFunction(FunctionId id, const FunctionDef& def) {
   // dispatch thread, and under no lock dispatch takes): its first run then finds it compiled,
   // and a module XLA rejects fails its registration, naming the function. SPMD modules depend on
   // their slice's devices and compile on the compile thread when first dispatched.
-  std::shared_ptr<const void> precompiled;
+  std::shared_ptr<const pjrt::PjrtExecutable> precompiled;
   if (const auto* hlo = std::get_if<StableHloFunctionDef>(&def);
       hlo != nullptr && hlo->num_partitions == 1 && pjrt_ != nullptr) {
     auto exe = pjrt::PjrtShardExecutable::Precompile(pjrt_, *hlo);
@@ -71,7 +71,7 @@ void Worker::Unload(const std::vector<FunctionId>& functions,
   // Destroyed after fn_mu_ is released (an executable's destructor may take time in the
   // plugin); work in flight keeps what it holds.
   std::vector<Loaded> executables;
-  std::vector<std::shared_ptr<const void>> precompiled;
+  std::vector<std::shared_ptr<const pjrt::PjrtExecutable>> precompiled;
   const absl::flat_hash_set<FunctionId> gone(functions.begin(), functions.end());
   {
     pw::MutexLock lock(&fn_mu_);

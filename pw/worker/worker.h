@@ -147,7 +147,8 @@ class Worker final : public WorkerInterface {
   absl::flat_hash_map<FunctionId, FunctionDef> functions_ ABSL_GUARDED_BY(fn_mu_);
   // Per-shard XLA modules compiled at LoadFunction, held so the backend's cache (which holds
   // executables only while someone uses them) keeps them for the first run.
-  absl::flat_hash_map<FunctionId, std::shared_ptr<const void>> precompiled_ ABSL_GUARDED_BY(fn_mu_);
+  absl::flat_hash_map<FunctionId, std::shared_ptr<const pjrt::PjrtExecutable>> precompiled_
+      ABSL_GUARDED_BY(fn_mu_);
   // Keyed by function and slice shape; SPMD XLA functions by function and slice devices. Each
   // key compiles once (its first caller posts the compile; later ones share its future); a
   // compile error stays, as compiling the same module for the same devices fails the same way.
