@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "pw/server/status_json.h"
 #include "pw/rpc/remote_controller.h"
 #include "pw/rpc/shm_arena.h"
 #include "pw/server/cpu_binding.h"
@@ -312,59 +313,13 @@ int ClusterCommands::Status() {
   if (!c.ok()) return Fail(c.status());
   auto st = (*c)->FullStatus();
   if (!st.ok()) return Fail(st.status());
-  absl::flat_hash_map<int64_t, const ::pathways::v1::HostMembership*> members;
-  for (const auto& m : st->members()) members[m.host()] = &m;
-  nlohmann::json j;
-  j["address"] = address;
-  j["clients"] = st->clients();
-  j["runs_in_flight"] = st->runs_in_flight();
-  j["runs_completed"] = st->runs_completed();
-  j["logical_buffers"] = st->logical_buffers();
-  j["scheduler_queue_depth"] = std::vector<int64_t>(st->scheduler_queue_depth().begin(),
-                                                    st->scheduler_queue_depth().end());
-  j["running"] = nlohmann::json::array();  // Oldest first; at most kMaxRunningListed.
-  for (const auto& r : st->running())
-    j["running"].push_back({{"run", r.run()}, {"client", r.client()}, {"program", r.program()}});
-  int64_t ici = 0, dcn = 0;
-  j["hosts"] = nlohmann::json::array();
-  for (const auto& m : st->members()) {
-    nlohmann::json h = {{"host", m.host()}, {"address", m.address()}, {"alive", m.alive()}};
-    if (!m.reason().empty()) h["reason"] = m.reason();
-    for (const auto& hs : st->hosts()) {
-      if (hs.host() != m.host()) continue;
-      h["island"] = hs.island();
-      if (!hs.error().empty()) {  // The controller could not ask this host.
-        h["status_error"] = hs.error();
-        continue;
-      }
-      h["buffers"] = hs.buffers();
-      h["buffer_bytes"] = hs.buffer_bytes();
-      h["ici_bytes_received"] = hs.ici_bytes_received();
-      h["dcn_bytes_received"] = hs.dcn_bytes_received();
-      h["dispatch_queue_depth"] = hs.dispatch_queue_depth();
-      h["cancelled_shards"] = hs.cancelled_shards();
-      h["functions"] = hs.functions();
-      h["executables"] = hs.executables();
-      h["programs"] = hs.programs();
-      h["plans"] = hs.plans();
-      ici += hs.ici_bytes_received();
-      dcn += hs.dcn_bytes_received();
-      h["devices"] = nlohmann::json::array();
-      for (const auto& d : hs.devices()) {
-        h["devices"].push_back({{"device", d.id()}, {"alive", d.alive()},
-                                {"memory_in_use", d.memory_in_use()},
-                                {"memory_capacity", d.memory_capacity()},
-                                {"queue_depth", d.queue_depth()}, {"executed", d.executed()}});
-      }
-    }
-    j["hosts"].push_back(h);
-  }
-  j["ici_bytes_received"] = ici;
-  j["dcn_bytes_received"] = dcn;
+  const std::string json = server::StatusJson(*st, address);
   if (json_) {
-    std::printf("%s\n", j.dump(2).c_str());
+    std::printf("%s\n", json.c_str());
     return 0;
   }
+  const nlohmann::json j = nlohmann::json::parse(json);
+  const int64_t ici = j["ici_bytes_received"], dcn = j["dcn_bytes_received"];
   std::printf("cluster %s: %lld clients, %lld runs in flight, %lld completed, %lld buffers\n",
               address.c_str(), (long long)st->clients(), (long long)st->runs_in_flight(),
               (long long)st->runs_completed(), (long long)st->logical_buffers());

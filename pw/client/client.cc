@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
+#include "pw/program/lowering.h"
 
 namespace pw {
 
@@ -72,7 +73,8 @@ absl::StatusOr<BoundFunction> Client::Pmap(const FunctionInfo& fn, const Slice& 
   std::vector<Sharding> in_s, out_s;
   stacked(fn.inputs, &in_g, &in_s);
   stacked(outs, &out_g, &out_s);
-  return Bind(fn, slice, in_g, in_s, out_g, out_s);
+  return BindLoaded(fn, outs, slice, std::move(in_g), std::move(in_s), std::move(out_g),
+                    std::move(out_s));
 }
 
 absl::StatusOr<BoundFunction> Client::Bind(const FunctionInfo& fn, const Slice& slice,
@@ -80,6 +82,34 @@ absl::StatusOr<BoundFunction> Client::Bind(const FunctionInfo& fn, const Slice& 
                                            std::vector<Sharding> in_sharding,
                                            std::vector<ArraySpec> out_global,
                                            std::vector<Sharding> out_sharding) {
+  PW_ASSIGN_OR_RETURN(std::vector<ArraySpec> outs,
+                      controller_->LoadFunction(id_, fn.id, slice.info().id));
+  return BindLoaded(fn, outs, slice, std::move(in_global), std::move(in_sharding),
+                    std::move(out_global), std::move(out_sharding));
+}
+
+absl::StatusOr<BoundFunction> Client::BindLoaded(const FunctionInfo& fn,
+                                                 const std::vector<ArraySpec>& outs,
+                                                 const Slice& slice,
+                                                 std::vector<ArraySpec> in_global,
+                                                 std::vector<Sharding> in_sharding,
+                                                 std::vector<ArraySpec> out_global,
+                                                 std::vector<Sharding> out_sharding) {
+  // The layouts are checked here, at binding, as lowering would check them at the first run.
+  const std::string where = absl::StrCat("binding function '", fn.name, "' to ",
+                                         slice.info().id.ToString());
+  if (in_global.size() != fn.inputs.size() || in_sharding.size() != fn.inputs.size() ||
+      out_global.size() != outs.size() || out_sharding.size() != outs.size())
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, ": the function takes ", fn.inputs.size(), " inputs and returns ", outs.size(),
+        " outputs, but ", in_global.size(), " input and ", out_global.size(),
+        " output layouts were given"));
+  for (size_t i = 0; i < in_global.size(); ++i)
+    PW_RETURN_IF_ERROR(CheckLayout(absl::StrCat(where, ": input ", i), in_global[i],
+                                   in_sharding[i], fn.inputs[i], slice.info()));
+  for (size_t i = 0; i < out_global.size(); ++i)
+    PW_RETURN_IF_ERROR(CheckLayout(absl::StrCat(where, ": output ", i), out_global[i],
+                                   out_sharding[i], outs[i], slice.info()));
   auto state = std::make_shared<BoundFunction::State>();
   state->client = this;
   state->name = fn.name;

@@ -201,7 +201,8 @@ class Client {
   // [n] + S split along dimension 0 over the slice's n devices.
   absl::StatusOr<BoundFunction> Pmap(const FunctionInfo& fn, const Slice& slice);
   absl::StatusOr<BoundFunction> Pmap(const FunctionDef& def, const Slice& slice);
-  // Binds with explicit global specs and shardings for every input and output.
+  // Binds with explicit global specs and shardings for every input and output; each is checked
+  // against the function's per-shard specs on the slice here (InvalidArgument naming it).
   absl::StatusOr<BoundFunction> Bind(const FunctionInfo& fn, const Slice& slice,
                                      std::vector<ArraySpec> in_global,
                                      std::vector<Sharding> in_sharding,
@@ -217,6 +218,13 @@ class Client {
   friend class BoundFunction;
   Client(ControllerInterface* c, ClientId id) : controller_(c), id_(id) {}
   Array Adopt(const ArrayInfo& info);
+  // Bind, given the function's per-shard outputs on the slice (LoadFunction's answer).
+  absl::StatusOr<BoundFunction> BindLoaded(const FunctionInfo& fn,
+                                           const std::vector<ArraySpec>& outs, const Slice& slice,
+                                           std::vector<ArraySpec> in_global,
+                                           std::vector<Sharding> in_sharding,
+                                           std::vector<ArraySpec> out_global,
+                                           std::vector<Sharding> out_sharding);
   ControllerInterface* controller_;
   ClientId id_;
 };

@@ -261,6 +261,11 @@ std::vector<RunId> Controller::CancelClientRuns(ClientId client, const absl::Sta
   return runs;
 }
 
+size_t Controller::num_clients() const {
+  pw::MutexLock lock(&mu_);
+  return clients_.size();
+}
+
 absl::StatusOr<SliceInfo> Controller::AllocateSlice(ClientId client, const SliceRequest& request) {
   PW_RETURN_IF_ERROR(CheckClient(client));
   return rm_.AllocateSlice(client, request);

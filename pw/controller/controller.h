@@ -95,6 +95,8 @@ class Controller final : public ControllerInterface {
   Future<> ArrayReady(ClientId client, BufferId id) override;
   absl::Status ReleaseArray(ClientId client, BufferId id) override;
   absl::StatusOr<ClusterStatus> Status() override;
+  // Clients connected now.
+  size_t num_clients() const;
 
  private:
   struct Function {

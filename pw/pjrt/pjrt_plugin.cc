@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "pw/base/log_level.h"
 #include "pw/base/status_macros.h"
 
 namespace pw::pjrt {
@@ -31,6 +32,7 @@ absl::StatusCode CodeOf(PJRT_Error_Code c) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<const PjrtPlugin>> PjrtPlugin::Load(const std::string& path) {
+  ApplyLogLevelToXla();  // PW_LOG_LEVEL: the plugin reads its log level as it loads.
   // RTLD_LOCAL: plugins bundle their own copies of XLA's dependencies.
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {

@@ -14,6 +14,27 @@ Placement PlacementOn(const SliceInfo& slice, const ArraySpec& global, const Sha
   return Placement{slice.id, slice.devices, slice.hosts, slice.islands, global, sharding};
 }
 
+absl::Status CheckLayout(const std::string& where, const ArraySpec& global,
+                         const Sharding& sharding, const ArraySpec& shard_spec,
+                         const SliceInfo& slice) {
+  PW_RETURN_IF_ERROR(Annotate(global.Validate(), where));
+  PW_RETURN_IF_ERROR(Annotate(sharding.Validate(global.shape), where));
+  if (sharding.num_devices() != static_cast<int>(slice.devices.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": sharding ", sharding.ToString(),
+                                                   " covers ", sharding.num_devices(),
+                                                   " devices but ", slice.id.ToString(),
+                                                   " has ", slice.devices.size()));
+  }
+  ArraySpec shard{global.dtype, sharding.ShardShape(global.shape)};
+  if (shard.dtype != shard_spec.dtype || shard.num_elements() != shard_spec.num_elements()) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", global.ToString(), " sharded ",
+                                                   sharding.ToString(), " gives shards of ",
+                                                   shard.ToString(), " but the function takes ",
+                                                   shard_spec.ToString()));
+  }
+  return absl::OkStatus();
+}
+
 int LoweredProgram::num_compute() const {
   return static_cast<int>(std::count_if(nodes.begin(), nodes.end(), [](const LoweredNode& n) {
     return n.kind == LoweredNode::Kind::kCompute;
@@ -113,27 +134,6 @@ absl::StatusOr<std::vector<int>> TopoOrder(const ProgramIr& ir, const std::strin
   names.push_back(names.front());
   return absl::InvalidArgumentError(absl::StrCat(prog, " has a cycle: ",
                                                  absl::StrJoin(names, " -> ")));
-}
-
-absl::Status CheckLayout(const std::string& where, const ArraySpec& global,
-                         const Sharding& sharding, const ArraySpec& shard_spec,
-                         const SliceInfo& slice) {
-  PW_RETURN_IF_ERROR(Annotate(global.Validate(), where));
-  PW_RETURN_IF_ERROR(Annotate(sharding.Validate(global.shape), where));
-  if (sharding.num_devices() != static_cast<int>(slice.devices.size())) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": sharding ", sharding.ToString(),
-                                                   " covers ", sharding.num_devices(),
-                                                   " devices but ", slice.id.ToString(),
-                                                   " has ", slice.devices.size()));
-  }
-  ArraySpec shard{global.dtype, sharding.ShardShape(global.shape)};
-  if (shard.dtype != shard_spec.dtype || shard.num_elements() != shard_spec.num_elements()) {
-    return absl::InvalidArgumentError(absl::StrCat(where, ": ", global.ToString(), " sharded ",
-                                                   sharding.ToString(), " gives shards of ",
-                                                   shard.ToString(), " but the function takes ",
-                                                   shard_spec.ToString()));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace

@@ -72,6 +72,13 @@ class LoweringContext {
 };
 
 // `args` holds the placement of each argument passed to this run.
+// Checks that `global` sharded by `sharding` over `slice` gives shards a function taking (or
+// returning) `shard_spec` can use: a valid spec and sharding, one shard per device of the slice,
+// the same dtype and element count. Errors start with `where`. Used at lowering and at binding.
+absl::Status CheckLayout(const std::string& where, const ArraySpec& global,
+                         const Sharding& sharding, const ArraySpec& shard_spec,
+                         const SliceInfo& slice);
+
 absl::StatusOr<LoweredProgram> Lower(const ProgramIr& ir, const std::vector<Placement>& args,
                                      const LoweringContext& ctx);
 

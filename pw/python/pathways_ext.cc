@@ -21,7 +21,9 @@
 #include "pw/embedded/embedded_cluster.h"
 #include "pw/pjrt/pjrt_plugin.h"
 #include "pw/rpc/remote_controller.h"
+#include "pw/rpc/wire.h"
 #include "pw/server/local_cluster.h"
+#include "pw/server/status_json.h"
 
 namespace nb = nanobind;
 
@@ -79,6 +81,14 @@ nb::object ToNumpy(HostArray h) {
   return arr.cast();
 }
 
+// (dtype, shape): an array spec as Python passes it.
+using Spec = std::pair<std::string, std::vector<int64_t>>;
+// (dtype, global shape, mesh shape, dim_to_axis): a global array and its sharding over a slice's
+// mesh (pw::Sharding: dim_to_axis[d] is the mesh axis splitting dimension d, or -1).
+using Layout = std::tuple<std::string, std::vector<int64_t>, std::vector<int64_t>, std::vector<int>>;
+
+Sharding ShardingOf(const Layout& l) { return Sharding(std::get<2>(l), std::get<3>(l)); }
+
 std::pair<std::string, std::vector<int64_t>> SpecTuple(const ArraySpec& s) {
   return {std::string(DTypeName(s.dtype)),
           std::vector<int64_t>(s.shape.dims().begin(), s.shape.dims().end())};
@@ -112,7 +122,19 @@ NB_MODULE(_pathways, m) {
             return Unwrap(EmbeddedCluster::Create(
                 Unwrap(ClusterSpec::Uniform(islands, hosts_per_island, devices_per_host))));
           },
-          nb::arg("islands"), nb::arg("hosts_per_island"), nb::arg("devices_per_host"));
+          nb::arg("islands"), nb::arg("hosts_per_island"), nb::arg("devices_per_host"))
+      // pw status --json's object, as a JSON string (pathways.status()).
+      .def("status_json", [](EmbeddedCluster& cluster) {
+        absl::StatusOr<ClusterStatus> st;
+        {
+          nb::gil_scoped_release release;
+          st = cluster.controller().Status();
+        }
+        ::pathways::v1::ClusterStatus proto;
+        rpc::ToProto(Unwrap(std::move(st)), &proto);
+        proto.set_clients(static_cast<int64_t>(cluster.controller().num_clients()));
+        return server::StatusJson(proto, "embedded");
+      });
 
   // A running cluster's controller over gRPC (`pw up`, `pw controller`).
   nb::class_<rpc::RemoteController>(m, "RemoteCluster")
@@ -123,7 +145,15 @@ NB_MODULE(_pathways, m) {
             return Unwrap(rpc::RemoteController::Dial(address, {.token = token}));
           },
           nb::arg("address"), nb::arg("token") = "")
-      .def_prop_ro("address", &rpc::RemoteController::address);
+      .def_prop_ro("address", &rpc::RemoteController::address)
+      .def("status_json", [](rpc::RemoteController& remote) {
+        absl::StatusOr<::pathways::v1::ClusterStatus> st;
+        {
+          nb::gil_scoped_release release;
+          st = remote.FullStatus();
+        }
+        return server::StatusJson(Unwrap(std::move(st)), remote.address());
+      });
   // --cluster resolution: `flag`, else $PW_CLUSTER, else the last `pw up` cluster; "" if none.
   m.def("cluster_address", [](const std::string& flag) { return server::ClusterAddress(flag); },
         nb::arg("flag") = "");
@@ -132,6 +162,8 @@ NB_MODULE(_pathways, m) {
 
   nb::class_<Slice>(m, "Slice")
       .def_prop_ro("num_devices", &Slice::num_devices)
+      .def_prop_ro("id", [](const Slice& s) { return s.info().id.value(); })
+      .def_prop_ro("mesh_shape", [](const Slice& s) { return s.info().mesh_shape; })
       .def_prop_ro("devices", [](const Slice& s) {
         std::vector<int64_t> ids;
         for (DeviceId d : s.info().devices) ids.push_back(d.value());
@@ -172,6 +204,13 @@ NB_MODULE(_pathways, m) {
   // A device-resident array: a handle to a buffer in the object store.
   nb::class_<Array>(m, "Array")
       .def_prop_ro("spec", [](const Array& a) { return SpecTuple(a.spec()); })
+      // (mesh shape, dim_to_axis) over its slice's devices, and the slice's id.
+      .def_prop_ro("sharding", [](const Array& a) {
+        const Sharding& s = a.sharding();
+        return std::make_pair(std::vector<int64_t>(s.mesh_shape().begin(), s.mesh_shape().end()),
+                              std::vector<int>(s.dim_to_axis().begin(), s.dim_to_axis().end()));
+      })
+      .def_prop_ro("slice_id", [](const Array& a) { return a.slice().value(); })
       .def("is_ready", [](const Array& a) { return a.Ready().IsReady(); })
       .def("wait", [](const Array& a) {  // Raises the producing run's error, if any.
         absl::Status s;
@@ -238,44 +277,62 @@ NB_MODULE(_pathways, m) {
           nb::keep_alive<0, 1>())
       .def(
           "add_slice",
-          [](Client& c, int devices, const std::string& placement) {
-            SlicePlacement p;
-            if (placement == "island") p = SlicePlacement::kIsland;
-            else if (placement == "host") p = SlicePlacement::kHost;
-            else if (placement == "spread") p = SlicePlacement::kSpread;
+          [](Client& c, int devices, const std::string& placement,
+             const std::vector<int64_t>& mesh_shape, const std::vector<int64_t>& islands,
+             const std::vector<int64_t>& hosts, const std::vector<int64_t>& avoid_islands) {
+            SliceRequest r{.num_devices = devices, .mesh_shape = mesh_shape};
+            if (placement == "island") r.placement = SlicePlacement::kIsland;
+            else if (placement == "host") r.placement = SlicePlacement::kHost;
+            else if (placement == "spread") r.placement = SlicePlacement::kSpread;
             else throw std::invalid_argument("placement must be 'island', 'host' or 'spread', got '" +
                                              placement + "'");
+            for (int64_t i : islands) r.islands.push_back(IslandId(i));
+            for (int64_t h : hosts) r.hosts.push_back(HostId(h));
+            for (int64_t i : avoid_islands) r.avoid_islands.push_back(IslandId(i));
             nb::gil_scoped_release release;  // An RPC on a process cluster.
-            return Unwrap(c.MakeVirtualDeviceSet().AddSlice({.num_devices = devices,
-                                                             .placement = p}));
+            return Unwrap(c.MakeVirtualDeviceSet().AddSlice(r));
           },
-          nb::arg("devices"), nb::arg("placement") = "island", nb::keep_alive<0, 1>())
+          nb::arg("devices"), nb::arg("placement") = "island",
+          nb::arg("mesh_shape") = std::vector<int64_t>{}, nb::arg("islands") = std::vector<int64_t>{},
+          nb::arg("hosts") = std::vector<int64_t>{},
+          nb::arg("avoid_islands") = std::vector<int64_t>{}, nb::keep_alive<0, 1>())
       .def(
-          "pmap_stablehlo",
-          [](Client& c, const std::string& name, nb::bytes module,
-             const std::vector<std::pair<std::string, std::vector<int64_t>>>& inputs,
-             const std::vector<std::pair<std::string, std::vector<int64_t>>>& outputs,
-             const Slice& slice, int num_partitions, int collective_axis_size) {
+          "bind_stablehlo",
+          [](Client& c, const std::string& name, nb::bytes module, const std::vector<Spec>& inputs,
+             const std::vector<Spec>& outputs, const Slice& slice, int num_partitions,
+             int collective_axis_size, const std::vector<Layout>& in_layouts,
+             const std::vector<Layout>& out_layouts) {
             StableHloFunctionDef def{name, std::string(module.c_str(), module.size()), {}, {},
                                      num_partitions, collective_axis_size};
             for (const auto& [d, s] : inputs) def.inputs.push_back(SpecOf(d, s));
             for (const auto& [d, s] : outputs) def.outputs.push_back(SpecOf(d, s));
+            std::vector<ArraySpec> in_g, out_g;
+            std::vector<Sharding> in_s, out_s;
+            for (const Layout& l : in_layouts) {
+              in_g.push_back(SpecOf(std::get<0>(l), std::get<1>(l)));
+              in_s.push_back(ShardingOf(l));
+            }
+            for (const Layout& l : out_layouts) {
+              out_g.push_back(SpecOf(std::get<0>(l), std::get<1>(l)));
+              out_s.push_back(ShardingOf(l));
+            }
             nb::gil_scoped_release release;  // Registers on every worker (which compiles).
-            return Unwrap(c.Pmap(FunctionDef(std::move(def)), slice));
+            FunctionInfo fn = Unwrap(c.Register(FunctionDef(std::move(def))));
+            return Unwrap(c.Bind(fn, slice, std::move(in_g), std::move(in_s), std::move(out_g),
+                                 std::move(out_s)));
           },
           nb::arg("name"), nb::arg("module"), nb::arg("inputs"), nb::arg("outputs"),
-          nb::arg("slice"), nb::arg("num_partitions") = 1, nb::arg("collective_axis_size") = 0,
-          nb::keep_alive<0, 1>())
+          nb::arg("slice"), nb::arg("num_partitions"), nb::arg("collective_axis_size"),
+          nb::arg("in_layouts"), nb::arg("out_layouts"), nb::keep_alive<0, 1>())
       .def(
           "put",
           [](Client& c, const Slice& slice, const RawBytes& raw, const std::string& dtype,
-             const std::vector<int64_t>& shape) {
+             const std::vector<int64_t>& shape, const std::vector<int64_t>& mesh_shape,
+             const std::vector<int>& dim_to_axis) {
             HostArray h = ToHostArray(raw, dtype, shape);
-            if (h.spec.shape.rank() == 0)
-              throw std::invalid_argument("device_put needs a leading device axis; got a scalar");
+            Sharding sharding(mesh_shape, dim_to_axis);
             nb::gil_scoped_release release;
-            return Unwrap(c.Put(h, slice.info().id,
-                                Sharding::Split({slice.num_devices()}, h.spec.shape.rank(), 0)));
+            return Unwrap(c.Put(h, slice.info().id, sharding));
           },
           nb::keep_alive<0, 1>())
       .def(

@@ -26,6 +26,22 @@ absl::string_view SlicePlacementName(SlicePlacement p) {
   return "unknown";
 }
 
+namespace {
+// " in islands [0] on hosts [1, 2] avoiding islands [3]": a request's constraints, for errors.
+std::string ConstraintsText(const SliceRequest& r) {
+  auto ids = [](const auto& v) {
+    return absl::StrCat("[", absl::StrJoin(v, ", ", [](std::string* out, auto id) {
+                          absl::StrAppend(out, id.value());
+                        }), "]");
+  };
+  std::string s;
+  if (!r.islands.empty()) absl::StrAppend(&s, " in islands ", ids(r.islands));
+  if (!r.hosts.empty()) absl::StrAppend(&s, " on hosts ", ids(r.hosts));
+  if (!r.avoid_islands.empty()) absl::StrAppend(&s, " avoiding islands ", ids(r.avoid_islands));
+  return s;
+}
+}  // namespace
+
 absl::StatusOr<SliceInfo> ResourceManager::AllocateSlice(ClientId client,
                                                          const SliceRequest& request) {
   const int n = request.num_devices;
@@ -47,15 +63,34 @@ absl::StatusOr<SliceInfo> ResourceManager::AllocateSlice(ClientId client,
                                                    "] holds ", product, " devices, not ", n));
   }
 
+  const absl::flat_hash_set<IslandId> islands_allowed(request.islands.begin(),
+                                                      request.islands.end());
+  const absl::flat_hash_set<HostId> hosts_allowed(request.hosts.begin(), request.hosts.end());
+  const absl::flat_hash_set<IslandId> islands_avoided(request.avoid_islands.begin(),
+                                                      request.avoid_islands.end());
+  const bool constrained =
+      !islands_allowed.empty() || !hosts_allowed.empty() || !islands_avoided.empty();
+  // Alive and where the request allows.
+  auto usable = [&](const DeviceState& d) {
+    return d.alive && (islands_allowed.empty() || islands_allowed.contains(d.spec.island)) &&
+           (hosts_allowed.empty() || hosts_allowed.contains(d.spec.host)) &&
+           !islands_avoided.contains(d.spec.island);
+  };
+
   pw::MutexLock lock(&mu_);
-  // Alive devices and load per island.
+  // Usable devices and load per island.
   std::vector<int> alive(num_islands_, 0), load(num_islands_, 0);
   int total_alive = 0;
   for (const auto& d : devices_) {
-    if (!d.alive) continue;
+    if (!usable(d)) continue;
     alive[d.spec.island.value()]++;
     load[d.spec.island.value()] += d.load;
     total_alive++;
+  }
+  if (constrained && n > total_alive) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "requested a slice of ", n, " devices", ConstraintsText(request), ", but only ",
+        total_alive, " alive devices lie there"));
   }
   if (n > total_alive) {
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -77,14 +112,15 @@ absl::StatusOr<SliceInfo> ResourceManager::AllocateSlice(ClientId client,
     int largest = *std::max_element(alive.begin(), alive.end());
     return absl::ResourceExhaustedError(absl::StrCat(
         "requested ", n, " devices in one island, but the largest island has ", largest,
-        " alive devices (ask for placement 'spread' to span islands)"));
+        " alive devices", constrained ? absl::StrCat(" of those", ConstraintsText(request)) : "",
+        " (ask for placement 'spread' to span islands)"));
   }
   // One host: the least-loaded host (per device) with n alive devices.
   int64_t host = -1;
   if (request.placement == SlicePlacement::kHost) {
     absl::flat_hash_map<int64_t, std::pair<int, int>> hosts;  // host -> (alive, load).
     for (const auto& d : devices_) {
-      if (!d.alive) continue;
+      if (!usable(d)) continue;
       auto& [a, l] = hosts[d.spec.host.value()];
       ++a;
       l += d.load;
@@ -102,7 +138,7 @@ absl::StatusOr<SliceInfo> ResourceManager::AllocateSlice(ClientId client,
     if (host < 0) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "requested ", n, " devices on one host, but the largest host has ", largest,
-          " alive devices"));
+          " alive devices", constrained ? absl::StrCat(" of those", ConstraintsText(request)) : ""));
     }
     best = -1;
   }
@@ -116,7 +152,7 @@ absl::StatusOr<SliceInfo> ResourceManager::AllocateSlice(ClientId client,
     int pick = -1;
     for (size_t i = 0; i < devices_.size(); ++i) {
       const auto& d = devices_[i];
-      if (!d.alive || chosen.contains(i)) continue;
+      if (!usable(d) || chosen.contains(i)) continue;
       if (best >= 0 && d.spec.island.value() != best) continue;
       if (host >= 0 && d.spec.host.value() != host) continue;
       if (pick < 0) {

@@ -33,6 +33,12 @@ struct SliceRequest {
   int num_devices = 0;
   std::vector<int64_t> mesh_shape;  // Optional; product must equal num_devices. Default [n].
   SlicePlacement placement = SlicePlacement::kIsland;
+  // Where the devices may lie (each empty: anywhere): in one of `islands`, on one of `hosts`,
+  // in none of `avoid_islands`. Applied before the placement; a slice they leave no room for is
+  // refused, naming them.
+  std::vector<IslandId> islands;
+  std::vector<HostId> hosts;
+  std::vector<IslandId> avoid_islands;
 };
 
 struct SliceInfo {

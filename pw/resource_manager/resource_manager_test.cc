@@ -1,10 +1,13 @@
 #include "pw/resource_manager/resource_manager.h"
 
 #include "absl/container/flat_hash_set.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace pw {
 namespace {
+
+using ::testing::HasSubstr;
 
 ResourceManager Make(int islands, int hosts, int devs) {
   return ResourceManager(*ClusterSpec::Uniform(islands, hosts, devs, 1 << 20));
@@ -49,6 +52,40 @@ TEST(ResourceManagerTest, PlacementOnOneHostOneIslandOrSpread) {
   ASSERT_TRUE(spread.ok());
   EXPECT_NE(spread->hosts[0], spread->hosts[1]);
   EXPECT_EQ(SlicePlacementName(SlicePlacement::kSpread), "spread");
+}
+
+TEST(ResourceManagerTest, SlicesLieOnlyOnTheIslandsAndHostsAskedForAndAvoidOthers) {
+  auto rm = Make(2, 2, 2);  // island0 = hosts 0,1 (devices 0..3), island1 = hosts 2,3.
+  ClientId c(1);
+  auto in1 = rm.AllocateSlice(c, {.num_devices = 2, .islands = {IslandId(1)}});
+  ASSERT_TRUE(in1.ok()) << in1.status();
+  EXPECT_EQ(in1->islands, std::vector<IslandId>{IslandId(1)});
+  // The least-loaded island would be island 0 now; asking for island 1 still gives island 1.
+  auto again = rm.AllocateSlice(c, {.num_devices = 2, .islands = {IslandId(1)}});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->islands, std::vector<IslandId>{IslandId(1)});
+  auto on3 = rm.AllocateSlice(c, {.num_devices = 2, .hosts = {HostId(3)}});
+  ASSERT_TRUE(on3.ok()) << on3.status();
+  EXPECT_EQ(on3->hosts, (std::vector<HostId>{HostId(3), HostId(3)}));
+  auto elsewhere = rm.AllocateSlice(c, {.num_devices = 4, .avoid_islands = in1->islands});
+  ASSERT_TRUE(elsewhere.ok()) << elsewhere.status();
+  EXPECT_EQ(elsewhere->islands, std::vector<IslandId>{IslandId(0)});
+  // Hosts 1 and 2 lie in different islands: two devices on them fit only when spread.
+  auto split = rm.AllocateSlice(c, {.num_devices = 4, .hosts = {HostId(1), HostId(2)}});
+  EXPECT_EQ(split.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(split.status().message(), HasSubstr("on hosts [1, 2]")) << split.status();
+  auto spread = rm.AllocateSlice(c, {.num_devices = 4, .placement = SlicePlacement::kSpread,
+                                     .hosts = {HostId(1), HostId(2)}});
+  ASSERT_TRUE(spread.ok()) << spread.status();
+  EXPECT_EQ(absl::flat_hash_set<HostId>(spread->hosts.begin(), spread->hosts.end()),
+            (absl::flat_hash_set<HostId>{HostId(1), HostId(2)}));
+  auto nowhere = rm.AllocateSlice(c, {.num_devices = 1, .islands = {IslandId(0)},
+                                      .avoid_islands = {IslandId(0)}});
+  EXPECT_EQ(nowhere.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(nowhere.status().message(),
+              HasSubstr("1 devices in islands [0] avoiding islands [0], but only 0 alive"));
+  auto missing = rm.AllocateSlice(c, {.num_devices = 1, .islands = {IslandId(7)}});
+  EXPECT_THAT(missing.status().message(), HasSubstr("in islands [7], but only 0")) << missing.status();
 }
 
 TEST(ResourceManagerTest, RefusesImpossibleRequests) {

@@ -344,6 +344,9 @@ void ToProto(const SliceRequest& r, v1::SliceRequest* out) {
   out->set_num_devices(r.num_devices);
   out->mutable_mesh_shape()->Assign(r.mesh_shape.begin(), r.mesh_shape.end());
   out->set_placement(static_cast<v1::SliceRequest::Placement>(r.placement));
+  SetIds(r.islands, out->mutable_islands());
+  SetIds(r.hosts, out->mutable_hosts());
+  SetIds(r.avoid_islands, out->mutable_avoid_islands());
 }
 
 absl::StatusOr<SliceRequest> FromProto(const v1::SliceRequest& p) {
@@ -355,8 +358,13 @@ absl::StatusOr<SliceRequest> FromProto(const v1::SliceRequest& p) {
     return Invalid("slice request placement", absl::StrCat("is ", p.placement(),
                                                            ", not island, host or spread"));
   }
-  return SliceRequest{p.num_devices(), {p.mesh_shape().begin(), p.mesh_shape().end()},
-                      static_cast<SlicePlacement>(p.placement())};
+  SliceRequest r{p.num_devices(), {p.mesh_shape().begin(), p.mesh_shape().end()},
+                 static_cast<SlicePlacement>(p.placement())};
+  PW_ASSIGN_OR_RETURN(r.islands, Ids<IslandId>(p.islands(), "slice request islands"));
+  PW_ASSIGN_OR_RETURN(r.hosts, Ids<HostId>(p.hosts(), "slice request hosts"));
+  PW_ASSIGN_OR_RETURN(r.avoid_islands,
+                      Ids<IslandId>(p.avoid_islands(), "slice request avoid_islands"));
+  return r;
 }
 
 void ToProto(const SliceInfo& s, v1::SliceInfo* out) {

@@ -101,6 +101,15 @@ TEST(WireTest, SliceRequestPlacementRoundTripsAndUnknownOnesAreRefused) {
   r.set_num_devices(1);
   r.set_placement(static_cast<v1::SliceRequest::Placement>(9));
   ExpectInvalid(FromProto(r).status(), "slice request placement");
+  const SliceRequest where = RoundTrip<v1::SliceRequest>(
+      SliceRequest{.num_devices = 2, .islands = {IslandId(1)}, .hosts = {HostId(2), HostId(3)},
+                   .avoid_islands = {IslandId(0)}});
+  EXPECT_EQ(where.islands, std::vector<IslandId>{IslandId(1)});
+  EXPECT_EQ(where.hosts, (std::vector<HostId>{HostId(2), HostId(3)}));
+  EXPECT_EQ(where.avoid_islands, std::vector<IslandId>{IslandId(0)});
+  r.set_placement(v1::SliceRequest::ISLAND);
+  r.add_hosts(-1);
+  ExpectInvalid(FromProto(r).status(), "slice request hosts[0]");
 }
 
 TEST(WireTest, SliceInfoRoundTrip) {

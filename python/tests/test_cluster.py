@@ -215,6 +215,23 @@ def test_placement_on_the_cluster(cluster):
     assert eval(both) == [0, 1]
 
 
+def test_jax_api_on_the_cluster(cluster):
+    # Issue 21: test_jax_api.py again, its slices spanning worker processes; the workers' logs
+    # hold none of XLA's warnings about how modules were exported.
+    env, address, state = cluster
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        str(ROOT / "python" / "tests" / "test_jax_api.py")],
+                       env=dict(env, PW_CLUSTER=address), capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "10 passed, 1 skipped" in r.stdout, r.stdout[-2000:]
+    logs = list(Path(env["PW_STATE_DIR"]).rglob("*.log"))
+    assert logs, list(Path(env["PW_STATE_DIR"]).iterdir())
+    for log in logs:
+        text = log.read_text(errors="replace")
+        assert "shardy" not in text and "W0000" not in text, (log, text[-2000:])
+
+
 def test_collectives_bench_prints_its_json():
     # A smoke test of `pw bench collectives --json` (it starts its own local clusters): the
     # contract's fields, both algorithms, and sizes on both sides of the scatter threshold.

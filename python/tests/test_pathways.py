@@ -41,7 +41,7 @@ def test_errors_are_python_exceptions_with_the_status_message():
         pw.make_virtual_device_set().add_slice(devices=10_000)
     s = pw.make_virtual_device_set().add_slice(devices=2)
     f = pw.pmap(lambda x: x * 2.0, devices=s)
-    with pytest.raises(RuntimeError, match="divisible|expects|sharding"):
+    with pytest.raises(ValueError, match="size 3 along in_axes 0 .* the slice has 2 devices"):
         pw.program(lambda v: f(v))(np.zeros((3,), np.float32))  # 3 rows over 2 devices
 
 
@@ -138,8 +138,8 @@ def test_bad_calls_raise_with_the_status_message():
     h = prog(np.ones((2, 3), np.float32))
     traced = prog._trace(*prog._leaves((np.ones((2, 3), np.float32),)))[0]
     with pytest.raises(RuntimeError, match=r"argument 0 expects f32\[2,3\], got f32\[2,4\]"):
-        traced.put_arg(0, *pw._raw(np.ones((2, 4), np.float32)))
-    with pytest.raises((RuntimeError, ValueError), match="expects|leading device axis"):
+        traced.put_arg(0, *pw._layout.raw(np.ones((2, 4), np.float32)))
+    with pytest.raises(ValueError, match=r"in_axes 0 for input 0 of shape \(\) is out of range"):
         prog(np.float32(1.0))
     np.testing.assert_array_equal(np.asarray(h), np.full((2, 3), 2.0))  # Still serving.
 
@@ -322,7 +322,7 @@ def test_errors_are_typed_by_status_code():
     prog = pw.program(lambda v: f(v))
     traced = prog._trace(*prog._leaves((np.ones((2, 3), np.float32),)))[0]
     with pytest.raises(pw.errors.InvalidArgument, match=r"argument 0 expects f32\[2,3\]"):
-        traced.put_arg(0, *pw._raw(np.ones((2, 4), np.float32)))
+        traced.put_arg(0, *pw._layout.raw(np.ones((2, 4), np.float32)))
 
 
 def test_timeouts_must_be_positive():

@@ -1,0 +1,84 @@
+#include "pw/server/status_json.h"
+
+#include <cstdint>
+#include <vector>
+
+#include "nlohmann/json.hpp"
+
+namespace pw::server {
+
+namespace v1 = ::pathways::v1;
+
+namespace {
+
+nlohmann::json HostJson(const v1::HostStatus& hs) {
+  nlohmann::json h;
+  h["island"] = hs.island();
+  if (!hs.error().empty()) {  // The controller could not ask this host.
+    h["status_error"] = hs.error();
+    return h;
+  }
+  h["buffers"] = hs.buffers();
+  h["buffer_bytes"] = hs.buffer_bytes();
+  h["ici_bytes_received"] = hs.ici_bytes_received();
+  h["dcn_bytes_received"] = hs.dcn_bytes_received();
+  h["dispatch_queue_depth"] = hs.dispatch_queue_depth();
+  h["cancelled_shards"] = hs.cancelled_shards();
+  h["functions"] = hs.functions();
+  h["executables"] = hs.executables();
+  h["programs"] = hs.programs();
+  h["plans"] = hs.plans();
+  h["devices"] = nlohmann::json::array();
+  for (const auto& d : hs.devices()) {
+    h["devices"].push_back({{"device", d.id()}, {"alive", d.alive()},
+                            {"memory_in_use", d.memory_in_use()},
+                            {"memory_capacity", d.memory_capacity()},
+                            {"queue_depth", d.queue_depth()}, {"executed", d.executed()}});
+  }
+  return h;
+}
+
+}  // namespace
+
+std::string StatusJson(const v1::ClusterStatus& st, const std::string& address) {
+  nlohmann::json j;
+  j["address"] = address;
+  j["clients"] = st.clients();
+  j["runs_in_flight"] = st.runs_in_flight();
+  j["runs_completed"] = st.runs_completed();
+  j["logical_buffers"] = st.logical_buffers();
+  j["scheduler_queue_depth"] = std::vector<int64_t>(st.scheduler_queue_depth().begin(),
+                                                    st.scheduler_queue_depth().end());
+  j["running"] = nlohmann::json::array();  // Oldest first; at most kMaxRunningListed.
+  for (const auto& r : st.running())
+    j["running"].push_back({{"run", r.run()}, {"client", r.client()}, {"program", r.program()}});
+  int64_t ici = 0, dcn = 0;
+  j["hosts"] = nlohmann::json::array();
+  auto add = [&](nlohmann::json h, const v1::HostStatus* hs) {
+    if (hs != nullptr) {
+      h.update(HostJson(*hs));
+      ici += hs->ici_bytes_received();
+      dcn += hs->dcn_bytes_received();
+    }
+    j["hosts"].push_back(std::move(h));
+  };
+  auto status_of = [&](int64_t host) -> const v1::HostStatus* {
+    for (const auto& hs : st.hosts())
+      if (hs.host() == host) return &hs;
+    return nullptr;
+  };
+  if (st.members().empty()) {  // An embedded cluster: every host is in this process.
+    for (const auto& hs : st.hosts())
+      add({{"host", hs.host()}, {"address", "in-process"}, {"alive", true}}, &hs);
+  }
+  for (const auto& m : st.members()) {
+    nlohmann::json h = {{"host", m.host()}, {"address", m.address()}, {"alive", m.alive()}};
+    if (!m.reason().empty()) h["reason"] = m.reason();
+    add(std::move(h), status_of(m.host()));
+  }
+  j["ici_bytes_received"] = ici;
+  j["dcn_bytes_received"] = dcn;
+  return j.dump(2);
+}
+
+}  // namespace pw::server
