@@ -20,6 +20,10 @@ Future<HostArray> Array::ToHostAsync() const {
 
 absl::StatusOr<HostArray> Array::ToHost() const { return ToHostAsync().Await(); }
 
+absl::StatusOr<std::string> Array::Share(const ShareOptions& options) const {
+  return h_->controller->ShareArray(h_->client, h_->info.id, options);
+}
+
 // ---- Slices
 
 absl::Status Slice::Release() const {
@@ -117,6 +121,13 @@ absl::StatusOr<BoundFunction> Client::BindLoaded(const FunctionInfo& fn,
                     std::move(in_sharding), std::move(out_global), std::move(out_sharding)};
   return BoundFunction(std::move(state));
 }
+
+absl::StatusOr<Array> Client::Import(const std::string& token) {
+  PW_ASSIGN_OR_RETURN(ArrayInfo info, controller_->ImportArray(id_, token));
+  return Adopt(info);
+}
+
+absl::Status Client::Revoke(const std::string& token) { return controller_->RevokeShare(id_, token); }
 
 absl::StatusOr<Array> Client::Put(const HostArray& value, SliceId slice, const Sharding& sharding) {
   PW_ASSIGN_OR_RETURN(ArrayInfo info, controller_->PutArray(id_, slice, sharding, value));

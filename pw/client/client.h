@@ -42,6 +42,12 @@ class Array {
   Future<> Ready() const;
   Future<HostArray> ToHostAsync() const;
   absl::StatusOr<HostArray> ToHost() const;
+  // Where its shards lie: shard i on devices()[i], of host hosts()[i].
+  const std::vector<DeviceId>& devices() const { return h_->info.devices; }
+  const std::vector<HostId>& hosts() const { return h_->info.hosts; }
+  // A token another client can import the array with (Client::Import), or `options.token`
+  // re-pointed at it (ControllerInterface::ShareArray).
+  absl::StatusOr<std::string> Share(const ShareOptions& options = {}) const;
 
  private:
   friend class Client;
@@ -210,6 +216,10 @@ class Client {
                                      std::vector<Sharding> out_sharding);
 
   absl::StatusOr<Array> Put(const HostArray& value, SliceId slice, const Sharding& sharding);
+  // The array a share token names now, as a handle of this client's (Array::Share).
+  absl::StatusOr<Array> Import(const std::string& token);
+  // Ends a share this client made: clients that imported through it lose those arrays.
+  absl::Status Revoke(const std::string& token);
   absl::StatusOr<Program> Trace(const std::string& name, const std::vector<ArraySpec>& args,
                                 const std::function<std::vector<Value>(std::vector<Value>)>& fn);
 

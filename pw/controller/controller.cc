@@ -170,6 +170,10 @@ absl::Status Controller::Disconnect(ClientId client) {
       CancelOnWorkers(runs, absl::CancelledError(absl::StrCat(client.ToString(), " disconnected")));
   }
   rm_.ReleaseClient(client);
+  {
+    pw::MutexLock lock(&shares_mu_);
+    shares_.ForgetOwner(client);
+  }
   Free(buffers_.ReleaseClient(client));
   // Its functions (modules of any size) and programs go too: a long-lived cluster serves clients
   // without end. Ids are not reused; a freed one reads as never registered.
@@ -531,9 +535,14 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
     if (!lb.ok())
       return fail(Annotate(lb.status(), absl::StrCat(program.ToString(), " argument ", i)));
     pinned.push_back(args[i]);
+    const std::string where = absl::StrCat(program.ToString(), " argument ", i);
+    if (lb->owner != client) {  // Shared with it: another client's slice (which may be gone).
+      if (absl::Status s = rm_.CheckAlive(lb->placement->devices, where); !s.ok()) return fail(s);
+      placements.push_back(*lb->placement);
+      continue;
+    }
     auto slice = rm_.ResolveSlice(client, lb->placement->slice);
-    if (!slice.ok())
-      return fail(Annotate(slice.status(), absl::StrCat(program.ToString(), " argument ", i)));
+    if (!slice.ok()) return fail(Annotate(slice.status(), where));
     placements.push_back(PlacementOn(*slice, lb->placement->global, lb->placement->sharding));
   }
   auto plan_or = PlanFor(client, program, placements);
@@ -592,7 +601,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   info.done = run_done_f;
   for (int v : lp.outputs) {
     const Placement& p = *lp.values[v].placement;
-    info.outputs.push_back({ids[v], p.global, p.sharding, p.slice});
+    info.outputs.push_back({ids[v], p.global, p.sharding, p.slice, p.devices, p.hosts});
   }
 
   auto buffers = std::make_shared<const std::vector<BufferId>>(std::move(ids));
@@ -738,7 +747,7 @@ absl::StatusOr<ArrayInfo> Controller::PutArray(ClientId client, SliceId slice_id
                                 : w->PutShard(id, slice.devices[r], std::move(shards[r])));
   }
   JoinFutures(puts).OnReady([ready = std::move(ready)](const absl::Status& s) mutable { ready.Set(s); });
-  return ArrayInfo{id, value.spec, sharding, slice_id};
+  return ArrayInfo{id, value.spec, sharding, slice_id, slice.devices, slice.hosts};
 }
 
 Future<HostArray> Controller::FetchArray(ClientId client, BufferId id) {
@@ -817,6 +826,41 @@ Future<> Controller::ArrayReady(ClientId client, BufferId id) {
 absl::Status Controller::ReleaseArray(ClientId client, BufferId id) {
   PW_RETURN_IF_ERROR(CheckClient(client));
   PW_ASSIGN_OR_RETURN(auto freed, buffers_.ReleaseHandle(client, id));
+  Free(freed);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> Controller::ShareArray(ClientId client, BufferId id,
+                                                   const ShareOptions& options) {
+  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_RETURN_IF_ERROR(buffers_.Lookup(client, id).status());  // Only what it holds.
+  pw::MutexLock lock(&shares_mu_);
+  if (options.token.empty()) return shares_.Create(client, id, options.writable);
+  PW_RETURN_IF_ERROR(shares_.Repoint(client, options.token, id));
+  return options.token;
+}
+
+absl::StatusOr<ArrayInfo> Controller::ImportArray(ClientId client, const std::string& token) {
+  PW_RETURN_IF_ERROR(CheckClient(client));
+  pw::MutexLock lock(&shares_mu_);
+  PW_ASSIGN_OR_RETURN(BufferId id, shares_.Import(client, token));
+  PW_ASSIGN_OR_RETURN(LogicalBuffer lb, buffers_.AddHandle(client, id));
+  const Placement& p = *lb.placement;
+  return ArrayInfo{lb.id, p.global, p.sharding, p.slice, p.devices, p.hosts};
+}
+
+absl::Status Controller::RevokeShare(ClientId client, const std::string& token) {
+  PW_RETURN_IF_ERROR(CheckClient(client));
+  std::vector<LogicalBuffer> freed;
+  {
+    pw::MutexLock lock(&shares_mu_);
+    PW_ASSIGN_OR_RETURN(auto imports, shares_.Revoke(client, token));
+    for (const auto& [importer, id] : imports) {
+      auto lb = buffers_.Lookup(importer, id);
+      if (!lb.ok() || lb->owner == importer) continue;  // Released already, or its own array.
+      for (LogicalBuffer& b : buffers_.DropHandles(importer, id)) freed.push_back(std::move(b));
+    }
+  }
   Free(freed);
   return absl::OkStatus();
 }

@@ -19,6 +19,7 @@
 #include "pw/base/timer.h"
 #include "pw/base/work_queue.h"
 #include "pw/cluster/cluster_spec.h"
+#include "pw/controller/share_table.h"
 #include "pw/object_store/buffer_table.h"
 #include "pw/program/lowering.h"
 #include "pw/resource_manager/resource_manager.h"
@@ -94,6 +95,10 @@ class Controller final : public ControllerInterface {
   Future<HostArray> FetchArray(ClientId client, BufferId id) override;
   Future<> ArrayReady(ClientId client, BufferId id) override;
   absl::Status ReleaseArray(ClientId client, BufferId id) override;
+  absl::StatusOr<std::string> ShareArray(ClientId client, BufferId id,
+                                         const ShareOptions& options) override;
+  absl::StatusOr<ArrayInfo> ImportArray(ClientId client, const std::string& token) override;
+  absl::Status RevokeShare(ClientId client, const std::string& token) override;
   absl::StatusOr<ClusterStatus> Status() override;
   // Clients connected now.
   size_t num_clients() const;
@@ -144,6 +149,10 @@ class Controller final : public ControllerInterface {
   const Options options_;
   ResourceManager rm_;
   BufferTable buffers_;
+  // Shares, and the handles imported through them: changed together (an import cannot slip past
+  // a revocation).
+  pw::Mutex shares_mu_;
+  ShareTable shares_ ABSL_GUARDED_BY(shares_mu_);
 
   mutable pw::Mutex mu_;
   int64_t next_client_ ABSL_GUARDED_BY(mu_) = 0;

@@ -772,6 +772,63 @@ TEST_P(ClusterTest, EachClientsArraysStayWithinItsQuota) {
   EXPECT_EQ(Values((*again)[0]), (std::vector<float>{2, 3}));
 }
 
+// Issue 21: arrays shared between clients. The importer reads and computes on the owner's array
+// as on its own; the buffer lives while any client holds it (the owner's exit included); a
+// writable share is re-pointed by a holder; revocation cuts the importers off; no client reaches
+// another's array without the token.
+TEST_P(ClusterTest, SharedArraysLiveWhileHeldAndRevocationCutsImportersOff) {
+  Start(1, 1, 2);
+  auto owner = Connect("owner"), reader = Connect("reader"), stranger = Connect("stranger");
+  Slice s = *owner->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  const Sharding split = Sharding::Split({2}, 1, 0);
+  Array w = *owner->Put(F32({1, 2}), s.info().id, split);
+  const std::string token = *w.Share();
+  EXPECT_THAT(token, ::testing::StartsWith("pws-"));
+  EXPECT_EQ(token.size(), 36u);
+  // Another client's array is not reachable by its id.
+  EXPECT_EQ(controller().FetchArray(reader->id(), w.id()).Await().status().code(),
+            absl::StatusCode::kNotFound);
+  Array got = *reader->Import(token);
+  EXPECT_EQ(got.id(), w.id());
+  EXPECT_EQ(got.devices(), s.devices());
+  EXPECT_EQ(Values(got), (std::vector<float>{1, 2}));
+  // The reader computes on it on a slice of its own.
+  Slice rs = *reader->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  BoundFunction inc = *reader->Pmap(ScalarFn("inc", "add_scalar", 1), rs);
+  EXPECT_EQ(Values((*inc.Call({got}))[0]), (std::vector<float>{2, 3}));
+  // Read-only: only the owner re-points it; the token is not the stranger's to revoke.
+  Array mine = *reader->Put(F32({7, 8}), rs.info().id, split);
+  auto repoint = mine.Share({.token = token});
+  EXPECT_EQ(repoint.status().code(), absl::StatusCode::kPermissionDenied) << repoint.status();
+  EXPECT_EQ(stranger->Revoke(token).code(), absl::StatusCode::kPermissionDenied);
+  Array w2 = *owner->Put(F32({5, 6}), s.info().id, split);
+  ASSERT_EQ(*w2.Share({.token = token}), token);
+  EXPECT_EQ(Values(*stranger->Import(token)), (std::vector<float>{5, 6}));
+  // Writable: a holder of the token points it at an array of its own.
+  const std::string rw = *w.Share({.writable = true});
+  ASSERT_TRUE(mine.Share({.token = rw}).ok());
+  EXPECT_EQ(Values(*owner->Import(rw)), (std::vector<float>{7, 8}));
+  // The owner's exit: what was imported lives on; its shares end.
+  const BufferId kept = got.id();
+  w = Array();
+  w2 = Array();
+  owner.reset();
+  EXPECT_EQ(Values(got), (std::vector<float>{1, 2}));
+  EXPECT_EQ(reader->Import(token).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(controller().FetchArray(reader->id(), kept).Await().ok());
+  // Revocation: the stranger imported the reader's array through a share the reader revokes.
+  const std::string r_token = *mine.Share();
+  Array theirs = *stranger->Import(r_token);
+  ASSERT_TRUE(reader->Revoke(r_token).ok());
+  auto cut = theirs.ToHost();
+  EXPECT_EQ(cut.status().code(), absl::StatusCode::kNotFound) << cut.status();
+  EXPECT_THAT(std::string(cut.status().message()), ::testing::HasSubstr("since revoked"));
+  EXPECT_EQ(Values(mine), (std::vector<float>{7, 8})) << "the owner's own handle stays";
+  EXPECT_EQ(stranger->Import(r_token).status().code(), absl::StatusCode::kNotFound);
+  auto bad = stranger->Import(std::string(100, 'x'));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+}
+
 // Issue 20: a disconnected client's functions stayed loaded on every worker (definitions and
 // compiled executables) for as long as the worker ran; now they are unloaded on every host,
 // and another client's stay.

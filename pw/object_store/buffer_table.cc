@@ -24,7 +24,9 @@ BufferId BufferTable::Create(LogicalBuffer buffer, int client_refs, int pins, in
   pw::MutexLock lock(&mu_);
   buffer.id = BufferId(next_id_++);
   BufferId id = buffer.id;
-  entries_.emplace(id, Entry{std::move(buffer), client_refs, pins, charged});
+  Entry e{std::move(buffer), {}, pins, charged};
+  if (client_refs > 0) e.handles[e.buffer.owner] = client_refs;
+  entries_.emplace(id, std::move(e));
   return id;
 }
 
@@ -49,9 +51,10 @@ BufferId BufferTable::NewIds(int64_t n) {
 absl::StatusOr<BufferTable::Entry*> BufferTable::FindHandle(ClientId client, BufferId id) const {
   auto it = entries_.find(id);
   // Another client's buffer reads as one that does not exist: ids reveal nothing.
-  if (it == entries_.end() || it->second.client_refs == 0 || it->second.buffer.owner != client)
-    return absl::NotFoundError(
-        absl::StrCat(id.ToString(), " is not an array of this client (never made, or released)"));
+  if (it == entries_.end() || !it->second.handles.contains(client))
+    return absl::NotFoundError(absl::StrCat(
+        id.ToString(), " is not an array of this client (never made, released, or shared with "
+                       "it by a share since revoked)"));
   return const_cast<Entry*>(&it->second);
 }
 
@@ -74,7 +77,7 @@ std::vector<LogicalBuffer> BufferTable::Unpin(const std::vector<BufferId>& ids) 
   for (BufferId id : ids) {
     auto it = entries_.find(id);
     if (it == entries_.end()) continue;
-    if (--it->second.pins == 0 && it->second.client_refs == 0) Remove(it, &freed);
+    if (--it->second.pins == 0 && it->second.unreferenced()) Remove(it, &freed);
   }
   return freed;
 }
@@ -84,7 +87,8 @@ absl::StatusOr<std::vector<LogicalBuffer>> BufferTable::ReleaseHandle(ClientId c
   pw::MutexLock lock(&mu_);
   PW_ASSIGN_OR_RETURN(Entry * e, FindHandle(client, id));
   std::vector<LogicalBuffer> freed;
-  if (--e->client_refs == 0 && e->pins == 0) Remove(entries_.find(id), &freed);
+  if (--e->handles[client] == 0) e->handles.erase(client);
+  if (e->unreferenced()) Remove(entries_.find(id), &freed);
   return freed;
 }
 
@@ -93,13 +97,31 @@ std::vector<LogicalBuffer> BufferTable::ReleaseClient(ClientId client) {
   pw::MutexLock lock(&mu_);
   for (auto it = entries_.begin(); it != entries_.end();) {
     auto& e = it->second;
-    if (e.buffer.owner == client) e.client_refs = 0;
-    if (e.buffer.owner == client && e.pins == 0) {
+    if (e.handles.erase(client) > 0 && e.unreferenced()) {
       Remove(it++, &freed);
     } else {
       ++it;
     }
   }
+  return freed;
+}
+
+absl::StatusOr<LogicalBuffer> BufferTable::AddHandle(ClientId client, BufferId id) {
+  pw::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end() || it->second.handles.empty())
+    return absl::NotFoundError(absl::StrCat(
+        "the shared array (", id.ToString(), ") is gone: every client holding it released it"));
+  it->second.handles[client]++;
+  return it->second.buffer;
+}
+
+std::vector<LogicalBuffer> BufferTable::DropHandles(ClientId client, BufferId id) {
+  std::vector<LogicalBuffer> freed;
+  pw::MutexLock lock(&mu_);
+  auto it = entries_.find(id);
+  if (it != entries_.end() && it->second.handles.erase(client) > 0 && it->second.unreferenced())
+    Remove(it, &freed);
   return freed;
 }
 

@@ -2,10 +2,12 @@
 //
 // Thread-safe. A logical buffer is one array sharded over a slice; its shards live in the object
 // stores of the hosts holding its devices. References are of two kinds: client handles (what a
-// client may release) and pins (held by runs that read or produce the buffer). The buffer is
-// freed (Unref returns it, and the caller deletes its shards on their hosts) when both reach zero.
-// Each buffer's device bytes (every shard, replicas included) are charged to its owner while it
-// exists, so the controller can hold each client to a quota (TryCharge).
+// client may release) and pins (held by runs that read or produce the buffer). Handles are
+// counted per client: the owner's, and those of clients it shared the array with (AddHandle), who
+// may read it as their own. The buffer is freed (the caller deletes its shards on their hosts)
+// when no client holds a handle and no run a pin. Each buffer's device bytes (every shard,
+// replicas included) are charged to its owner while it exists, so the controller can hold each
+// client to a quota (TryCharge).
 #pragma once
 
 #include <cstdint>
@@ -46,7 +48,7 @@ class BufferTable {
   // `n` consecutive ids of buffers that are not listed (a run's intermediates, which no client
   // holds and its hosts delete themselves); returns the first.
   BufferId NewIds(int64_t n);
-  // The buffer if it exists and `client` owns it; NotFound or PermissionDenied (naming it) if not.
+  // The buffer if it exists and `client` holds a handle to it; NotFound (naming it) if not.
   absl::StatusOr<LogicalBuffer> Lookup(ClientId client, BufferId id) const;
   // Lookup and a pin in one step, so the buffer cannot be freed in between.
   absl::StatusOr<LogicalBuffer> LookupAndPin(ClientId client, BufferId id);
@@ -57,14 +59,20 @@ class BufferTable {
   absl::StatusOr<std::vector<LogicalBuffer>> ReleaseHandle(ClientId client, BufferId id);
   // Drops every handle `client` holds; returns buffers now unreferenced.
   std::vector<LogicalBuffer> ReleaseClient(ClientId client);
+  // Gives `client` one more handle to a buffer some client still holds (sharing: the caller has
+  // checked it may); NotFound naming the buffer if none does.
+  absl::StatusOr<LogicalBuffer> AddHandle(ClientId client, BufferId id);
+  // Drops every handle `client` holds to `id` (a revoked share); returns buffers now freed.
+  std::vector<LogicalBuffer> DropHandles(ClientId client, BufferId id);
   size_t size() const;
 
  private:
   struct Entry {
     LogicalBuffer buffer;
-    int client_refs = 0;
+    absl::flat_hash_map<ClientId, int> handles;  // Per client holding any; none: absent.
     int pins = 0;
     int64_t charged = 0;
+    bool unreferenced() const { return handles.empty() && pins == 0; }
   };
   // Removes the entry and returns its owner's charge; the buffer moves to `freed`.
   void Remove(absl::flat_hash_map<BufferId, Entry>::iterator it, std::vector<LogicalBuffer>* freed)

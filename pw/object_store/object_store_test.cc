@@ -60,6 +60,36 @@ TEST(BufferTableTest, ReleaseClientFreesUnpinned) {
   EXPECT_EQ(t.Unpin({pinned}).size(), 1u);
 }
 
+TEST(BufferTableTest, ASharedBufferLivesWhileAnyClientHoldsItAndIsChargedToItsOwner) {
+  BufferTable t;
+  ClientId owner(1), reader(2), other(3);
+  ASSERT_TRUE(t.TryCharge(owner, 64, 0));
+  LogicalBuffer lb;
+  lb.owner = owner;
+  BufferId id = t.Create(lb, /*client_refs=*/1, /*pins=*/0, /*charged=*/64);
+  ASSERT_TRUE(t.AddHandle(reader, id).ok());
+  EXPECT_TRUE(t.Lookup(reader, id).ok());
+  EXPECT_TRUE(t.LookupAndPin(reader, id).ok());  // A run of the reader's reads it.
+  EXPECT_EQ(t.Lookup(other, id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(t.ReleaseClient(owner).empty()) << "the reader still holds it";
+  EXPECT_EQ(t.Lookup(owner, id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(t.HeldBytes(owner), 64);
+  EXPECT_TRUE(t.DropHandles(reader, id).empty()) << "the reader's run still pins it";
+  EXPECT_EQ(t.Lookup(reader, id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(t.Unpin({id}).size(), 1u);
+  EXPECT_EQ(t.HeldBytes(owner), 0);
+  absl::StatusOr<LogicalBuffer> gone = t.AddHandle(other, id);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(gone.status().message().find("is gone"), std::string::npos) << gone.status();
+  // Two handles of one client are released one at a time.
+  BufferId twice = t.Create(lb, 1, 0);
+  ASSERT_TRUE(t.AddHandle(reader, twice).ok());
+  ASSERT_TRUE(t.AddHandle(reader, twice).ok());
+  EXPECT_TRUE(t.ReleaseHandle(owner, twice)->empty());
+  EXPECT_TRUE(t.ReleaseHandle(reader, twice)->empty());
+  EXPECT_EQ(t.ReleaseHandle(reader, twice)->size(), 1u);
+}
+
 TEST(BufferTableTest, ChargesEachClientWithinItsQuotaUntilItsBuffersAreFreed) {
   BufferTable t;
   LogicalBuffer lb;

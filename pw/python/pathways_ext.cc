@@ -211,6 +211,27 @@ NB_MODULE(_pathways, m) {
                               std::vector<int>(s.dim_to_axis().begin(), s.dim_to_axis().end()));
       })
       .def_prop_ro("slice_id", [](const Array& a) { return a.slice().value(); })
+      .def_prop_ro("devices", [](const Array& a) {
+        std::vector<int64_t> ids;
+        for (DeviceId d : a.devices()) ids.push_back(d.value());
+        return ids;
+      })
+      .def_prop_ro("hosts", [](const Array& a) {
+        std::vector<int64_t> ids;
+        for (HostId h : a.hosts()) ids.push_back(h.value());
+        return ids;
+      })
+      .def(
+          "share",
+          [](const Array& a, bool writable, const std::string& token) {
+            absl::StatusOr<std::string> t;
+            {
+              nb::gil_scoped_release release;
+              t = a.Share({.writable = writable, .token = token});
+            }
+            return Unwrap(std::move(t));
+          },
+          nb::arg("writable") = false, nb::arg("token") = "")
       .def("is_ready", [](const Array& a) { return a.Ready().IsReady(); })
       .def("wait", [](const Array& a) {  // Raises the producing run's error, if any.
         absl::Status s;
@@ -335,6 +356,22 @@ NB_MODULE(_pathways, m) {
             return Unwrap(c.Put(h, slice.info().id, sharding));
           },
           nb::keep_alive<0, 1>())
+      .def(
+          "import_array",
+          [](Client& c, const std::string& token) {
+            nb::gil_scoped_release release;
+            return Unwrap(c.Import(token));
+          },
+          nb::keep_alive<0, 1>())
+      .def("revoke",
+           [](Client& c, const std::string& token) {
+             absl::Status s;
+             {
+               nb::gil_scoped_release release;
+               s = c.Revoke(token);
+             }
+             Check(s);
+           })
       .def(
           "trace",
           [](Client& c, const std::string& name,

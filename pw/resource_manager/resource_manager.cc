@@ -235,6 +235,20 @@ absl::StatusOr<SliceInfo> ResourceManager::ResolveSlice(ClientId client, SliceId
   return *info;
 }
 
+absl::Status ResourceManager::CheckAlive(const std::vector<DeviceId>& devices,
+                                         absl::string_view what) const {
+  pw::MutexLock lock(&mu_);
+  for (DeviceId d : devices) {
+    if (!d.valid() || d.value() >= static_cast<int64_t>(devices_.size()))
+      return absl::NotFoundError(absl::StrCat(what, " uses ", d.ToString(), ", which does not exist"));
+    const auto& s = devices_[d.value()];
+    if (!s.alive)
+      return absl::UnavailableError(absl::StrCat(what, " uses ", d.ToString(),
+                                                 ", which was removed: ", s.removed_reason));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<HostRegistration> ResourceManager::AddHost(IslandId island, std::string name,
                                                           int num_devices,
                                                           int64_t memory_bytes) {

@@ -73,6 +73,8 @@ class ResourceManager {
   // The slice if it is live, owned by `client` and every device is alive; otherwise an error
   // naming the slice and, for a removed device, the device.
   absl::StatusOr<SliceInfo> ResolveSlice(ClientId client, SliceId slice) const;
+  // Unavailable naming the first of `devices` that was removed (`what` uses them), if any.
+  absl::Status CheckAlive(const std::vector<DeviceId>& devices, absl::string_view what) const;
 
   // Adds a host with `num_devices` devices to `island` (a new island if island == islands()).
   absl::StatusOr<HostRegistration> AddHost(IslandId island, std::string name, int num_devices,

@@ -308,6 +308,31 @@ grpc::ServerUnaryReactor* ControllerService::ReleaseArray(grpc::CallbackServerCo
   return Reply(ctx, controller_->ReleaseArray(ClientId(req->client()), BufferId(req->buffer())));
 }
 
+grpc::ServerUnaryReactor* ControllerService::ShareArray(grpc::CallbackServerContext* ctx,
+                                                        const v1::ShareArrayRequest* req,
+                                                        v1::ShareToken* resp) {
+  PW_AUTHORIZE(ctx, req->client());
+  absl::StatusOr<std::string> token = controller_->ShareArray(
+      ClientId(req->client()), BufferId(req->buffer()), {req->writable(), req->token()});
+  if (token.ok()) resp->set_token(*token);
+  return Reply(ctx, token.status());
+}
+
+grpc::ServerUnaryReactor* ControllerService::ImportArray(grpc::CallbackServerContext* ctx,
+                                                         const v1::ShareRequest* req,
+                                                         v1::ArrayInfo* resp) {
+  PW_AUTHORIZE(ctx, req->client());
+  absl::StatusOr<ArrayInfo> info = controller_->ImportArray(ClientId(req->client()), req->token());
+  if (info.ok()) ToProto(*info, resp);
+  return Reply(ctx, info.status());
+}
+
+grpc::ServerUnaryReactor* ControllerService::RevokeShare(grpc::CallbackServerContext* ctx,
+                                                         const v1::ShareRequest* req, v1::Empty*) {
+  PW_AUTHORIZE(ctx, req->client());
+  return Reply(ctx, controller_->RevokeShare(ClientId(req->client()), req->token()));
+}
+
 grpc::ServerUnaryReactor* ControllerService::Status(grpc::CallbackServerContext* ctx,
                                                     const v1::Empty*, v1::ClusterStatus* resp) {
   // The cluster's processes and its admin (the cluster token: `pw status` where `pw up` ran) see

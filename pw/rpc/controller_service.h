@@ -80,6 +80,9 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   PW_UNARY(FetchArray, ArrayRequest, HostArray);
   PW_UNARY(ArrayReady, ArrayRequest, Empty);
   PW_UNARY(ReleaseArray, ArrayRequest, Empty);
+  PW_UNARY(ShareArray, ShareArrayRequest, ShareToken);
+  PW_UNARY(ImportArray, ShareRequest, ArrayInfo);
+  PW_UNARY(RevokeShare, ShareRequest, Empty);
   PW_UNARY(Status, Empty, ClusterStatus);
   PW_UNARY(RegisterWorker, RegisterWorkerRequest, RegisterWorkerResponse);
   PW_UNARY(Heartbeat, HeartbeatRequest, Empty);

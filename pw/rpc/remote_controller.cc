@@ -257,6 +257,36 @@ absl::Status RemoteController::ReleaseArray(ClientId client, BufferId id) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> RemoteController::ShareArray(ClientId client, BufferId id,
+                                                         const ShareOptions& options) {
+  v1::ShareArrayRequest req;
+  req.set_client(client.value());
+  req.set_buffer(id.value());
+  req.set_writable(options.writable);
+  req.set_token(options.token);
+  v1::ShareToken resp;
+  PW_CALL(ShareArray, client, req, resp);
+  return resp.token();
+}
+
+absl::StatusOr<ArrayInfo> RemoteController::ImportArray(ClientId client, const std::string& token) {
+  v1::ShareRequest req;
+  req.set_client(client.value());
+  req.set_token(token);
+  v1::ArrayInfo resp;
+  PW_CALL(ImportArray, client, req, resp);
+  return FromProto(resp);
+}
+
+absl::Status RemoteController::RevokeShare(ClientId client, const std::string& token) {
+  v1::ShareRequest req;
+  req.set_client(client.value());
+  req.set_token(token);
+  v1::Empty resp;
+  PW_CALL(RevokeShare, client, req, resp);
+  return absl::OkStatus();
+}
+
 #undef PW_CALL
 
 namespace {

@@ -42,6 +42,10 @@ class RemoteController final : public ControllerInterface {
   absl::Status Disconnect(ClientId client) override;
   absl::StatusOr<SliceInfo> AllocateSlice(ClientId client, const SliceRequest& request) override;
   absl::Status ReleaseSlice(ClientId client, SliceId slice) override;
+  absl::StatusOr<std::string> ShareArray(ClientId client, BufferId id,
+                                         const ShareOptions& options) override;
+  absl::StatusOr<ArrayInfo> ImportArray(ClientId client, const std::string& token) override;
+  absl::Status RevokeShare(ClientId client, const std::string& token) override;
   absl::StatusOr<FunctionInfo> RegisterFunction(ClientId client, const FunctionDef& def) override;
   absl::StatusOr<std::vector<ArraySpec>> LoadFunction(ClientId client, FunctionId function,
                                                       SliceId slice) override;

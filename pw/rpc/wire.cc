@@ -394,6 +394,8 @@ void ToProto(const ArrayInfo& a, v1::ArrayInfo* out) {
   ToProto(a.global, out->mutable_global());
   ToProto(a.sharding, out->mutable_sharding());
   out->set_slice(a.slice.value());
+  SetIds(a.devices, out->mutable_devices());
+  SetIds(a.hosts, out->mutable_hosts());
 }
 
 absl::StatusOr<ArrayInfo> FromProto(const v1::ArrayInfo& p) {
@@ -402,6 +404,9 @@ absl::StatusOr<ArrayInfo> FromProto(const v1::ArrayInfo& p) {
   PW_ASSIGN_OR_RETURN(a.global, Field(FromProto(p.global()), "array global"));
   PW_ASSIGN_OR_RETURN(a.sharding, Field(FromProto(p.sharding()), "array sharding"));
   PW_ASSIGN_OR_RETURN(a.slice, IdOf<SliceId>(p.slice(), "array slice"));
+  PW_ASSIGN_OR_RETURN(a.devices, Ids<DeviceId>(p.devices(), "array devices"));
+  PW_ASSIGN_OR_RETURN(a.hosts, Ids<HostId>(p.hosts(), "array hosts"));
+  PW_RETURN_IF_ERROR(CheckHosts(a.hosts.size(), a.devices.size(), "array hosts"));
   return a;
 }
 

@@ -29,7 +29,16 @@ struct ArrayInfo {
   BufferId id;
   ArraySpec global;
   Sharding sharding;
-  SliceId slice;
+  SliceId slice;                 // The slice it was made on (its maker's: an imported array's
+                                 // slice is another client's).
+  std::vector<DeviceId> devices;  // Shard i lives on devices[i], of host hosts[i].
+  std::vector<HostId> hosts;
+};
+
+// Sharing an array with other clients (ControllerInterface::ShareArray).
+struct ShareOptions {
+  bool writable = false;  // Holders of the token may re-point it at their own arrays.
+  std::string token;      // Empty: a new share. Else re-point this share at the array.
 };
 
 struct RunInfo {
@@ -88,6 +97,16 @@ class ControllerInterface {
   virtual Future<HostArray> FetchArray(ClientId client, BufferId id) = 0;
   virtual Future<> ArrayReady(ClientId client, BufferId id) = 0;
   virtual absl::Status ReleaseArray(ClientId client, BufferId id) = 0;
+
+  // Arrays shared between clients. ShareArray returns a capability token for an array `client`
+  // holds (or re-points one, ShareOptions::token). Any client with the token imports the array
+  // the token names now (a handle of its own: the buffer lives while any client holds one,
+  // charged to its owner). The owner's RevokeShare ends the share and drops every handle imported
+  // through it; the owner's disconnect ends its shares and leaves imported handles alone.
+  virtual absl::StatusOr<std::string> ShareArray(ClientId client, BufferId id,
+                                                 const ShareOptions& options) = 0;
+  virtual absl::StatusOr<ArrayInfo> ImportArray(ClientId client, const std::string& token) = 0;
+  virtual absl::Status RevokeShare(ClientId client, const std::string& token) = 0;
 
   // An error only when the controller cannot be asked; a host it cannot ask is listed with
   // HostStatus::error.

@@ -33,7 +33,7 @@ from ._array import Array, Device, Sharding
 from ._functions import Jitted, Pmapped, _Program
 
 __all__ = ["connect", "make_virtual_device_set", "pmap", "jit", "program", "device_put", "status",
-           "Array", "Device", "Sharding", "VirtualDeviceSet", "Slice"]
+           "revoke", "Client", "Array", "Device", "Sharding", "VirtualDeviceSet", "Slice"]
 
 _lock = threading.Lock()
 
@@ -83,6 +83,33 @@ def _default_connection() -> _Connection:
                 int(os.environ.get("PW_DEVICES_PER_HOST", "4")))
             _conn = _connection(cluster, _pathways.Client.connect(cluster, "python"))
         return _conn
+
+
+class Client:
+    """Another client of this process's cluster, with its own slices, functions and arrays (as
+    a second process would have): a tenant beside the default one, e.g. a server sharing a
+    trainer's weights. Closed (its slices and arrays released) by close() or on exit."""
+
+    def __init__(self, name: str = "python"):
+        cluster = _default_connection().cluster
+        if isinstance(cluster, _pathways.EmbeddedCluster):
+            client = _pathways.Client.connect(cluster, name)
+        else:
+            client = _pathways.Client.connect_remote(cluster, name)
+        self._conn = _connection(cluster, client)
+
+    def make_virtual_device_set(self) -> "VirtualDeviceSet":
+        return VirtualDeviceSet(self._conn)
+
+    def revoke(self, token: str) -> None:
+        self._conn.client.revoke(token)
+
+
+def revoke(token: str, client: Client | None = None) -> None:
+    """Ends a share this client made (`Array.share`): the array can no longer be imported with
+    the token, and clients that imported it through the token lose it (their next use fails with
+    NotFound)."""
+    (client._conn if client is not None else _default_connection()).client.revoke(token)
 
 
 def status() -> dict:

@@ -116,12 +116,13 @@ class Array:
 
     @property
     def sharding(self) -> Sharding:
-        mesh, d2a = self._live().sharding
-        handle, names = self._conn.slices[self._handle.slice_id]
-        if list(mesh) != list(handle.mesh_shape):  # pmap's flat view of the slice.
+        h = self._live()
+        mesh, d2a = h.sharding
+        handle, names = self._conn.slices.get(h.slice_id, (None, None))
+        if handle is None or list(mesh) != list(handle.mesh_shape):
+            # pmap's flat view of the slice, or another client's slice (a shared array).
             names = ("devices",) if len(mesh) == 1 else tuple(f"axis{k}" for k in range(len(mesh)))
-        devices = [Device(d, h) for d, h in zip(handle.devices, handle.hosts)]
-        return Sharding(devices, mesh, d2a, names)
+        return Sharding([Device(d, host) for d, host in zip(h.devices, h.hosts)], mesh, d2a, names)
 
     def devices(self) -> set:
         return self.sharding.device_set
@@ -137,6 +138,21 @@ class Array:
 
     def is_deleted(self) -> bool:
         return self._handle is None
+
+    def share(self, writable: bool = False, token: str | None = None) -> str:
+        """A token another client of the cluster imports this array with
+        (`Array.from_shared(token)`): knowing it is the permission. `writable`: its holders may
+        point it at arrays of their own (`a.share(token=t)`), as this client may any of its
+        tokens, to publish new values (say, each step's weights). `revoke(token)` ends it."""
+        return self._live().share(writable, token or "")
+
+    @classmethod
+    def from_shared(cls, token: str, client=None) -> "Array":
+        """The array a share token names now, as this client's own handle (the buffer lives while
+        any client holds it). `client`: a pathways.Client (default: this process's)."""
+        from . import _default_connection
+        conn = client._conn if client is not None else _default_connection()
+        return cls(conn.client.import_array(token), conn)
 
     def block_until_ready(self) -> "Array":
         self._live().wait()
@@ -308,6 +324,10 @@ def _apply(name, op, operands, keeps_layout=True):
     a = next(x for x in operands if isinstance(x, Array))
     args = [x if isinstance(x, Array) else _operand(x, a) for x in operands]
     conn = a._conn
+    if a._live().slice_id not in conn.slices:
+        raise ValueError(f"Array {name}: this array was shared with this client and lies on "
+                         "another client's slice; operations run on the array's slice, so pass "
+                         "it to a function bound to a slice of this client's instead")
     mesh, d2a = a._live().sharding
     result = _result_of(name, op, args)
     shard_wise = keeps_layout and _shard_wise(result, args, a.shape, d2a)
@@ -324,7 +344,7 @@ def _apply(name, op, operands, keeps_layout=True):
                                            for l in layouts), shard_wise)
     program = conn.ops.get(key)
     if program is None:
-        program = _Program(_LaidOut(name, op, a._handle.slice_id, conn, layouts, result))
+        program = _Program(_LaidOut(name, op, a._handle.slice_id, conn, layouts, result), conn=conn)
         conn.ops[key] = program
     return program(*args)
 
@@ -349,7 +369,7 @@ class _LaidOut:
 
     def _bind(self):
         import jax
-        handle, _ = self._conn.slices[self._slice_id]
+        handle, _ = self._conn.slices[self._slice_id]  # (An imported array's: see _apply.)
         shard_ins = [(l[0], _layout.shard_shape(l)) for l in self._layouts]
         avals = [jax.ShapeDtypeStruct(tuple(s), _layout.np_dtype(d)) for d, s in shard_ins]
         with jax.enable_x64(any(d in _layout.WIDE for d, _ in shard_ins)):

@@ -88,7 +88,7 @@ class _Bound:
             op.__name__ = self._name
             dyn_positions = [i for i in range(len(args)) if i not in self._static]
             donate = [k for k, i in enumerate(dyn_positions) if i in self._donate]
-            self._op_programs[key] = _Program(op, donate_argnums=donate)
+            self._op_programs[key] = _Program(op, donate_argnums=donate, conn=self._slice._conn)
         return self._op_programs[key](*dyn, timeout=timeout)
 
     def _flat_fn(self, static, tree, out):
@@ -288,8 +288,13 @@ class Jitted(_Bound):
 
 
 class _Program:
-    def __init__(self, fn, donate_argnums=()):
+    """A traced program; it runs on the client of its first Array argument, else on `conn`'s
+    (the client of the slice a pw.pmap/pw.jit function's own op program is bound to), else on
+    this process's default client."""
+
+    def __init__(self, fn, donate_argnums=(), conn=None):
         self._fn = fn
+        self._conn = conn
         self._programs = {}
         self._name = _name_of(fn, "program")
         self._donate = _argnums(donate_argnums, "program donate_argnums")
@@ -307,7 +312,8 @@ class _Program:
         from ._array import Array
         specs = [(a._live().spec[0], list(a.shape)) if isinstance(a, Array)
                  else _layout.spec(a.shape, a.dtype) for a in leaves]
-        conn = _default_connection()
+        conn = next((a._conn for a in leaves if isinstance(a, Array)), None) or self._conn \
+            or _default_connection()
         key = (id(conn), tree, tuple((d, tuple(s)) for d, s in specs))
         if key not in self._programs:
             structure = {}

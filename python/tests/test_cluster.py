@@ -224,12 +224,58 @@ def test_jax_api_on_the_cluster(cluster):
                        env=dict(env, PW_CLUSTER=address), capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert "10 passed, 1 skipped" in r.stdout, r.stdout[-2000:]
+    assert "11 passed, 1 skipped" in r.stdout, r.stdout[-2000:]
     logs = list(Path(env["PW_STATE_DIR"]).rglob("*.log"))
     assert logs, list(Path(env["PW_STATE_DIR"]).iterdir())
     for log in logs:
         text = log.read_text(errors="replace")
         assert "shardy" not in text and "W0000" not in text, (log, text[-2000:])
+
+
+def test_arrays_shared_between_processes_outlive_their_owner_and_train_and_serve(cluster):
+    # Issue 21 item 7: the owner's process shares an array and exits; the importer's handle keeps
+    # the buffer, and the token dies with its owner. Then the example: a trainer process and a
+    # server process on one cluster, the server predicting from the live weights until revoked.
+    env, address, _ = cluster
+    env = dict(env, PW_CLUSTER=address)
+    owner = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, numpy as np, pathways as pw\n"
+         "s = pw.make_virtual_device_set().add_slice(devices=2)\n"
+         "a = pw.device_put(np.arange(6, dtype=np.float32).reshape(2, 3), s)\n"
+         "print(a.share(), flush=True)\n"
+         "sys.stdin.readline()\n"],  # Exits (disconnecting) once told.
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    token = owner.stdout.readline().strip()
+    importer = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, numpy as np, pathways as pw\n"
+         "a = pw.Array.from_shared(sys.argv[1])\n"
+         "print(np.asarray(a).tolist(), flush=True)\n"
+         "sys.stdin.readline()\n"  # The owner has exited now.
+         "f = pw.pmap(lambda x: x + 1, devices=pw.make_virtual_device_set().add_slice(devices=2))\n"
+         "print(np.asarray(f(a)).tolist(), flush=True)\n"
+         "try:\n"
+         "    pw.Array.from_shared(sys.argv[1])\n"
+         "except pw.errors.NotFound as e:\n"
+         "    print('gone', flush=True)\n", token],
+        env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert importer.stdout.readline().strip() == "[[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]"
+    owner.stdin.write("\n")
+    owner.stdin.flush()
+    assert owner.wait(timeout=120) == 0
+    t0 = time.monotonic()  # The controller sees the owner's channel close.
+    while status(env)["clients"] > 1 and time.monotonic() - t0 < 30:
+        time.sleep(0.05)
+    importer.stdin.write("\n")
+    importer.stdin.flush()
+    out, _ = importer.communicate(timeout=120)
+    assert importer.returncode == 0
+    assert out.split("\n")[:2] == ["[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]", "gone"], out
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "train_and_serve.py"), "--steps",
+                        "12"], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip().splitlines()[-1].endswith(": OK"), r.stdout
 
 
 def test_collectives_bench_prints_its_json():

@@ -264,3 +264,36 @@ def test_logs_are_quiet_by_default_and_pw_log_level_shows_xlas():
     loud = subprocess.run([sys.executable, "-c", code], env=dict(env, PW_LOG_LEVEL="info"),
                           capture_output=True, text=True, timeout=300)
     assert loud.returncode == 0 and "shardy" in loud.stderr, loud.stderr
+
+
+def test_arrays_shared_between_clients_follow_their_token_until_revoked(ds):
+    s = ds.add_slice(devices=2)
+    w = pw.device_put(np.arange(4, dtype=np.float32).reshape(2, 2), s)
+    token = w.share()
+    server = pw.Client("server")  # Another client (on a process cluster it could be anywhere).
+    ss = server.make_virtual_device_set().add_slice(devices=2, avoid=s)
+    assert ss.islands != s.islands
+    times10 = pw.pmap(lambda x: x * 10, devices=ss)
+    got = pw.Array.from_shared(token, client=server)
+    assert got.devices() == w.devices()  # The owner's buffer itself, not a copy.
+    close(times10(got), np.arange(4).reshape(2, 2) * 10)
+    with pytest.raises(ValueError, match="another client's slice"):
+        got + 1  # Operations run on the array's slice, which is not the server's.
+    # The owner publishes a new value under the same token; the server sees it on import.
+    w2 = pw.device_put(np.ones((2, 2), np.float32), s)
+    assert w2.share(token=token) == token
+    close(times10(pw.Array.from_shared(token, client=server)), np.full((2, 2), 10.0))
+    mine = pw.device_put(np.zeros((2, 2), np.float32), ss)
+    with pytest.raises(pw.errors.PermissionDenied, match="read-only"):
+        mine.share(token=token)
+    rw = w.share(writable=True)
+    mine.share(token=rw)  # A writable token's holder publishes its own array.
+    close(pw.Array.from_shared(rw), np.zeros((2, 2)))
+    with pytest.raises(pw.errors.PermissionDenied, match="only the share's owner"):
+        server.revoke(token)
+    pw.revoke(token)
+    with pytest.raises(pw.errors.NotFound, match="since revoked"):
+        np.asarray(got)
+    with pytest.raises(pw.errors.NotFound, match="no share has this token"):
+        pw.Array.from_shared(token, client=server)
+    close(w, np.arange(4).reshape(2, 2))  # The owner's own arrays stay.

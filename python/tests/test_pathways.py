@@ -155,6 +155,15 @@ def test_mlp_data_parallel_matches_single_device_training():
     assert lines[-1].endswith(": OK"), lines[-1]
 
 
+def test_train_and_serve_example_serves_the_live_weights_until_revoked():
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "train_and_serve.py"),
+                          "--steps", "12"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[-1].endswith(": OK") and "server saw: revoked" in lines[-1], out.stdout
+    assert sum("served accuracy" in line for line in lines) == 3
+
+
 def test_xla_overhead_bench_prints_its_json():
     # A smoke test of `pw bench xla-overhead --json` (its module, as the CLI runs it): the JSON's
     # fields and that pathways and JAX computed the same result. Not a timing.
