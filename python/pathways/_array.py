@@ -171,6 +171,16 @@ class Array:
             return self._value.astype(dtype)
         return self._value.copy() if copy else self._value
 
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """DLPack export of the values on the host (jax.dlpack.from_dlpack(a), torch, ...): a
+        fresh copy, since a consumer may write to what it receives and the read-back is kept
+        read-only. numpy's DLPack has no bfloat16: such an array is a BufferError."""
+        return np.array(self, copy=True).__dlpack__(stream=stream, max_version=max_version,
+                                                    dl_device=dl_device, copy=copy)
+
+    def __dlpack_device__(self):
+        return (1, 0)  # kDLCPU, device 0: the values cross to the host.
+
     def __repr__(self):
         return repr(np.asarray(self))
 

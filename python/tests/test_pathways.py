@@ -110,6 +110,10 @@ def test_results_read_as_jax_arrays_do_copy_readiness_and_delete():
         np.asarray(y, dtype=np.float64, copy=False)
     j = jnp.asarray(y)
     assert j.dtype == jnp.float32 and float(j.sum()) == 8.0
+    import jax
+    d = jax.dlpack.from_dlpack(y)  # DLPack: a jax.Array of its own.
+    assert d.shape == (2, 2) and float(d.sum()) == 8.0
+    assert np.from_dlpack(y).flags.writeable
     y.delete()
     assert y.is_deleted()
     with pytest.raises(RuntimeError, match="Array has been deleted"):
