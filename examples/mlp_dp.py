@@ -67,6 +67,11 @@ def reference_step(params, x, y):
     return sgd(params, grads), loss
 
 
+def relative_difference(ours, theirs) -> float:
+    ours, theirs = np.asarray(ours), np.asarray(theirs)
+    return float(np.linalg.norm(ours - theirs) / np.linalg.norm(theirs))
+
+
 def load_data(seed):
     digits = load_digits()
     x = (digits.data / 16.0).astype(np.float32)
@@ -141,8 +146,7 @@ def main() -> int:
         ref, _ = reference_step(ref, xb, yb)
     worst = 0.0
     for ours, theirs in zip(jax.tree.leaves(params), jax.tree.leaves(ref)):
-        ours, theirs = np.asarray(ours), np.asarray(theirs)
-        worst = max(worst, float(np.linalg.norm(ours - theirs) / np.linalg.norm(theirs)))
+        worst = max(worst, relative_difference(ours, theirs))
     ok = worst <= TOLERANCE and losses[-1] < losses[0]
     print(f"parameters vs single-device training after {args.steps} steps: max relative "
           f"difference {worst:.2e} (tolerance {TOLERANCE:.0e}); loss {losses[0]:.4f} -> "

@@ -28,7 +28,8 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 import pathways as pw
-from mlp_dp import TOLERANCE, dp_train_step, init_params, load_data, logits_fn, reference_step
+from mlp_dp import (TOLERANCE, dp_train_step, init_params, load_data, logits_fn, reference_step,
+                    relative_difference)
 
 HIDDEN = 64
 
@@ -156,10 +157,8 @@ def main() -> int:
     for i in range(args.steps):
         xb, yb = batch(i)
         ref, _ = reference_step(ref, xb.reshape(-1, 64), yb.reshape(-1))
-    ref_flat = np.asarray(ravel_pytree(ref)[0])
-    weights = float(np.linalg.norm(np.asarray(flat) - ref_flat) / np.linalg.norm(ref_flat))
-    want = np.asarray(logits_fn(ref, x_test))
-    diff = max(weights, float(np.linalg.norm(served - want) / np.linalg.norm(want)))
+    diff = max(relative_difference(flat, ravel_pytree(ref)[0]),
+               relative_difference(served, logits_fn(ref, x_test)))
     pw.revoke(token)
     revoked = server.ask("stop", token)
     code = server.close()

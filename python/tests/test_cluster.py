@@ -2,6 +2,7 @@
 killed with SIGKILL that rejoins. Each test starts and stops its own cluster on loopback."""
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -224,7 +225,8 @@ def test_jax_api_on_the_cluster(cluster):
                        env=dict(env, PW_CLUSTER=address), capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
-    assert "11 passed, 1 skipped" in r.stdout, r.stdout[-2000:]
+    passed = re.search(r"(\d+) passed, 1 skipped", r.stdout)  # Only the embedded-only test skips.
+    assert passed and int(passed.group(1)) >= 12, r.stdout[-2000:]
     logs = list(Path(env["PW_STATE_DIR"]).rglob("*.log"))
     assert logs, list(Path(env["PW_STATE_DIR"]).iterdir())
     for log in logs:

@@ -38,6 +38,32 @@ def ds():
     return pw.make_virtual_device_set()
 
 
+def test_every_jax_dtype_round_trips_and_runs(ds):
+    import ml_dtypes
+    s = ds.add_slice(devices=2)  # On a process cluster: two worker processes.
+    base = np.arange(6).reshape(2, 3) % 3
+    for dt in (ml_dtypes.bfloat16, np.float16, np.float32, np.float64, np.int8, np.int16,
+               np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_,
+               np.complex64):
+        x = base.astype(dt)
+        x.setflags(write=False)
+        back = np.asarray(pw.device_put(x, s))
+        assert back.dtype == np.dtype(dt) and back.shape == (2, 3), (dt, back.dtype)
+        np.testing.assert_array_equal(back, x)
+    # Computed by XLA (64-bit inputs export in JAX's x64 mode).
+    f = pw.pmap(lambda v: v * 2, devices=s)
+    for dt in (ml_dtypes.bfloat16, np.float16, np.float32, np.float64, np.int8, np.int16,
+               np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_,
+               np.complex64):
+        x = base.astype(dt)
+        want = x * np.array(2, dtype=np.int8 if dt is np.bool_ else dt)
+        if dt is np.bool_:
+            want = np.asarray(jnp.asarray(x) * 2)  # JAX's promotion: bool * int -> int32.
+        got = np.asarray(f(x))
+        assert got.dtype == want.dtype, (dt, got.dtype, want.dtype)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_in_axes_broadcast_a_weight_and_a_scalar_as_jax_pmap(ds):
     s = ds.add_slice(devices=2)
     x = jax.random.normal(jax.random.key(0), (2, 5, 3))  # jax.Arrays, no np.array(...) wrapping.
