@@ -13,6 +13,7 @@ DEB_PACKAGES=(
   iptables libnetfilter-queue-dev  # The multi-host test adds DCN latency where tc netem is absent.
   clang-14 libclang-rt-14-dev  # libFuzzer targets (make fuzz; a short run in make test).
   libssl-dev openssl  # TLS: the bulk stream (OpenSSL), scripts/tls-certs.sh.
+  prometheus-cpp-dev  # Metrics endpoints (pw/metrics).
 )
 
 missing=()

@@ -59,6 +59,16 @@ void RestartInPlace() {
   std::fprintf(stderr, "pw: could not restart: %s\n", std::strerror(errno));
 }
 
+constexpr char kMetricsPortHelp[] =
+    "Serve Prometheus metrics at http://HOST:PORT/metrics, HOST that of --listen (0: a free "
+    "port; pw status --json lists it); default: none";
+
+// The metrics endpoint's "host:port" for --listen and --metrics-port, or "" for none.
+std::string MetricsListen(const std::string& listen, int port) {
+  if (port < 0) return "";
+  return absl::StrCat(listen.substr(0, listen.rfind(':')), ":", port);
+}
+
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "pw: %s\n", s.ToString().c_str());
   return 1;
@@ -187,6 +197,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
                           "The most nodes a program may have; a larger one is refused (default "
                           "1048576)");
   controller_->add_option("--max-client-bytes", max_client_bytes_, kMaxClientBytesHelp);
+  controller_->add_option("--metrics-port", metrics_port_, kMetricsPortHelp);
   AddTlsFlags(controller_, /*insecure=*/true);
 
   worker_ = app->add_subcommand("worker", "Run one host's worker process");
@@ -203,6 +214,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   worker_->add_option("--cpus", cpus_, "Run on these CPUs only, e.g. 0-3,8 (default: any)");
   worker_->add_option("--collective-timeout-ms", collective_timeout_ms_, kCollectiveTimeoutHelp);
   worker_->add_option("--overrun-grace-ms", overrun_grace_ms_, kOverrunGraceHelp);
+  worker_->add_option("--metrics-port", metrics_port_, kMetricsPortHelp);
   AddTlsFlags(worker_, /*insecure=*/true);
 }
 
@@ -385,6 +397,7 @@ int ClusterCommands::Controller() {
   o.default_run_timeout = absl::Milliseconds(run_timeout_ms_);
   o.max_program_nodes = max_program_nodes_;
   o.max_client_bytes = max_client_bytes_;
+  o.metrics_listen = MetricsListen(listen_, metrics_port_);
   o.clients.session_grace = absl::Milliseconds(session_grace_ms_);
   o.heartbeat_interval = std::min(absl::Milliseconds(200), o.failure_timeout / 4);
   auto server = server::ControllerServer::Start(*spec, o);
@@ -433,6 +446,7 @@ int ClusterCommands::Worker() {
   o.controller = controller_address_;
   o.host = HostId(host_);
   o.listen = listen_;
+  o.metrics_listen = MetricsListen(listen_, metrics_port_);
   o.bulk_port = bulk_port_;
   o.channel.token = Token(cluster_token_, "PW_CLUSTER_TOKEN");
   auto tls = rpc::LoadTls({tls_cert_, tls_key_, tls_ca_, tls_server_name_}, /*server=*/true);

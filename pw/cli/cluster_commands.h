@@ -56,6 +56,7 @@ class ClusterCommands {
   int64_t collective_timeout_ms_ = 0;
   int64_t run_timeout_ms_ = 0;
   int64_t max_client_bytes_ = 0;
+  int metrics_port_ = -1;  // -1: no metrics endpoint.
   int64_t overrun_grace_ms_ = -1;  // -1: the worker's default.
   std::string controller_address_;
   int64_t host_ = -1;

@@ -566,7 +566,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
     run = RunId(next_run_++);
     ++runs_in_flight_;
     RunOwner& owner = run_owner_[run];
-    owner = {client, lp.name, end, std::nullopt};
+    owner = {client, lp.name, end, std::nullopt, absl::Now()};
     if (timeout > absl::ZeroDuration()) {
       // Scheduled under mu_, so FinishRun (which takes mu_ to erase the owner) sees its id.
       owner.timeout = timeouts_.Schedule(absl::Now() + timeout, [this, run, timeout,
@@ -649,6 +649,7 @@ absl::Status Controller::ChargeQuota(ClientId client, int64_t bytes, const std::
 void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin, const Plan& plan,
                            const std::vector<BufferId>& ids, const absl::Status& s) {
   std::shared_ptr<RunEnd> end;
+  absl::Time submitted;
   Free(buffers_.Unpin(unpin));
   if (!s.ok()) {
     // A failed run's readers may not have run: then its intermediates are still on their hosts.
@@ -668,6 +669,7 @@ void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin, const 
       pw::MutexLock lock(&mu_);
       auto it = run_owner_.find(run);
       end = it->second.end;
+      submitted = it->second.submitted;
       if (it->second.timeout.has_value()) timeouts_.Cancel(*it->second.timeout);
       run_owner_.erase(it);
     }
@@ -679,6 +681,7 @@ void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin, const 
     pw::MutexLock lock(&mu_);
     ++runs_completed_;
   }
+  if (options_.on_run_done) options_.on_run_done(absl::Now() - submitted, s);
   end->Set(s);  // Unless a cancellation has set it first.
   // In flight until here: WaitIdle (and so the destructor) waits for Set's callbacks too.
   pw::MutexLock lock(&mu_);

@@ -8,6 +8,7 @@
 // controller's own thread) unpins buffers and frees the unreferenced ones on their hosts.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,6 +45,9 @@ class Controller final : public ControllerInterface {
     // cluster at once: its puts and the buffers its runs produce (pw controller
     // --max-client-bytes). A put or run past it is refused with ResourceExhausted. 0: no quota.
     int64_t max_client_bytes = 0;
+    // Called as each run finishes (on the controller's completion thread; must not block):
+    // the time from its submission, and its outcome. Metrics observe runs through it.
+    std::function<void(absl::Duration, const absl::Status&)> on_run_done;
   };
   explicit Controller(const ClusterSpec& spec) : Controller(spec, Options()) {}
   Controller(const ClusterSpec& spec, Options options);
@@ -177,6 +181,7 @@ class Controller final : public ControllerInterface {
     std::string program;
     std::shared_ptr<RunEnd> end;
     std::optional<Timer::Id> timeout;
+    absl::Time submitted;
   };
   absl::flat_hash_map<RunId, RunOwner> run_owner_ ABSL_GUARDED_BY(mu_);  // Runs in flight.
   int64_t runs_completed_ ABSL_GUARDED_BY(mu_) = 0;

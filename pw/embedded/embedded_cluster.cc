@@ -1,5 +1,7 @@
 #include "pw/embedded/embedded_cluster.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
 
@@ -10,6 +12,10 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Create(const C
   std::unique_ptr<EmbeddedCluster> c(new EmbeddedCluster(std::move(options)));
   Controller::Options controller = c->options_.controller;
   controller.hosts_share_process = true;
+  if (!controller.on_run_done)
+    controller.on_run_done = [runs = c->runs_](absl::Duration d, const absl::Status& s) {
+      runs->Observe(d, s);
+    };
   c->controller_ = std::make_unique<Controller>(spec, controller);
   // One PJRT client for all the hosts of this process: SPMD functions can span them.
   std::vector<DeviceId> all;
@@ -21,6 +27,31 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Create(const C
     PW_RETURN_IF_ERROR(c->StartWorker(h.id, h.island, devices, c->pjrt_));
   }
   return c;
+}
+
+absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> EmbeddedCluster::ServeMetrics(
+    const std::string& listen) {
+  return metrics::MetricsServer::Start(
+      listen,
+      [this] {
+        absl::StatusOr<ClusterStatus> st = controller_->Status();
+        if (!st.ok()) return metrics::Families();
+        metrics::Families all = metrics::ClusterFamilies(*st, controller_->num_clients());
+        // One family per name: a host's samples join the families of the hosts before it.
+        for (const HostStatus& h : st->hosts) {
+          for (auto& f : metrics::HostFamilies(h)) {
+            auto same = std::find_if(all.begin(), all.end(),
+                                     [&](const auto& g) { return g.name == f.name; });
+            if (same == all.end()) {
+              all.push_back(std::move(f));
+            } else {
+              for (auto& m : f.metric) same->metric.push_back(std::move(m));
+            }
+          }
+        }
+        return all;
+      },
+      {runs_->registry()});
 }
 
 EmbeddedCluster::~EmbeddedCluster() {

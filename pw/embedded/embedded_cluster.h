@@ -15,6 +15,7 @@
 #include "pw/cluster/cluster_spec.h"
 #include "pw/controller/controller.h"
 #include "pw/executor/collectives.h"
+#include "pw/metrics/metrics.h"
 #include "pw/worker/worker.h"
 
 namespace pw {
@@ -42,6 +43,10 @@ class EmbeddedCluster {
   }
   // The worker of `host`, or nullptr.
   Worker* worker(HostId host) const;
+  // Serves the cluster's Prometheus metrics at http://listen/metrics (the controller's and every
+  // host's, as pw/metrics names them), until the result is destroyed, which must happen before
+  // the cluster's destruction.
+  absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> ServeMetrics(const std::string& listen);
 
  private:
   explicit EmbeddedCluster(Options options) : options_(std::move(options)) {}
@@ -49,6 +54,8 @@ class EmbeddedCluster {
                            std::shared_ptr<pjrt::PjrtBackend> pjrt);
 
   const Options options_;
+  // Runs as they finish (unless the caller observes them: Options::controller.on_run_done).
+  std::shared_ptr<metrics::RunMetrics> runs_ = std::make_shared<metrics::RunMetrics>();
   Collectives collectives_;
   std::shared_ptr<pjrt::PjrtBackend> pjrt_;  // The initial hosts' PJRT client (created on use).
   mutable pw::Mutex mu_;

@@ -123,6 +123,13 @@ NB_MODULE(_pathways, m) {
                 Unwrap(ClusterSpec::Uniform(islands, hosts_per_island, devices_per_host))));
           },
           nb::arg("islands"), nb::arg("hosts_per_island"), nb::arg("devices_per_host"))
+      // Its Prometheus metrics at http://listen/metrics while the result lives.
+      .def(
+          "serve_metrics",
+          [](EmbeddedCluster& cluster, const std::string& listen) {
+            return Unwrap(cluster.ServeMetrics(listen));
+          },
+          nb::keep_alive<0, 1>())
       // pw status --json's object, as a JSON string (pathways.status()).
       .def("status_json", [](EmbeddedCluster& cluster) {
         absl::StatusOr<ClusterStatus> st;
@@ -135,6 +142,9 @@ NB_MODULE(_pathways, m) {
         proto.set_clients(static_cast<int64_t>(cluster.controller().num_clients()));
         return server::StatusJson(proto, "embedded");
       });
+
+  nb::class_<metrics::MetricsServer>(m, "MetricsServer")
+      .def_prop_ro("address", &metrics::MetricsServer::address);
 
   // A running cluster's controller over gRPC (`pw up`, `pw controller`).
   nb::class_<rpc::RemoteController>(m, "RemoteCluster")

@@ -26,11 +26,15 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
   // grew its heap from 9 to 26 MiB over a 5-minute chaos run (pw/base/heap.h).
   LimitThreadCaches(kControllerThreadCacheBytes);
   std::unique_ptr<ControllerServer> s(new ControllerServer(spec, std::move(options)));
+  auto runs = std::make_shared<metrics::RunMetrics>();
   s->controller_ = std::make_unique<Controller>(
       spec, Controller::Options{.hosts_share_process = false,
                                 .default_run_timeout = s->options_.default_run_timeout,
                                 .max_program_nodes = s->options_.max_program_nodes,
-                                .max_client_bytes = s->options_.max_client_bytes});
+                                .max_client_bytes = s->options_.max_client_bytes,
+                                .on_run_done = [runs](absl::Duration d, const absl::Status& st) {
+                                  runs->Observe(d, st);
+                                }});
   s->service_ = std::make_unique<rpc::ControllerService>(
       s->controller_.get(), s.get(), s->options_.channel.token, s->options_.cluster_token,
       s->options_.clients);
@@ -41,11 +45,27 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
   const int port = serving.port;
   const std::string host = s->options_.listen.substr(0, s->options_.listen.rfind(':'));
   s->address_ = absl::StrCat(host == "0.0.0.0" || host == "[::]" ? "127.0.0.1" : host, ":", port);
+  if (!s->options_.metrics_listen.empty()) {
+    PW_ASSIGN_OR_RETURN(s->metrics_,
+                        metrics::MetricsServer::Start(
+                            s->options_.metrics_listen,
+                            [p = s.get()]() -> metrics::Families {
+                              absl::StatusOr<ClusterStatus> st = p->controller_->Status();
+                              if (!st.ok()) return {};
+                              return metrics::ClusterFamilies(*st, p->service_->num_clients());
+                            },
+                            {runs->registry()}));
+  }
   s->monitor_ = std::thread([p = s.get()] { p->MonitorLoop(); });
   return s;
 }
 
+std::string ControllerServer::metrics_address() const {
+  return metrics_ == nullptr ? "" : metrics_->address();
+}
+
 ControllerServer::~ControllerServer() {
+  metrics_.reset();  // No scrape reads the controller from here on.
   Shutdown();
   monitor_.join();
   // Fail what is outstanding on the workers first, so no run waits on a worker that will not
@@ -120,6 +140,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> ControllerServer::RegisterWorker(
     m.address = req.address();
     m.data_address = req.data_address();
     m.machine = req.machine();
+    m.metrics_address = req.metrics_address();
     m.worker = w;
     m.last_heartbeat = absl::Now();
     m.alive = true;
@@ -157,6 +178,7 @@ absl::StatusOr<v1::HostAddress> ControllerServer::LookupHost(HostId host) {
 }
 
 void ControllerServer::AddMembers(v1::ClusterStatus* out) {
+  out->set_metrics_address(metrics_address());
   pw::MutexLock lock(&mu_);
   for (const HostSpec& h : spec_.hosts()) {
     v1::HostMembership* m = out->add_members();
@@ -167,6 +189,7 @@ void ControllerServer::AddMembers(v1::ClusterStatus* out) {
       continue;
     }
     m->set_address(it->second.address);
+    m->set_metrics_address(it->second.metrics_address);
     m->set_alive(it->second.alive);
     m->set_reason(it->second.reason);
   }

@@ -18,6 +18,7 @@
 #include "pw/base/mutex.h"
 #include "pw/cluster/cluster_spec.h"
 #include "pw/controller/controller.h"
+#include "pw/metrics/metrics.h"
 #include "pw/rpc/auth.h"
 #include "pw/rpc/controller_service.h"
 #include "pw/rpc/remote_worker.h"
@@ -41,6 +42,8 @@ class ControllerServer final : public rpc::ClusterMembership {
     absl::Duration default_run_timeout = absl::ZeroDuration();
     int64_t max_program_nodes = Controller::Options().max_program_nodes;  // Controller::Options.
     int64_t max_client_bytes = 0;  // Controller::Options: each client's quota of array bytes.
+    // Where to serve Prometheus metrics ("host:port", port 0: a free one); empty: nowhere.
+    std::string metrics_listen;
   };
   static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(const ClusterSpec& spec,
                                                                  Options options);
@@ -49,6 +52,8 @@ class ControllerServer final : public rpc::ClusterMembership {
 
   // The address clients and workers dial ("127.0.0.1:port").
   const std::string& address() const { return address_; }
+  // Where its metrics are served ("host:port"), or empty.
+  std::string metrics_address() const;
   // What workers must present (WorkerServer::Options::channel.token).
   const std::string& cluster_token() const { return options_.cluster_token; }
   Controller& controller() { return *controller_; }
@@ -73,7 +78,7 @@ class ControllerServer final : public rpc::ClusterMembership {
 
  private:
   struct Member {
-    std::string address, data_address, machine;
+    std::string address, data_address, machine, metrics_address;
     rpc::RemoteWorker* worker = nullptr;  // Owned by workers_.
     absl::Time last_heartbeat;
     bool alive = false;
@@ -87,6 +92,7 @@ class ControllerServer final : public rpc::ClusterMembership {
   const Options options_;
   std::unique_ptr<Controller> controller_;
   std::unique_ptr<rpc::ControllerService> service_;
+  std::unique_ptr<metrics::MetricsServer> metrics_;  // Stopped first: it reads the controller.
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
 

@@ -205,7 +205,7 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
       o.pw_binary, "controller", "--config", spec_path, "--listen", "127.0.0.1:0",
       "--address-file", address_file, "--failure-timeout-ms", absl::StrCat(o.failure_timeout_ms),
       "--run-timeout-ms", absl::StrCat(o.run_timeout_ms), "--max-client-bytes",
-      absl::StrCat(o.max_client_bytes)};
+      absl::StrCat(o.max_client_bytes), "--metrics-port", "0"};
   controller_argv.insert(controller_argv.end(), tls_flags.begin(), tls_flags.end());
   PW_ASSIGN_OR_RETURN(s.controller_pid, SpawnDetached(controller_argv, dir + "/controller.log"));
   const absl::Time deadline = absl::Now() + o.ready_timeout;
@@ -232,7 +232,7 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
   for (size_t i = 0; i < spec.hosts().size(); ++i) {
     const HostSpec& h = spec.hosts()[i];
     std::vector<std::string> argv = {o.pw_binary, "worker", "--controller", s.address,
-                                     "--host", absl::StrCat(h.id.value())};
+                                     "--host", absl::StrCat(h.id.value()), "--metrics-port", "0"};
     s.worker_cpus.push_back(FormatCpuList(cpus[i]));
     if (!cpus[i].empty()) argv.insert(argv.end(), {"--cpus", s.worker_cpus.back()});
     if (o.collective_timeout_ms > 0)

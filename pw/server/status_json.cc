@@ -43,6 +43,7 @@ nlohmann::json HostJson(const v1::HostStatus& hs) {
 std::string StatusJson(const v1::ClusterStatus& st, const std::string& address) {
   nlohmann::json j;
   j["address"] = address;
+  if (!st.metrics_address().empty()) j["metrics_address"] = st.metrics_address();
   j["clients"] = st.clients();
   j["runs_in_flight"] = st.runs_in_flight();
   j["runs_completed"] = st.runs_completed();
@@ -74,6 +75,7 @@ std::string StatusJson(const v1::ClusterStatus& st, const std::string& address) 
   for (const auto& m : st.members()) {
     nlohmann::json h = {{"host", m.host()}, {"address", m.address()}, {"alive", m.alive()}};
     if (!m.reason().empty()) h["reason"] = m.reason();
+    if (!m.metrics_address().empty()) h["metrics_address"] = m.metrics_address();
     add(std::move(h), status_of(m.host()));
   }
   j["ici_bytes_received"] = ici;

@@ -101,12 +101,21 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   const std::string listen_host = s->options_.listen.substr(0, s->options_.listen.rfind(':'));
   const bool wildcard = listen_host == "0.0.0.0" || listen_host == "[::]";
   s->address_ = absl::StrCat(wildcard ? HostName() : listen_host, ":", port);
+  if (!s->options_.metrics_listen.empty()) {
+    PW_ASSIGN_OR_RETURN(s->metrics_, metrics::MetricsServer::Start(
+                                         s->options_.metrics_listen, [p = s.get()] {
+                                           absl::StatusOr<HostStatus> st = p->worker_->Status();
+                                           return st.ok() ? metrics::HostFamilies(*st)
+                                                          : metrics::Families();
+                                         }));
+  }
   PW_RETURN_IF_ERROR(s->Register());
   s->heartbeat_ = std::thread([p = s.get()] { p->HeartbeatLoop(); });
   return s;
 }
 
 WorkerServer::~WorkerServer() {
+  metrics_.reset();  // No scrape reads the worker from here on.
   Stop();
   if (heartbeat_.joinable()) heartbeat_.join();
   if (server_ != nullptr)
@@ -126,6 +135,7 @@ absl::Status WorkerServer::Register() {
   req.set_host(options_.host.value());
   req.set_address(address_);
   req.set_machine(machine_);
+  if (metrics_ != nullptr) req.set_metrics_address(metrics_->address());
   req.set_data_address(mailbox_->name());
   v1::RegisterWorkerResponse resp;
   grpc::ClientContext ctx;

@@ -21,6 +21,7 @@
 #include "pw/base/mutex.h"
 #include "pw/cluster/cluster_spec.h"
 #include "pw/executor/collectives.h"
+#include "pw/metrics/metrics.h"
 #include "pw/pjrt/pjrt_backend.h"
 #include "pw/rpc/auth.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
@@ -56,6 +57,8 @@ class WorkerServer final : public CollectivePeers {
     // with restart_requested() (the `pw worker` command then starts afresh in place). Zero: no
     // watchdog.
     absl::Duration overrun_grace = absl::Seconds(5);
+    // Where to serve Prometheus metrics ("host:port", port 0: a free one); empty: nowhere.
+    std::string metrics_listen;
   };
   // Fetches the cluster spec, starts serving, registers with the controller.
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(Options options);
@@ -119,6 +122,7 @@ class WorkerServer final : public CollectivePeers {
   std::unique_ptr<rpc::BulkServer> bulk_;  // Before service_, which uses it.
   std::unique_ptr<rpc::WorkerService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<metrics::MetricsServer> metrics_;  // Reads worker_.
   std::string address_;
   absl::Duration heartbeat_interval_ = absl::Milliseconds(200);
 

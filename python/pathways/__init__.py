@@ -33,7 +33,8 @@ from ._array import Array, Device, Sharding
 from ._functions import Jitted, Pmapped, _Program
 
 __all__ = ["connect", "make_virtual_device_set", "pmap", "jit", "program", "device_put", "status",
-           "revoke", "Client", "Array", "Device", "Sharding", "VirtualDeviceSet", "Slice"]
+           "revoke", "serve_metrics", "Client", "Array", "Device", "Sharding", "VirtualDeviceSet",
+           "Slice"]
 
 _lock = threading.Lock()
 
@@ -110,6 +111,25 @@ def revoke(token: str, client: Client | None = None) -> None:
     the token, and clients that imported it through the token lose it (their next use fails with
     NotFound)."""
     (client._conn if client is not None else _default_connection()).client.revoke(token)
+
+
+_metrics_servers = []  # Embedded clusters' metrics endpoints, serving while this process runs.
+
+
+def serve_metrics(port: int = 0, host: str = "127.0.0.1") -> str:
+    """Serves this process's embedded cluster's Prometheus metrics (those `pw controller` and
+    `pw worker` serve, pw/metrics/README.md) at http://host:port/metrics (port 0: a free one) and
+    returns "host:port". On a running cluster, returns its controller's endpoint (`pw up` serves
+    one for every process; pw.status() lists the hosts')."""
+    conn = _default_connection()
+    if isinstance(conn.cluster, _pathways.EmbeddedCluster):
+        server = conn.cluster.serve_metrics(f"{host}:{int(port)}")
+        _metrics_servers.append(server)
+        return server.address
+    address = status().get("metrics_address")
+    if not address:
+        raise RuntimeError("the cluster's controller serves no metrics (pw controller --metrics-port)")
+    return address
 
 
 def status() -> dict:

@@ -280,6 +280,55 @@ def test_arrays_shared_between_processes_outlive_their_owner_and_train_and_serve
     assert r.stdout.strip().splitlines()[-1].endswith(": OK"), r.stdout
 
 
+def scrape(address):
+    """A /metrics page as {(name, labels): value}."""
+    import urllib.request
+    text = urllib.request.urlopen(f"http://{address}/metrics", timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-z_]+)(\{[^}]*\})? (\S+)$", line)
+        if m:
+            out[(m.group(1), m.group(2) or "")] = float(m.group(3))
+    return out
+
+
+def total(samples, name, labels=None):
+    return sum(v for (n, l), v in samples.items() if n == name and (labels is None or l == labels))
+
+
+def test_metrics_endpoints_count_what_the_load_ran(cluster):
+    # Issue 22 item 2: pw up gives every process a Prometheus endpoint, pw status --json lists
+    # them, and their counters move as the load implies: 20 runs of a 3-node program on 2
+    # devices are 20 OK runs at the controller and 3 x 2 x 20 computations over the workers.
+    env, address, _ = cluster
+    st = status(env)
+    controller = st["metrics_address"]
+    workers = [h["metrics_address"] for h in st["hosts"]]
+    assert controller.startswith("127.0.0.1:") and len(workers) == 4 and all(workers)
+    before = [scrape(controller)] + [scrape(w) for w in workers]
+    code = ("import numpy as np, pathways as pw\n"
+            "s = pw.make_virtual_device_set().add_slice(devices=2)\n"
+            "f = pw.pmap(lambda x: x * 2, devices=s)\n"
+            "g = pw.pmap(lambda x: x + 1, devices=s)\n"
+            "p = pw.program(lambda v: g(f(g(v))))\n"
+            "for _ in range(20):\n"
+            "    p(np.ones((2, 3), np.float32)).block_until_ready()\n")
+    r = subprocess.run([sys.executable, "-c", code], env=dict(env, PW_CLUSTER=address),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    after = [scrape(controller)] + [scrape(w) for w in workers]
+    runs = total(after[0], "pw_runs_total", '{code="OK"}') - total(before[0], "pw_runs_total", '{code="OK"}')
+    assert runs == 20
+    assert total(after[0], "pw_run_duration_seconds_count") - \
+        total(before[0], "pw_run_duration_seconds_count") == 20
+    assert total(after[0], "pw_runs_completed_total") - total(before[0], "pw_runs_completed_total") == 20
+    computations = sum(total(a, "pw_device_computations_total") - total(b, "pw_device_computations_total")
+                       for a, b in zip(after[1:], before[1:]))
+    assert computations == 3 * 2 * 20
+    assert all(total(a, "pw_device_up") == 2 for a in after[1:])  # Two devices per host, in service.
+    assert all(total(a, "pw_device_memory_capacity_bytes") > 0 for a in after[1:])
+
+
 def test_collectives_bench_prints_its_json():
     # A smoke test of `pw bench collectives --json` (it starts its own local clusters): the
     # contract's fields, both algorithms, and sizes on both sides of the scatter threshold.

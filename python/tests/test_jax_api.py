@@ -323,3 +323,29 @@ def test_arrays_shared_between_clients_follow_their_token_until_revoked(ds):
     with pytest.raises(pw.errors.NotFound, match="no share has this token"):
         pw.Array.from_shared(token, client=server)
     close(w, np.arange(4).reshape(2, 2))  # The owner's own arrays stay.
+
+
+def test_metrics_of_this_cluster_count_its_runs():
+    # Issue 22 items 2 and 5: the embedded cluster serves the metrics a process cluster does
+    # (on a process cluster this returns the controller's endpoint).
+    import re
+    import urllib.request
+
+    address = pw.serve_metrics()
+
+    def scrape(a):
+        text = urllib.request.urlopen(f"http://{a}/metrics", timeout=10).read().decode()
+        return {m.group(1) + (m.group(2) or ""): float(m.group(3)) for m in
+                re.finditer(r"^([a-z_]+)(\{[^}]*\})? (\S+)$", text, re.M)}
+    before = scrape(address)
+    f = pw.pmap(lambda x: x - 1, devices=pw.make_virtual_device_set().add_slice(devices=2))
+    for _ in range(5):
+        f(np.ones((2, 2), np.float32)).block_until_ready()
+    after = scrape(address)
+    assert after['pw_runs_total{code="OK"}'] - before.get('pw_runs_total{code="OK"}', 0) == 5
+    assert after["pw_runs_completed_total"] - before["pw_runs_completed_total"] == 5
+    assert after["pw_clients"] >= 1
+    if not ON_CLUSTER:  # A process cluster's devices are on its workers' endpoints.
+        done = [sum(v for k, v in s.items() if k.startswith("pw_device_computations_total"))
+                for s in (before, after)]
+        assert done[1] - done[0] == 5 * 2

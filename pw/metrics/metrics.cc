@@ -1,0 +1,167 @@
+#include "pw/metrics/metrics.h"
+
+#include <string_view>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
+
+namespace pw::metrics {
+
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+using Labels = std::vector<ClientMetric::Label>;
+
+// Families by name, in the order first added.
+class Builder {
+ public:
+  void Add(const std::string& name, const std::string& help, MetricType type, Labels labels,
+           double value) {
+    MetricFamily* f = nullptr;
+    for (MetricFamily& g : families_)
+      if (g.name == name) f = &g;
+    if (f == nullptr) {
+      families_.push_back({name, help, type, {}});
+      f = &families_.back();
+    }
+    ClientMetric m;
+    m.label = std::move(labels);
+    if (type == MetricType::Counter) m.counter.value = value;
+    else m.gauge.value = value;
+    f->metric.push_back(std::move(m));
+  }
+  Families Take() { return std::move(families_); }
+
+ private:
+  Families families_;
+};
+
+constexpr auto kGauge = MetricType::Gauge;
+constexpr auto kCounter = MetricType::Counter;
+
+// A Collectable of a function's families.
+class Collected final : public prometheus::Collectable {
+ public:
+  explicit Collected(std::function<Families()> f) : f_(std::move(f)) {}
+  Families Collect() const override { return f_(); }
+
+ private:
+  std::function<Families()> f_;
+};
+
+}  // namespace
+
+Families HostFamilies(const HostStatus& s) {
+  Builder b;
+  if (!s.error.empty()) return b.Take();
+  const Labels host{{"host", absl::StrCat(s.host.value())}, {"island", absl::StrCat(s.island.value())}};
+  b.Add("pw_host_buffers", "Buffers (shards) held in the host's object store.", kGauge, host,
+        static_cast<double>(s.buffers));
+  b.Add("pw_host_buffer_bytes", "Bytes of the buffers held in the host's object store.", kGauge,
+        host, static_cast<double>(s.buffer_bytes));
+  Labels ici = host, dcn = host;
+  ici.push_back({"link", "ici"});
+  dcn.push_back({"link", "dcn"});
+  b.Add("pw_host_received_bytes_total",
+        "Bytes of transfers and collectives received, by link class (ICI inside an island, DCN "
+        "between islands).", kCounter, ici, static_cast<double>(s.ici_bytes_received));
+  b.Add("pw_host_received_bytes_total", "", kCounter, dcn, static_cast<double>(s.dcn_bytes_received));
+  b.Add("pw_host_dispatch_queue_depth", "Host programs waiting on the host's dispatch thread.",
+        kGauge, host, static_cast<double>(s.dispatch_queue_depth));
+  b.Add("pw_host_cancelled_shards_total", "Shards of cancelled runs that were not run.", kCounter,
+        host, static_cast<double>(s.cancelled_shards));
+  b.Add("pw_host_functions", "Functions loaded on the host.", kGauge, host,
+        static_cast<double>(s.functions));
+  b.Add("pw_host_executables", "Compiled executables held (per function and slice shape).",
+        kGauge, host, static_cast<double>(s.executables));
+  b.Add("pw_host_plans", "Dispatch plans cached on the host.", kGauge, host,
+        static_cast<double>(s.plans));
+  for (const DeviceStatus& d : s.devices) {
+    Labels dev = host;
+    dev.push_back({"device", absl::StrCat(d.id.value())});
+    b.Add("pw_device_up", "1 if the device is in service, 0 if it was removed.", kGauge, dev,
+          d.alive ? 1 : 0);
+    b.Add("pw_device_memory_in_use_bytes", "Device memory reserved by buffers and runs.", kGauge,
+          dev, static_cast<double>(d.memory_in_use));
+    b.Add("pw_device_memory_capacity_bytes", "The device's memory.", kGauge, dev,
+          static_cast<double>(d.memory_capacity));
+    b.Add("pw_device_memory_waiters", "Reservations waiting for device memory (back-pressure).",
+          kGauge, dev, static_cast<double>(d.memory_waiters));
+    b.Add("pw_device_queue_depth", "Computations queued on the device's executor.", kGauge, dev,
+          static_cast<double>(d.queue_depth));
+    b.Add("pw_device_computations_total", "Computations (shards of compiled functions) the "
+          "device has executed.", kCounter, dev, static_cast<double>(d.executed));
+  }
+  return b.Take();
+}
+
+Families ClusterFamilies(const ClusterStatus& s, size_t clients) {
+  Builder b;
+  b.Add("pw_clients", "Clients connected to the controller.", kGauge, {},
+        static_cast<double>(clients));
+  b.Add("pw_runs_in_flight", "Runs submitted and not yet finished.", kGauge, {},
+        static_cast<double>(s.runs_in_flight));
+  b.Add("pw_runs_completed_total", "Runs finished (any outcome).", kCounter, {},
+        static_cast<double>(s.runs_completed));
+  b.Add("pw_logical_buffers", "Sharded buffers the controller tracks.", kGauge, {},
+        static_cast<double>(s.logical_buffers));
+  for (size_t i = 0; i < s.scheduler_queue_depth.size(); ++i)
+    b.Add("pw_scheduler_queue_depth", "Runs waiting in an island's gang scheduler.", kGauge,
+          {{"island", absl::StrCat(i)}}, static_cast<double>(s.scheduler_queue_depth[i]));
+  return b.Take();
+}
+
+RunMetrics::RunMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  runs_ = &prometheus::BuildCounter()
+               .Name("pw_runs_total")
+               .Help("Runs finished, by outcome (a status code name; OK for success).")
+               .Register(*registry_);
+  ok_ = &runs_->Add({{"code", "OK"}});
+  duration_ = &prometheus::BuildHistogram()
+                   .Name("pw_run_duration_seconds")
+                   .Help("Time from a run's submission to its completion.")
+                   .Register(*registry_)
+                   .Add({}, prometheus::Histogram::BucketBoundaries{
+                                1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
+                                0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
+}
+
+void RunMetrics::Observe(absl::Duration latency, const absl::Status& outcome) {
+  if (outcome.ok()) ok_->Increment();
+  else runs_->Add({{"code", std::string(absl::StatusCodeToString(outcome.code()))}}).Increment();
+  duration_->Observe(absl::ToDoubleSeconds(latency));
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    const std::string& listen, std::function<Families()> collect,
+    std::vector<std::shared_ptr<prometheus::Registry>> registries) {
+  const size_t colon = listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &port) ||
+      port < 0 || port > 65535)
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address '", listen, "' is not host:port"));
+  std::unique_ptr<MetricsServer> s(new MetricsServer());
+  try {
+    s->exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/1);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics at ", listen, ": ", e.what()));
+  }
+  const std::vector<int> ports = s->exposer_->GetListeningPorts();
+  if (ports.empty())
+    return absl::UnavailableError(absl::StrCat("cannot serve metrics at ", listen));
+  s->address_ = absl::StrCat(listen.substr(0, colon), ":", ports.front());
+  s->collectables_.push_back(std::make_shared<Collected>(std::move(collect)));
+  for (auto& r : registries) s->collectables_.push_back(std::move(r));
+  for (const auto& c : s->collectables_) s->exposer_->RegisterCollectable(c);
+  return s;
+}
+
+MetricsServer::~MetricsServer() = default;
+
+}  // namespace pw::metrics
