@@ -379,7 +379,7 @@ class _LaidOut:
 
     def _bind(self):
         import jax
-        handle, _ = self._conn.slices[self._slice_id]  # (An imported array's: see _apply.)
+        handle, _ = self._conn.slices[self._slice_id]  # One of this client's (see _apply).
         shard_ins = [(l[0], _layout.shard_shape(l)) for l in self._layouts]
         avals = [jax.ShapeDtypeStruct(tuple(s), _layout.np_dtype(d)) for d, s in shard_ins]
         with jax.enable_x64(any(d in _layout.WIDE for d, _ in shard_ins)):

@@ -225,6 +225,7 @@ class Jitted(_Bound):
     def _pspecs(self, shardings, tree_of, what):
         """One PartitionSpec per leaf of `tree_of` from a prefix of PartitionSpecs or
         NamedShardings (None: replicated)."""
+        import jax
         from jax.sharding import NamedSharding, PartitionSpec
         names = self._slice.axis_names
 
@@ -243,7 +244,7 @@ class Jitted(_Bound):
 
         is_spec = lambda x: isinstance(x, (PartitionSpec, NamedSharding))  # noqa: E731
         if shardings is None or is_spec(shardings):
-            return [one(shardings)] * len(__import__("jax").tree_util.tree_leaves(tree_of))
+            return [one(shardings)] * len(jax.tree_util.tree_leaves(tree_of))
         return [one(s) for s in _layout.prefix_leaves(shardings, tree_of, what, is_leaf=is_spec)]
 
     def _bind(self, static, dyn, tree, specs):
