@@ -87,7 +87,7 @@ absl::Status Controller::AttachWorker(HostId host, IslandId island, WorkerInterf
           [this](HostId h) { return Worker(h); }));
     }
     for (size_t i = 0; i < functions_.size(); ++i)
-      if (functions_[i].owner.valid())  // Not freed with its client.
+      if (functions_[i].owner.valid() && functions_[i].loaded_on.contains(host))
         fns.emplace_back(FunctionId(static_cast<int64_t>(i)), functions_[i].def);
   }
   for (const auto& [id, def] : fns) PW_RETURN_IF_ERROR(worker->LoadFunction(id, def));
@@ -177,7 +177,8 @@ absl::Status Controller::Disconnect(ClientId client) {
   Free(buffers_.ReleaseClient(client));
   // Its functions (modules of any size) and programs go too: a long-lived cluster serves clients
   // without end. Ids are not reused; a freed one reads as never registered.
-  std::vector<FunctionId> unload;
+  std::vector<FunctionId> freed;
+  absl::flat_hash_map<HostId, std::vector<FunctionId>> unload;  // Where each was loaded.
   absl::flat_hash_map<HostId, std::vector<uint64_t>> host_programs;
   std::vector<WorkerInterface*> workers;
   {
@@ -191,11 +192,12 @@ absl::Status Controller::Disconnect(ClientId client) {
     }
     for (size_t i = 0; i < functions_.size(); ++i) {
       if (functions_[i].owner != client) continue;
-      functions_[i] = Function{ClientId(), NativeFunctionDef{}};
-      unload.push_back(FunctionId(static_cast<int64_t>(i)));
+      for (HostId h : functions_[i].loaded_on) unload[h].push_back(FunctionId(static_cast<int64_t>(i)));
+      functions_[i] = Function{ClientId(), NativeFunctionDef{}, {}};
+      freed.push_back(FunctionId(static_cast<int64_t>(i)));
     }
     for (auto it = signatures_.begin(); it != signatures_.end();) {
-      if (std::find(unload.begin(), unload.end(), it->first.first) != unload.end())
+      if (std::find(freed.begin(), freed.end(), it->first.first) != freed.end())
         signatures_.erase(it++);
       else
         ++it;
@@ -206,10 +208,12 @@ absl::Status Controller::Disconnect(ClientId client) {
   // The workers' copies go too (compiled executables, host programs and their plans), after
   // the runs' cancellations.
   for (WorkerInterface* w : workers) {
-    auto it = host_programs.find(w->host());
-    static const std::vector<uint64_t> kNone;
-    const std::vector<uint64_t>& programs = it == host_programs.end() ? kNone : it->second;
-    if (!unload.empty() || !programs.empty()) w->Unload(unload, programs);
+    std::vector<FunctionId> functions;
+    std::vector<uint64_t> programs;
+    if (auto it = unload.find(w->host()); it != unload.end()) functions = std::move(it->second);
+    if (auto it = host_programs.find(w->host()); it != host_programs.end())
+      programs = std::move(it->second);
+    if (!functions.empty() || !programs.empty()) w->Unload(functions, programs);
   }
   return absl::OkStatus();
 }
@@ -297,16 +301,36 @@ absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
                       SignatureOf(def, hlo == nullptr ? 1
                                            : std::max({1, hlo->num_partitions,
                                                        hlo->collective_axis_size})));
-  FunctionId id;
+  // Workers load it when it is bound to a slice on their host (LoadFunction, BuildPlan).
+  pw::MutexLock lock(&mu_);
+  const FunctionId id(static_cast<int64_t>(functions_.size()));
+  functions_.push_back({client, def, {}});
+  return FunctionInfo{id, sig.name, sig.inputs};
+}
+
+absl::Status Controller::LoadOnHosts(FunctionId function, const std::vector<HostId>& hosts) {
   std::vector<WorkerInterface*> workers;
+  FunctionDef def;
   {
     pw::MutexLock lock(&mu_);
-    id = FunctionId(static_cast<int64_t>(functions_.size()));
-    functions_.push_back({client, def});
-    for (const auto& [h, w] : workers_) workers.push_back(w);
+    Function& f = functions_[function.value()];
+    def = f.def;
+    for (HostId h : hosts) {
+      if (f.loaded_on.contains(h)) continue;
+      auto it = workers_.find(h);
+      if (it == workers_.end())
+        f.loaded_on.insert(h);  // AttachWorker loads it.
+      else if (std::find(workers.begin(), workers.end(), it->second) == workers.end())
+        workers.push_back(it->second);
+    }
   }
-  for (WorkerInterface* w : workers) PW_RETURN_IF_ERROR(w->LoadFunction(id, def));
-  return FunctionInfo{id, sig.name, sig.inputs};
+  for (WorkerInterface* w : workers) {
+    PW_RETURN_IF_ERROR(w->LoadFunction(function, def));
+    pw::MutexLock lock(&mu_);
+    Function& f = functions_[function.value()];
+    if (f.owner.valid()) f.loaded_on.insert(w->host());  // Not freed meanwhile.
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<FunctionSignature> Controller::Signature(ClientId client, FunctionId id,
@@ -333,6 +357,7 @@ absl::StatusOr<std::vector<ArraySpec>> Controller::LoadFunction(ClientId client,
   PW_ASSIGN_OR_RETURN(FunctionSignature sig,
                       Signature(client, function, static_cast<int>(s.devices.size())));
   PW_RETURN_IF_ERROR(CheckSpmdPlacement(function, s.hosts, s.id.ToString()));
+  PW_RETURN_IF_ERROR(LoadOnHosts(function, s.hosts));
   return sig.outputs;
 }
 
@@ -378,10 +403,13 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
         return absl::UnavailableError(absl::StrCat("program '", lowered.name, "' node '", n.name,
                                                    "': ", h.ToString(), " has not joined yet"));
     }
-    if (n.kind == LoweredNode::Kind::kCompute)
+    if (n.kind == LoweredNode::Kind::kCompute) {
       PW_RETURN_IF_ERROR(CheckSpmdPlacement(
           n.function, n.slice.hosts,
           absl::StrCat("program '", lowered.name, "' node '", n.name, "''s slice")));
+      PW_RETURN_IF_ERROR(Annotate(LoadOnHosts(n.function, n.slice.hosts),
+                                  absl::StrCat("program '", lowered.name, "' node '", n.name, "'")));
+    }
   }
   // island -> host -> that host's nodes, in topological order.
   std::map<int64_t, std::map<int64_t, std::shared_ptr<HostProgram>>> islands;

@@ -55,7 +55,8 @@ class Controller final : public ControllerInterface {
   ~Controller() override;
 
   // --- Cluster membership (the embedded cluster or worker registration calls these).
-  // Connects the worker of a host that the resource manager knows; loads every function on it.
+  // Connects the worker of a host that the resource manager knows; loads on it the functions
+  // that were loaded on that host before (a rejoining worker is a fresh process).
   absl::Status AttachWorker(HostId host, IslandId island, WorkerInterface* worker);
   // Forgets the worker of a failed host: later work for it fails as Unavailable at once. The
   // worker object must stay alive (work in flight may still hold it).
@@ -111,7 +112,14 @@ class Controller final : public ControllerInterface {
   struct Function {
     ClientId owner;
     FunctionDef def;
+    // Hosts it is bound on (its slices' hosts): loaded there, or loaded when the host's worker
+    // joins. A function is loaded only where it is bound, so binding one waits on no other
+    // island's workers.
+    absl::flat_hash_set<HostId> loaded_on;
   };
+  // Loads `function` on each of `hosts` that has not loaded it (unlocked; mu_ only to read and
+  // record); a host whose worker has not joined loads it when it joins.
+  absl::Status LoadOnHosts(FunctionId function, const std::vector<HostId>& hosts);
   struct Plan;
   struct Program {
     ClientId owner;
