@@ -17,7 +17,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "nlohmann/json.hpp"
+#include "pw/cli/plot.h"
+#include "pw/client/client.h"
 #include "pw/server/status_json.h"
+#include "pw/trace/trace_json.h"
 #include "pw/rpc/remote_controller.h"
 #include "pw/rpc/shm_arena.h"
 #include "pw/server/cpu_binding.h"
@@ -174,6 +177,18 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   cancel_->add_option("--cluster", cluster_, "Cluster address (default: $PW_CLUSTER, else the "
                                              "last `pw up` cluster)");
 
+  trace_ = app->add_subcommand(
+      "trace", "Record a timeline of the cluster (every process's spans, pw/trace) as Chrome "
+               "trace JSON for the Perfetto UI; every tenant's in full with the cluster token "
+               "(where pw up ran, or $PW_CLUSTER_TOKEN), else others' anonymous");
+  trace_->add_option("--cluster", cluster_, "Cluster address (default: $PW_CLUSTER, else the "
+                                            "last `pw up` cluster)");
+  trace_->add_option("--seconds", trace_seconds_, "How long to record (default 2)")
+      ->check(CLI::Range(0.0, 3600.0));
+  trace_->add_option("--out", trace_out_, "Where to write the trace (default trace.json)");
+  trace_->add_option("--plot", trace_plot_,
+                     "Also draw a device x time chart (as the paper's Fig. 9) to this PNG");
+
   controller_ = app->add_subcommand("controller", "Run the controller process");
   controller_->add_option("--config", config_, "Cluster spec (JSON)");
   controller_->add_option("--islands", islands_, "Islands");
@@ -220,7 +235,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
 
 bool ClusterCommands::parsed() const {
   return up_->parsed() || status_->parsed() || down_->parsed() || cancel_->parsed() ||
-         controller_->parsed() || worker_->parsed();
+         trace_->parsed() || controller_->parsed() || worker_->parsed();
 }
 
 int ClusterCommands::Run(const char* argv0) {
@@ -228,6 +243,7 @@ int ClusterCommands::Run(const char* argv0) {
   if (status_->parsed()) return Status();
   if (down_->parsed()) return Down();
   if (cancel_->parsed()) return Cancel();
+  if (trace_->parsed()) return TraceCluster();
   if (controller_->parsed()) return Controller();
   if (worker_->parsed()) return Worker();
   return 1;
@@ -305,6 +321,40 @@ int ClusterCommands::Cancel() {
   for (RunId r : *runs) absl::StrAppend(&listed, listed.empty() ? "" : ", ", r.ToString());
   std::fprintf(stderr, "pw cancel: cancelled %zu run%s%s%s\n", runs->size(),
                runs->size() == 1 ? "" : "s", listed.empty() ? "" : ": ", listed.c_str());
+  return 0;
+}
+
+int ClusterCommands::TraceCluster() {
+  const std::string address = server::ClusterAddress(cluster_);
+  if (address.empty())
+    return Fail(absl::NotFoundError("no cluster: pass --cluster, set PW_CLUSTER, or run pw up"));
+  // The admin (every tenant's spans) with the cluster token; a client (its own) without.
+  std::string token = Token("", "PW_CLUSTER_TOKEN");
+  rpc::ChannelOptions channel;
+  if (auto local = server::LoadState(); local.ok() && local->address == address) {
+    token = local->cluster_token;
+    channel = server::ChannelTo(*local, "");
+  }
+  const bool admin = !token.empty();
+  channel.token = admin ? token : Token("");
+  auto remote = rpc::RemoteController::Dial(address, channel, absl::Seconds(5));
+  if (!remote.ok()) return Fail(remote.status());
+  auto client = Client::Connect(remote->get(), "pw trace");
+  if (!client.ok()) return Fail(client.status());
+  if (absl::Status s = (*client)->StartTrace(); !s.ok()) return Fail(s);
+  std::fprintf(stderr, "pw trace: recording %s for %g s\n", address.c_str(), trace_seconds_);
+  absl::SleepFor(absl::Seconds(trace_seconds_));
+  auto chunk = (*client)->StopTrace(/*all_tenants=*/admin);
+  if (!chunk.ok()) return Fail(chunk.status());
+  std::ofstream out(trace_out_);
+  out << trace::ToChromeJson(*chunk);
+  out.close();
+  if (!out.good())
+    return Fail(absl::UnavailableError(absl::StrCat("could not write ", trace_out_)));
+  std::fprintf(stderr, "pw trace: %zu events from %zu processes (%lld dropped) in %s\n",
+               chunk->events.size(), chunk->processes.size(),
+               static_cast<long long>(chunk->dropped), trace_out_.c_str());
+  if (!trace_plot_.empty()) return RunPlotter({"trace", trace_out_, trace_plot_});
   return 0;
 }
 

@@ -23,12 +23,17 @@ class ClusterCommands {
   int Status();
   int Down();
   int Cancel();
+  int TraceCluster();
   int Controller();
   int Worker();
   // --tls-cert, --tls-key, --tls-ca (and --insecure where the command can listen off loopback).
   void AddTlsFlags(CLI::App* command, bool insecure);
 
-  CLI::App *up_, *status_, *down_, *cancel_, *controller_, *worker_;
+  CLI::App *up_, *status_, *down_, *cancel_, *trace_, *controller_, *worker_;
+  // pw trace.
+  double trace_seconds_ = 2;
+  std::string trace_out_ = "trace.json";
+  std::string trace_plot_;
   // pw cancel.
   int64_t cancel_run_ = -1;
   int64_t cancel_client_ = -1;

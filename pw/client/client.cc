@@ -1,5 +1,6 @@
 #include "pw/client/client.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "absl/strings/str_cat.h"
@@ -45,7 +46,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ControllerInterface* con
   return std::unique_ptr<Client>(new Client(controller, id));
 }
 
-Client::~Client() { controller_->Disconnect(id_).IgnoreError(); }
+Client::~Client() {
+  {
+    pw::MutexLock lock(&trace_mu_);
+    if (trace_since_ >= 0) trace::Recorder::Get().Stop();  // The controller's ends with us.
+  }
+  controller_->Disconnect(id_).IgnoreError();
+}
 
 Array Client::Adopt(const ArrayInfo& info) {
   return Array(std::shared_ptr<Array::Handle>(new Array::Handle{controller_, id_, info}));
@@ -248,8 +255,14 @@ absl::StatusOr<std::pair<std::vector<Array>, Future<>>> Program::RunAsync(
     if (!a.valid()) return absl::InvalidArgumentError("program argument is an empty Array");
     ids.push_back(a.id());
   }
+  trace::Span span(trace::ClientTrack(client_->id()), "call", ir_.name, client_->id().value());
+  RunOptions traced = options;
+  if (span.active() && (traced.trace_flow = client_->NextCallFlow()) != 0) {
+    span.Arg("program", ir_.name).FlowOut(traced.trace_flow);
+  }
   PW_ASSIGN_OR_RETURN(RunInfo info,
-                      client_->controller()->Submit(client_->id(), id_, ids, options).Await());
+                      client_->controller()->Submit(client_->id(), id_, ids, traced).Await());
+  span.Arg("run", info.run.value());
   std::vector<Array> outs;
   for (const ArrayInfo& o : info.outputs) outs.push_back(client_->Adopt(o));
   return std::make_pair(std::move(outs), info.done);
@@ -313,6 +326,53 @@ absl::StatusOr<std::vector<Array>> BoundFunction::Call(const std::vector<Array>&
   p.client_ = c;
   p.id_ = pid;
   return p.Run(inputs, options);
+}
+
+// ---- Timelines (pw/trace)
+
+uint64_t Client::NextCallFlow() {
+  if (!tracing_.load(std::memory_order_relaxed)) return 0;
+  return trace::FlowId(id_.value(), trace::Stage::kCall, calls_.fetch_add(1));
+}
+
+absl::Status Client::StartTrace() {
+  pw::MutexLock lock(&trace_mu_);
+  if (trace_since_ >= 0)
+    return absl::FailedPreconditionError("this client is tracing already");
+  const int64_t since = trace::Recorder::Get().Start();
+  const int64_t t0 = trace::Now();
+  absl::StatusOr<int64_t> remote = controller_->StartTrace(id_);
+  if (!remote.ok()) {
+    trace::Recorder::Get().Stop();
+    return remote.status();
+  }
+  controller_clock_.Sample(t0, *remote, trace::Now());
+  trace_since_ = since;
+  tracing_.store(true, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<trace::Chunk> Client::StopTrace(bool all_tenants) {
+  pw::MutexLock lock(&trace_mu_);
+  if (trace_since_ < 0) return absl::FailedPreconditionError("this client is not tracing");
+  tracing_.store(false, std::memory_order_relaxed);
+  trace::Recorder& recorder = trace::Recorder::Get();
+  const int64_t t0 = trace::Now();
+  absl::StatusOr<trace::Chunk> chunk = controller_->StopTrace(id_, all_tenants).Await();
+  if (chunk.ok()) controller_clock_.Sample(t0, chunk->clock, trace::Now());
+  std::vector<trace::Event> mine = recorder.Collect(trace_since_);
+  recorder.Stop();
+  trace_since_ = -1;
+  PW_RETURN_IF_ERROR(chunk.status());
+  // This process's spans, unless the controller's already hold them (an embedded cluster).
+  if (std::find(chunk->processes.begin(), chunk->processes.end(), recorder.process_id()) ==
+      chunk->processes.end()) {
+    trace::Shift(mine, controller_clock_.offset());
+    for (trace::Event& e : mine)
+      if (e.client == id_.value() || e.client < 0) chunk->events.push_back(std::move(e));
+    chunk->processes.push_back(recorder.process_id());
+  }
+  return chunk;
 }
 
 }  // namespace pw

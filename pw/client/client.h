@@ -223,6 +223,13 @@ class Client {
   absl::StatusOr<Program> Trace(const std::string& name, const std::vector<ArraySpec>& args,
                                 const std::function<std::vector<Value>(std::vector<Value>)>& fn);
 
+  // A timeline of the cluster (pw/trace; not to be confused with Trace, which traces a
+  // program): spans recorded from StartTrace to StopTrace on every process of the cluster and
+  // in this one (this client's calls), on the controller's clock. `all_tenants`: see
+  // ControllerInterface::StopTrace.
+  absl::Status StartTrace();
+  absl::StatusOr<trace::Chunk> StopTrace(bool all_tenants = false);
+
  private:
   friend class Program;
   friend class BoundFunction;
@@ -235,8 +242,15 @@ class Client {
                                            std::vector<Sharding> in_sharding,
                                            std::vector<ArraySpec> out_global,
                                            std::vector<Sharding> out_sharding);
+  // The flow from a call's span to the controller's (0 when this client is not tracing).
+  uint64_t NextCallFlow();
   ControllerInterface* controller_;
   ClientId id_;
+  pw::Mutex trace_mu_;
+  int64_t trace_since_ ABSL_GUARDED_BY(trace_mu_) = -1;  // This process's clock; -1: off.
+  std::atomic<bool> tracing_{false};
+  std::atomic<int64_t> calls_{0};
+  trace::ClockOffset controller_clock_;  // The controller's clock minus this process's.
 };
 
 }  // namespace pw

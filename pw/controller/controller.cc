@@ -169,6 +169,7 @@ absl::Status Controller::Disconnect(ClientId client) {
     if (!runs.empty())
       CancelOnWorkers(runs, absl::CancelledError(absl::StrCat(client.ToString(), " disconnected")));
   }
+  StopTrace(client, false).OnReady([](const absl::StatusOr<trace::Chunk>&) {});  // If tracing.
   rm_.ReleaseClient(client);
   {
     pw::MutexLock lock(&shares_mu_);
@@ -308,6 +309,18 @@ absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
   return FunctionInfo{id, sig.name, sig.inputs};
 }
 
+absl::Status Controller::EnsureLoadedOn(FunctionId function, const std::vector<HostId>& hosts) {
+  if (options_.hosts_share_process) return LoadOnHosts(function, hosts);  // Direct calls.
+  pw::MutexLock lock(&mu_);
+  const Function& f = functions_[function.value()];
+  for (HostId h : hosts)
+    if (!f.loaded_on.contains(h))
+      return absl::FailedPreconditionError(absl::StrCat(
+          function.ToString(), " is not bound to a slice on ", h.ToString(),
+          ": bind it to the node's slice first (Client::Bind / LoadFunction loads it there)"));
+  return absl::OkStatus();
+}
+
 absl::Status Controller::LoadOnHosts(FunctionId function, const std::vector<HostId>& hosts) {
   std::vector<WorkerInterface*> workers;
   FunctionDef def;
@@ -407,7 +420,7 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
       PW_RETURN_IF_ERROR(CheckSpmdPlacement(
           n.function, n.slice.hosts,
           absl::StrCat("program '", lowered.name, "' node '", n.name, "''s slice")));
-      PW_RETURN_IF_ERROR(Annotate(LoadOnHosts(n.function, n.slice.hosts),
+      PW_RETURN_IF_ERROR(Annotate(EnsureLoadedOn(n.function, n.slice.hosts),
                                   absl::StrCat("program '", lowered.name, "' node '", n.name, "'")));
     }
   }
@@ -547,6 +560,7 @@ absl::StatusOr<std::string> Controller::ExplainProgram(ClientId client, ProgramI
 Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
                                    const std::vector<BufferId>& args, const RunOptions& options) {
   const DispatchMode mode = options.mode;
+  trace::Span span(trace::ControllerTrack(client), "submit", "submit", client.value());
   const absl::Duration timeout =
       options.timeout > absl::ZeroDuration() ? options.timeout : options_.default_run_timeout;
   if (absl::Status s = CheckClient(client); !s.ok()) return Future<RunInfo>::Ready(s);
@@ -624,6 +638,18 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   }
   unpin.insert(unpin.end(), pinned.begin(), pinned.end());
 
+  if (span.active()) {
+    std::string tenant;
+    {
+      pw::MutexLock lock(&mu_);
+      if (auto it = clients_.find(client); it != clients_.end()) tenant = it->second;
+    }
+    span.Arg("run", run.value()).Arg("program", lp.name).Arg("tenant", tenant);
+    span.Arg("nodes", static_cast<int64_t>(lp.nodes.size()));
+    if (options.trace_flow != 0) span.FlowIn(options.trace_flow);
+    for (const auto& [island, hosts] : plan.islands)
+      span.FlowOut(trace::FlowId(run.value(), trace::Stage::kSchedule, island.value()));
+  }
   RunInfo info;
   info.run = run;
   info.done = run_done_f;

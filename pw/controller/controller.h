@@ -48,6 +48,11 @@ class Controller final : public ControllerInterface {
     // Called as each run finishes (on the controller's completion thread; must not block):
     // the time from its submission, and its outcome. Metrics observe runs through it.
     std::function<void(absl::Duration, const absl::Status&)> on_run_done;
+    // The worker processes' trace recorders (pw/server): started with each trace, and their
+    // events (on this process's clock) collected at its end. Unset for an embedded cluster,
+    // whose workers record into this process's recorder.
+    std::function<void()> start_remote_traces;
+    std::function<Future<trace::Chunk>()> stop_remote_traces;
   };
   explicit Controller(const ClusterSpec& spec) : Controller(spec, Options()) {}
   Controller(const ClusterSpec& spec, Options options);
@@ -105,6 +110,8 @@ class Controller final : public ControllerInterface {
   absl::StatusOr<ArrayInfo> ImportArray(ClientId client, const std::string& token) override;
   absl::Status RevokeShare(ClientId client, const std::string& token) override;
   absl::StatusOr<ClusterStatus> Status() override;
+  absl::StatusOr<int64_t> StartTrace(ClientId client) override;
+  Future<trace::Chunk> StopTrace(ClientId client, bool all_tenants) override;
   // Clients connected now.
   size_t num_clients() const;
 
@@ -120,6 +127,10 @@ class Controller final : public ControllerInterface {
   // Loads `function` on each of `hosts` that has not loaded it (unlocked; mu_ only to read and
   // record); a host whose worker has not joined loads it when it joins.
   absl::Status LoadOnHosts(FunctionId function, const std::vector<HostId>& hosts);
+  // What a plan needs of a function: loaded on the hosts of its node's slice. In one process
+  // (hosts_share_process) it loads there (direct calls); over the wire it must have been bound
+  // there already (no RPC that waits runs in Submit), else FailedPrecondition naming the host.
+  absl::Status EnsureLoadedOn(FunctionId function, const std::vector<HostId>& hosts);
   struct Plan;
   struct Program {
     ClientId owner;
@@ -192,6 +203,8 @@ class Controller final : public ControllerInterface {
     absl::Time submitted;
   };
   absl::flat_hash_map<RunId, RunOwner> run_owner_ ABSL_GUARDED_BY(mu_);  // Runs in flight.
+  // Clients tracing, with their trace's start (trace::Now()).
+  absl::flat_hash_map<ClientId, int64_t> traces_ ABSL_GUARDED_BY(mu_);
   int64_t runs_completed_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Held while handing one run's subgraphs to their islands' schedulers, so that runs spanning

@@ -1,15 +1,19 @@
 #include "pw/embedded/embedded_cluster.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
+#include "pw/trace/trace_json.h"
 
 namespace pw {
 
 absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Create(const ClusterSpec& spec,
                                                                          Options options) {
   std::unique_ptr<EmbeddedCluster> c(new EmbeddedCluster(std::move(options)));
+  if (!c->options_.trace_path.empty()) c->trace_since_ = trace::Recorder::Get().Start();
   Controller::Options controller = c->options_.controller;
   controller.hosts_share_process = true;
   if (!controller.on_run_done)
@@ -54,8 +58,23 @@ absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> EmbeddedCluster::ServeMe
       {runs_->registry()});
 }
 
+std::string EmbeddedCluster::DefaultTracePath() {
+  const char* path = std::getenv("PW_TRACE");
+  return path == nullptr ? "" : path;
+}
+
 EmbeddedCluster::~EmbeddedCluster() {
   controller_.reset();
+  if (trace_since_ >= 0) {
+    trace::Recorder& r = trace::Recorder::Get();
+    trace::Chunk chunk{r.Collect(trace_since_), {r.process_id()}, r.dropped(), trace::Now()};
+    r.Stop();
+    std::ofstream out(options_.trace_path);
+    out << trace::ToChromeJson(chunk);
+    std::fprintf(stderr, "pw: %s the trace of %zu events to %s (PW_TRACE)\n",
+                 out.good() ? "wrote" : "could not write", chunk.events.size(),
+                 options_.trace_path.c_str());
+  }
   absl::flat_hash_map<HostId, std::unique_ptr<Worker>> workers;
   {
     pw::MutexLock lock(&mu_);

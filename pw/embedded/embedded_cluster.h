@@ -26,7 +26,11 @@ class EmbeddedCluster {
     // PJRT plugin for StableHLO functions, loaded on first use.
     std::string pjrt_plugin = pjrt::DefaultCpuPluginPath();
     Controller::Options controller;  // Limits and defaults (hosts share this process).
+    // Non-empty: every span of the cluster's life is traced (pw/trace) and written there as
+    // Chrome trace JSON when the cluster is destroyed. Default: $PW_TRACE.
+    std::string trace_path = DefaultTracePath();
   };
+  static std::string DefaultTracePath();
   static absl::StatusOr<std::unique_ptr<EmbeddedCluster>> Create(const ClusterSpec& spec,
                                                                  Options options);
   static absl::StatusOr<std::unique_ptr<EmbeddedCluster>> Create(const ClusterSpec& spec) {
@@ -54,6 +58,7 @@ class EmbeddedCluster {
                            std::shared_ptr<pjrt::PjrtBackend> pjrt);
 
   const Options options_;
+  int64_t trace_since_ = -1;  // Options::trace_path's trace: its start.
   // Runs as they finish (unless the caller observes them: Options::controller.on_run_done).
   std::shared_ptr<metrics::RunMetrics> runs_ = std::make_shared<metrics::RunMetrics>();
   Collectives collectives_;

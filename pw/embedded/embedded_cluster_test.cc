@@ -14,6 +14,7 @@
 #include "pw/rpc/remote_controller.h"
 #include "pw/server/controller_server.h"
 #include "pw/server/worker_server.h"
+#include "pw/trace/trace.h"
 
 namespace pw {
 namespace {
@@ -105,6 +106,7 @@ class ClusterTest : public ::testing::TestWithParam<Transport> {
   // The controller (in this process either way): status, device removal.
   Controller& controller() { return *controller_; }
   EmbeddedCluster* embedded_for_test() { return embedded_.get(); }
+  server::ControllerServer* server_for_test() { return server_.get(); }
   std::unique_ptr<Client> Connect(const std::string& name) {
     return *Client::Connect(api_, name);
   }
@@ -930,6 +932,168 @@ TEST_P(ClusterTest, DisconnectCancelsRunsThatHaveNotLaunched) {
   // Another client's work on the same devices is untouched.
   Array y = *other->Put(F32({1, 2}), os.info().id, Sharding::Split({2}, 1, 0));
   EXPECT_EQ(Values((*oinc.Call({y}))[0]), (std::vector<float>{2, 3}));
+}
+
+
+// ---- Traces (pw/trace): every stage of a 2-island program, on both transports.
+
+// The span of `track` enclosing time `ts`, or nullptr.
+const trace::Event* Enclosing(const std::vector<trace::Event>& spans, const trace::Event& at) {
+  for (const trace::Event& e : spans)
+    if (e.track == at.track && e.ts_ns <= at.ts_ns && at.ts_ns <= e.ts_ns + e.dur_ns) return &e;
+  return nullptr;
+}
+
+int64_t IntArg(const trace::Event& e, const std::string& key) {
+  for (const auto& [k, v] : e.args)
+    if (k == key && std::holds_alternative<int64_t>(v)) return std::get<int64_t>(v);
+  return -1;
+}
+
+std::string StrArg(const trace::Event& e, const std::string& key) {
+  for (const auto& [k, v] : e.args)
+    if (k == key && std::holds_alternative<std::string>(v)) return std::get<std::string>(v);
+  return "";
+}
+
+TEST_P(ClusterTest, ATraceShowsEveryStageOfEveryRunLinkedByFlowsInGangOrder) {
+  Start(2, 1, 2);
+  // The admin traces (every tenant in full): over gRPC that takes the cluster token.
+  std::unique_ptr<rpc::RemoteController> admin_remote;
+  ControllerInterface* admin_api = api();
+  if (grpc()) {
+    admin_remote = *rpc::RemoteController::Dial(server_for_test()->address(),
+                                                {.token = server_for_test()->cluster_token()});
+    admin_api = admin_remote.get();
+  }
+  auto admin = *Client::Connect(admin_api, "admin");
+  ASSERT_TRUE(admin->StartTrace().ok());
+  EXPECT_EQ(admin->StartTrace().code(), absl::StatusCode::kFailedPrecondition);
+  auto tenant = Connect("tenant-b");  // Traces too, without the token.
+  ASSERT_TRUE(tenant->StartTrace().ok());
+  constexpr int kRuns = 4;
+  auto client_loop = [&](Client* c) {
+    auto set = c->MakeVirtualDeviceSet();
+    Slice s0 = *set.AddSlice({.num_devices = 2, .islands = {IslandId(0)}});
+    Slice s1 = *set.AddSlice({.num_devices = 2, .islands = {IslandId(1)}});
+    BoundFunction f0 = *c->Pmap(ReduceAddFn("first"), s0);
+    BoundFunction f1 = *c->Pmap(ReduceAddFn("second"), s1);
+    Program p = *c->Trace("two_islands", {{DType::kF32, Shape({2})}}, [&](std::vector<Value> v) {
+      return std::vector<Value>{f1(f0(v[0]))};
+    });
+    Array x = *c->Put(F32({0, 0}), s0.info().id, Sharding::Split({2}, 1, 0));
+    for (int i = 0; i < kRuns; ++i) {
+      auto out = p.Run({x});
+      ASSERT_TRUE(out.ok()) << out.status();
+      EXPECT_EQ(Values((*out)[0]), (std::vector<float>{3, 3}));  // 0 -> 1 -> 2*1+1.
+    }
+  };
+  std::thread ta(client_loop, admin.get()), tb(client_loop, tenant.get());
+  ta.join();
+  tb.join();
+  // Without the cluster token, every tenant's spans in full are refused over the wire.
+  if (grpc()) {
+    auto refused = api()->StopTrace(tenant->id(), /*all_tenants=*/true).Await();
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  }
+  absl::StatusOr<trace::Chunk> mine = tenant->StopTrace();
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  absl::StatusOr<trace::Chunk> chunk = admin->StopTrace(/*all_tenants=*/true);
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+
+  // The tenant's own trace names its spans and hides the admin's.
+  for (const trace::Event& e : mine->events) {
+    if (e.phase != 'X' || e.client < 0) continue;
+    if (e.client == tenant->id().value()) continue;
+    EXPECT_THAT(e.name, ::testing::StartsWith("another tenant's ")) << e.name;
+    EXPECT_TRUE(e.args.empty());
+  }
+
+  std::vector<trace::Event> spans;
+  std::map<uint64_t, const trace::Event*> flow_out, flow_in;
+  for (const trace::Event& e : chunk->events)
+    if (e.phase == 'X') spans.push_back(e);
+  for (const trace::Event& e : chunk->events) {
+    if (e.phase == 's') flow_out[e.flow] = &e;
+    if (e.phase == 'f') flow_in[e.flow] = &e;
+  }
+  // Every device computed each node of each run of both clients: one span per shard.
+  std::map<int64_t, std::vector<const trace::Event*>> compute;  // By device.
+  for (const trace::Event& e : spans)
+    if (e.category == "compute") compute[e.track.id].push_back(&e);
+  ASSERT_EQ(compute.size(), 4u);
+  for (const auto& [device, on] : compute) {
+    EXPECT_EQ(on.size(), 2u * kRuns) << "device " << device;
+    for (const trace::Event* e : on) {
+      EXPECT_EQ(e->name, device < 2 ? "first" : "second");
+      EXPECT_EQ(e->track.host, device < 2 ? 0 : 1);
+      EXPECT_EQ(StrArg(*e, "program"), "two_islands");
+      EXPECT_GE(IntArg(*e, "run"), 0);
+    }
+  }
+  // The transfers between the islands, with their bytes (a scalar shard each).
+  int dcn = 0;
+  for (const trace::Event& e : spans) {
+    if (e.category != "transfer") continue;
+    EXPECT_EQ(StrArg(e, "link"), "dcn");
+    EXPECT_EQ(IntArg(e, "bytes"), 4);
+    EXPECT_EQ(e.track, trace::TransfersTrack(HostId(1)));
+    ++dcn;
+  }
+  EXPECT_EQ(dcn, 2 * 2 * kRuns);
+  // Collectives inside the computations, on the devices' tracks.
+  int collectives = 0;
+  for (const trace::Event& e : spans) collectives += e.category == "collective";
+  EXPECT_EQ(collectives, 4 * 2 * kRuns);
+  // Flows: each device's first span of a run leads back, span by span, to its client's call:
+  // compute <- host dispatch <- island scheduler <- controller submit <- client call.
+  const std::vector<std::string> chain = {"compute", "dispatch", "schedule", "submit", "call"};
+  int followed = 0;
+  for (const auto& [id, first] : flow_in) {
+    const trace::Event* in = first;
+    const trace::Event* at = Enclosing(spans, *in);
+    ASSERT_NE(at, nullptr) << "flow end outside any span";
+    if (at->category != "compute") continue;
+    for (size_t i = 1; i < chain.size(); ++i) {
+      auto from = flow_out.find(in->flow);
+      ASSERT_NE(from, flow_out.end()) << "a flow into a " << at->category << " span has no start";
+      const trace::Event* up = Enclosing(spans, *from->second);
+      ASSERT_NE(up, nullptr);
+      EXPECT_EQ(up->category, chain[i]);
+      EXPECT_EQ(up->client, at->client);
+      if (i + 1 == chain.size()) break;
+      // The flow that ends in `up`.
+      const trace::Event* next = nullptr;
+      for (const auto& [id2, in2] : flow_in)
+        if (in2->track == up->track && in2->ts_ns >= up->ts_ns &&
+            in2->ts_ns <= up->ts_ns + up->dur_ns)
+          next = in2;
+      ASSERT_NE(next, nullptr) << "no flow into the " << up->category << " span";
+      in = next;
+      at = up;
+    }
+    ++followed;
+  }
+  EXPECT_EQ(followed, 4 * 2 * kRuns);  // One per device per run.
+  // Gang order: on every device of an island, runs compute in the order its scheduler chose.
+  for (int island = 0; island < 2; ++island) {
+    std::vector<std::pair<int64_t, int64_t>> decided;  // (position, run)
+    for (const trace::Event& e : spans)
+      if (e.category == "schedule" && e.track == trace::IslandTrack(IslandId(island)))
+        decided.emplace_back(IntArg(e, "gang_position"), IntArg(e, "run"));
+    std::sort(decided.begin(), decided.end());
+    std::vector<int64_t> order;
+    for (const auto& [pos, run] : decided) order.push_back(run);
+    ASSERT_EQ(order.size(), 2u * kRuns);
+    for (int64_t device : {2 * island, 2 * island + 1}) {
+      std::vector<const trace::Event*> on = compute[device];
+      std::sort(on.begin(), on.end(),
+                [](const trace::Event* a, const trace::Event* b) { return a->ts_ns < b->ts_ns; });
+      std::vector<int64_t> ran;
+      for (const trace::Event* e : on) ran.push_back(IntArg(*e, "run"));
+      EXPECT_EQ(ran, order) << "device " << device << " left its island's gang order";
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(InProcess, ClusterTest, ::testing::Values(Transport::kInProcess));

@@ -1,4 +1,5 @@
 #include "absl/strings/string_view.h"
+#include "pw/trace/trace.h"
 #include "pw/executor/native_kernels.h"
 
 #include <cblas.h>
@@ -161,11 +162,15 @@ KernelDef MatMul() {
 }
 
 // Runs the collective with `combine` over every shard's (input, output) pointers.
-absl::Status Rendezvous(const KernelContext& c, const Collectives::Combine& combine) {
+absl::Status Rendezvous(const KernelContext& c, absl::string_view kind,
+                        const Collectives::Combine& combine) {
   if (c.launch.collectives == nullptr)
     return absl::FailedPreconditionError("collective launched without a communicator");
   CollectiveKey key = c.launch.key;
   key.op = c.op_index;
+  trace::Span span(trace::DeviceTrack(c.launch.device), "collective", kind);
+  span.Arg("run", key.run).Arg("bytes", static_cast<int64_t>(c.operands[0]->size_bytes()))
+      .Arg("ranks", static_cast<int64_t>(c.launch.slice_devices.size()));
   return c.launch.collectives->Run(key, c.launch.slice_devices, c.launch.rank,
                                    c.operands[0]->data(), c.operands[0]->size_bytes(),
                                    c.output->mutable_data(), c.output->size_bytes(), combine);
@@ -173,7 +178,8 @@ absl::Status Rendezvous(const KernelContext& c, const Collectives::Combine& comb
 
 template <typename Op>
 KernelDef AllReduce(std::string name, Op op) {
-  return {std::move(name), 1, {}, SameAsOperand, [op](const KernelContext& c) {
+  const std::string label = name;  // Its trace spans' name.
+  return {std::move(name), 1, {}, SameAsOperand, [op, label](const KernelContext& c) {
             if (c.launch.collectives == nullptr)
               return absl::FailedPreconditionError("collective launched without a communicator");
             const DType t = c.output->spec().dtype;
@@ -192,6 +198,9 @@ KernelDef AllReduce(std::string name, Op op) {
                 return absl::OkStatus();
               }).IgnoreError();  // The dtype was checked when the function was compiled.
             };
+            trace::Span span(trace::DeviceTrack(c.launch.device), "collective", label);
+            span.Arg("run", key.run).Arg("bytes", static_cast<int64_t>(c.output->size_bytes()))
+                .Arg("ranks", static_cast<int64_t>(c.launch.slice_devices.size()));
             return c.launch.collectives->AllReduce(key, c.launch.slice_devices, c.launch.rank,
                                                    c.operands[0]->data(), c.output->mutable_data(),
                                                    c.output->size_bytes(), DTypeSize(t), reduce,
@@ -210,7 +219,7 @@ KernelDef AllGather() {
   };
   auto run = [](const KernelContext& c) {
     const size_t chunk = c.operands[0]->size_bytes();
-    return Rendezvous(c, [=](absl::Span<const void* const> in, absl::Span<void* const> out) {
+    return Rendezvous(c, "all_gather", [=](absl::Span<const void* const> in, absl::Span<void* const> out) {
       for (size_t d = 0; d < out.size(); ++d)
         for (size_t s = 0; s < in.size(); ++s)
           std::memcpy(static_cast<char*>(out[d]) + s * chunk, in[s], chunk);
@@ -231,7 +240,7 @@ KernelDef ReduceScatterSum() {
   auto run = [](const KernelContext& c) {
     const int64_t per = c.output->spec().num_elements();
     const DType t = c.output->spec().dtype;
-    return Rendezvous(c, [=](absl::Span<const void* const> in, absl::Span<void* const> out) {
+    return Rendezvous(c, "reduce_scatter_sum", [=](absl::Span<const void* const> in, absl::Span<void* const> out) {
       return ForType(t, [&]<typename T>() {
         for (size_t d = 0; d < out.size(); ++d) {
           T* r = static_cast<T*>(out[d]);
@@ -252,7 +261,7 @@ KernelDef AllToAll() {
   auto run = [](const KernelContext& c) {
     const size_t n = c.launch.slice_devices.size();
     const size_t chunk = c.output->size_bytes() / n;
-    return Rendezvous(c, [=](absl::Span<const void* const> in, absl::Span<void* const> out) {
+    return Rendezvous(c, "all_to_all", [=](absl::Span<const void* const> in, absl::Span<void* const> out) {
       // Chunk j of shard s goes to shard j, at position s.
       for (size_t d = 0; d < out.size(); ++d)
         for (size_t s = 0; s < in.size(); ++s)

@@ -1,3 +1,4 @@
+#include "pw/trace/trace.h"
 #include "pw/pjrt/runtime_collectives.h"
 
 #include <algorithm>
@@ -154,6 +155,9 @@ absl::Status InLaunch(CollectiveLaunch* launch, int64_t op_id, absl::string_view
     return absl::FailedPreconditionError(absl::StrCat(
         kind, ": this computation was launched without the runtime's collectives"));
   const CollectiveKey key = launch->NextKey(op_id);
+  trace::Span span(trace::DeviceTrack(launch->devices()[launch->rank()]), "collective", kind);
+  span.Arg("run", key.run).Arg("op", static_cast<int64_t>(key.op))
+      .Arg("ranks", static_cast<int64_t>(launch->devices().size()));
   absl::Status s = run(*launch->collectives(), key);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat(kind, " (", launch->Where(key), "): ",

@@ -24,6 +24,7 @@
 #include "pw/rpc/wire.h"
 #include "pw/server/local_cluster.h"
 #include "pw/server/status_json.h"
+#include "pw/trace/trace_json.h"
 
 namespace nb = nanobind;
 
@@ -306,6 +307,19 @@ NB_MODULE(_pathways, m) {
             return Unwrap(Client::Connect(&remote, name));
           },
           nb::keep_alive<0, 1>())
+      .def(
+          "start_trace",
+          [](Client& c) {
+            nb::gil_scoped_release release;
+            Check(c.StartTrace());
+          })
+      .def(
+          "stop_trace",
+          [](Client& c, bool all_tenants) {
+            nb::gil_scoped_release release;
+            return trace::ToChromeJson(Unwrap(c.StopTrace(all_tenants)));
+          },
+          nb::arg("all_tenants") = false)
       .def(
           "add_slice",
           [](Client& c, int devices, const std::string& placement,

@@ -47,7 +47,9 @@ size_t ControllerService::num_clients() const {
   return keys_.size();
 }
 
+// The cluster token (the admin's, e.g. `pw trace`) serves as the client token too.
 absl::Status ControllerService::Authorize(const grpc::CallbackServerContext* ctx) const {
+  if (!cluster_token_.empty() && AuthorizeMember(ctx).ok()) return absl::OkStatus();
   return CheckToken(ctx, token_);
 }
 
@@ -71,7 +73,7 @@ absl::Status ControllerService::AuthorizeMember(const grpc::CallbackServerContex
 
 absl::Status ControllerService::Authorize(const grpc::CallbackServerContext* ctx,
                                           int64_t client) const {
-  PW_RETURN_IF_ERROR(CheckToken(ctx, token_));
+  PW_RETURN_IF_ERROR(Authorize(ctx));
   const std::string key = Metadata(ctx, "pw-client-key");
   pw::MutexLock lock(&mu_);
   // One answer whether the client is unknown or the key wrong (which ids are connected is not
@@ -180,11 +182,14 @@ grpc::ServerUnaryReactor* ControllerService::LoadFunction(grpc::CallbackServerCo
                                                           const v1::LoadFunctionRequest* req,
                                                           v1::ArraySpecs* resp) {
   PW_AUTHORIZE(ctx, req->client());
-  auto specs = controller_->LoadFunction(ClientId(req->client()), FunctionId(req->function()),
-                                         SliceId(req->slice()));
-  if (specs.ok())
-    for (const ArraySpec& s : *specs) ToProto(s, resp->add_specs());
-  return Reply(ctx, specs.status());
+  // Off gRPC's threads: it loads the function on the slice's workers (RPCs that wait).
+  return Offload(ctx, [this, req, resp]() {
+    auto specs = controller_->LoadFunction(ClientId(req->client()), FunctionId(req->function()),
+                                           SliceId(req->slice()));
+    if (specs.ok())
+      for (const ArraySpec& s : *specs) ToProto(s, resp->add_specs());
+    return specs.status();
+  });
 }
 
 grpc::ServerUnaryReactor* ControllerService::RegisterProgram(
@@ -221,6 +226,7 @@ grpc::ServerUnaryReactor* ControllerService::Submit(grpc::CallbackServerContext*
                           absl::StrCat("Submit timeout_us is negative: ", req->timeout_us())));
   RunOptions options(*mode);
   options.timeout = absl::Microseconds(req->timeout_us());
+  options.trace_flow = req->trace_flow();
   controller_->Submit(client, ProgramId(req->program()), args, options)
       .OnReady([this, reactor, resp, client](const absl::StatusOr<RunInfo>& info) {
         if (info.ok()) {
@@ -372,9 +378,11 @@ grpc::ServerUnaryReactor* ControllerService::RegisterWorker(
 
 grpc::ServerUnaryReactor* ControllerService::Heartbeat(grpc::CallbackServerContext* ctx,
                                                        const v1::HeartbeatRequest* req,
-                                                       v1::Empty*) {
+                                                       v1::HeartbeatResponse* resp) {
   if (absl::Status a = AuthorizeMember(ctx); !a.ok()) return Reply(ctx, a);
-  return Reply(ctx, membership_->Heartbeat(HostId(req->host())));
+  absl::Status s = membership_->Heartbeat(HostId(req->host()));
+  resp->set_clock_ns(trace::Now());  // The worker's trace clock offset (pw/trace).
+  return Reply(ctx, s);
 }
 
 grpc::ServerUnaryReactor* ControllerService::LookupHost(grpc::CallbackServerContext* ctx,
@@ -408,6 +416,35 @@ grpc::ServerUnaryReactor* ControllerService::Cancel(grpc::CallbackServerContext*
     PW_ASSIGN_OR_RETURN(std::vector<RunId> runs, membership_->Cancel(*req));
     for (RunId r : runs) resp->add_runs(r.value());
     return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* ControllerService::StartTrace(grpc::CallbackServerContext* ctx,
+                                                        const v1::ClientRequest* req,
+                                                        v1::Clock* resp) {
+  PW_AUTHORIZE(ctx, req->client());
+  return Offload(ctx, [this, req, resp]() -> absl::Status {  // It tells every worker process.
+    PW_ASSIGN_OR_RETURN(int64_t clock, controller_->StartTrace(ClientId(req->client())));
+    resp->set_ns(clock);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* ControllerService::StopTrace(grpc::CallbackServerContext* ctx,
+                                                       const v1::StopTraceRequest* req,
+                                                       v1::TraceChunk* resp) {
+  PW_AUTHORIZE(ctx, req->client());
+  // Every tenant's spans in full are the admin's (the cluster token), as in Status.
+  if (req->all_tenants() && !AuthorizeMember(ctx).ok())
+    return Reply(ctx, absl::PermissionDeniedError(
+                          "a trace of every tenant's spans needs the cluster token (pw trace "
+                          "where pw up ran, or PW_CLUSTER_TOKEN); without it, other clients' "
+                          "spans are anonymous"));
+  return Offload(ctx, [this, req, resp]() -> absl::Status {  // It asks every worker process.
+    absl::StatusOr<trace::Chunk> chunk =
+        controller_->StopTrace(ClientId(req->client()), req->all_tenants()).Await();
+    if (chunk.ok()) ToProto(*chunk, resp);
+    return chunk.status();
   });
 }
 

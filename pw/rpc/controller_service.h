@@ -84,8 +84,10 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   PW_UNARY(ImportArray, ShareRequest, ArrayInfo);
   PW_UNARY(RevokeShare, ShareRequest, Empty);
   PW_UNARY(Status, Empty, ClusterStatus);
+  PW_UNARY(StartTrace, ClientRequest, Clock);
+  PW_UNARY(StopTrace, StopTraceRequest, TraceChunk);
   PW_UNARY(RegisterWorker, RegisterWorkerRequest, RegisterWorkerResponse);
-  PW_UNARY(Heartbeat, HeartbeatRequest, Empty);
+  PW_UNARY(Heartbeat, HeartbeatRequest, HeartbeatResponse);
   PW_UNARY(LookupHost, LookupHostRequest, HostAddress);
   PW_UNARY(GetClusterSpec, Empty, Text);
   PW_UNARY(Shutdown, Empty, Empty);

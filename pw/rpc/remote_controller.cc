@@ -287,6 +287,26 @@ absl::Status RemoteController::RevokeShare(ClientId client, const std::string& t
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> RemoteController::StartTrace(ClientId client) {
+  v1::ClientRequest req;
+  req.set_client(client.value());
+  v1::Clock resp;
+  PW_CALL(StartTrace, client, req, resp);
+  return resp.ns();
+}
+
+Future<trace::Chunk> RemoteController::StopTrace(ClientId client, bool all_tenants) {
+  v1::StopTraceRequest req;
+  req.set_client(client.value());
+  req.set_all_tenants(all_tenants);
+  v1::TraceChunk resp;
+  auto call = [&]() -> absl::StatusOr<trace::Chunk> {
+    PW_CALL(StopTrace, client, req, resp);
+    return FromProto(resp);
+  };
+  return Future<trace::Chunk>::Ready(call());
+}
+
 #undef PW_CALL
 
 namespace {
@@ -309,6 +329,7 @@ Future<RunInfo> RemoteController::Submit(ClientId client, ProgramId program,
   for (BufferId a : args) call->req.add_args(a.value());
   call->req.set_mode(static_cast<int32_t>(options.mode));
   call->req.set_timeout_us(absl::ToInt64Microseconds(options.timeout));
+  call->req.set_trace_flow(options.trace_flow);
   auto promise = std::make_shared<Promise<RunInfo>>();  // gRPC callbacks must be copyable.
   Future<RunInfo> result = promise->future();
   core_->stub->async()->Submit(

@@ -59,6 +59,9 @@ class RemoteController final : public ControllerInterface {
   Future<> ArrayReady(ClientId client, BufferId id) override;
   absl::Status ReleaseArray(ClientId client, BufferId id) override;
   absl::StatusOr<ClusterStatus> Status() override;
+  absl::StatusOr<int64_t> StartTrace(ClientId client) override;
+  // Blocks for the answer (a trace is stopped once, at its end).
+  Future<trace::Chunk> StopTrace(ClientId client, bool all_tenants) override;
 
  private:
   struct Session;

@@ -237,6 +237,7 @@ DispatchAck RemoteWorker::Dispatch(HostWork work) {
   v1::DispatchRequest* d = c.mutable_dispatch();
   d->set_program_id(work.program->id);
   d->set_run(work.run.value());
+  d->set_client(work.client.value());
   d->set_begin(work.begin);
   d->set_end(work.end);
   d->mutable_buffers()->Reserve(static_cast<int>(work.buffers->size()));
@@ -350,6 +351,19 @@ absl::StatusOr<HostStatus> RemoteWorker::Status() const {
   absl::StatusOr<HostStatus> h = FromProto(resp);
   if (!h.ok()) return Where(h.status());
   return h;
+}
+
+absl::StatusOr<trace::Chunk> RemoteWorker::Trace(bool start) {
+  grpc::ClientContext ctx;
+  AddToken(&ctx, options_.token);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  v1::WorkerTraceRequest req;
+  req.set_start(start);
+  v1::TraceChunk resp;
+  if (absl::Status s = FromGrpc(stub_->Trace(&ctx, req, &resp)); !s.ok()) return Where(s);
+  absl::StatusOr<trace::Chunk> c = FromProto(resp);
+  if (!c.ok()) return Where(c.status());
+  return c;
 }
 
 // ---------------------------------------------------------------- the data plane's write side

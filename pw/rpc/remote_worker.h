@@ -19,6 +19,7 @@
 #include "pw/rpc/bulk_client.h"
 #include "pw/rpc/shm_arena.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
+#include "pw/trace/trace.h"
 #include "pw/transport/worker_interface.h"
 
 namespace pw::rpc {
@@ -46,6 +47,10 @@ class RemoteWorker final : public WorkerInterface {
   absl::Status RestoreDevice(DeviceId device) override;
   // Asks the worker (3 s at most); an error naming the host if it cannot be reached.
   absl::StatusOr<HostStatus> Status() const override;
+  // The worker process's trace recorder (not a WorkerInterface call: it is the process's):
+  // starts it (an empty chunk back), or stops it and returns its events on the controller's
+  // clock. Waits at most 10 s.
+  absl::StatusOr<trace::Chunk> Trace(bool start);
 
   // Sends a collective contribution (fire and forget); `on_error` runs if it cannot be delivered.
   void SendCollective(::pathways::v1::CollectiveContribution c,

@@ -628,4 +628,63 @@ absl::StatusOr<ClusterStatus> FromProto(const v1::ClusterStatus& p) {
   return c;
 }
 
+void ToProto(const trace::Chunk& c, v1::TraceChunk* out) {
+  out->mutable_events()->Reserve(static_cast<int>(c.events.size()));
+  for (const trace::Event& e : c.events) {
+    v1::TraceEvent* p = out->add_events();
+    p->set_phase(e.phase);
+    p->set_track_kind(static_cast<int32_t>(e.track.kind));
+    p->set_track_id(e.track.id);
+    p->set_track_host(e.track.host);
+    p->set_name(e.name);
+    p->set_category(e.category);
+    p->set_ts_ns(e.ts_ns);
+    p->set_dur_ns(e.dur_ns);
+    p->set_flow(e.flow);
+    p->set_client(e.client);
+    for (const auto& [k, v] : e.args) {
+      v1::TraceArg* a = p->add_args();
+      a->set_key(k);
+      if (std::holds_alternative<int64_t>(v)) a->set_int_value(std::get<int64_t>(v));
+      else a->set_string_value(std::get<std::string>(v));
+    }
+  }
+  for (uint64_t id : c.processes) out->add_processes(id);
+  out->set_dropped(c.dropped);
+  out->set_clock_ns(c.clock);
+}
+
+absl::StatusOr<trace::Chunk> FromProto(const v1::TraceChunk& p) {
+  trace::Chunk c;
+  c.events.reserve(p.events_size());
+  for (int i = 0; i < p.events_size(); ++i) {
+    const v1::TraceEvent& e = p.events(i);
+    if (e.phase() != 'X' && e.phase() != 's' && e.phase() != 'f' && e.phase() != 'i')
+      return absl::InvalidArgumentError(absl::StrCat("trace event ", i, ": phase ", e.phase()));
+    if (e.track_kind() < 0 || e.track_kind() > static_cast<int32_t>(trace::Track::Kind::kCompile))
+      return absl::InvalidArgumentError(
+          absl::StrCat("trace event ", i, ": track kind ", e.track_kind()));
+    if (e.dur_ns() < 0)
+      return absl::InvalidArgumentError(absl::StrCat("trace event ", i, ": negative duration"));
+    trace::Event out;
+    out.phase = static_cast<char>(e.phase());
+    out.track = {static_cast<trace::Track::Kind>(e.track_kind()), e.track_id(), e.track_host()};
+    out.name = e.name();
+    out.category = e.category();
+    out.ts_ns = e.ts_ns();
+    out.dur_ns = e.dur_ns();
+    out.flow = e.flow();
+    out.client = e.client();
+    for (const v1::TraceArg& a : e.args()) {
+      if (a.value_case() == v1::TraceArg::kIntValue) out.args.emplace_back(a.key(), a.int_value());
+      else out.args.emplace_back(a.key(), a.string_value());
+    }
+    c.events.push_back(std::move(out));
+  }
+  c.processes.assign(p.processes().begin(), p.processes().end());
+  c.dropped = p.dropped();
+  c.clock = p.clock_ns();
+  return c;
+}
+
 }  // namespace pw::rpc

@@ -65,4 +65,7 @@ absl::StatusOr<ClusterStatus> FromProto(const v1::ClusterStatus& p);
 
 absl::StatusOr<DispatchMode> DispatchModeFromProto(int32_t mode);
 
+void ToProto(const trace::Chunk& c, v1::TraceChunk* out);
+absl::StatusOr<trace::Chunk> FromProto(const v1::TraceChunk& p);
+
 }  // namespace pw::rpc

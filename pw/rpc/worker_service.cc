@@ -178,7 +178,8 @@ class WorkerService::CommandStream final
         }
         if (absl::Status s = CheckBufferMap(**program, *buffers, d.begin(), d.end()); !s.ok())
           return fail(s, true);
-        HostWork work{RunId(d.run()), *program, std::move(buffers), d.begin(), d.end()};
+        HostWork work{RunId(d.run()), ClientId(d.client()), *program, std::move(buffers), d.begin(),
+                      d.end()};
         DispatchAck ack = worker->Dispatch(std::move(work));
         ack.enqueued.OnReady([sink = sink_, seq](const absl::Status& s) {
           Send(sink, seq, v1::CommandEvent::ENQUEUED, s);
@@ -545,6 +546,28 @@ grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx
   }
   if (status.ok()) ToProto(*status, resp);
   return Reply(ctx, status.status());
+}
+
+grpc::ServerUnaryReactor* WorkerService::Trace(grpc::CallbackServerContext* ctx,
+                                               const v1::WorkerTraceRequest* req,
+                                               v1::TraceChunk* resp) {
+  if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
+  trace::Recorder& recorder = trace::Recorder::Get();
+  pw::MutexLock lock(&mu_);
+  if (req->start()) {
+    traces_.push_back(recorder.Start());
+    return Reply(ctx, absl::OkStatus());
+  }
+  if (traces_.empty()) return Reply(ctx, absl::OkStatus());  // Started before this process was.
+  trace::Chunk chunk;
+  chunk.events = recorder.Collect(traces_.front());
+  chunk.processes.push_back(recorder.process_id());
+  chunk.dropped = recorder.dropped();
+  traces_.erase(traces_.begin());
+  recorder.Stop();
+  trace::Shift(chunk.events, controller_clock_.offset());
+  ToProto(chunk, resp);
+  return Reply(ctx, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* WorkerService::Collective(grpc::CallbackServerContext* ctx,

@@ -23,6 +23,7 @@
 #include "pw/rpc/bulk_server.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
 #include "pw/rpc/shm_arena.h"
+#include "pw/trace/trace.h"
 #include "pw/transport/worker_interface.h"
 
 namespace pw::rpc {
@@ -61,6 +62,14 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   grpc::ServerUnaryReactor* Collective(grpc::CallbackServerContext* ctx,
                                        const ::pathways::v1::CollectiveContribution* req,
                                        ::pathways::v1::Empty* resp) override;
+  // The controller's trace of the cluster: starts this process's recorder, or stops it and
+  // answers its events on the controller's clock (controller_clock()).
+  grpc::ServerUnaryReactor* Trace(grpc::CallbackServerContext* ctx,
+                                  const ::pathways::v1::WorkerTraceRequest* req,
+                                  ::pathways::v1::TraceChunk* resp) override;
+  // The controller's clock minus this process's: sampled at registration and each heartbeat
+  // (pw/server).
+  trace::ClockOffset& controller_clock() { return controller_clock_; }
 
   // Chunk size of FetchShard streams, for readers that do not take the bulk stream: chunks that
   // stay in cache while protobuf and gRPC copy them (on 64 MiB transfers, 1 MiB and 512 KiB
@@ -85,8 +94,10 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   BulkServer* const bulk_;
   const std::function<void(DeviceId)> on_restore_;
   ShmWriterCache arena_writer_;  // Readers' arena segments that shard streams write into.
+  trace::ClockOffset controller_clock_;
   pw::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<const HostProgram>> programs_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> traces_ ABSL_GUARDED_BY(mu_);  // The controller's traces' starts, oldest first.
 };
 
 }  // namespace pw::rpc

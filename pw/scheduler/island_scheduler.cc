@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "pw/trace/trace.h"
 
 namespace pw {
 
@@ -70,6 +71,13 @@ void IslandScheduler::DispatchOne(ScheduleRequest& r) {
     done.push_back(Future<>::Ready(s));
   };
   const IslandWork& w = r.work;
+  // The scheduling decision: this run's turn in the island's gang order.
+  trace::Span span(trace::IslandTrack(island_), "schedule", w.program, w.client.value());
+  if (span.active()) {
+    span.Arg("run", w.run.value()).Arg("program", w.program).Arg("gang_position", dispatched_seq_);
+    span.FlowIn(trace::FlowId(w.run.value(), trace::Stage::kSchedule, island_.value()));
+  }
+  ++dispatched_seq_;
   if (w.mode == DispatchMode::kParallel) {
     // One message per host with all of its nodes; no waiting.
     for (const auto& [host, program] : w.hosts) {
@@ -78,7 +86,8 @@ void IslandScheduler::DispatchOne(ScheduleRequest& r) {
         unreachable(host);
         continue;
       }
-      DispatchAck ack = worker->Dispatch({w.run, program, w.buffers, 0, program->nodes.size()});
+      span.FlowOut(trace::FlowId(w.run.value(), trace::Stage::kDispatch, host.value(), 0));
+      DispatchAck ack = worker->Dispatch({w.run, w.client, program, w.buffers, 0, program->nodes.size()});
       enqueued.push_back(ack.enqueued);
       done.push_back(ack.done);
     }
@@ -101,7 +110,9 @@ void IslandScheduler::DispatchOne(ScheduleRequest& r) {
           unreachable(host);
           continue;
         }
-        DispatchAck ack = worker->Dispatch({w.run, program, w.buffers, at, at + 1});
+        span.FlowOut(trace::FlowId(w.run.value(), trace::Stage::kDispatch, host.value(),
+                                   static_cast<int64_t>(at)));
+        DispatchAck ack = worker->Dispatch({w.run, w.client, program, w.buffers, at, at + 1});
         node_enqueued.push_back(ack.enqueued);
         done.push_back(ack.done);
       }

@@ -50,6 +50,7 @@ class IslandScheduler {
   std::unique_ptr<SchedulingPolicy> policy_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int64_t dispatched_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t dispatched_seq_ = 0;  // The scheduler thread's own count (its trace spans' gang position).
   std::thread thread_;
 };
 

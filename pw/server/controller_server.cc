@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "pw/base/heap.h"
@@ -34,7 +35,12 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
                                 .max_client_bytes = s->options_.max_client_bytes,
                                 .on_run_done = [runs](absl::Duration d, const absl::Status& st) {
                                   runs->Observe(d, st);
-                                }});
+                                },
+                                .start_remote_traces = [p = s.get()] { p->TraceWorkers(true); },
+                                .stop_remote_traces =
+                                    [p = s.get()] {
+                                      return Future<trace::Chunk>::Ready(p->TraceWorkers(false));
+                                    }});
   s->service_ = std::make_unique<rpc::ControllerService>(
       s->controller_.get(), s.get(), s->options_.channel.token, s->options_.cluster_token,
       s->options_.clients);
@@ -150,7 +156,38 @@ absl::StatusOr<v1::RegisterWorkerResponse> ControllerServer::RegisterWorker(
                rejoin ? "rejoined" : "joined", req.address().c_str());
   v1::RegisterWorkerResponse resp;
   resp.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  resp.set_clock_ns(trace::Now());
   return resp;
+}
+
+trace::Chunk ControllerServer::TraceWorkers(bool start) {
+  std::vector<rpc::RemoteWorker*> workers;
+  {
+    pw::MutexLock lock(&mu_);
+    for (const auto& [host, m] : members_)
+      if (m.alive && m.worker != nullptr) workers.push_back(m.worker);
+  }
+  // In parallel: a slow worker costs its own deadline, not one per worker.
+  std::vector<absl::StatusOr<trace::Chunk>> got(workers.size());
+  std::vector<std::thread> asks;
+  for (size_t i = 0; i < workers.size(); ++i)
+    asks.emplace_back([&, i] { got[i] = workers[i]->Trace(start); });
+  for (std::thread& t : asks) t.join();
+  trace::Chunk all;
+  // Workers in this process (tests) record into the controller's recorder: taken once, there.
+  absl::flat_hash_set<uint64_t> seen = {trace::Recorder::Get().process_id()};
+  for (absl::StatusOr<trace::Chunk>& c : got) {
+    if (!c.ok()) {  // Its spans are missing; the trace says so.
+      std::fprintf(stderr, "pw controller: trace: %s\n", std::string(c.status().message()).c_str());
+      continue;
+    }
+    if (!c->processes.empty() && !seen.insert(c->processes.front()).second) continue;
+    all.events.insert(all.events.end(), std::make_move_iterator(c->events.begin()),
+                      std::make_move_iterator(c->events.end()));
+    all.processes.insert(all.processes.end(), c->processes.begin(), c->processes.end());
+    all.dropped += c->dropped;
+  }
+  return all;
 }
 
 absl::Status ControllerServer::Heartbeat(HostId host) {

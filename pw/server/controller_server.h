@@ -87,6 +87,9 @@ class ControllerServer final : public rpc::ClusterMembership {
   };
   ControllerServer(const ClusterSpec& spec, Options options);
   void MonitorLoop();
+  // Starts every live worker process's trace recorder, or stops them and gathers their events
+  // (on this process's clock; a worker that cannot be asked is left out, logged).
+  trace::Chunk TraceWorkers(bool start);
 
   const ClusterSpec spec_;
   const Options options_;

@@ -139,8 +139,10 @@ absl::Status WorkerServer::Register() {
   req.set_data_address(mailbox_->name());
   v1::RegisterWorkerResponse resp;
   grpc::ClientContext ctx;
+  const int64_t t0 = trace::Now();
   PW_RETURN_IF_ERROR(rpc::FromGrpc(
       controller_->RegisterWorker(Prepare(&ctx, absl::Seconds(30)), req, &resp)));
+  service_->controller_clock().Sample(t0, resp.clock_ns(), trace::Now());
   if (resp.heartbeat_interval_ms() > 0)
     heartbeat_interval_ = absl::Milliseconds(resp.heartbeat_interval_ms());
   return absl::OkStatus();
@@ -170,9 +172,11 @@ void WorkerServer::HeartbeatLoop() {
     ReleaseFreeMemoryIfDue(absl::Now());  // After large shards on the wire (pw/base/heap.h).
     v1::HeartbeatRequest req;
     req.set_host(options_.host.value());
-    v1::Empty resp;
+    v1::HeartbeatResponse resp;
     grpc::ClientContext ctx;
+    const int64_t t0 = trace::Now();
     absl::Status s = rpc::FromGrpc(controller_->Heartbeat(Prepare(&ctx, absl::Seconds(2)), req, &resp));
+    if (s.ok()) service_->controller_clock().Sample(t0, resp.clock_ns(), trace::Now());
     if (absl::IsFailedPrecondition(s)) {
       // Declared failed (say, after a stall) or the controller restarted: what this process
       // holds is stale (its work was failed, its devices removed from the others' collectives).

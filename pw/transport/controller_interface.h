@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "pw/trace/trace.h"
 #include "pw/base/future.h"
 #include "pw/base/host_array.h"
 #include "pw/base/ids.h"
@@ -111,6 +112,15 @@ class ControllerInterface {
   // An error only when the controller cannot be asked; a host it cannot ask is listed with
   // HostStatus::error.
   virtual absl::StatusOr<ClusterStatus> Status() = 0;
+
+  // Tracing (pw/trace). StartTrace turns span recording on in every process of the cluster
+  // until the client's StopTrace or disconnect (one trace per client at a time: a second is
+  // FailedPrecondition); returns the controller's clock (trace::Now()), for the caller's offset.
+  virtual absl::StatusOr<int64_t> StartTrace(ClientId client) = 0;
+  // The spans recorded since the client's StartTrace, from every process, on the controller's
+  // clock. Other clients' spans are anonymized (trace::Anonymize) unless `all_tenants`, which
+  // over the wire needs the cluster token (the admin's `pw trace`).
+  virtual Future<trace::Chunk> StopTrace(ClientId client, bool all_tenants) = 0;
 };
 
 // The cluster's status with every host's counts: an error naming the first host that could not

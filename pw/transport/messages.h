@@ -36,6 +36,9 @@ struct RunOptions {
   // client sees DEADLINE_EXCEEDED naming the run, program and timeout at once (the cluster's
   // default when 0: Controller::Options::default_run_timeout).
   absl::Duration timeout = absl::ZeroDuration();
+  // Nonzero while the client traces (pw/trace): the flow from its call span to the
+  // controller's submit span.
+  uint64_t trace_flow = 0;
 };
 
 // Buffers in host programs are value indices of the lowered program; each run maps them to its
@@ -85,6 +88,7 @@ struct HostProgram {
 // What one host does for one run: nodes [begin, end) of its host program, with the run's buffers.
 struct HostWork {
   RunId run;
+  ClientId client;  // Whose run (its trace spans name it).
   std::shared_ptr<const HostProgram> program;
   std::shared_ptr<const std::vector<BufferId>> buffers;  // Value index -> this run's buffer.
   size_t begin = 0;

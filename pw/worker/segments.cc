@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
+#include "pw/trace/trace.h"
 #include "pw/worker/worker.h"
 
 namespace pw {
@@ -227,6 +228,24 @@ std::shared_ptr<const Worker::SegmentPlan> Worker::MakePlan(const HostWork& work
 void Worker::DispatchSegments(std::shared_ptr<const HostWork> work, Promise<> enqueued,
                               Promise<> done) {
   std::shared_ptr<const SegmentPlan> plan = PlanOf(*work);
+  trace::Span span(trace::HostTrack(host_), "dispatch", work->program->program,
+                   work->client.value());
+  if (span.active()) {
+    const int64_t run = work->run.value(), begin = static_cast<int64_t>(work->begin);
+    span.Arg("run", run).Arg("program", work->program->program);
+    span.Arg("nodes", static_cast<int64_t>(work->end - work->begin));
+    span.FlowIn(trace::FlowId(run, trace::Stage::kDispatch, host_.value(), begin));
+    for (const SegmentPlan::OnDevice& on : plan->devices)
+      span.FlowOut(trace::FlowId(run, trace::Stage::kCompute, on.device->id().value(), begin));
+    for (const SegmentPlan::Action& a : plan->order) {
+      if (a.step >= 0) continue;
+      const TransferWork& t = std::get<TransferWork>(a.node->work);
+      for (int rank : t.local_ranks)
+        if (rank >= 0 && rank < static_cast<int>(t.dst_devices.size()))
+          span.FlowOut(trace::FlowId(run, trace::Stage::kTransfer, a.node->node,
+                                     t.dst_devices[rank].value()));
+    }
+  }
   if (!plan->malformed.ok()) {
     enqueued.Set();
     return done.Set(plan->malformed);
@@ -259,7 +278,8 @@ void Worker::DispatchSegments(std::shared_ptr<const HostWork> work, Promise<> en
   }
   for (const SegmentPlan::Action& a : d->plan->order) {
     if (a.step < 0) {
-      DispatchTransfer(w, *a.node, std::get<TransferWork>(a.node->work), transfers_done);
+      DispatchTransfer(w, *a.node, std::get<TransferWork>(a.node->work), transfers_done,
+                       span.active());
       continue;
     }
     Segment& s = *segments[a.device];
@@ -306,6 +326,16 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
   const auto* scratch = std::get_if<Future<ReservationRef>>(&seg.scratch);
   std::vector<absl::StatusOr<DeviceBufferRef>> slots(plan.slots, DeviceBufferRef());
   size_t next_setup_error = 0;
+  const trace::Track track = trace::DeviceTrack(device.id(), host_);
+  const int64_t client = work.client.value();
+  // Waits the device makes before a step (memory, compile) are spans of their own.
+  auto wait_span = [&](std::optional<trace::Span>& s, const auto& f, absl::string_view what,
+                       const SegmentPlan::Step& step) {
+    if (trace::Enabled() && f.valid() && !f.IsReady()) {
+      s.emplace(track, what, absl::StrCat(what, ": ", step.node->name), client);
+      s->Arg("run", work.run.value()).Arg("node", step.node->name);
+    }
+  };
   for (size_t i = 0; i < plan.steps.size(); ++i) {
     const SegmentPlan::Step& step = plan.steps[i];
     // Why it does not run, if it does not.
@@ -313,6 +343,8 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
     if (s.ok()) s = Cancelled(work.run);
     if (s.ok() && scratch != nullptr &&
         std::any_of(step.outputs.begin(), step.outputs.end(), [](int y) { return y >= 0; })) {
+      std::optional<trace::Span> waiting;
+      wait_span(waiting, *scratch, "memory wait", step);
       s = AwaitUnlessCancelled(*scratch, work.run);
       if (s.ok()) s = scratch->status();
     }
@@ -323,12 +355,18 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
     // The store entries hold the outputs' memory: once granted, the segment needs it no more.
     for (int y : step.outputs) {
       if (y >= 0 || !seg.output_memory[~y].valid()) continue;
+      std::optional<trace::Span> waiting;
+      wait_span(waiting, seg.output_memory[~y], "memory wait", step);
       if (s.ok()) s = AwaitUnlessCancelled(seg.output_memory[~y], work.run);
       if (s.ok()) s = seg.output_memory[~y].status();
       seg.output_memory[~y] = Future<ReservationRef>();
     }
     if (s.ok()) s = step.invalid;
-    if (s.ok()) s = AwaitUnlessCancelled(step.exe, work.run);  // Compiling, if XLA's.
+    if (s.ok()) {
+      std::optional<trace::Span> compiling;
+      wait_span(compiling, step.exe, "compile wait", step);
+      s = AwaitUnlessCancelled(step.exe, work.run);  // Compiling, if XLA's.
+    }
     if (s.ok()) s = step.exe.status();
     ShardLaunch launch;
     launch.key = {work.run.value(), step.node->node, 0};
@@ -361,6 +399,15 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
     }
     if (s.ok()) s = Cancelled(work.run);
     std::optional<absl::StatusOr<std::vector<DeviceBufferRef>>> ran;
+    trace::Span compute(track, "compute", step.node->name, client);
+    if (compute.active()) {
+      compute.Arg("run", work.run.value()).Arg("program", work.program->program);
+      compute.Arg("node", step.node->name).Arg("rank", step.rank);
+      if (i == 0)
+        compute.FlowIn(trace::FlowId(work.run.value(), trace::Stage::kCompute,
+                                     device.id().value(), static_cast<int64_t>(work.begin)));
+      if (!s.ok()) compute.Arg("error", s.ToString());
+    }
     if (s.ok()) {
       Executable::Run run = (*step.exe.Await())->Launch(launch);
       ran = std::move(run.ran);

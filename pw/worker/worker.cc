@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "pw/trace/trace.h"
 #include "pw/base/status_macros.h"
 #include "pw/pjrt/shard_executable.h"
 
@@ -49,13 +50,16 @@ Worker::~Worker() {
 }
 
 absl::Status Worker::LoadFunction(FunctionId id, const FunctionDef& def) {
-  // A per-shard XLA module is compiled here, at registration (on the caller's thread, not the
-  // dispatch thread, and under no lock dispatch takes): its first run then finds it compiled,
-  // and a module XLA rejects fails its registration, naming the function. SPMD modules depend on
-  // their slice's devices and compile on the compile thread when first dispatched.
+  // A per-shard XLA module is compiled here, when first bound to a slice on this host (on the
+  // caller's thread, not the dispatch thread, and under no lock dispatch takes): its first run
+  // then finds it compiled, and a module XLA rejects fails its binding, naming the function.
+  // SPMD modules depend on their slice's devices and compile on the compile thread when first
+  // dispatched.
   std::shared_ptr<const pjrt::PjrtExecutable> precompiled;
   if (const auto* hlo = std::get_if<StableHloFunctionDef>(&def);
       hlo != nullptr && hlo->num_partitions == 1 && pjrt_ != nullptr) {
+    trace::Span span(trace::CompileTrack(host_), "compile", hlo->name);
+    span.Arg("function", hlo->name).Arg("partitions", 1);
     auto exe = pjrt::PjrtShardExecutable::Precompile(pjrt_, *hlo);
     PW_RETURN_IF_ERROR(Annotate(exe.status(), host_.ToString()));
     precompiled = *std::move(exe);
@@ -126,9 +130,11 @@ absl::StatusOr<Worker::Loaded> Worker::LoadExecutable(FunctionId id,
   Promise<ExecutableRef> compiled;
   Loaded loaded{compiled.future(), hlo->outputs};
   executables_.emplace(std::move(key), loaded);
-  compile_.Post([backend = pjrt_, def = *hlo,
+  compile_.Post([backend = pjrt_, def = *hlo, host = host_,
                  devices = std::vector<DeviceId>(slice_devices.begin(), slice_devices.end()),
                  compiled = std::move(compiled)]() mutable {
+    trace::Span span(trace::CompileTrack(host), "compile", def.name);
+    span.Arg("function", def.name).Arg("partitions", def.num_partitions);
     compiled.Set(pjrt::PjrtShardExecutable::Compile(std::move(backend), def, devices));
   });
   return loaded;
@@ -161,7 +167,16 @@ void Worker::PutFailed(BufferId id, DeviceId device, const absl::Status& error) 
 }
 
 void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,
-                              const std::shared_ptr<Countdown>& done) {
+                              const std::shared_ptr<Countdown>& done, bool traced) {
+  // What its trace spans say (only when traced: no copies otherwise).
+  struct Traced {
+    int64_t client, dispatched, node;
+    std::string name, program;
+  };
+  std::shared_ptr<const Traced> tr;
+  if (traced)
+    tr = std::make_shared<const Traced>(Traced{work.client.value(), trace::Now(), node.node,
+                                               node.name, work.program->program});
   const ArraySpec shard_spec{t.global.dtype, t.dst_sharding.ShardShape(t.global.shape)};
   const size_t esize = DTypeSize(t.global.dtype);
   for (int rank : t.local_ranks) {
@@ -228,7 +243,7 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
     for (const Source& s : sources) src_ranks.push_back(s.rank);
     JoinFutures(deps).OnReady([this, run = work.run, t, src_ranks, fetched = std::move(fetched),
                                dst_box, shard_spec, device_id, esize, where, out = std::move(out),
-                               shard_done](const absl::Status& s) mutable {
+                               shard_done, tr](const absl::Status& s) mutable {
       if (!s.ok()) {
         out.Set(Annotate(s, where));
         shard_done->Done(Annotate(s, where));
@@ -236,7 +251,17 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
       }
       data_plane_.Post([this, run, t = std::move(t), src_ranks = std::move(src_ranks),
                         fetched = std::move(fetched), dst_box, shard_spec, device_id, esize, where,
-                        out = std::move(out), shard_done]() mutable {
+                        out = std::move(out), shard_done, tr]() mutable {
+        std::optional<trace::Span> span;
+        if (tr != nullptr) {
+          span.emplace(trace::TransfersTrack(host_), "transfer", tr->name, tr->client);
+          span->Arg("run", run.value()).Arg("program", tr->program).Arg("node", tr->name);
+          span->Arg("device", device_id.value()).Arg("link", t.link == LinkClass::kDcn ? "dcn" : "ici");
+          // From dispatch to the sources' data and the memory being there.
+          span->Arg("waited_us", (trace::Now() - tr->dispatched) / 1000);
+          span->FlowIn(trace::FlowId(run.value(), trace::Stage::kTransfer, tr->node,
+                                     device_id.value()));
+        }
         if (absl::Status c = Cancelled(run); !c.ok()) {
           out.Set(Annotate(c, where));
           shard_done->Done(Annotate(c, where));
@@ -264,6 +289,7 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
                     static_cast<int64_t>(esize);
         }
         CountReceived(t.link, copied);
+        if (span.has_value()) span->Arg("bytes", copied);
         out.Set(DeviceBufferRef(std::move(dst)));
         shard_done->Done();
       });

@@ -89,8 +89,10 @@ class Worker final : public WorkerInterface {
   // wait for, which also goes to `*pending` (if given) for the device thread to wait on.
   static ObjectStore::Memory ReserveMemory(Device& device, int64_t bytes,
                                            Future<ReservationRef>* pending);
+  // `traced`: the dispatch's trace span is recording (each shard's copy is a span of the host's
+  // transfers track, ending the dispatch's flow to it).
   void DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,
-                        const std::shared_ptr<Countdown>& done);
+                        const std::shared_ptr<Countdown>& done, bool traced);
   // Segments: each device runs all of its shards of a work as one queue item. Shapes are static,
   // so the range of a host program is planned once (SegmentPlan) and each run's dispatch does
   // only what other parts of the system see: the store's entries of values read outside the

@@ -22,6 +22,7 @@ runtime's workers. Programs run on an embedded cluster in this process, or on a 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import threading
@@ -33,7 +34,7 @@ from ._array import Array, Device, Sharding
 from ._functions import Jitted, Pmapped, _Program
 
 __all__ = ["connect", "make_virtual_device_set", "pmap", "jit", "program", "device_put", "status",
-           "revoke", "serve_metrics", "Client", "Array", "Device", "Sharding", "VirtualDeviceSet",
+           "revoke", "serve_metrics", "trace", "Client", "Array", "Device", "Sharding", "VirtualDeviceSet",
            "Slice"]
 
 _lock = threading.Lock()
@@ -130,6 +131,28 @@ def serve_metrics(port: int = 0, host: str = "127.0.0.1") -> str:
     if not address:
         raise RuntimeError("the cluster's controller serves no metrics (pw controller --metrics-port)")
     return address
+
+
+@contextlib.contextmanager
+def trace(path: str, *, all_tenants: bool | None = None, client: Client | None = None):
+    """Records a timeline of the cluster while the block runs and writes it to `path` as Chrome
+    trace JSON (open it in the Perfetto UI, ui.perfetto.dev, or chrome://tracing): this client's
+    calls, the controller's submits, each island scheduler's gang order, each host's dispatch and
+    transfers (bytes, ICI or DCN), each device's computations, collectives and waits (memory,
+    compile), linked by flow arrows, on the controller's clock (pw/trace/README.md).
+    Other clients' spans are anonymous unless `all_tenants` (default: True for an embedded
+    cluster, which is this process's; on a running cluster it needs the cluster token). A block
+    that raises still writes the trace."""
+    conn = client._conn if client is not None else _default_connection()
+    if all_tenants is None:
+        all_tenants = isinstance(conn.cluster, _pathways.EmbeddedCluster)
+    conn.client.start_trace()
+    try:
+        yield
+    finally:
+        text = conn.client.stop_trace(all_tenants)
+        with open(path, "w") as f:
+            f.write(text)
 
 
 def status() -> dict:

@@ -1,0 +1,49 @@
+#include "pw/cli/plot.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace pw::cli {
+namespace {
+
+// $PW_PYTHON, else the repository's .venv (PW_VENV_PYTHON, set at build time).
+std::string Python() {
+  if (const char* p = std::getenv("PW_PYTHON"); p != nullptr && *p != '\0') return p;
+  return PW_VENV_PYTHON;
+}
+
+}  // namespace
+
+int RunPlotter(const std::vector<std::string>& args) {
+  const std::string python = Python();
+  std::vector<std::string> argv = {python, "-m", "pathways.plots"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> c;
+  for (std::string& a : argv) c.push_back(a.data());
+  c.push_back(nullptr);
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid < 0) {
+    std::perror("pw: fork for the plotter");
+    return 1;
+  }
+  if (pid == 0) {
+    dup2(STDERR_FILENO, STDOUT_FILENO);  // Stdout stays the JSON's.
+    execvp(c[0], c.data());
+    std::fprintf(stderr, "pw: could not run %s for the plot\n", python.c_str());
+    _exit(127);
+  }
+  int status = 0;
+  if (waitpid(pid, &status, 0) < 0) return 1;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "pw: the plotter (%s -m pathways.plots) failed\n", python.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace pw::cli

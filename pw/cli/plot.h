@@ -1,0 +1,14 @@
+// Plots: `pw bench ... --plot` and `pw trace --plot` draw with matplotlib, through
+// python/pathways/plots.py run by the repository's .venv (or $PW_PYTHON).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace pw::cli {
+
+// Runs `python -m pathways.plots <args...>`; its exit status (nonzero, with a message on
+// stderr, when it cannot run).
+int RunPlotter(const std::vector<std::string>& args);
+
+}  // namespace pw::cli

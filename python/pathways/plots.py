@@ -1,0 +1,109 @@
+"""Plots of traces and benchmarks (matplotlib, headless).
+
+    python -m pathways.plots trace TRACE.json OUT.png        # devices x time, as the paper's Fig. 9
+    python -m pathways.plots bench NAME RESULT.json OUT.png  # a `pw bench NAME --json` result
+
+`pw trace --plot` and `pw bench ... --plot` run these; `make figures` draws the README's.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+_COLORS = plt.get_cmap("tab10").colors
+
+
+def load_trace(path: str) -> dict:
+    """The spans of a Chrome trace JSON written by pw trace / pw.trace / PW_TRACE, by track:
+    {"tracks": {(pid, tid): name}, "spans": [event, ...]} (complete events only)."""
+    with open(path) as f:
+        events = json.load(f)["traceEvents"]
+    tracks = {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "thread_name":
+            tracks[(e["pid"], e["tid"])] = e["args"]["name"]
+    return {"tracks": tracks, "spans": [e for e in events if e.get("ph") == "X"]}
+
+
+def device_rows(trace: dict) -> list:
+    """(pid, tid, name) of every device track, in device order."""
+    rows = [(pid, tid, name) for (pid, tid), name in trace["tracks"].items()
+            if name.startswith("device ")]
+    return sorted(rows, key=lambda r: int(r[2].split()[1]))
+
+
+def plot_trace(trace_path: str, out: str, title: str | None = None) -> None:
+    """Each device a row, each computation a bar coloured by its tenant (client), as in Fig. 9."""
+    trace = load_trace(trace_path)
+    rows = device_rows(trace)
+    row_of = {(pid, tid): i for i, (pid, tid, _) in enumerate(rows)}
+    spans = [s for s in trace["spans"]
+             if (s["pid"], s["tid"]) in row_of and s.get("cat") in ("compute", "collective")]
+    if not spans:
+        raise SystemExit(f"{trace_path}: no device computations to draw")
+    t0 = min(s["ts"] for s in spans)
+    tenants = {}
+    for s in spans:
+        args = s.get("args", {})
+        key = args.get("client", -1)
+        tenants.setdefault(key, args.get("tenant", f"client {key}"))
+    color_of = {c: _COLORS[i % len(_COLORS)] for i, c in enumerate(sorted(tenants))}
+    fig, ax = plt.subplots(figsize=(10, 0.35 * len(rows) + 1.5))
+    for s in spans:
+        if s.get("cat") != "compute":
+            continue
+        r = row_of[(s["pid"], s["tid"])]
+        c = s.get("args", {}).get("client", -1)
+        ax.broken_barh([((s["ts"] - t0) / 1e3, max(s["dur"] / 1e3, 1e-3))], (r - 0.4, 0.8),
+                       facecolors=color_of[c], linewidth=0)
+    ax.set_yticks(range(len(rows)), [name for _, _, name in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("time (ms)")
+    ax.set_title(title or "Computations per device, coloured by client")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=color_of[c]) for c in sorted(tenants)]
+    ax.legend(handles, [tenants[c] for c in sorted(tenants)], loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def _line(ax, xs, ys, label, marker="o"):
+    ax.plot(xs, ys, marker=marker, label=label)
+
+
+def plot_bench(name: str, result_path: str, out: str) -> None:
+    """A benchmark's result JSON (`pw bench NAME --json`) as a chart."""
+    with open(result_path) as f:
+        r = json.load(f)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    _BENCHES[name](r, ax)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list) -> int:
+    if len(argv) == 3 and argv[0] == "trace":
+        plot_trace(argv[1], argv[2])
+    elif len(argv) == 4 and argv[0] == "bench":
+        if argv[1] not in _BENCHES:
+            raise SystemExit(f"no plot for benchmark '{argv[1]}' (plots: {', '.join(_BENCHES)})")
+        plot_bench(argv[1], argv[2], argv[3])
+    else:
+        raise SystemExit(__doc__)
+    print(f"pathways.plots: wrote {argv[-1]}", file=sys.stderr)
+    return 0
+
+
+_BENCHES = {}
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
