@@ -341,9 +341,20 @@ int ClusterCommands::TraceCluster() {
   if (!remote.ok()) return Fail(remote.status());
   auto client = Client::Connect(remote->get(), "pw trace");
   if (!client.ok()) return Fail(client.status());
+  // SIGINT or SIGTERM ends the recording early (and still writes it).
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   if (absl::Status s = (*client)->StartTrace(); !s.ok()) return Fail(s);
-  std::fprintf(stderr, "pw trace: recording %s for %g s\n", address.c_str(), trace_seconds_);
-  absl::SleepFor(absl::Seconds(trace_seconds_));
+  std::fprintf(stderr, "pw trace: recording %s for %g s (Ctrl-C ends it sooner)\n",
+               address.c_str(), trace_seconds_);
+  const absl::Time until = absl::Now() + absl::Seconds(trace_seconds_);
+  while (absl::Now() < until) {
+    const timespec wait = absl::ToTimespec(std::min(until - absl::Now(), absl::Seconds(1)));
+    if (sigtimedwait(&stop, nullptr, &wait) > 0) break;
+  }
   auto chunk = (*client)->StopTrace(/*all_tenants=*/admin);
   if (!chunk.ok()) return Fail(chunk.status());
   std::ofstream out(trace_out_);

@@ -331,7 +331,6 @@ absl::StatusOr<std::vector<Array>> BoundFunction::Call(const std::vector<Array>&
 // ---- Timelines (pw/trace)
 
 uint64_t Client::NextCallFlow() {
-  if (!tracing_.load(std::memory_order_relaxed)) return 0;
   return trace::FlowId(id_.value(), trace::Stage::kCall, calls_.fetch_add(1));
 }
 
@@ -348,14 +347,12 @@ absl::Status Client::StartTrace() {
   }
   controller_clock_.Sample(t0, *remote, trace::Now());
   trace_since_ = since;
-  tracing_.store(true, std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
 absl::StatusOr<trace::Chunk> Client::StopTrace(bool all_tenants) {
   pw::MutexLock lock(&trace_mu_);
   if (trace_since_ < 0) return absl::FailedPreconditionError("this client is not tracing");
-  tracing_.store(false, std::memory_order_relaxed);
   trace::Recorder& recorder = trace::Recorder::Get();
   const int64_t t0 = trace::Now();
   absl::StatusOr<trace::Chunk> chunk = controller_->StopTrace(id_, all_tenants).Await();
@@ -368,9 +365,13 @@ absl::StatusOr<trace::Chunk> Client::StopTrace(bool all_tenants) {
   if (std::find(chunk->processes.begin(), chunk->processes.end(), recorder.process_id()) ==
       chunk->processes.end()) {
     trace::Shift(mine, controller_clock_.offset());
-    for (trace::Event& e : mine)
-      if (e.client == id_.value() || e.client < 0) chunk->events.push_back(std::move(e));
-    chunk->processes.push_back(recorder.process_id());
+    size_t added = 0;
+    for (trace::Event& e : mine) {
+      if (e.client != id_.value() && e.client >= 0) continue;  // Another client's, here.
+      chunk->events.push_back(std::move(e));
+      ++added;
+    }
+    if (added > 0) chunk->processes.push_back(recorder.process_id());
   }
   return chunk;
 }

@@ -242,13 +242,12 @@ class Client {
                                            std::vector<Sharding> in_sharding,
                                            std::vector<ArraySpec> out_global,
                                            std::vector<Sharding> out_sharding);
-  // The flow from a call's span to the controller's (0 when this client is not tracing).
+  // The flow from a call's span to the controller's (called while a trace records).
   uint64_t NextCallFlow();
   ControllerInterface* controller_;
   ClientId id_;
   pw::Mutex trace_mu_;
   int64_t trace_since_ ABSL_GUARDED_BY(trace_mu_) = -1;  // This process's clock; -1: off.
-  std::atomic<bool> tracing_{false};
   std::atomic<int64_t> calls_{0};
   trace::ClockOffset controller_clock_;  // The controller's clock minus this process's.
 };

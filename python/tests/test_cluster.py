@@ -557,3 +557,40 @@ def test_chaos_kills_and_stalls_under_looping_clients():
     assert r.returncode == 0, r.stdout + r.stderr[-4000:]
     report = json.loads(r.stdout)
     assert report["passed"] and report["wrong"] == 0 and len(report["faults"]) >= 5, report
+
+
+def test_a_traced_two_island_program_on_the_cluster(cluster, tmp_path):
+    # Issue 22 item 1 on pw up (2 islands x 2 hosts x 2 devices): `pw trace` (the admin: every
+    # tenant in full) records two clients' 2-island programs, from every worker process, on the
+    # controller's clock; one client's own pw.trace shows its calls and the other's spans
+    # anonymous.
+    from trace_checks import check_runs
+    env, address, _ = cluster
+    admin = tmp_path / "admin.json"
+    tracer = subprocess.Popen([str(PW), "trace", "--seconds", "300", "--out", str(admin)],
+                              env=env, stderr=subprocess.PIPE, text=True)
+    assert "recording" in tracer.stderr.readline()
+    script = Path(__file__).with_name("traced_two_islands.py")
+    cenv = dict(env, PW_CLUSTER=address)
+    clients = [subprocess.Popen([sys.executable, str(script), trace, str(tmp_path / f"{i}.info"),
+                                 "3", "4"], env=cenv, stderr=subprocess.PIPE, text=True)
+               for i, trace in enumerate([str(tmp_path / "mine.json"), "-"])]
+    for c in clients:
+        _, err = c.communicate(timeout=300)
+        assert c.returncode == 0, err
+    tracer.send_signal(signal.SIGINT)
+    _, err = tracer.communicate(timeout=60)
+    assert tracer.returncode == 0, err
+    assert "from 5 processes" in err, err  # The controller and the four workers.
+    info = json.loads((tmp_path / "0.info").read_text())
+    islands = {int(k): v for k, v in info["islands"].items()}
+    devices = islands[0] + islands[1]
+    # The admin's trace holds the workers' and controller's spans (the clients' calls are in
+    # their own processes): both clients' runs, in gang order on every device.
+    check_runs(admin, devices=devices, runs_per_device=6, transfer_bytes=info["shard_bytes"],
+               want_calls=False, clients=2, islands=islands)
+    # The client's own trace adds its calls, linked by flows down to every device.
+    t = check_runs(tmp_path / "mine.json", devices=devices, runs_per_device=3,
+                   transfer_bytes=info["shard_bytes"], islands=islands)
+    others = [s for s in t.of("compute") if s["name"].startswith("another tenant's")]
+    assert others and all(set(s.get("args", {})) <= {"client"} for s in others)

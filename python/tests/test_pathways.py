@@ -1,3 +1,4 @@
+import json
 import os
 import pathlib
 import subprocess
@@ -316,3 +317,39 @@ def test_timeouts_must_be_positive():
     with pytest.raises(ValueError, match="timeout must be a positive number of seconds"):
         f(np.zeros(2, np.float32), timeout=-1)
     np.testing.assert_array_equal(np.asarray(f(np.zeros(2, np.float32), timeout=60.0)), [1, 1])
+
+
+def _run_traced(tmp_path, trace_arg, env_extra, runs=3):
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).with_name("traced_two_islands.py")
+    info = tmp_path / "info.json"
+    env = dict(os.environ, PW_ISLANDS="2", PW_HOSTS_PER_ISLAND="2", PW_DEVICES_PER_HOST="2",
+               **env_extra)
+    env.pop("PW_CLUSTER", None)
+    r = subprocess.run([sys.executable, str(script), trace_arg, str(info), str(runs), "4"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return json.loads(info.read_text()), r
+
+
+def test_pw_trace_records_every_stage_of_an_embedded_two_island_program(tmp_path):
+    # Issue 22 item 1: the client's call, the controller's submit, each island's scheduling
+    # decision, each host's dispatch, each device's computation (a psum inside), the transfers
+    # over DCN with their bytes, linked by flows, in gang order on every device.
+    from trace_checks import check_runs
+    info, _ = _run_traced(tmp_path, str(tmp_path / "t.json"), {})
+    islands = {int(k): v for k, v in info["islands"].items()}
+    t = check_runs(tmp_path / "t.json", devices=islands[0] + islands[1], runs_per_device=3,
+                   transfer_bytes=info["shard_bytes"], islands=islands)
+    assert len(t.of("collective")) >= 3 * len(islands[0])  # The psum, on island 0's devices.
+
+
+def test_PW_TRACE_traces_an_embedded_clusters_whole_life(tmp_path):
+    from trace_checks import check_runs
+    info, r = _run_traced(tmp_path, "-", {"PW_TRACE": str(tmp_path / "life.json")})
+    assert "(PW_TRACE)" in r.stderr
+    islands = {int(k): v for k, v in info["islands"].items()}
+    check_runs(tmp_path / "life.json", devices=islands[0] + islands[1], runs_per_device=3,
+               transfer_bytes=info["shard_bytes"], islands=islands)
