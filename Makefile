@@ -7,7 +7,7 @@ FUZZ_DIR ?= build-fuzz
 FUZZ_TARGETS = wire_fuzz cluster_spec_fuzz
 FUZZ_SECONDS ?= 600
 
-.PHONY: deps build python test demo asan tsan fuzz fuzz-build clean
+.PHONY: deps build python test demo asan tsan fuzz fuzz-build clean figures
 
 deps:
 	@scripts/install-deps.sh
@@ -26,6 +26,10 @@ test: build python fuzz-build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS)
 	.venv/bin/python -m pytest -q python/tests
 	FUZZ_DIR=$(FUZZ_DIR) scripts/fuzz.sh 25  # A short run of every fuzz target; `make fuzz`: longer.
+
+# The README's pictures (docs/images/): benchmark plots, a Fig.-9 trace, the dashboard.
+figures: build python
+	scripts/figures.sh
 
 # libFuzzer targets (clang, coverage + ASan/UBSan) in their own tree: only the targets are built.
 fuzz-build: deps

@@ -19,6 +19,7 @@
 #include "nlohmann/json.hpp"
 #include "pw/cli/plot.h"
 #include "pw/client/client.h"
+#include "pw/dashboard/dashboard.h"
 #include "pw/server/status_json.h"
 #include "pw/trace/trace_json.h"
 #include "pw/rpc/remote_controller.h"
@@ -189,6 +190,16 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   trace_->add_option("--plot", trace_plot_,
                      "Also draw a device x time chart (as the paper's Fig. 9) to this PNG");
 
+  dashboard_ = app->add_subcommand(
+      "dashboard", "Serve a live web view of the cluster (islands, hosts, devices, queues, "
+                   "memory, links, programs by tenant, a rolling timeline); prints its URL last");
+  dashboard_->add_option("--cluster", cluster_, "Cluster address (default: $PW_CLUSTER, else the "
+                                                "last `pw up` cluster)");
+  dashboard_->add_option("--port", dashboard_port_, "Port on 127.0.0.1 (default 0: a free one)")
+      ->check(CLI::Range(0, 65535));
+  dashboard_->add_flag("--detach", dashboard_detach_,
+                       "Return once it serves (it runs on until killed or the cluster goes)");
+
   controller_ = app->add_subcommand("controller", "Run the controller process");
   controller_->add_option("--config", config_, "Cluster spec (JSON)");
   controller_->add_option("--islands", islands_, "Islands");
@@ -235,7 +246,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
 
 bool ClusterCommands::parsed() const {
   return up_->parsed() || status_->parsed() || down_->parsed() || cancel_->parsed() ||
-         trace_->parsed() || controller_->parsed() || worker_->parsed();
+         trace_->parsed() || dashboard_->parsed() || controller_->parsed() || worker_->parsed();
 }
 
 int ClusterCommands::Run(const char* argv0) {
@@ -244,6 +255,7 @@ int ClusterCommands::Run(const char* argv0) {
   if (down_->parsed()) return Down();
   if (cancel_->parsed()) return Cancel();
   if (trace_->parsed()) return TraceCluster();
+  if (dashboard_->parsed()) return Dashboard();
   if (controller_->parsed()) return Controller();
   if (worker_->parsed()) return Worker();
   return 1;
@@ -366,6 +378,99 @@ int ClusterCommands::TraceCluster() {
                chunk->events.size(), chunk->processes.size(),
                static_cast<long long>(chunk->dropped), trace_out_.c_str());
   if (!trace_plot_.empty()) return RunPlotter({"trace", trace_out_, trace_plot_});
+  return 0;
+}
+
+int ClusterCommands::Dashboard() {
+  const std::string address = server::ClusterAddress(cluster_);
+  if (address.empty())
+    return Fail(absl::NotFoundError("no cluster: pass --cluster, set PW_CLUSTER, or run pw up"));
+  // --detach: the child serves; the parent returns once the child says where (before any gRPC
+  // object exists, which fork would break).
+  int ready[2] = {-1, -1};
+  if (dashboard_detach_) {
+    if (pipe(ready) != 0) return Fail(absl::InternalError("pw dashboard: pipe failed"));
+    const pid_t pid = fork();
+    if (pid < 0) return Fail(absl::InternalError("pw dashboard: fork failed"));
+    if (pid > 0) {
+      close(ready[1]);
+      std::string url;
+      char c;
+      while (read(ready[0], &c, 1) == 1 && c != '\n') url.push_back(c);
+      close(ready[0]);
+      if (url.empty())
+        return Fail(absl::UnavailableError("pw dashboard: it did not start (run it without "
+                                           "--detach to see why)"));
+      std::fprintf(stderr, "pw dashboard: process %d serves %s (kill it to stop)\n",
+                   static_cast<int>(pid), url.c_str());
+      std::printf("%s\n", url.c_str());
+      return 0;
+    }
+    close(ready[0]);
+    setsid();
+    // Its log: dashboard.log in the state directory (owner-only, as pw up's logs).
+    std::string log = "/dev/null";
+    if (auto dir = server::StateDir(); dir.ok()) log = *dir + "/dashboard.log";
+    const int null = open("/dev/null", O_RDONLY);
+    const int out = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW, 0600);
+    if (null >= 0) dup2(null, STDIN_FILENO);
+    if (out >= 0) {
+      dup2(out, STDOUT_FILENO);
+      dup2(out, STDERR_FILENO);
+    }
+    if (null >= 0) close(null);
+    if (out >= 0) close(out);
+  }
+  signal(SIGPIPE, SIG_IGN);  // A browser that leaves mid-response must not end the server.
+  std::string token = Token("", "PW_CLUSTER_TOKEN");
+  rpc::ChannelOptions channel;
+  if (auto local = server::LoadState(); local.ok() && local->address == address) {
+    token = local->cluster_token;
+    channel = server::ChannelTo(*local, "");
+  }
+  const bool admin = !token.empty();
+  channel.token = admin ? token : Token("");
+  auto remote = rpc::RemoteController::Dial(address, channel, absl::Seconds(5));
+  if (!remote.ok()) return Fail(remote.status());
+  auto client = Client::Connect(remote->get(), "pw dashboard");
+  if (!client.ok()) return Fail(client.status());
+  rpc::RemoteController* r = remote->get();
+  dashboard::Options o;
+  o.listen = absl::StrCat("127.0.0.1:", dashboard_port_);
+  o.status = [r, address]() -> absl::StatusOr<std::string> {
+    auto st = r->FullStatus();
+    if (!st.ok()) return st.status();
+    return server::StatusJson(*st, address);
+  };
+  o.tracer = client->get();
+  o.all_tenants = admin;
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);  // Before the servers' threads start.
+  auto d = dashboard::Dashboard::Start(o);
+  if (!d.ok()) return Fail(d.status());
+  std::fprintf(stderr, "pw dashboard: serving %s for the cluster at %s\n", (*d)->url().c_str(),
+               address.c_str());
+  std::printf("%s\n", (*d)->url().c_str());
+  std::fflush(stdout);
+  if (ready[1] >= 0) {
+    const std::string line = (*d)->url() + "\n";
+    (void)!write(ready[1], line.data(), line.size());
+    close(ready[1]);
+  }
+  // Until a signal, or the cluster has been unreachable for 10 s.
+  absl::Time last_ok = absl::Now();
+  while (true) {
+    const timespec wait = absl::ToTimespec(absl::Seconds(2));
+    if (sigtimedwait(&stop, nullptr, &wait) > 0) break;
+    if (r->FullStatus().ok()) last_ok = absl::Now();
+    else if (absl::Now() - last_ok > absl::Seconds(10)) {
+      std::fprintf(stderr, "pw dashboard: the cluster at %s is gone; exiting\n", address.c_str());
+      break;
+    }
+  }
   return 0;
 }
 

@@ -24,12 +24,16 @@ class ClusterCommands {
   int Down();
   int Cancel();
   int TraceCluster();
+  int Dashboard();
   int Controller();
   int Worker();
   // --tls-cert, --tls-key, --tls-ca (and --insecure where the command can listen off loopback).
   void AddTlsFlags(CLI::App* command, bool insecure);
 
-  CLI::App *up_, *status_, *down_, *cancel_, *trace_, *controller_, *worker_;
+  CLI::App *up_, *status_, *down_, *cancel_, *trace_, *dashboard_, *controller_, *worker_;
+  // pw dashboard.
+  int dashboard_port_ = 0;
+  bool dashboard_detach_ = false;
   // pw trace.
   double trace_seconds_ = 2;
   std::string trace_out_ = "trace.json";

@@ -32,6 +32,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_join.h"
+#include "pw/cli/plot.h"
 #include "pw/base/mutex.h"
 #include "pw/bench/collectives_bench.h"
 #include "pw/bench/dispatch_bench.h"
@@ -87,6 +88,20 @@ absl::StatusOr<Target> Connect(const std::string& cluster_flag, const pw::Cluste
   return t;
 }
 
+// `--plot FILE.png`: the result JSON drawn by python -m pathways.plots (nothing when empty).
+int Plot(const std::string& bench, const std::string& result_json, const std::string& png) {
+  if (png.empty()) return 0;
+  char tmpl[] = "/tmp/pw-bench-XXXXXX.json";
+  const int fd = mkstemps(tmpl, 5);
+  if (fd < 0) return Fail(absl::InternalError("pw bench --plot: cannot make a temporary file"));
+  const bool wrote = write(fd, result_json.data(), result_json.size()) ==
+                     static_cast<ssize_t>(result_json.size());
+  close(fd);
+  const int rc = wrote ? pw::cli::RunPlotter({"bench", bench, tmpl, png}) : 1;
+  unlink(tmpl);
+  return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -124,6 +139,8 @@ int main(int argc, char** argv) {
   dispatch->add_option("--dispatch", bo.dispatch, "Run one dispatch mode: parallel or sequential")
       ->check(CLI::IsMember({"parallel", "sequential"}));
   dispatch->add_flag("--json", json, "Print one JSON object to stdout");
+  std::string plot;
+  dispatch->add_option("--plot", plot, "Also draw the results to this PNG (matplotlib)");
   dispatch->add_option("--cluster", cluster, "Address of a running cluster (default: "
                                              "$PW_CLUSTER, else the last `pw up` cluster, "
                                              "else embedded)");
@@ -140,6 +157,7 @@ int main(int argc, char** argv) {
   transfer->add_option("--min-seconds", to.min_seconds, "Minimum time per measurement");
   transfer->add_option("--rounds", to.rounds, "Interleaved rounds; each measurement keeps its best");
   transfer->add_flag("--json", json, "Print one JSON object to stdout");
+  transfer->add_option("--plot", plot, "Also draw the results to this PNG (matplotlib)");
   transfer->add_option("--cluster", cluster,
                        "Measure between the hosts of a running cluster (ICI: same island, DCN: "
                        "another island; baseline: the array already on its device) instead of "
@@ -157,6 +175,7 @@ int main(int argc, char** argv) {
   collectives->add_flag("--baseline", co.baseline,
                         "Also measure the broadcast algorithm (rows with algorithm 'broadcast')");
   collectives->add_flag("--json", json, "Print one JSON object to stdout");
+  collectives->add_option("--plot", plot, "Also draw the results to this PNG (matplotlib)");
 
   // Python: it compares against JAX's own dispatch in the same process (python/pathways).
   auto* xla_overhead = bench->add_subcommand(
@@ -215,7 +234,7 @@ int main(int argc, char** argv) {
     } else {
       std::printf("%s", pw::DispatchBenchTable(*r).c_str());
     }
-    return 0;
+    return Plot("dispatch", pw::DispatchBenchJson(bo, *r), plot);
   }
   if (transfer->parsed()) {
     absl::StatusOr<std::vector<pw::TransferBenchResult>> r;
@@ -236,7 +255,7 @@ int main(int argc, char** argv) {
                     (long long)x.bytes, x.pathways_bytes_per_second / 1e6, x.baseline.c_str(),
                     x.baseline_bytes_per_second / 1e6, x.ratio);
     }
-    return 0;
+    return Plot(cluster.empty() ? "transfer" : "transfer-cluster", pw::TransferBenchJson(*r), plot);
   }
   if (collectives->parsed()) {
     co.pw_binary = std::filesystem::read_symlink("/proc/self/exe").string();
@@ -250,7 +269,7 @@ int main(int argc, char** argv) {
                     x.processes, x.algorithm.c_str(), (long long)x.bytes, x.seconds * 1e6,
                     x.bus_gbps, x.memcpy_gbps, x.tcp_gbps);
     }
-    return 0;
+    return Plot("collectives", pw::CollectivesBenchJson(*r), plot);
   }
   if (xla_overhead->parsed()) {
     const char* env = std::getenv("PW_PYTHON");

@@ -560,6 +560,7 @@ absl::StatusOr<std::string> Controller::ExplainProgram(ClientId client, ProgramI
 Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
                                    const std::vector<BufferId>& args, const RunOptions& options) {
   const DispatchMode mode = options.mode;
+  const absl::Time submitted = absl::Now();
   trace::Span span(trace::ControllerTrack(client), "submit", "submit", client.value());
   const absl::Duration timeout =
       options.timeout > absl::ZeroDuration() ? options.timeout : options_.default_run_timeout;
@@ -684,8 +685,9 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   });
   Promise<RunInfo> accepted;
   Future<RunInfo> result = accepted.future();
-  JoinFutures(enqueued).OnReady([accepted = std::move(accepted),
+  JoinFutures(enqueued).OnReady([this, submitted, accepted = std::move(accepted),
                                  info = std::move(info)](const absl::Status&) mutable {
+    if (options_.on_run_enqueued) options_.on_run_enqueued(absl::Now() - submitted);
     accepted.Set(std::move(info));  // Errors of enqueued work surface through info.done.
   });
   return result;

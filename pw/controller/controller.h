@@ -48,6 +48,8 @@ class Controller final : public ControllerInterface {
     // Called as each run finishes (on the controller's completion thread; must not block):
     // the time from its submission, and its outcome. Metrics observe runs through it.
     std::function<void(absl::Duration, const absl::Status&)> on_run_done;
+    // Told each run's dispatch overhead: submission to enqueued on every device.
+    std::function<void(absl::Duration)> on_run_enqueued;
     // The worker processes' trace recorders (pw/server): started with each trace, and their
     // events (on this process's clock) collected at its end. Unset for an embedded cluster,
     // whose workers record into this process's recorder.

@@ -20,6 +20,8 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Create(const C
     controller.on_run_done = [runs = c->runs_](absl::Duration d, const absl::Status& s) {
       runs->Observe(d, s);
     };
+  if (!controller.on_run_enqueued)
+    controller.on_run_enqueued = [runs = c->runs_](absl::Duration d) { runs->ObserveDispatch(d); };
   c->controller_ = std::make_unique<Controller>(spec, controller);
   // One PJRT client for all the hosts of this process: SPMD functions can span them.
   std::vector<DeviceId> all;

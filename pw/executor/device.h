@@ -63,6 +63,9 @@ class Device {
 
   size_t queue_depth() const;
   int64_t executed() const;
+  // Nanoseconds the device thread has spent running queue items (waits inside them for inputs
+  // or memory included): the device's busy time, for utilization.
+  int64_t busy_ns() const { return busy_ns_.load(std::memory_order_relaxed); }
 
  private:
   using Item = Work;
@@ -83,6 +86,7 @@ class Device {
   // so that finishing an item takes no lock.
   alignas(64) std::atomic<size_t> running_{0};
   std::atomic<int64_t> executed_{0};
+  std::atomic<int64_t> busy_ns_{0};
   std::atomic<int64_t> current_run_{-1};
   std::thread thread_;
 };

@@ -1,4 +1,5 @@
 #include "absl/strings/string_view.h"
+#include "absl/cleanup/cleanup.h"
 #include "pw/trace/trace.h"
 #include "pw/executor/native_kernels.h"
 
@@ -171,6 +172,8 @@ absl::Status Rendezvous(const KernelContext& c, absl::string_view kind,
   trace::Span span(trace::DeviceTrack(c.launch.device), "collective", kind);
   span.Arg("run", key.run).Arg("bytes", static_cast<int64_t>(c.operands[0]->size_bytes()))
       .Arg("ranks", static_cast<int64_t>(c.launch.slice_devices.size()));
+  const int64_t t0 = Collectives::Timed() ? trace::Now() : 0;
+  absl::Cleanup count = [&] { c.launch.collectives->Count(t0 == 0 ? 0 : trace::Now() - t0); };
   return c.launch.collectives->Run(key, c.launch.slice_devices, c.launch.rank,
                                    c.operands[0]->data(), c.operands[0]->size_bytes(),
                                    c.output->mutable_data(), c.output->size_bytes(), combine);
@@ -201,6 +204,10 @@ KernelDef AllReduce(std::string name, Op op) {
             trace::Span span(trace::DeviceTrack(c.launch.device), "collective", label);
             span.Arg("run", key.run).Arg("bytes", static_cast<int64_t>(c.output->size_bytes()))
                 .Arg("ranks", static_cast<int64_t>(c.launch.slice_devices.size()));
+            const int64_t t0 = Collectives::Timed() ? trace::Now() : 0;
+            absl::Cleanup count = [&] {
+              c.launch.collectives->Count(t0 == 0 ? 0 : trace::Now() - t0);
+            };
             return c.launch.collectives->AllReduce(key, c.launch.slice_devices, c.launch.rank,
                                                    c.operands[0]->data(), c.output->mutable_data(),
                                                    c.output->size_bytes(), DTypeSize(t), reduce,

@@ -81,12 +81,32 @@ Families HostFamilies(const HostStatus& s) {
         kGauge, host, static_cast<double>(s.executables));
   b.Add("pw_host_plans", "Dispatch plans cached on the host.", kGauge, host,
         static_cast<double>(s.plans));
+  b.Add("pw_host_compiles_total", "XLA compilations run on the host.", kCounter, host,
+        static_cast<double>(s.compiles));
+  b.Add("pw_host_compile_seconds_total", "Time the host's XLA compilations took.", kCounter, host,
+        static_cast<double>(s.compile_ns) / 1e9);
+  b.Add("pw_host_executable_cache_hits_total",
+        "Executable lookups served from the host's cache (no compilation).", kCounter, host,
+        static_cast<double>(s.executable_hits));
+  b.Add("pw_host_collectives_total", "Collectives the host's shards ran.", kCounter, host,
+        static_cast<double>(s.collectives));
+  b.Add("pw_host_collective_seconds_total",
+        "Time the host's shards spent in collectives (summed over shards).", kCounter, host,
+        static_cast<double>(s.collective_ns) / 1e9);
+  for (const auto& [client, ns] : s.client_device_ns) {
+    Labels c = host;
+    c.push_back({"client", absl::StrCat(client.value())});
+    b.Add("pw_client_device_seconds_total",
+          "Device time the host's devices spent on each client's work: its share achieved is "
+          "its part of the sum over clients.", kCounter, c, static_cast<double>(ns) / 1e9);
+  }
   for (const DeviceStatus& d : s.devices) {
     Labels dev = host;
     dev.push_back({"device", absl::StrCat(d.id.value())});
     b.Add("pw_device_up", "1 if the device is in service, 0 if it was removed.", kGauge, dev,
           d.alive ? 1 : 0);
-    b.Add("pw_device_memory_in_use_bytes", "Device memory reserved by buffers and runs.", kGauge,
+    b.Add("pw_device_memory_in_use_bytes", "Device memory reserved by buffers and runs "
+          "(pw_host_buffer_bytes of it hold stored buffers).", kGauge,
           dev, static_cast<double>(d.memory_in_use));
     b.Add("pw_device_memory_capacity_bytes", "The device's memory.", kGauge, dev,
           static_cast<double>(d.memory_capacity));
@@ -96,6 +116,9 @@ Families HostFamilies(const HostStatus& s) {
           static_cast<double>(d.queue_depth));
     b.Add("pw_device_computations_total", "Computations (shards of compiled functions) the "
           "device has executed.", kCounter, dev, static_cast<double>(d.executed));
+    b.Add("pw_device_busy_seconds_total", "Time the device's executor spent running its queue's "
+          "items (waits inside them for inputs or memory included).", kCounter, dev,
+          static_cast<double>(d.busy_ns) / 1e9);
   }
   return b.Take();
 }
@@ -129,6 +152,18 @@ RunMetrics::RunMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
                    .Add({}, prometheus::Histogram::BucketBoundaries{
                                 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1,
                                 0.25, 0.5, 1, 2.5, 5, 10, 30, 60});
+  dispatch_ = &prometheus::BuildHistogram()
+                   .Name("pw_run_dispatch_seconds")
+                   .Help("A run's dispatch overhead: from its submission until it is enqueued "
+                         "on every device (validated, gang-scheduled, dispatched).")
+                   .Register(*registry_)
+                   .Add({}, prometheus::Histogram::BucketBoundaries{
+                                1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3,
+                                1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1});
+}
+
+void RunMetrics::ObserveDispatch(absl::Duration latency) {
+  dispatch_->Observe(absl::ToDoubleSeconds(latency));
 }
 
 void RunMetrics::Observe(absl::Duration latency, const absl::Status& outcome) {

@@ -46,6 +46,8 @@ class RunMetrics {
  public:
   RunMetrics();
   void Observe(absl::Duration latency, const absl::Status& outcome);
+  // A run's dispatch overhead: from its submission until it is enqueued on every device.
+  void ObserveDispatch(absl::Duration latency);
   const std::shared_ptr<prometheus::Registry>& registry() const { return registry_; }
 
  private:
@@ -53,6 +55,7 @@ class RunMetrics {
   prometheus::Family<prometheus::Counter>* runs_;
   prometheus::Counter* ok_;  // runs_{code="OK"}, looked up once: the common case costs no lookup.
   prometheus::Histogram* duration_;
+  prometheus::Histogram* dispatch_;
 };
 
 // An HTTP endpoint serving metrics at /metrics: `collect` (called at each scrape, on the

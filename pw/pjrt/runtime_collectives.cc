@@ -158,7 +158,9 @@ absl::Status InLaunch(CollectiveLaunch* launch, int64_t op_id, absl::string_view
   trace::Span span(trace::DeviceTrack(launch->devices()[launch->rank()]), "collective", kind);
   span.Arg("run", key.run).Arg("op", static_cast<int64_t>(key.op))
       .Arg("ranks", static_cast<int64_t>(launch->devices().size()));
+  const int64_t t0 = Collectives::Timed() ? trace::Now() : 0;
   absl::Status s = run(*launch->collectives(), key);
+  launch->collectives()->Count(t0 == 0 ? 0 : trace::Now() - t0);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat(kind, " (", launch->Where(key), "): ",
                                                s.message()));

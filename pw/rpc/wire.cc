@@ -539,6 +539,7 @@ static void ToProto(const DeviceStatus& d, v1::DeviceStatus* out) {
   out->set_memory_waiters(static_cast<int64_t>(d.memory_waiters));
   out->set_queue_depth(static_cast<int64_t>(d.queue_depth));
   out->set_executed(d.executed);
+  out->set_busy_ns(d.busy_ns);
 }
 
 static absl::StatusOr<DeviceStatus> FromProto(const v1::DeviceStatus& p) {
@@ -552,6 +553,7 @@ static absl::StatusOr<DeviceStatus> FromProto(const v1::DeviceStatus& p) {
   PW_ASSIGN_OR_RETURN(d.memory_waiters, Count(p.memory_waiters(), "memory_waiters"));
   PW_ASSIGN_OR_RETURN(d.queue_depth, Count(p.queue_depth(), "queue_depth"));
   d.executed = p.executed();
+  d.busy_ns = p.busy_ns();
   return d;
 }
 
@@ -569,6 +571,12 @@ void ToProto(const HostStatus& h, v1::HostStatus* out) {
   out->set_executables(static_cast<int64_t>(h.executables));
   out->set_programs(static_cast<int64_t>(h.programs));
   out->set_plans(static_cast<int64_t>(h.plans));
+  out->set_compiles(h.compiles);
+  out->set_compile_ns(h.compile_ns);
+  out->set_executable_hits(h.executable_hits);
+  out->set_collectives(h.collectives);
+  out->set_collective_ns(h.collective_ns);
+  for (const auto& [c, ns] : h.client_device_ns) (*out->mutable_client_device_ns())[c.value()] = ns;
   out->set_error(h.error);
 }
 
@@ -589,6 +597,13 @@ absl::StatusOr<HostStatus> FromProto(const v1::HostStatus& p) {
   PW_ASSIGN_OR_RETURN(h.executables, Count(p.executables(), "host status executables"));
   PW_ASSIGN_OR_RETURN(h.programs, Count(p.programs(), "host status programs"));
   PW_ASSIGN_OR_RETURN(h.plans, Count(p.plans(), "host status plans"));
+  h.compiles = p.compiles();
+  h.compile_ns = p.compile_ns();
+  h.executable_hits = p.executable_hits();
+  h.collectives = p.collectives();
+  h.collective_ns = p.collective_ns();
+  for (const auto& [c, ns] : p.client_device_ns()) h.client_device_ns.emplace_back(ClientId(c), ns);
+  std::sort(h.client_device_ns.begin(), h.client_device_ns.end());
   h.error = p.error();
   return h;
 }

@@ -36,6 +36,9 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
                                 .on_run_done = [runs](absl::Duration d, const absl::Status& st) {
                                   runs->Observe(d, st);
                                 },
+                                .on_run_enqueued = [runs](absl::Duration d) {
+                                  runs->ObserveDispatch(d);
+                                },
                                 .start_remote_traces = [p = s.get()] { p->TraceWorkers(true); },
                                 .stop_remote_traces =
                                     [p = s.get()] {

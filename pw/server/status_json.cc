@@ -28,12 +28,21 @@ nlohmann::json HostJson(const v1::HostStatus& hs) {
   h["executables"] = hs.executables();
   h["programs"] = hs.programs();
   h["plans"] = hs.plans();
+  h["compiles"] = hs.compiles();
+  h["compile_seconds"] = static_cast<double>(hs.compile_ns()) / 1e9;
+  h["executable_cache_hits"] = hs.executable_hits();
+  h["collectives"] = hs.collectives();
+  h["collective_seconds"] = static_cast<double>(hs.collective_ns()) / 1e9;
+  h["client_device_seconds"] = nlohmann::json::object();  // Client id -> device time on its work.
+  for (const auto& [c, ns] : hs.client_device_ns())
+    h["client_device_seconds"][std::to_string(c)] = static_cast<double>(ns) / 1e9;
   h["devices"] = nlohmann::json::array();
   for (const auto& d : hs.devices()) {
     h["devices"].push_back({{"device", d.id()}, {"alive", d.alive()},
                             {"memory_in_use", d.memory_in_use()},
                             {"memory_capacity", d.memory_capacity()},
-                            {"queue_depth", d.queue_depth()}, {"executed", d.executed()}});
+                            {"queue_depth", d.queue_depth()}, {"executed", d.executed()},
+                            {"busy_seconds", static_cast<double>(d.busy_ns()) / 1e9}});
   }
   return h;
 }

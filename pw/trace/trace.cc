@@ -40,7 +40,11 @@ uint64_t FlowId(int64_t run, Stage stage, int64_t a, int64_t b) {
 }
 
 Recorder& Recorder::Get() {
-  static Recorder* r = new Recorder();  // Never destroyed: spans may end during exit.
+  static Recorder* r = [] {
+    auto* p = new Recorder();  // Never destroyed: spans may end during exit.
+    p->process_ = true;
+    return p;
+  }();
   return *r;
 }
 
@@ -52,6 +56,7 @@ uint64_t Recorder::NewProcessId() {
 int64_t Recorder::Start() {
   const int64_t now = Now();
   sessions_.fetch_add(1, std::memory_order_relaxed);
+  if (process_) internal::process_sessions.fetch_add(1, std::memory_order_relaxed);
   return now;
 }
 
@@ -64,6 +69,7 @@ std::vector<Event> Recorder::Collect(int64_t since) const {
 }
 
 void Recorder::Stop() {
+  if (process_) internal::process_sessions.fetch_sub(1, std::memory_order_relaxed);
   if (sessions_.fetch_sub(1, std::memory_order_relaxed) != 1) return;
   pw::MutexLock lock(&mu_);
   if (sessions_.load(std::memory_order_relaxed) > 0) return;  // One started meanwhile.
@@ -85,59 +91,60 @@ void Recorder::Record(Event e) {
   events_.push_back(std::move(e));
 }
 
-Span::Span(Track track, absl::string_view category, absl::string_view name, int64_t client) {
-  if (!Enabled()) return;
-  active_ = true;
-  event_.track = track;
-  event_.category = std::string(category);
-  event_.name = std::string(name);
-  event_.client = client;
-  event_.ts_ns = Now();
+void Span::Begin(Track track, absl::string_view category, absl::string_view name,
+                 int64_t client) {
+  state_ = std::make_unique<State>();
+  Event& e = state_->event;
+  e.track = track;
+  e.category = std::string(category);
+  e.name = std::string(name);
+  e.client = client;
+  e.ts_ns = Now();
 }
 
 Span& Span::Arg(absl::string_view key, int64_t value) {
-  if (active_) event_.args.emplace_back(std::string(key), value);
+  if (state_ != nullptr) state_->event.args.emplace_back(std::string(key), value);
   return *this;
 }
 
 Span& Span::Arg(absl::string_view key, absl::string_view value) {
-  if (active_) event_.args.emplace_back(std::string(key), std::string(value));
+  if (state_ != nullptr) state_->event.args.emplace_back(std::string(key), std::string(value));
   return *this;
 }
 
 Span& Span::FlowOut(uint64_t id) {
-  if (!active_) return *this;
+  if (state_ == nullptr) return *this;
   Event f;
   f.phase = 's';
-  f.track = event_.track;
+  f.track = state_->event.track;
   f.category = "flow";
   f.name = "run";
   f.ts_ns = Now();
   f.flow = id;
-  f.client = event_.client;
-  flows_.push_back(std::move(f));
+  f.client = state_->event.client;
+  state_->flows.push_back(std::move(f));
   return *this;
 }
 
 Span& Span::FlowIn(uint64_t id) {
-  if (!active_) return *this;
+  if (state_ == nullptr) return *this;
   FlowOut(id);
-  flows_.back().phase = 'f';
+  state_->flows.back().phase = 'f';
   return *this;
 }
 
 void Span::End() {
-  if (!active_) return;
-  active_ = false;
+  if (state_ == nullptr) return;
+  std::unique_ptr<State> s = std::move(state_);
   const int64_t end = Now();
-  event_.dur_ns = end - event_.ts_ns;
+  s->event.dur_ns = end - s->event.ts_ns;
   Recorder& r = Recorder::Get();
   // A flow's end binds to the span enclosing it: keep its time inside the span.
-  for (Event& f : flows_) {
-    f.ts_ns = std::clamp(f.ts_ns, event_.ts_ns, end);
+  for (Event& f : s->flows) {
+    f.ts_ns = std::clamp(f.ts_ns, s->event.ts_ns, end);
     r.Record(std::move(f));
   }
-  r.Record(std::move(event_));
+  r.Record(std::move(s->event));
 }
 
 void ClockOffset::Sample(int64_t t0, int64_t remote, int64_t t1) {

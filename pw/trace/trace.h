@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <variant>
@@ -75,6 +76,11 @@ int64_t Now();
 enum class Stage : uint8_t { kCall = 1, kSchedule = 2, kDispatch = 3, kCompute = 4, kTransfer = 5 };
 uint64_t FlowId(int64_t run, Stage stage, int64_t a = 0, int64_t b = 0);
 
+namespace internal {
+// Sessions of the process's recorder (Recorder::Get()): what Enabled() reads, inline.
+inline std::atomic<int> process_sessions{0};
+}  // namespace internal
+
 // The process's events while any trace is on.
 class Recorder {
  public:
@@ -99,6 +105,7 @@ class Recorder {
 
  private:
   const size_t capacity_;
+  bool process_ = false;  // Get()'s: mirrors sessions_ into internal::process_sessions.
   const uint64_t process_id_ = NewProcessId();
   static uint64_t NewProcessId();
   std::atomic<int> sessions_{0};
@@ -107,18 +114,23 @@ class Recorder {
   int64_t dropped_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-inline bool Enabled() { return Recorder::Get().enabled(); }
+// Whether the process's recorder is on: one relaxed load, inline (spans off cost only this).
+inline bool Enabled() { return internal::process_sessions.load(std::memory_order_relaxed) > 0; }
 
 // A span on `track` from construction to destruction (or End()), recorded only if tracing was
 // on when it began. Args and flows are dropped when it is inactive, at the cost of one branch.
 class Span {
  public:
-  Span(Track track, absl::string_view category, absl::string_view name, int64_t client = -1);
-  ~Span() { End(); }
+  Span(Track track, absl::string_view category, absl::string_view name, int64_t client = -1) {
+    if (Enabled()) [[unlikely]] Begin(track, category, name, client);
+  }
+  ~Span() {
+    if (state_ != nullptr) [[unlikely]] End();
+  }
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
 
-  bool active() const { return active_; }
+  bool active() const { return state_ != nullptr; }
   Span& Arg(absl::string_view key, int64_t value);
   Span& Arg(absl::string_view key, absl::string_view value);
   // A flow arrow from this span (drawn from now) to the span that calls FlowIn(id).
@@ -128,9 +140,12 @@ class Span {
   void End();
 
  private:
-  bool active_ = false;
-  Event event_;
-  std::vector<Event> flows_;
+  void Begin(Track track, absl::string_view category, absl::string_view name, int64_t client);
+  struct State {
+    Event event;
+    std::vector<Event> flows;
+  };
+  std::unique_ptr<State> state_;  // Only while active: an inactive span is one null pointer.
 };
 
 // Estimates the offset of a remote clock from samples of a request/response exchange: local

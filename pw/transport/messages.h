@@ -111,6 +111,7 @@ struct DeviceStatus {
   size_t memory_waiters = 0;
   size_t queue_depth = 0;
   int64_t executed = 0;
+  int64_t busy_ns = 0;  // Device::busy_ns.
 };
 
 struct HostStatus {
@@ -127,6 +128,13 @@ struct HostStatus {
   size_t executables = 0;  // Their compiled executables (per slice shape), compiling included.
   size_t programs = 0;  // Host program bodies a worker process keeps (in process: the controller's).
   size_t plans = 0;     // Dispatch plans cached (per host program and range; hold executables).
+  int64_t compiles = 0;         // XLA compilations run (per-shard at binding, SPMD at first use).
+  int64_t compile_ns = 0;       // Their time.
+  int64_t executable_hits = 0;  // Executable lookups served from the cache (no compile).
+  int64_t collectives = 0;      // Collectives this host's shards ran (native and runtime).
+  int64_t collective_ns = 0;    // Their time, summed over shards.
+  // Device time (Device::busy_ns's part spent on each client's work), by client.
+  std::vector<std::pair<ClientId, int64_t>> client_device_ns;
   // Non-empty when the host's status could not be had (the counts above are then empty).
   std::string error;
 };

@@ -326,6 +326,7 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
   const auto* scratch = std::get_if<Future<ReservationRef>>(&seg.scratch);
   std::vector<absl::StatusOr<DeviceBufferRef>> slots(plan.slots, DeviceBufferRef());
   size_t next_setup_error = 0;
+  const int64_t started = trace::Now();
   const trace::Track track = trace::DeviceTrack(device.id(), host_);
   const int64_t client = work.client.value();
   // Waits the device makes before a step (memory, compile) are spans of their own.
@@ -459,6 +460,9 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
     for (int x : step.drop) slots[x] = DeviceBufferRef();
   }
   device.CountExecuted(static_cast<int64_t>(plan.steps.size()) - 1);
+  const int64_t took = trace::Now() - started;
+  pw::MutexLock lock(&client_time_mu_);
+  client_device_ns_[work.client] += took;
 }
 
 }  // namespace pw

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "pw/trace/trace.h"
 #include "pw/base/status_macros.h"
@@ -60,7 +61,10 @@ absl::Status Worker::LoadFunction(FunctionId id, const FunctionDef& def) {
       hlo != nullptr && hlo->num_partitions == 1 && pjrt_ != nullptr) {
     trace::Span span(trace::CompileTrack(host_), "compile", hlo->name);
     span.Arg("function", hlo->name).Arg("partitions", 1);
+    const int64_t t0 = trace::Now();
     auto exe = pjrt::PjrtShardExecutable::Precompile(pjrt_, *hlo);
+    compiles_.fetch_add(1, std::memory_order_relaxed);
+    compile_ns_.fetch_add(trace::Now() - t0, std::memory_order_relaxed);
     PW_RETURN_IF_ERROR(Annotate(exe.status(), host_.ToString()));
     precompiled = *std::move(exe);
   }
@@ -115,7 +119,10 @@ absl::StatusOr<Worker::Loaded> Worker::LoadExecutable(FunctionId id,
   const auto* hlo = std::get_if<StableHloFunctionDef>(&fit->second);
   if (hlo != nullptr && hlo->num_partitions > 1)
     std::get<2>(key).assign(slice_devices.begin(), slice_devices.end());
-  if (auto it = executables_.find(key); it != executables_.end()) return it->second;
+  if (auto it = executables_.find(key); it != executables_.end()) {
+    executable_hits_.fetch_add(1, std::memory_order_relaxed);
+    return it->second;
+  }
   if (hlo == nullptr) {  // Native kernels: checked and bound in microseconds, here.
     PW_ASSIGN_OR_RETURN(ExecutableRef exe,
                         CompileNative(std::get<NativeFunctionDef>(fit->second), num_shards));
@@ -130,11 +137,17 @@ absl::StatusOr<Worker::Loaded> Worker::LoadExecutable(FunctionId id,
   Promise<ExecutableRef> compiled;
   Loaded loaded{compiled.future(), hlo->outputs};
   executables_.emplace(std::move(key), loaded);
-  compile_.Post([backend = pjrt_, def = *hlo, host = host_,
+  compile_.Post([this, backend = pjrt_, def = *hlo, host = host_,
                  devices = std::vector<DeviceId>(slice_devices.begin(), slice_devices.end()),
                  compiled = std::move(compiled)]() mutable {
     trace::Span span(trace::CompileTrack(host), "compile", def.name);
     span.Arg("function", def.name).Arg("partitions", def.num_partitions);
+    const int64_t t0 = trace::Now();
+    auto done = [this, t0] {
+      compiles_.fetch_add(1, std::memory_order_relaxed);
+      compile_ns_.fetch_add(trace::Now() - t0, std::memory_order_relaxed);
+    };
+    absl::Cleanup count = done;
     compiled.Set(pjrt::PjrtShardExecutable::Compile(std::move(backend), def, devices));
   });
   return loaded;
@@ -394,7 +407,7 @@ absl::StatusOr<HostStatus> Worker::Status() const {
   for (const auto& [id, d] : devices_) {
     s.devices.push_back({id, host_, island_, d->health().ok(), d->memory().capacity(),
                          d->memory().in_use(), d->memory().waiting(), d->queue_depth(),
-                         d->executed()});
+                         d->executed(), d->busy_ns()});
   }
   std::sort(s.devices.begin(), s.devices.end(),
             [](const DeviceStatus& a, const DeviceStatus& b) { return a.id < b.id; });
@@ -408,6 +421,16 @@ absl::StatusOr<HostStatus> Worker::Status() const {
   s.functions = functions_.size();
   s.executables = executables_.size();
   s.plans = num_plans_.load(std::memory_order_relaxed);
+  s.compiles = compiles_.load(std::memory_order_relaxed);
+  s.compile_ns = compile_ns_.load(std::memory_order_relaxed);
+  s.executable_hits = executable_hits_.load(std::memory_order_relaxed);
+  s.collectives = collectives_->count();
+  s.collective_ns = collectives_->total_ns();
+  {
+    pw::MutexLock lock(&client_time_mu_);
+    s.client_device_ns.assign(client_device_ns_.begin(), client_device_ns_.end());
+  }
+  std::sort(s.client_device_ns.begin(), s.client_device_ns.end());
   return s;
 }
 

@@ -103,7 +103,59 @@ def main(argv: list) -> int:
     return 0
 
 
-_BENCHES = {}
+def _dispatch(r, ax):
+    """Computations per second of each workload, parallel beside sequential dispatch (§5.1)."""
+    rows = r["results"]
+    workloads = [w for w in ("opbyop", "chained", "fused") if any(x["workload"] == w for x in rows)]
+    modes = sorted({x["dispatch"] for x in rows})
+    width = 0.8 / max(1, len(modes))
+    for i, m in enumerate(modes):
+        ys = [next((x["computations_per_second"] for x in rows
+                    if x["workload"] == w and x["dispatch"] == m), 0) for w in workloads]
+        ax.bar([j + i * width for j in range(len(workloads))], ys, width, label=f"{m} dispatch")
+    ax.set_xticks([j + width * (len(modes) - 1) / 2 for j in range(len(workloads))], workloads)
+    ax.set_yscale("log")
+    ax.set_ylabel("computations / s")
+    s = r.get("summary", {})
+    ax.set_title(f"Dispatch (§5.1): chain of {s.get('chain', '?')}, {s.get('cluster', '')}")
+
+
+def _transfer(r, ax):
+    """Throughput by size: pathways' ICI and DCN paths beside their baselines (dashed)."""
+    rows = r["results"]
+    for path in sorted({x["path"] for x in rows}):
+        mine = sorted((x for x in rows if x["path"] == path), key=lambda x: x["bytes"])
+        xs = [x["bytes"] for x in mine]
+        line, = ax.plot(xs, [x["pathways_bytes_per_second"] / 1e6 for x in mine], marker="o",
+                        label=f"pathways {path}")
+        ax.plot(xs, [x["baseline_bytes_per_second"] / 1e6 for x in mine], linestyle="--",
+                color=line.get_color(), label=f"{mine[0]['baseline']} ({path} baseline)")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes per transfer")
+    ax.set_ylabel("MB / s")
+    ax.set_title("Transfers: pathways beside its baselines")
+
+
+def _collectives(r, ax):
+    """All-reduce bus bandwidth by size, per process count and algorithm."""
+    rows = r["results"]
+    for key in sorted({(x["processes"], x["algorithm"]) for x in rows}):
+        mine = sorted((x for x in rows if (x["processes"], x["algorithm"]) == key),
+                      key=lambda x: x["bytes"])
+        ax.plot([x["bytes"] for x in mine], [x["bus_gbps"] for x in mine], marker="o",
+                label=f"{key[0]} processes, {key[1]}")
+    big = max(rows, key=lambda x: x["bytes"])
+    ax.axhline(big["tcp_gbps"], color="gray", linestyle=":", label="raw loopback TCP")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes per shard")
+    ax.set_ylabel("bus GB/s")
+    ax.set_title("All-reduce across worker processes")
+
+
+_BENCHES = {"dispatch": _dispatch, "transfer": _transfer, "transfer-cluster": _transfer,
+            "collectives": _collectives}
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

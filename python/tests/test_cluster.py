@@ -326,6 +326,13 @@ def test_metrics_endpoints_count_what_the_load_ran(cluster):
                        for a, b in zip(after[1:], before[1:]))
     assert computations == 3 * 2 * 20
     assert all(total(a, "pw_device_up") == 2 for a in after[1:])  # Two devices per host, in service.
+    assert total(after[0], "pw_run_dispatch_seconds_count") - \
+        total(before[0], "pw_run_dispatch_seconds_count") == 20  # Every run's dispatch overhead.
+    delta = lambda name: sum(total(a, name) - total(b, name) for a, b in zip(after[1:], before[1:]))
+    assert delta("pw_device_busy_seconds_total") > 0
+    assert delta("pw_client_device_seconds_total") > 0  # The one tenant's share: all of it.
+    assert delta("pw_host_compiles_total") >= 2  # Two per-shard XLA functions, where bound.
+    assert delta("pw_host_compile_seconds_total") > 0
     assert all(total(a, "pw_device_memory_capacity_bytes") > 0 for a in after[1:])
 
 
@@ -594,3 +601,56 @@ def test_a_traced_two_island_program_on_the_cluster(cluster, tmp_path):
                    transfer_bytes=info["shard_bytes"], islands=islands)
     others = [s for s in t.of("compute") if s["name"].startswith("another tenant's")]
     assert others and all(set(s.get("args", {})) <= {"client"} for s in others)
+
+
+def test_dashboard_shows_the_cluster_and_two_tenants_in_headless_chromium(cluster, tmp_path):
+    # Issue 22 item 3: pw dashboard serves the cluster as the paper draws it, live, with two
+    # tenants' programs on the timeline; Chromium (headless) loads the page and its DOM shows
+    # them. The screenshot goes to $PW_DASHBOARD_SCREENSHOT if set (the README's), else tmp.
+    import shutil
+    import urllib.request
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.skip("chromium is not installed (scripts/install-deps.sh installs it)")
+    env, address, _ = cluster
+    script = Path(__file__).with_name("tenant_load.py")
+    cenv = dict(env, PW_CLUSTER=address)
+    tenants = [subprocess.Popen([sys.executable, str(script), name, "4", "60"], env=cenv,
+                                stderr=subprocess.PIPE, text=True) for name in ("alice", "bob")]
+    r = pw("dashboard", "--detach", env=env)
+    url = r.stdout.strip().splitlines()[-1]
+    pid = int(re.search(r"process (\d+) serves", r.stderr).group(1))
+    try:
+        assert url.startswith("http://127.0.0.1:")
+        deadline = time.monotonic() + 120
+        while True:  # Until a timeline window holds both tenants.
+            state = json.loads(urllib.request.urlopen(url + "api/state", timeout=10).read())
+            names = set((state.get("timeline") or {}).get("tenants", {}).values())
+            if {"alice", "bob"} <= names:
+                break
+            for t in tenants:
+                assert t.poll() is None, t.stderr.read()
+            assert time.monotonic() < deadline, state
+            time.sleep(0.5)
+        flags = [chromium, "--headless", "--no-sandbox", "--disable-gpu",
+                 "--disable-dev-shm-usage"]
+        dom = subprocess.run(flags + ["--virtual-time-budget=4000", "--dump-dom", url],
+                             capture_output=True, text=True, timeout=120).stdout
+        assert dom.count('class="island"') == 2, dom[:2000]
+        assert dom.count('class="host"') == 4
+        assert dom.count('class="device"') == 8
+        assert 'data-tenant="alice"' in dom and 'data-tenant="bob"' in dom
+        assert "busy " in dom and "DCN in" in dom
+        shot = Path(os.environ.get("PW_DASHBOARD_SCREENSHOT", tmp_path / "dashboard.png"))
+        # Real time (not virtual), so the page has two samples for its rates.
+        r = subprocess.run(flags + ["--timeout=5000", "--window-size=1280,1000",
+                                    f"--screenshot={shot}", url],
+                           capture_output=True, text=True, timeout=120)
+        assert shot.exists() and shot.stat().st_size > 10000, r.stderr[-2000:]
+    finally:
+        log = Path(env["PW_STATE_DIR"]) / "dashboard.log"
+        assert alive(pid), log.read_text() if log.exists() else "no dashboard.log"
+        os.kill(pid, signal.SIGTERM)
+        for t in tenants:
+            t.kill()
+            t.wait()
