@@ -1,5 +1,6 @@
 """A tenant: a client named argv[1] calling two functions in turn on a slice of argv[2] devices,
-in a loop for argv[3] seconds (the dashboard's and the multi-tenant traces' load)."""
+in a loop for argv[3] seconds (the dashboard's and the multi-tenant traces' load). Optional:
+argv[4] floats per shard (default 64), argv[5] the island to use (default: any)."""
 import sys
 import time
 
@@ -8,11 +9,13 @@ import numpy as np
 import pathways as pw
 
 name, devices, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+width = int(sys.argv[4]) if len(sys.argv) > 4 else 64
+island = int(sys.argv[5]) if len(sys.argv) > 5 else None
 client = pw.Client(name)
-s = client.make_virtual_device_set().add_slice(devices=devices)
+s = client.make_virtual_device_set().add_slice(devices=devices, island=island)
 f = pw.pmap(lambda x: x * 2.0 + 1.0, devices=s)
 g = pw.pmap(lambda x: x - 1.0, devices=s)
-x = pw.device_put(np.ones((devices, 64), np.float32), s)
+x = pw.device_put(np.ones((devices, width), np.float32), s)
 end = time.monotonic() + seconds
 while time.monotonic() < end:
     x = g(f(x))  # Asynchronous calls; the arrays stay on the devices.
