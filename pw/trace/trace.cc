@@ -102,20 +102,17 @@ void Span::Begin(Track track, absl::string_view category, absl::string_view name
   e.ts_ns = Now();
 }
 
-Span& Span::Arg(absl::string_view key, int64_t value) {
-  if (state_ != nullptr) state_->event.args.emplace_back(std::string(key), value);
-  return *this;
+void Span::AddArg(absl::string_view key, int64_t value) {
+  state_->event.args.emplace_back(std::string(key), value);
 }
 
-Span& Span::Arg(absl::string_view key, absl::string_view value) {
-  if (state_ != nullptr) state_->event.args.emplace_back(std::string(key), std::string(value));
-  return *this;
+void Span::AddArg(absl::string_view key, absl::string_view value) {
+  state_->event.args.emplace_back(std::string(key), std::string(value));
 }
 
-Span& Span::FlowOut(uint64_t id) {
-  if (state_ == nullptr) return *this;
+void Span::AddFlow(char phase, uint64_t id) {
   Event f;
-  f.phase = 's';
+  f.phase = phase;
   f.track = state_->event.track;
   f.category = "flow";
   f.name = "run";
@@ -123,14 +120,6 @@ Span& Span::FlowOut(uint64_t id) {
   f.flow = id;
   f.client = state_->event.client;
   state_->flows.push_back(std::move(f));
-  return *this;
-}
-
-Span& Span::FlowIn(uint64_t id) {
-  if (state_ == nullptr) return *this;
-  FlowOut(id);
-  state_->flows.back().phase = 'f';
-  return *this;
 }
 
 void Span::End() {

@@ -131,16 +131,32 @@ class Span {
   Span& operator=(const Span&) = delete;
 
   bool active() const { return state_ != nullptr; }
-  Span& Arg(absl::string_view key, int64_t value);
-  Span& Arg(absl::string_view key, absl::string_view value);
+  // Inline: an inactive span's args and flows cost a branch, not a call.
+  Span& Arg(absl::string_view key, int64_t value) {
+    if (state_ != nullptr) [[unlikely]] AddArg(key, value);
+    return *this;
+  }
+  Span& Arg(absl::string_view key, absl::string_view value) {
+    if (state_ != nullptr) [[unlikely]] AddArg(key, value);
+    return *this;
+  }
   // A flow arrow from this span (drawn from now) to the span that calls FlowIn(id).
-  Span& FlowOut(uint64_t id);
+  Span& FlowOut(uint64_t id) {
+    if (state_ != nullptr) [[unlikely]] AddFlow('s', id);
+    return *this;
+  }
   // The end of flow `id`, at this span.
-  Span& FlowIn(uint64_t id);
+  Span& FlowIn(uint64_t id) {
+    if (state_ != nullptr) [[unlikely]] AddFlow('f', id);
+    return *this;
+  }
   void End();
 
  private:
   void Begin(Track track, absl::string_view category, absl::string_view name, int64_t client);
+  void AddArg(absl::string_view key, int64_t value);
+  void AddArg(absl::string_view key, absl::string_view value);
+  void AddFlow(char phase, uint64_t id);
   struct State {
     Event event;
     std::vector<Event> flows;
