@@ -27,6 +27,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
   // grew its heap from 9 to 26 MiB over a 5-minute chaos run (pw/base/heap.h).
   LimitThreadCaches(kControllerThreadCacheBytes);
   std::unique_ptr<ControllerServer> s(new ControllerServer(spec, std::move(options)));
+  s->trace_queue_ = std::make_unique<WorkQueue>("pw-traces");
   auto runs = std::make_shared<metrics::RunMetrics>();
   s->controller_ = std::make_unique<Controller>(
       spec, Controller::Options{.hosts_share_process = false,
@@ -42,7 +43,14 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
                                 .start_remote_traces = [p = s.get()] { p->TraceWorkers(true); },
                                 .stop_remote_traces =
                                     [p = s.get()] {
-                                      return Future<trace::Chunk>::Ready(p->TraceWorkers(false));
+                                      // On its own thread: a disconnect (on a gRPC thread) ends
+                                      // a client's trace without waiting on the workers.
+                                      Promise<trace::Chunk> chunk;
+                                      Future<trace::Chunk> f = chunk.future();
+                                      p->trace_queue_->Post([p, chunk = std::move(chunk)]() mutable {
+                                        chunk.Set(p->TraceWorkers(false));
+                                      });
+                                      return f;
                                     }});
   s->service_ = std::make_unique<rpc::ControllerService>(
       s->controller_.get(), s.get(), s->options_.channel.token, s->options_.cluster_token,
@@ -86,6 +94,7 @@ ControllerServer::~ControllerServer() {
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   controller_.reset();
   service_.reset();
+  trace_queue_.reset();  // Ends the traces still being gathered (failed workers are skipped).
   pw::MutexLock lock(&mu_);
   workers_.clear();
 }
@@ -168,7 +177,8 @@ trace::Chunk ControllerServer::TraceWorkers(bool start) {
   {
     pw::MutexLock lock(&mu_);
     for (const auto& [host, m] : members_)
-      if (m.alive && m.worker != nullptr) workers.push_back(m.worker);
+      if (m.alive && m.worker != nullptr && m.worker->failure().empty())
+        workers.push_back(m.worker);
   }
   // In parallel: a slow worker costs its own deadline, not one per worker.
   std::vector<absl::StatusOr<trace::Chunk>> got(workers.size());

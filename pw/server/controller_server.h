@@ -16,6 +16,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "pw/base/mutex.h"
+#include "pw/base/work_queue.h"
 #include "pw/cluster/cluster_spec.h"
 #include "pw/controller/controller.h"
 #include "pw/metrics/metrics.h"
@@ -106,6 +107,7 @@ class ControllerServer final : public rpc::ClusterMembership {
   std::vector<std::unique_ptr<rpc::RemoteWorker>> workers_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   std::thread monitor_;
+  std::unique_ptr<WorkQueue> trace_queue_;  // Gathers the workers' traces (TraceWorkers(false)).
 };
 
 }  // namespace pw::server
