@@ -336,20 +336,30 @@ int ClusterCommands::Cancel() {
   return 0;
 }
 
-int ClusterCommands::TraceCluster() {
-  const std::string address = server::ClusterAddress(cluster_);
-  if (address.empty())
-    return Fail(absl::NotFoundError("no cluster: pass --cluster, set PW_CLUSTER, or run pw up"));
-  // The admin (every tenant's spans) with the cluster token; a client (its own) without.
+namespace {
+// The cluster at `address` as its admin (every tenant's spans) where the cluster token is at
+// hand (the cluster pw up started here, or $PW_CLUSTER_TOKEN), else as a client ($PW_TOKEN).
+absl::StatusOr<std::unique_ptr<rpc::RemoteController>> DialAsAdminIfPossible(
+    const std::string& address, bool* admin) {
   std::string token = Token("", "PW_CLUSTER_TOKEN");
   rpc::ChannelOptions channel;
   if (auto local = server::LoadState(); local.ok() && local->address == address) {
     token = local->cluster_token;
     channel = server::ChannelTo(*local, "");
   }
-  const bool admin = !token.empty();
-  channel.token = admin ? token : Token("");
-  auto remote = rpc::RemoteController::Dial(address, channel, absl::Seconds(5));
+  *admin = !token.empty();
+  channel.token = *admin ? token : Token("");
+  return rpc::RemoteController::Dial(address, channel, absl::Seconds(5));
+}
+}  // namespace
+
+int ClusterCommands::TraceCluster() {
+  const std::string address = server::ClusterAddress(cluster_);
+  if (address.empty())
+    return Fail(absl::NotFoundError("no cluster: pass --cluster, set PW_CLUSTER, or run pw up"));
+  // The admin (every tenant's spans) with the cluster token; a client (its own) without.
+  bool admin = false;
+  auto remote = DialAsAdminIfPossible(address, &admin);
   if (!remote.ok()) return Fail(remote.status());
   auto client = Client::Connect(remote->get(), "pw trace");
   if (!client.ok()) return Fail(client.status());
@@ -422,15 +432,8 @@ int ClusterCommands::Dashboard() {
     if (out >= 0) close(out);
   }
   signal(SIGPIPE, SIG_IGN);  // A browser that leaves mid-response must not end the server.
-  std::string token = Token("", "PW_CLUSTER_TOKEN");
-  rpc::ChannelOptions channel;
-  if (auto local = server::LoadState(); local.ok() && local->address == address) {
-    token = local->cluster_token;
-    channel = server::ChannelTo(*local, "");
-  }
-  const bool admin = !token.empty();
-  channel.token = admin ? token : Token("");
-  auto remote = rpc::RemoteController::Dial(address, channel, absl::Seconds(5));
+  bool admin = false;
+  auto remote = DialAsAdminIfPossible(address, &admin);
   if (!remote.ok()) return Fail(remote.status());
   auto client = Client::Connect(remote->get(), "pw dashboard");
   if (!client.ok()) return Fail(client.status());

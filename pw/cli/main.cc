@@ -272,8 +272,7 @@ int main(int argc, char** argv) {
     return Plot("collectives", pw::CollectivesBenchJson(*r), plot);
   }
   if (xla_overhead->parsed()) {
-    const char* env = std::getenv("PW_PYTHON");
-    std::string python = env != nullptr && *env != '\0' ? env : PW_VENV_PYTHON;
+    std::string python = pw::cli::Python();
     std::vector<std::string> words = {python, "-m", "pathways.xla_overhead_bench"};
     for (const std::string& a : xla_overhead->remaining()) words.push_back(a);
     std::vector<char*> cargv;

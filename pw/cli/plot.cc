@@ -8,15 +8,10 @@
 #include <string>
 
 namespace pw::cli {
-namespace {
-
-// $PW_PYTHON, else the repository's .venv (PW_VENV_PYTHON, set at build time).
 std::string Python() {
   if (const char* p = std::getenv("PW_PYTHON"); p != nullptr && *p != '\0') return p;
   return PW_VENV_PYTHON;
 }
-
-}  // namespace
 
 int RunPlotter(const std::vector<std::string>& args) {
   const std::string python = Python();

@@ -7,6 +7,9 @@
 
 namespace pw::cli {
 
+// $PW_PYTHON, else the repository's .venv (PW_VENV_PYTHON, set at build time).
+std::string Python();
+
 // Runs `python -m pathways.plots <args...>`; its exit status (nonzero, with a message on
 // stderr, when it cannot run).
 int RunPlotter(const std::vector<std::string>& args);

@@ -609,7 +609,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
     run = RunId(next_run_++);
     ++runs_in_flight_;
     RunOwner& owner = run_owner_[run];
-    owner = {client, lp.name, end, std::nullopt, absl::Now()};
+    owner = {client, lp.name, end, std::nullopt, submitted};
     if (timeout > absl::ZeroDuration()) {
       // Scheduled under mu_, so FinishRun (which takes mu_ to erase the owner) sees its id.
       owner.timeout = timeouts_.Schedule(absl::Now() + timeout, [this, run, timeout,

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
+#include "pw/trace/trace_json.h"
 
 namespace pw::dashboard {
 namespace {
@@ -24,11 +25,7 @@ int Send(mg_connection* conn, const char* type, const std::string& body) {
 
 std::string TimelineJson(const trace::Chunk& chunk, int64_t start_ns, int64_t end_ns,
                          size_t max_spans) {
-  std::map<int64_t, std::string> tenants;
-  for (const trace::Event& e : chunk.events)
-    for (const auto& [k, v] : e.args)
-      if (k == "tenant" && e.client >= 0 && std::holds_alternative<std::string>(v))
-        tenants.emplace(e.client, std::get<std::string>(v));
+  const std::map<int64_t, std::string> tenants = trace::TenantNames(chunk);
   std::vector<const trace::Event*> compute;
   std::set<int64_t> devices;
   for (const trace::Event& e : chunk.events) {

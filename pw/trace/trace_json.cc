@@ -83,13 +83,17 @@ std::string Hex(uint64_t id) {
 
 }  // namespace
 
-std::string ToChromeJson(const Chunk& chunk) {
-  // Tenant names, from the spans that carry them (the controller's submit spans).
+std::map<int64_t, std::string> TenantNames(const Chunk& chunk) {
   std::map<int64_t, std::string> tenants;
   for (const Event& e : chunk.events)
     for (const auto& [k, v] : e.args)
       if (k == "tenant" && e.client >= 0 && std::holds_alternative<std::string>(v))
         tenants.emplace(e.client, std::get<std::string>(v));
+  return tenants;
+}
+
+std::string ToChromeJson(const Chunk& chunk) {
+  const std::map<int64_t, std::string> tenants = TenantNames(chunk);
   // Each device's host, from its spans that name it (a collective's do not).
   std::map<int64_t, int64_t> device_host;
   for (const Event& e : chunk.events)

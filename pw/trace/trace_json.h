@@ -9,11 +9,15 @@
 // controller's clock. Flows are v1 flow events ('s'/'f', bound to the enclosing span).
 #pragma once
 
+#include <map>
 #include <string>
 
 #include "pw/trace/trace.h"
 
 namespace pw::trace {
+
+// Client id -> tenant name, from the spans that carry one (the controller's submit spans).
+std::map<int64_t, std::string> TenantNames(const Chunk& chunk);
 
 // The Chrome trace-event JSON object of `chunk` ({"traceEvents": [...], ...}).
 std::string ToChromeJson(const Chunk& chunk);
