@@ -233,6 +233,11 @@ std::string DispatchBenchJson(const DispatchBenchOptions& o,
   ratio("chained_parallel_over_sequential", cps("chained", "parallel"),
         cps("chained", "sequential"));
   if (o.loopback_rtt_us > 0) j["summary"]["loopback_rtt_us"] = o.loopback_rtt_us;
+  if (o.jax_computations_per_second > 0) {
+    j["summary"]["jax_pmap_computations_per_second"] = o.jax_computations_per_second;
+    j["summary"]["jax_pmap_devices"] = o.jax_devices;
+    ratio("opbyop_over_jax_pmap", cps("opbyop", "parallel"), o.jax_computations_per_second);
+  }
   if (chained == nullptr || fused == nullptr) return j.dump(2);
   // Chained's overhead per node in each round against Fused's in the same round (the two run
   // back to back, so slow drifts of this machine cancel), and the median over rounds.

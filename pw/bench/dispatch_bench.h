@@ -26,6 +26,10 @@ struct DispatchBenchOptions {
   std::string dispatch;  // Run just this mode (parallel | sequential); both when empty.
   std::string cluster;  // Address of the cluster it ran on (for the JSON); empty: embedded.
   double loopback_rtt_us = 0;  // Measured in the same run (0: not measured).
+  // JAX's own dispatch of the same step in one process (pathways.jax_dispatch_bench), measured
+  // in the same run (0: not measured).
+  double jax_computations_per_second = 0;
+  int jax_devices = 0;
 };
 
 struct DispatchBenchResult {

@@ -32,6 +32,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
 #include "pw/cli/plot.h"
 #include "pw/base/mutex.h"
 #include "pw/bench/collectives_bench.h"
@@ -102,6 +103,23 @@ int Plot(const std::string& bench, const std::string& result_json, const std::st
   return rc;
 }
 
+// JAX's own dispatch of the bench's step over `devices` CPU devices of one process, after ours
+// on this machine, into `o` (pathways.jax_dispatch_bench).
+absl::Status MeasureJaxDispatch(int devices, pw::DispatchBenchOptions* o) {
+  auto out = pw::cli::RunPythonModule(
+      "pathways.jax_dispatch_bench",
+      {"--devices", std::to_string(devices), "--chain", std::to_string(o->chain), "--rounds",
+       std::to_string(o->rounds), "--seconds",
+       std::to_string(o->min_seconds / std::max(1, o->rounds))});
+  if (!out.ok()) return out.status();
+  auto j = nlohmann::json::parse(*out, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.contains("computations_per_second"))
+    return absl::InternalError("pathways.jax_dispatch_bench printed no computations_per_second");
+  o->jax_computations_per_second = j["computations_per_second"].get<double>();
+  o->jax_devices = devices;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -139,6 +157,10 @@ int main(int argc, char** argv) {
   dispatch->add_option("--dispatch", bo.dispatch, "Run one dispatch mode: parallel or sequential")
       ->check(CLI::IsMember({"parallel", "sequential"}));
   dispatch->add_flag("--json", json, "Print one JSON object to stdout");
+  bool with_jax = false;
+  dispatch->add_flag("--jax", with_jax,
+                     "Also measure JAX's own dispatch of the same step in one process (jax.pmap "
+                     "over as many CPU devices, before and after; the best is reported)");
   std::string plot;
   dispatch->add_option("--plot", plot, "Also draw the results to this PNG (matplotlib)");
   dispatch->add_option("--cluster", cluster, "Address of a running cluster (default: "
@@ -209,6 +231,7 @@ int main(int argc, char** argv) {
   if (dispatch->parsed()) {
     const std::string address = pw::server::ClusterAddress(cluster);
     absl::StatusOr<std::vector<pw::DispatchBenchResult>> r;
+
     if (address.empty()) {
       r = pw::RunDispatchBench(bo);
     } else {
@@ -229,6 +252,11 @@ int main(int argc, char** argv) {
       bo.cluster = address;
     }
     if (!r.ok()) return Fail(r.status());
+    if (with_jax && !r->empty()) {
+      if (absl::Status s = MeasureJaxDispatch(r->front().hosts * r->front().devices_per_host, &bo);
+          !s.ok())
+        return Fail(s);
+    }
     if (json) {
       std::printf("%s\n", pw::DispatchBenchJson(bo, *r).c_str());
     } else {

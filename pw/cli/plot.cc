@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 namespace pw::cli {
 std::string Python() {
   if (const char* p = std::getenv("PW_PYTHON"); p != nullptr && *p != '\0') return p;
@@ -39,6 +41,40 @@ int RunPlotter(const std::vector<std::string>& args) {
     return 1;
   }
   return 0;
+}
+
+absl::StatusOr<std::string> RunPythonModule(const std::string& module,
+                                            const std::vector<std::string>& args) {
+  const std::string python = Python();
+  std::vector<std::string> argv = {python, "-m", module};
+  argv.insert(argv.end(), args.begin(), args.end());
+  std::vector<char*> c;
+  for (std::string& a : argv) c.push_back(a.data());
+  c.push_back(nullptr);
+  int out[2];
+  if (pipe(out) != 0) return absl::InternalError("pipe for " + module);
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError("fork for " + module);
+  if (pid == 0) {
+    dup2(out[1], STDOUT_FILENO);
+    close(out[0]);
+    close(out[1]);
+    execvp(c[0], c.data());
+    std::fprintf(stderr, "pw: could not run %s\n", python.c_str());
+    _exit(127);
+  }
+  close(out[1]);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) text.append(buf, n);
+  close(out[0]);
+  int status = 0;
+  if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    return absl::FailedPreconditionError(
+        absl::StrCat(python, " -m ", module, " failed (set PW_PYTHON, or run "
+                                             "scripts/install-deps.sh and make python)"));
+  return text;
 }
 
 }  // namespace pw::cli

@@ -13,15 +13,39 @@ namespace pw {
 
 Array::Handle::~Handle() { controller->ReleaseArray(client, info.id).IgnoreError(); }
 
-Future<> Array::Ready() const { return h_->controller->ArrayReady(h_->client, h_->info.id); }
+const ArrayInfo& Array::Handle::Placed() const {
+  if (!run.valid()) return info;
+  const absl::StatusOr<RunInfo>& r = run.Await();
+  return r.ok() ? r->outputs[output] : info;
+}
 
+Future<> Array::Ready() const {
+  if (h_->done.valid()) return h_->done;
+  return h_->controller->ArrayReady(h_->client, h_->info.id);
+}
+
+// Calls about a run's output go after the controller has accepted the run (they do not travel
+// in order with it), and fail with the reason if it refused it.
 Future<HostArray> Array::ToHostAsync() const {
-  return h_->controller->FetchArray(h_->client, h_->info.id);
+  if (!h_->run.valid() || h_->run.IsReady()) {
+    if (h_->run.valid() && !h_->run.status().ok())
+      return Future<HostArray>::Ready(h_->run.status());
+    return h_->controller->FetchArray(h_->client, h_->info.id);
+  }
+  Promise<HostArray> p;
+  Future<HostArray> f = p.future();
+  h_->run.OnReady([h = h_, p = std::move(p)](const absl::StatusOr<RunInfo>& r) mutable {
+    if (!r.ok()) return p.Set(r.status());
+    h->controller->FetchArray(h->client, h->info.id)
+        .OnReady([p = std::move(p)](const absl::StatusOr<HostArray>& a) mutable { p.Set(a); });
+  });
+  return f;
 }
 
 absl::StatusOr<HostArray> Array::ToHost() const { return ToHostAsync().Await(); }
 
 absl::StatusOr<std::string> Array::Share(const ShareOptions& options) const {
+  if (h_->run.valid()) PW_RETURN_IF_ERROR(h_->run.status());
   return h_->controller->ShareArray(h_->client, h_->info.id, options);
 }
 
@@ -56,6 +80,22 @@ Client::~Client() {
 
 Array Client::Adopt(const ArrayInfo& info) {
   return Array(std::shared_ptr<Array::Handle>(new Array::Handle{controller_, id_, info}));
+}
+
+absl::StatusOr<std::vector<BufferId>> Client::TakeOutputIds(int n) {
+  std::vector<BufferId> ids;
+  ids.reserve(n);
+  pw::MutexLock lock(&ids_mu_);
+  while (static_cast<int>(ids.size()) < n) {
+    if (ids_next_ == ids_end_) {  // This range is used up (none is left half used).
+      const int64_t count = std::max<int64_t>(kOutputIdLease, n - static_cast<int64_t>(ids.size()));
+      PW_ASSIGN_OR_RETURN(BufferId first, controller_->ReserveBufferIds(id_, count));
+      ids_next_ = first.value();
+      ids_end_ = first.value() + count;
+    }
+    ids.push_back(BufferId(ids_next_++));
+  }
+  return ids;
 }
 
 absl::StatusOr<FunctionInfo> Client::Register(const FunctionDef& def) {
@@ -240,7 +280,7 @@ absl::StatusOr<Program> Client::Trace(const std::string& name, const std::vector
   Program p;
   p.client_ = this;
   p.id_ = id;
-  p.ir_ = std::move(t.ir_);
+  p.ir_ = std::make_shared<const ProgramIr>(std::move(t.ir_));
   p.arg_slices_ = std::move(t.arg_slices_);
   p.arg_shardings_ = std::move(t.arg_shardings_);
   return p;
@@ -248,24 +288,73 @@ absl::StatusOr<Program> Client::Trace(const std::string& name, const std::vector
 
 // ---- Running
 
+namespace {
+// The end of a run: its refusal, or RunInfo::done.
+Future<> EndOf(const Future<RunInfo>& run) {
+  if (run.IsReady()) {
+    const absl::StatusOr<RunInfo>& r = run.Await();
+    return r.ok() ? r->done : Future<>::Ready(r.status());
+  }
+  Promise<> p;
+  Future<> f = p.future();
+  run.OnReady([p = std::move(p)](const absl::StatusOr<RunInfo>& r) mutable {
+    if (!r.ok()) return p.Set(r.status());
+    r->done.OnReady([p = std::move(p)](const absl::Status& s) mutable { p.Set(s); });
+  });
+  return f;
+}
+}  // namespace
+
 absl::StatusOr<std::pair<std::vector<Array>, Future<>>> Program::RunAsync(
     const std::vector<Array>& args, const RunOptions& options) const {
+  const ProgramIr& ir = *ir_;
   std::vector<BufferId> ids;
+  ids.reserve(args.size());
   for (const Array& a : args) {
     if (!a.valid()) return absl::InvalidArgumentError("program argument is an empty Array");
     ids.push_back(a.id());
   }
-  trace::Span span(trace::ClientTrack(client_->id()), "call", ir_.name, client_->id().value());
+  trace::Span span(trace::ClientTrack(client_->id()), "call", ir.name, client_->id().value());
   RunOptions traced = options;
   if (span.active() && (traced.trace_flow = client_->NextCallFlow()) != 0) {
-    span.Arg("program", ir_.name).FlowOut(traced.trace_flow);
+    span.Arg("program", ir.name).FlowOut(traced.trace_flow);
   }
-  PW_ASSIGN_OR_RETURN(RunInfo info,
-                      client_->controller()->Submit(client_->id(), id_, ids, traced).Await());
-  span.Arg("run", info.run.value());
-  std::vector<Array> outs;
-  for (const ArrayInfo& o : info.outputs) outs.push_back(client_->Adopt(o));
-  return std::make_pair(std::move(outs), info.done);
+  // The outputs get ids of this client's choosing (one per distinct value), and their layout
+  // from the program; where they lie comes with the controller's acceptance.
+  const size_t n = ir.outputs.size();
+  std::vector<int> same_as(n);
+  int distinct = 0;
+  for (size_t o = 0; o < n; ++o) {
+    same_as[o] = static_cast<int>(o);
+    for (size_t e = 0; e < o; ++e)
+      if (ir.outputs[e] == ir.outputs[o]) same_as[o] = same_as[e];
+    distinct += same_as[o] == static_cast<int>(o);
+  }
+  PW_ASSIGN_OR_RETURN(std::vector<BufferId> fresh, client_->TakeOutputIds(distinct));
+  std::vector<ArrayInfo> outs(n);
+  traced.outputs.resize(n);
+  for (size_t o = 0, next = 0; o < n; ++o) {
+    const ValueRef& r = ir.outputs[o];
+    if (r.node < 0 || r.node >= static_cast<int>(ir.nodes.size()))  // Refused at registration.
+      return absl::InvalidArgumentError(absl::StrCat("program '", ir.name, "' output ", o,
+                                                     " is not a computed value"));
+    const Binding& b = ir.nodes[r.node].binding;
+    traced.outputs[o] = same_as[o] == static_cast<int>(o) ? fresh[next++] : traced.outputs[same_as[o]];
+    outs[o] = {traced.outputs[o], b.out_global[r.index], b.out_sharding[r.index], b.slice, {}, {}};
+  }
+  Future<RunInfo> run = client_->controller()->Submit(client_->id(), id_, ids, traced);
+  if (run.IsReady()) {  // In one process the answer is in already: a refusal is returned here.
+    PW_RETURN_IF_ERROR(run.status());
+    if (span.active()) span.Arg("run", run.Await()->run.value());
+  }
+  Future<> done = EndOf(run);
+  std::vector<Array> arrays;
+  arrays.reserve(n);
+  for (size_t o = 0; o < n; ++o) {
+    arrays.push_back(Array(std::shared_ptr<Array::Handle>(new Array::Handle{
+        client_->controller(), client_->id(), std::move(outs[o]), run, static_cast<int>(o), done})));
+  }
+  return std::make_pair(std::move(arrays), std::move(done));
 }
 
 absl::StatusOr<std::string> Program::Explain() const {
@@ -280,9 +369,9 @@ absl::StatusOr<std::vector<Array>> Program::Run(const std::vector<Array>& args,
 
 absl::StatusOr<std::vector<Array>> Program::Call(const std::vector<HostArray>& args,
                                                  const RunOptions& options) const {
-  if (args.size() != ir_.args.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("program '", ir_.name, "' takes ",
-                                                   ir_.args.size(), " arguments, got ",
+  if (args.size() != ir_->args.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("program '", ir_->name, "' takes ",
+                                                   ir_->args.size(), " arguments, got ",
                                                    args.size()));
   }
   std::vector<Array> arrays;
@@ -294,12 +383,12 @@ absl::StatusOr<std::vector<Array>> Program::Call(const std::vector<HostArray>& a
 }
 
 absl::StatusOr<Array> Program::PutArg(size_t i, const HostArray& value) const {
-  if (i >= ir_.args.size())
-    return absl::InvalidArgumentError(absl::StrCat("program '", ir_.name, "' takes ",
-                                                   ir_.args.size(), " arguments, not ", i + 1));
-  if (!(value.spec == ir_.args[i])) {
-    return absl::InvalidArgumentError(absl::StrCat("program '", ir_.name, "' argument ", i,
-                                                   " expects ", ir_.args[i].ToString(), ", got ",
+  if (i >= ir_->args.size())
+    return absl::InvalidArgumentError(absl::StrCat("program '", ir_->name, "' takes ",
+                                                   ir_->args.size(), " arguments, not ", i + 1));
+  if (!(value.spec == ir_->args[i])) {
+    return absl::InvalidArgumentError(absl::StrCat("program '", ir_->name, "' argument ", i,
+                                                   " expects ", ir_->args[i].ToString(), ", got ",
                                                    value.spec.ToString()));
   }
   return client_->Put(value, arg_slices_[i], arg_shardings_[i]);
@@ -307,25 +396,28 @@ absl::StatusOr<Array> Program::PutArg(size_t i, const HostArray& value) const {
 
 absl::StatusOr<std::vector<Array>> BoundFunction::Call(const std::vector<Array>& inputs,
                                                        const RunOptions& options) const {
-  Client* c = state_->client;
-  const Binding& b = state_->binding;
-  ProgramId pid;
+  std::shared_ptr<const Program> op;
   {
     pw::MutexLock lock(&state_->mu);
-    if (!state_->op_program.valid()) {
+    if (state_->op == nullptr) {
+      Client* c = state_->client;
+      const Binding& b = state_->binding;
       ProgramIr ir{state_->name, b.in_global, {{state_->name, b, {}}}, {}};
       for (size_t j = 0; j < b.in_global.size(); ++j)
         ir.nodes[0].inputs.push_back({ValueRef::kArgNode, static_cast<int>(j)});
       for (size_t k = 0; k < b.out_global.size(); ++k)
         ir.outputs.push_back({0, static_cast<int>(k)});
-      PW_ASSIGN_OR_RETURN(state_->op_program, c->controller()->RegisterProgram(c->id(), ir));
+      auto p = std::make_shared<Program>();
+      PW_ASSIGN_OR_RETURN(p->id_, c->controller()->RegisterProgram(c->id(), ir));
+      p->client_ = c;
+      p->arg_slices_.assign(b.in_global.size(), b.slice);
+      p->arg_shardings_ = b.in_sharding;
+      p->ir_ = std::make_shared<const ProgramIr>(std::move(ir));
+      state_->op = std::move(p);
     }
-    pid = state_->op_program;
+    op = state_->op;
   }
-  Program p;
-  p.client_ = c;
-  p.id_ = pid;
-  return p.Run(inputs, options);
+  return op->Run(inputs, options);
 }
 
 // ---- Timelines (pw/trace)

@@ -28,6 +28,7 @@
 namespace pw {
 
 class Client;
+class Program;
 class Tracer;
 
 class Array {
@@ -38,13 +39,15 @@ class Array {
   const ArraySpec& spec() const { return h_->info.global; }
   const Sharding& sharding() const { return h_->info.sharding; }
   SliceId slice() const { return h_->info.slice; }
-  // Ready when the run that produces the buffer has finished (or failed), or once it is stored.
+  // Ready when the run that produces the buffer has finished (or failed, or was refused), or
+  // once it is stored.
   Future<> Ready() const;
   Future<HostArray> ToHostAsync() const;
   absl::StatusOr<HostArray> ToHost() const;
-  // Where its shards lie: shard i on devices()[i], of host hosts()[i].
-  const std::vector<DeviceId>& devices() const { return h_->info.devices; }
-  const std::vector<HostId>& hosts() const { return h_->info.hosts; }
+  // Where its shards lie: shard i on devices()[i], of host hosts()[i]. For a run's output, known
+  // once the controller has accepted the run (these wait for that; empty if it refused it).
+  const std::vector<DeviceId>& devices() const { return h_->Placed().devices; }
+  const std::vector<HostId>& hosts() const { return h_->Placed().hosts; }
   // A token another client can import the array with (Client::Import), or `options.token`
   // re-pointed at it (ControllerInterface::ShareArray).
   absl::StatusOr<std::string> Share(const ShareOptions& options = {}) const;
@@ -56,7 +59,12 @@ class Array {
   struct Handle {
     ControllerInterface* controller;
     ClientId client;
-    ArrayInfo info;
+    ArrayInfo info;  // For a run's output: all but devices and hosts (Placed()).
+    // A run's output: the run's acceptance (with where output `output` lies), and its end.
+    Future<RunInfo> run;
+    int output = -1;
+    Future<> done;
+    const ArrayInfo& Placed() const;
     ~Handle();
   };
   explicit Array(std::shared_ptr<Handle> h) : h_(std::move(h)) {}
@@ -123,7 +131,7 @@ class BoundFunction {
   // it records nothing and returns no outputs.
   std::vector<Value> operator()(const std::vector<Value>& inputs) const;
   Value operator()(const Value& input) const;
-  // Outside Trace: runs now as a one-node program; returns once it is enqueued.
+  // Outside Trace: runs now as a one-node program; returns once it is sent (as Program::Run).
   absl::StatusOr<std::vector<Array>> Call(const std::vector<Array>& inputs,
                                           const RunOptions& options = {}) const;
 
@@ -134,7 +142,8 @@ class BoundFunction {
     std::string name;
     Binding binding;
     pw::Mutex mu;
-    ProgramId op_program ABSL_GUARDED_BY(mu);  // One-node program for Call, made on first use.
+    // The one-node program Call runs, made on first use.
+    std::shared_ptr<const Program> op ABSL_GUARDED_BY(mu);
   };
   explicit BoundFunction(std::shared_ptr<State> s) : state_(std::move(s)) {}
   std::shared_ptr<State> state_;
@@ -142,11 +151,14 @@ class BoundFunction {
 
 class Program {
  public:
-  const ProgramIr& ir() const { return ir_; }
+  const ProgramIr& ir() const { return *ir_; }
   ProgramId id() const { return id_; }
   // The sharded dataflow graph the controller lowered this program to.
   absl::StatusOr<std::string> Explain() const;
-  // Runs with device-resident arguments; returns once the run is enqueued on every device.
+  // Runs with device-resident arguments; returns once the run is sent, without waiting for the
+  // controller: its outputs have ids this client chose, so they can be used (passed to the next
+  // run, read, shared) at once. A run the controller refuses (say, an argument released) fails
+  // its outputs: their Ready(), ToHost() and the runs given them return the reason.
   absl::StatusOr<std::vector<Array>> Run(const std::vector<Array>& args,
                                          const RunOptions& options = {}) const;
   // As Run, but also the run's completion future.
@@ -163,7 +175,7 @@ class Program {
   friend class BoundFunction;
   Client* client_ = nullptr;
   ProgramId id_;
-  ProgramIr ir_;
+  std::shared_ptr<const ProgramIr> ir_;
   std::vector<SliceId> arg_slices_;
   std::vector<Sharding> arg_shardings_;
 };
@@ -235,6 +247,9 @@ class Client {
   friend class BoundFunction;
   Client(ControllerInterface* c, ClientId id) : controller_(c), id_(id) {}
   Array Adopt(const ArrayInfo& info);
+  // `n` ids for a run's outputs, from ranges this client reserved (in increasing order).
+  absl::StatusOr<std::vector<BufferId>> TakeOutputIds(int n);
+  static constexpr int64_t kOutputIdLease = 16384;  // Ids reserved at a time.
   // Bind, given the function's per-shard outputs on the slice (LoadFunction's answer).
   absl::StatusOr<BoundFunction> BindLoaded(const FunctionInfo& fn,
                                            const std::vector<ArraySpec>& outs, const Slice& slice,
@@ -246,6 +261,9 @@ class Client {
   uint64_t NextCallFlow();
   ControllerInterface* controller_;
   ClientId id_;
+  pw::Mutex ids_mu_;
+  int64_t ids_next_ ABSL_GUARDED_BY(ids_mu_) = 0;  // Reserved ids [next, end) not yet taken.
+  int64_t ids_end_ ABSL_GUARDED_BY(ids_mu_) = 0;
   pw::Mutex trace_mu_;
   int64_t trace_since_ ABSL_GUARDED_BY(trace_mu_) = -1;  // This process's clock; -1: off.
   std::atomic<int64_t> calls_{0};

@@ -171,6 +171,7 @@ absl::Status Controller::Disconnect(ClientId client) {
   }
   StopTrace(client, false).OnReady([](const absl::StatusOr<trace::Chunk>&) {});  // If tracing.
   rm_.ReleaseClient(client);
+  output_ids_.Drop(client);
   {
     pw::MutexLock lock(&shares_mu_);
     shares_.ForgetOwner(client);
@@ -571,12 +572,18 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   std::vector<BufferId> pinned;
   auto fail = [&](const absl::Status& s) {
     Free(buffers_.Unpin(pinned));
+    // Calls already sent with these outputs as arguments fail with the reason.
+    if (!options.outputs.empty()) {
+      output_ids_.Burn(client, options.outputs);
+      output_ids_.Failed(client, options.outputs, s);
+    }
     return Future<RunInfo>::Ready(s);
   };
   for (size_t i = 0; i < args.size(); ++i) {
     auto lb = buffers_.LookupAndPin(client, args[i]);
     if (!lb.ok())
-      return fail(Annotate(lb.status(), absl::StrCat(program.ToString(), " argument ", i)));
+      return fail(Annotate(NotMade(client, args[i], lb.status()),
+                           absl::StrCat(program.ToString(), " argument ", i)));
     pinned.push_back(args[i]);
     const std::string where = absl::StrCat(program.ToString(), " argument ", i);
     if (lb->owner != client) {  // Shared with it: another client's slice (which may be gone).
@@ -592,6 +599,9 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   if (!plan_or.ok()) return fail(plan_or.status());
   const Plan& plan = **plan_or;
   const LoweredProgram& lp = plan.lowered;
+  absl::StatusOr<absl::flat_hash_map<int, BufferId>> chosen =
+      ChosenOutputs(client, lp, options.outputs);
+  if (!chosen.ok()) return fail(Annotate(chosen.status(), program.ToString()));
   if (absl::Status s = ChargeQuota(client, plan.listed_bytes,
                                    absl::StrCat("a run of program '", lp.name, "'"));
       !s.ok())
@@ -632,7 +642,9 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
     } else if (plan.released[v]) {
       ids[v] = BufferId(next_released++);
     } else {
-      ids[v] = buffers_.Create({BufferId(), client, val.placement, run_done_f},
+      auto c = chosen->find(static_cast<int>(v));
+      ids[v] = buffers_.Create({c == chosen->end() ? BufferId() : c->second, client,
+                                val.placement, run_done_f},
                                plan.output_refs[v], /*pins=*/1, PlacedBytes(*val.placement));
       unpin.push_back(ids[v]);
     }
@@ -683,14 +695,52 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
       FinishRun(run, unpin, *plan, *buffers, s);
     });
   });
-  Promise<RunInfo> accepted;
-  Future<RunInfo> result = accepted.future();
-  JoinFutures(enqueued).OnReady([this, submitted, accepted = std::move(accepted),
-                                 info = std::move(info)](const absl::Status&) mutable {
-    if (options_.on_run_enqueued) options_.on_run_enqueued(absl::Now() - submitted);
-    accepted.Set(std::move(info));  // Errors of enqueued work surface through info.done.
-  });
-  return result;
+  // Accepted now: the client need not wait for the hosts' acks (errors of enqueued work surface
+  // through info.done).
+  if (options_.on_run_enqueued) {
+    JoinFutures(enqueued).OnReady([this, submitted](const absl::Status&) {
+      options_.on_run_enqueued(absl::Now() - submitted);
+    });
+  }
+  return Future<RunInfo>::Ready(std::move(info));
+}
+
+absl::StatusOr<absl::flat_hash_map<int, BufferId>> Controller::ChosenOutputs(
+    ClientId client, const LoweredProgram& lp, const std::vector<BufferId>& outputs) {
+  absl::flat_hash_map<int, BufferId> chosen;  // By lowered value.
+  if (outputs.empty()) return chosen;
+  if (outputs.size() != lp.outputs.size())
+    return absl::InvalidArgumentError(absl::StrCat("program '", lp.name, "' has ",
+                                                   lp.outputs.size(), " outputs, but ",
+                                                   outputs.size(), " output ids were given"));
+  std::vector<BufferId> distinct;
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    auto [it, inserted] = chosen.emplace(lp.outputs[o], outputs[o]);
+    if (inserted) {
+      distinct.push_back(outputs[o]);
+    } else if (it->second != outputs[o]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "output ", o, " of program '", lp.name, "' is the same value as an earlier output: "
+          "give both the same id"));
+    }
+  }
+  PW_RETURN_IF_ERROR(output_ids_.Claim(client, distinct));
+  return chosen;
+}
+
+absl::Status Controller::NotMade(ClientId client, BufferId id, const absl::Status& missing) const {
+  std::optional<absl::Status> why = output_ids_.FailureOf(client, id);
+  if (!why.has_value()) return missing;
+  return Annotate(*why, absl::StrCat(id.ToString(), " was not made: the run that was to make it "
+                                                    "failed"));
+}
+
+absl::StatusOr<BufferId> Controller::ReserveBufferIds(ClientId client, int64_t count) {
+  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_RETURN_IF_ERROR(output_ids_.CheckLease(client, count));
+  const BufferId first = buffers_.NewIds(count);
+  PW_RETURN_IF_ERROR(output_ids_.Lease(client, first, count));
+  return first;
 }
 
 absl::Status Controller::ChargeQuota(ClientId client, int64_t bytes, const std::string& what) {
@@ -813,7 +863,7 @@ Future<HostArray> Controller::FetchArray(ClientId client, BufferId id) {
   if (absl::Status s = CheckClient(client); !s.ok()) return Future<HostArray>::Ready(s);
   // Pinned until the copy is done, so releasing the handle meanwhile cannot free the shards.
   auto lb = buffers_.LookupAndPin(client, id);
-  if (!lb.ok()) return Future<HostArray>::Ready(lb.status());
+  if (!lb.ok()) return Future<HostArray>::Ready(NotMade(client, id, lb.status()));
   Promise<HostArray> fetched;
   Future<HostArray> result = fetched.future();
   Future<HostArray> inner = FetchPinned(id, lb->placement, lb->ready);
@@ -878,14 +928,16 @@ Future<HostArray> Controller::FetchPinned(BufferId id, std::shared_ptr<const Pla
 Future<> Controller::ArrayReady(ClientId client, BufferId id) {
   if (absl::Status s = CheckClient(client); !s.ok()) return Future<>::Ready(s);
   auto lb = buffers_.Lookup(client, id);
-  if (!lb.ok()) return Future<>::Ready(lb.status());
+  if (!lb.ok()) return Future<>::Ready(NotMade(client, id, lb.status()));
   return lb->ready;
 }
 
 absl::Status Controller::ReleaseArray(ClientId client, BufferId id) {
   PW_RETURN_IF_ERROR(CheckClient(client));
-  PW_ASSIGN_OR_RETURN(auto freed, buffers_.ReleaseHandle(client, id));
-  Free(freed);
+  auto freed = buffers_.ReleaseHandle(client, id);
+  if (!freed.ok() && output_ids_.Forget(client, id)) return absl::OkStatus();  // Never made.
+  PW_RETURN_IF_ERROR(freed.status());
+  Free(*freed);
   return absl::OkStatus();
 }
 

@@ -20,6 +20,7 @@
 #include "pw/base/timer.h"
 #include "pw/base/work_queue.h"
 #include "pw/cluster/cluster_spec.h"
+#include "pw/controller/output_ids.h"
 #include "pw/controller/share_table.h"
 #include "pw/object_store/buffer_table.h"
 #include "pw/program/lowering.h"
@@ -100,6 +101,7 @@ class Controller final : public ControllerInterface {
                                                       SliceId slice) override;
   absl::StatusOr<ProgramId> RegisterProgram(ClientId client, const ProgramIr& ir) override;
   absl::StatusOr<std::string> ExplainProgram(ClientId client, ProgramId program) override;
+  absl::StatusOr<BufferId> ReserveBufferIds(ClientId client, int64_t count) override;
   Future<RunInfo> Submit(ClientId client, ProgramId program, const std::vector<BufferId>& args,
                          const RunOptions& options) override;
   absl::StatusOr<ArrayInfo> PutArray(ClientId client, SliceId slice, const Sharding& sharding,
@@ -142,6 +144,12 @@ class Controller final : public ControllerInterface {
   class Lowering;
 
   absl::Status CheckClient(ClientId client) const;
+  // The client-chosen ids of a run's outputs (RunOptions::outputs), by lowered value, claimed;
+  // empty when it chose none.
+  absl::StatusOr<absl::flat_hash_map<int, BufferId>> ChosenOutputs(
+      ClientId client, const LoweredProgram& lp, const std::vector<BufferId>& outputs);
+  // `missing` (a lookup's NotFound), or why `id` was never made if its run failed.
+  absl::Status NotMade(ClientId client, BufferId id, const absl::Status& missing) const;
   // An SPMD XLA module (num_partitions > 1) meets its partitions in XLA's in-process
   // collectives: its slice must lie within one worker process. Checked at binding.
   // `hosts`: the slice's, one per device.
@@ -174,6 +182,7 @@ class Controller final : public ControllerInterface {
   const Options options_;
   ResourceManager rm_;
   BufferTable buffers_;
+  OutputIds output_ids_;
   // Shares, and the handles imported through them: changed together (an import cannot slip past
   // a revocation).
   pw::Mutex shares_mu_;

@@ -22,7 +22,7 @@ int64_t BufferTable::HeldBytes(ClientId client) const {
 
 BufferId BufferTable::Create(LogicalBuffer buffer, int client_refs, int pins, int64_t charged) {
   pw::MutexLock lock(&mu_);
-  buffer.id = BufferId(next_id_++);
+  if (!buffer.id.valid()) buffer.id = BufferId(next_id_++);
   BufferId id = buffer.id;
   Entry e{std::move(buffer), {}, pins, charged};
   if (client_refs > 0) e.handles[e.buffer.owner] = client_refs;

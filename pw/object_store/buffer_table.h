@@ -40,7 +40,8 @@ class BufferTable {
   // (nothing charged) if not. Buffers created with these bytes (Create's `charged`) give them
   // back when freed.
   bool TryCharge(ClientId client, int64_t bytes, int64_t quota);
-  // Registers a buffer with the given reference counts; assigns and returns its id. `charged`:
+  // Registers a buffer with the given reference counts; assigns its id unless it has one (from
+  // NewIds: a client-chosen output id), and returns it. `charged`:
   // bytes TryCharge charged its owner for it (returned when it is freed).
   BufferId Create(LogicalBuffer buffer, int client_refs, int pins, int64_t charged = 0);
   // The bytes of the buffers `client` owns that exist now (charged and not yet freed).

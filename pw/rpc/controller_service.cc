@@ -101,10 +101,6 @@ absl::Status ControllerService::DropClient(ClientId client) {
   {
     pw::MutexLock lock(&mu_);
     if (keys_.erase(client) == 0) return absl::OkStatus();
-    for (auto it = runs_.begin(); it != runs_.end();) {
-      if (it->second.first == client) runs_.erase(it++);
-      else ++it;
-    }
   }
   return controller_->Disconnect(client);
 }
@@ -211,57 +207,13 @@ grpc::ServerUnaryReactor* ControllerService::ExplainProgram(grpc::CallbackServer
   return Reply(ctx, text.status());
 }
 
-grpc::ServerUnaryReactor* ControllerService::Submit(grpc::CallbackServerContext* ctx,
-                                                    const v1::SubmitRequest* req,
-                                                    v1::RunInfo* resp) {
+grpc::ServerUnaryReactor* ControllerService::ReserveBufferIds(
+    grpc::CallbackServerContext* ctx, const v1::ReserveBufferIdsRequest* req,
+    v1::BufferIdRange* resp) {
   PW_AUTHORIZE(ctx, req->client());
-  absl::StatusOr<DispatchMode> mode = DispatchModeFromProto(req->mode());
-  if (!mode.ok()) return Reply(ctx, mode.status());
-  std::vector<BufferId> args;
-  for (int64_t a : req->args()) args.push_back(BufferId(a));
-  const ClientId client(req->client());
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  if (req->timeout_us() < 0)
-    return Reply(ctx, absl::InvalidArgumentError(
-                          absl::StrCat("Submit timeout_us is negative: ", req->timeout_us())));
-  RunOptions options(*mode);
-  options.timeout = absl::Microseconds(req->timeout_us());
-  options.trace_flow = req->trace_flow();
-  controller_->Submit(client, ProgramId(req->program()), args, options)
-      .OnReady([this, reactor, resp, client](const absl::StatusOr<RunInfo>& info) {
-        if (info.ok()) {
-          resp->set_run(info->run.value());
-          for (const ArrayInfo& a : info->outputs) ToProto(a, resp->add_outputs());
-          pw::MutexLock lock(&mu_);
-          runs_[info->run] = {client, info->done};
-        }
-        reactor->Finish(ToGrpc(info.status()));
-      });
-  return reactor;
-}
-
-grpc::ServerUnaryReactor* ControllerService::RunDone(grpc::CallbackServerContext* ctx,
-                                                     const v1::RunRequest* req, v1::Empty*) {
-  PW_AUTHORIZE(ctx, req->client());
-  Future<> done;
-  {
-    pw::MutexLock lock(&mu_);
-    auto it = runs_.find(RunId(req->run()));
-    if (it == runs_.end() || it->second.first != ClientId(req->client()))
-      return Reply(ctx, absl::NotFoundError(absl::StrCat(RunId(req->run()).ToString(),
-                                                         " is not a run of this client that "
-                                                         "is still being waited for")));
-    done = it->second.second;
-  }
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  done.OnReady([this, reactor, run = RunId(req->run())](const absl::Status& s) {
-    {
-      pw::MutexLock lock(&mu_);
-      runs_.erase(run);
-    }
-    reactor->Finish(ToGrpc(s));
-  });
-  return reactor;
+  auto first = controller_->ReserveBufferIds(ClientId(req->client()), req->count());
+  if (first.ok()) resp->set_first(first->value());
+  return Reply(ctx, first.status());
 }
 
 grpc::ServerUnaryReactor* ControllerService::PutArray(grpc::CallbackServerContext* ctx,
@@ -306,12 +258,6 @@ grpc::ServerUnaryReactor* ControllerService::ArrayReady(grpc::CallbackServerCont
   controller_->ArrayReady(ClientId(req->client()), BufferId(req->buffer()))
       .OnReady([reactor](const absl::Status& s) { reactor->Finish(ToGrpc(s)); });
   return reactor;
-}
-
-grpc::ServerUnaryReactor* ControllerService::ReleaseArray(grpc::CallbackServerContext* ctx,
-                                                          const v1::ArrayRequest* req, v1::Empty*) {
-  PW_AUTHORIZE(ctx, req->client());
-  return Reply(ctx, controller_->ReleaseArray(ClientId(req->client()), BufferId(req->buffer())));
 }
 
 grpc::ServerUnaryReactor* ControllerService::ShareArray(grpc::CallbackServerContext* ctx,
@@ -446,42 +392,6 @@ grpc::ServerUnaryReactor* ControllerService::StopTrace(grpc::CallbackServerConte
     if (chunk.ok()) ToProto(*chunk, resp);
     return chunk.status();
   });
-}
-
-// ---------------------------------------------------------------- sessions
-
-class ControllerService::SessionReader final : public grpc::ServerReadReactor<v1::SessionMessage> {
- public:
-  SessionReader(ControllerService* service, grpc::CallbackServerContext* ctx)
-      : service_(service), ctx_(ctx) {
-    StartRead(&msg_);
-  }
-  void OnReadDone(bool ok) override {
-    if (ok) {
-      if (!client_.valid()) {
-        absl::Status s = service_->OpenSession(ctx_, msg_.client());
-        if (!s.ok()) return Finish(ToGrpc(s));
-        client_ = ClientId(msg_.client());
-      }
-      StartRead(&msg_);
-      return;
-    }
-    // The client went away (or closed its session): release everything it held.
-    if (client_.valid()) (void)service_->DropClient(client_);
-    Finish(grpc::Status::OK);
-  }
-  void OnDone() override { delete this; }
-
- private:
-  ControllerService* const service_;
-  grpc::CallbackServerContext* const ctx_;
-  v1::SessionMessage msg_;
-  ClientId client_;
-};
-
-grpc::ServerReadReactor<v1::SessionMessage>* ControllerService::Session(
-    grpc::CallbackServerContext* ctx, v1::Empty*) {
-  return new SessionReader(this, ctx);
 }
 
 }  // namespace pw::rpc

@@ -3,9 +3,9 @@
 //
 // Connect checks the protocol version and hands the client a key that every later call for that
 // client must carry, so one client cannot use, read or free another's slices and buffers. A
-// client's Session stream lives as long as the client; when it ends, the client is disconnected
-// (its slices and buffers are released); a client that never opens one is disconnected after
-// ClientLimits::session_grace.
+// client's Session stream lives as long as the client and carries its runs and releases, in
+// order; when it ends, the client is disconnected (its slices and buffers are released); a
+// client that never opens one is disconnected after ClientLimits::session_grace.
 //
 // Two credentials: client calls carry the client token (empty: none required); membership calls
 // (RegisterWorker, Heartbeat, LookupHost, GetClusterSpec, Shutdown, Cancel) carry the cluster token,
@@ -49,6 +49,9 @@ struct ClientLimits {
   // A client that has not opened its Session stream this long after Connect is disconnected
   // (what it allocated is released) by ReapSessionless.
   absl::Duration session_grace = absl::Seconds(30);
+  // Runs one client may have submitted on its Session and not yet seen finish; while it has
+  // this many, the controller reads no more of its Session (its later calls wait: back-pressure).
+  int64_t max_runs_in_flight = 4096;
 };
 
 class ControllerService final : public ::pathways::v1::Controller::CallbackService {
@@ -74,12 +77,10 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   PW_UNARY(LoadFunction, LoadFunctionRequest, ArraySpecs);
   PW_UNARY(RegisterProgram, RegisterProgramRequest, ProgramId);
   PW_UNARY(ExplainProgram, ProgramRequest, Text);
-  PW_UNARY(Submit, SubmitRequest, RunInfo);
-  PW_UNARY(RunDone, RunRequest, Empty);
+  PW_UNARY(ReserveBufferIds, ReserveBufferIdsRequest, BufferIdRange);
   PW_UNARY(PutArray, PutArrayRequest, ArrayInfo);
   PW_UNARY(FetchArray, ArrayRequest, HostArray);
   PW_UNARY(ArrayReady, ArrayRequest, Empty);
-  PW_UNARY(ReleaseArray, ArrayRequest, Empty);
   PW_UNARY(ShareArray, ShareArrayRequest, ShareToken);
   PW_UNARY(ImportArray, ShareRequest, ArrayInfo);
   PW_UNARY(RevokeShare, ShareRequest, Empty);
@@ -93,11 +94,11 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   PW_UNARY(Shutdown, Empty, Empty);
   PW_UNARY(Cancel, CancelRequest, CancelResponse);
 #undef PW_UNARY
-  grpc::ServerReadReactor<::pathways::v1::SessionMessage>* Session(
-      grpc::CallbackServerContext* ctx, ::pathways::v1::Empty* resp) override;
+  grpc::ServerBidiReactor<::pathways::v1::SessionMessage, ::pathways::v1::SessionEvent>* Session(
+      grpc::CallbackServerContext* ctx) override;
 
  private:
-  class SessionReader;
+  class SessionStream;  // controller_session.cc
   // The call's token and, for `client`, its key.
   absl::Status Authorize(const grpc::CallbackServerContext* ctx, int64_t client) const;
   absl::Status Authorize(const grpc::CallbackServerContext* ctx) const;
@@ -127,8 +128,6 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   };
   absl::flat_hash_map<ClientId, Connected> keys_ ABSL_GUARDED_BY(mu_);
   int64_t connecting_ ABSL_GUARDED_BY(mu_) = 0;  // Connects past the limit check, not yet in keys_.
-  // Runs submitted and not yet waited for by RunDone.
-  absl::flat_hash_map<RunId, std::pair<ClientId, Future<>>> runs_ ABSL_GUARDED_BY(mu_);
   std::atomic<size_t> next_blocking_{0};
   std::vector<std::unique_ptr<WorkQueue>> blocking_;  // Offload's threads; last: drained first.
 };

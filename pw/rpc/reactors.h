@@ -14,4 +14,12 @@ inline grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const a
   return r;
 }
 
+// Options for a stream's write when `more` messages are queued behind it: gRPC may hold it back
+// and send it with the next (one system call for a burst of small messages, not one each).
+inline grpc::WriteOptions Coalesced(bool more) {
+  grpc::WriteOptions o;
+  if (more) o.set_buffer_hint();
+  return o;
+}
+
 }  // namespace pw::rpc

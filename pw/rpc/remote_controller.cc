@@ -9,20 +9,6 @@
 namespace pw::rpc {
 namespace v1 = ::pathways::v1;
 
-// The client's open Session stream; closing it disconnects the client.
-struct RemoteController::Session {
-  std::string key;
-  grpc::ClientContext ctx;
-  v1::Empty resp;
-  std::unique_ptr<grpc::ClientWriter<v1::SessionMessage>> writer;
-  void Close() {
-    if (writer == nullptr) return;
-    writer->WritesDone();
-    (void)writer->Finish();
-    writer.reset();
-  }
-};
-
 RemoteController::RemoteController(std::string address, const ChannelOptions& options)
     : core_(std::make_shared<Core>()) {
   core_->address = std::move(address);
@@ -50,12 +36,18 @@ absl::StatusOr<std::unique_ptr<RemoteController>> RemoteController::Dial(
 }
 
 RemoteController::~RemoteController() {
-  absl::flat_hash_map<ClientId, std::unique_ptr<Session>> sessions;
+  absl::flat_hash_map<ClientId, std::shared_ptr<ClientSession>> sessions;
   {
-    pw::MutexLock lock(&mu_);
-    sessions.swap(sessions_);
+    pw::MutexLock lock(&core_->mu);
+    sessions.swap(core_->sessions);
   }
   for (auto& [id, s] : sessions) s->Close();
+}
+
+std::shared_ptr<ClientSession> RemoteController::Core::SessionOf(ClientId client) const {
+  pw::MutexLock lock(&mu);
+  auto it = sessions.find(client);
+  return it == sessions.end() ? nullptr : it->second;
 }
 
 absl::Status RemoteController::Core::Where(const grpc::Status& s) const {
@@ -81,23 +73,16 @@ absl::StatusOr<ClientId> RemoteController::Connect(const std::string& name) {
   AddToken(&ctx, core_->options.token);
   if (grpc::Status s = core_->stub->Connect(&ctx, req, &resp); !s.ok()) return core_->Where(s);
   const ClientId id(resp.client());
-  auto session = std::make_unique<Session>();
-  session->key = resp.client_key();
-  AddToken(&session->ctx, core_->options.token);
-  session->ctx.AddMetadata("pw-client-key", session->key);
-  session->writer = core_->stub->Session(&session->ctx, &session->resp);
-  v1::SessionMessage hello;
-  hello.set_client(id.value());
-  if (!session->writer->Write(hello)) {
-    return absl::UnavailableError(absl::StrCat("controller at ", core_->address,
-                                               " closed the session of ", id.ToString()));
-  }
-  {
-    pw::MutexLock lock(&core_->mu);
-    core_->keys[id] = session->key;
-  }
-  pw::MutexLock lock(&mu_);
-  sessions_[id] = std::move(session);
+  auto session = std::make_shared<ClientSession>(
+      core_->stub.get(), id,
+      [token = core_->options.token, key = resp.client_key()](grpc::ClientContext* ctx) {
+        AddToken(ctx, token);
+        ctx->AddMetadata("pw-client-key", key);
+      },
+      core_->address);
+  pw::MutexLock lock(&core_->mu);
+  core_->keys[id] = resp.client_key();
+  core_->sessions[id] = std::move(session);
   return id;
 }
 
@@ -108,17 +93,13 @@ absl::Status RemoteController::Disconnect(ClientId client) {
   grpc::ClientContext ctx;
   core_->Prepare(&ctx, client);
   grpc::Status s = core_->stub->Disconnect(&ctx, req, &resp);
-  std::unique_ptr<Session> session;
-  {
-    pw::MutexLock lock(&mu_);
-    auto it = sessions_.find(client);
-    if (it != sessions_.end()) {
-      session = std::move(it->second);
-      sessions_.erase(it);
-    }
-  }
+  std::shared_ptr<ClientSession> session;
   {
     pw::MutexLock lock(&core_->mu);
+    if (auto it = core_->sessions.find(client); it != core_->sessions.end()) {
+      session = std::move(it->second);
+      core_->sessions.erase(it);
+    }
     core_->keys.erase(client);
   }
   if (session != nullptr) session->Close();
@@ -225,20 +206,9 @@ void RemoteController::Core::EndRead(const std::shared_ptr<Core>& self, ClientId
     releases = it->second.releases;
     reads.erase(it);
   }
-  // The deferred releases (their callers were already told OK; an error has no one to go to).
-  struct Call {
-    grpc::ClientContext ctx;
-    v1::ArrayRequest req;
-    v1::Empty resp;
-  };
-  for (int i = 0; i < releases; ++i) {
-    auto call = std::make_shared<Call>();
-    Prepare(&call->ctx, client);
-    call->req.set_client(client.value());
-    call->req.set_buffer(id.value());
-    stub->async()->ReleaseArray(&call->ctx, &call->req, &call->resp,
-                                [self, call](grpc::Status) {});
-  }
+  // The deferred releases (their callers were already told OK).
+  if (std::shared_ptr<ClientSession> session = self->SessionOf(client); session != nullptr)
+    for (int i = 0; i < releases; ++i) session->Release(id);
 }
 
 absl::Status RemoteController::ReleaseArray(ClientId client, BufferId id) {
@@ -249,12 +219,21 @@ absl::Status RemoteController::ReleaseArray(ClientId client, BufferId id) {
       return absl::OkStatus();
     }
   }
-  v1::ArrayRequest req;
-  req.set_client(client.value());
-  req.set_buffer(id.value());
-  v1::Empty resp;
-  PW_CALL(ReleaseArray, client, req, resp);
+  std::shared_ptr<ClientSession> session = core_->SessionOf(client);
+  if (session == nullptr)
+    return absl::FailedPreconditionError(
+        absl::StrCat(client.ToString(), " is not connected through this RemoteController"));
+  session->Release(id);  // In order after the runs that may read it.
   return absl::OkStatus();
+}
+
+absl::StatusOr<BufferId> RemoteController::ReserveBufferIds(ClientId client, int64_t count) {
+  v1::ReserveBufferIdsRequest req;
+  req.set_client(client.value());
+  req.set_count(count);
+  v1::BufferIdRange resp;
+  PW_CALL(ReserveBufferIds, client, req, resp);
+  return BufferId(resp.first());
 }
 
 absl::StatusOr<std::string> RemoteController::ShareArray(ClientId client, BufferId id,
@@ -322,40 +301,17 @@ struct AsyncCall {
 Future<RunInfo> RemoteController::Submit(ClientId client, ProgramId program,
                                          const std::vector<BufferId>& args,
                                          const RunOptions& options) {
-  auto call = std::make_shared<AsyncCall<v1::SubmitRequest, v1::RunInfo>>();
-  core_->Prepare(&call->ctx, client);
-  call->req.set_client(client.value());
-  call->req.set_program(program.value());
-  for (BufferId a : args) call->req.add_args(a.value());
-  call->req.set_mode(static_cast<int32_t>(options.mode));
-  call->req.set_timeout_us(absl::ToInt64Microseconds(options.timeout));
-  call->req.set_trace_flow(options.trace_flow);
-  auto promise = std::make_shared<Promise<RunInfo>>();  // gRPC callbacks must be copyable.
-  Future<RunInfo> result = promise->future();
-  core_->stub->async()->Submit(
-      &call->ctx, &call->req, &call->resp, [core = core_, call, client, promise](grpc::Status s) {
-        if (!s.ok()) return promise->Set(core->Where(s));
-        RunInfo info;
-        info.run = RunId(call->resp.run());
-        for (const auto& o : call->resp.outputs()) {
-          absl::StatusOr<ArrayInfo> a = FromProto(o);
-          if (!a.ok()) return promise->Set(Annotate(a.status(), "Submit reply"));
-          info.outputs.push_back(*std::move(a));
-        }
-        // The run's completion: one more call, answered when the run has executed.
-        auto done_call = std::make_shared<AsyncCall<v1::RunRequest, v1::Empty>>();
-        core->Prepare(&done_call->ctx, client);
-        done_call->req.set_client(client.value());
-        done_call->req.set_run(info.run.value());
-        auto done = std::make_shared<Promise<>>();
-        info.done = done->future();
-        core->stub->async()->RunDone(&done_call->ctx, &done_call->req, &done_call->resp,
-                                     [core, done_call, done](grpc::Status s) {
-                                       done->Set(s.ok() ? absl::OkStatus() : core->Where(s));
-                                     });
-        promise->Set(std::move(info));
-      });
-  return result;
+  std::shared_ptr<ClientSession> session = core_->SessionOf(client);
+  if (session == nullptr)
+    return Future<RunInfo>::Ready(absl::FailedPreconditionError(
+        absl::StrCat(client.ToString(), " is not connected through this RemoteController")));
+  v1::SubmitRequest req;
+  req.set_client(client.value());
+  req.set_program(program.value());
+  req.mutable_args()->Reserve(static_cast<int>(args.size()));
+  for (BufferId a : args) req.add_args(a.value());
+  ToProto(options, &req);
+  return session->Submit(std::move(req));
 }
 
 Future<HostArray> RemoteController::FetchArray(ClientId client, BufferId id) {

@@ -2,8 +2,9 @@
 // process (`pw up`, `pw controller`). The same client code runs against it as against the
 // in-process Controller.
 //
-// Connect checks the protocol version and opens the client's session stream; when this process
-// exits or its connection breaks, the controller releases the client's slices and buffers.
+// Connect checks the protocol version and opens the client's session stream (ClientSession),
+// which carries its runs and releases in order; when this process exits or its connection
+// breaks, the controller releases the client's slices and buffers.
 // Thread-safe.
 #pragma once
 
@@ -13,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "pw/base/mutex.h"
 #include "pw/rpc/auth.h"
+#include "pw/rpc/client_session.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
 #include "pw/transport/controller_interface.h"
 
@@ -51,6 +53,7 @@ class RemoteController final : public ControllerInterface {
                                                       SliceId slice) override;
   absl::StatusOr<ProgramId> RegisterProgram(ClientId client, const ProgramIr& ir) override;
   absl::StatusOr<std::string> ExplainProgram(ClientId client, ProgramId program) override;
+  absl::StatusOr<BufferId> ReserveBufferIds(ClientId client, int64_t count) override;
   Future<RunInfo> Submit(ClientId client, ProgramId program, const std::vector<BufferId>& args,
                          const RunOptions& options) override;
   absl::StatusOr<ArrayInfo> PutArray(ClientId client, SliceId slice, const Sharding& sharding,
@@ -64,7 +67,6 @@ class RemoteController final : public ControllerInterface {
   Future<trace::Chunk> StopTrace(ClientId client, bool all_tenants) override;
 
  private:
-  struct Session;
   absl::StatusOr<std::vector<RunId>> CancelWith(const ::pathways::v1::CancelRequest& req);
   // What asynchronous calls' callbacks use: shared, so a callback that runs after this object is
   // gone (a run finishing after the client exits) still finds it.
@@ -75,6 +77,8 @@ class RemoteController final : public ControllerInterface {
     std::unique_ptr<::pathways::v1::Controller::Stub> stub;
     mutable pw::Mutex mu;
     absl::flat_hash_map<ClientId, std::string> keys ABSL_GUARDED_BY(mu);
+    absl::flat_hash_map<ClientId, std::shared_ptr<ClientSession>> sessions ABSL_GUARDED_BY(mu);
+    std::shared_ptr<ClientSession> SessionOf(ClientId client) const;
     // Buffers with FetchArray/ArrayReady calls in flight. A ReleaseArray meanwhile is sent once
     // they have finished, so (as in process) a read started before a release completes.
     struct Reads {
@@ -93,8 +97,6 @@ class RemoteController final : public ControllerInterface {
   RemoteController(std::string address, const ChannelOptions& options);
 
   const std::shared_ptr<Core> core_;
-  pw::Mutex mu_;
-  absl::flat_hash_map<ClientId, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pw::rpc

@@ -1,4 +1,5 @@
 #include "pw/rpc/remote_worker.h"
+#include "pw/rpc/reactors.h"
 
 #include <cstring>
 #include <deque>
@@ -52,16 +53,17 @@ class RemoteWorker::Stream final : public grpc::ClientBidiReactor<v1::Command, v
 
   void OnWriteDone(bool ok) override {
     v1::Command* next = nullptr;
-    bool release = false;
+    bool release = false, more = false;
     {
       pw::MutexLock lock(&mu_);
       queue_.pop_front();
       if (!ok) queue_.clear();  // The stream is broken; OnDone reports why.
       writing_ = !queue_.empty();
       if (writing_) next = &queue_.front();
+      more = queue_.size() > 1;
       release = ReleaseLocked();
     }
-    if (next != nullptr) StartWrite(next);
+    if (next != nullptr) StartWrite(next, Coalesced(more));
     if (release) RemoveHold();
   }
   void OnReadDone(bool ok) override {

@@ -169,6 +169,26 @@ absl::StatusOr<DispatchMode> DispatchModeFromProto(int32_t mode) {
   return Invalid("dispatch mode", absl::StrCat(mode, " is unknown"));
 }
 
+void ToProto(const RunOptions& o, v1::SubmitRequest* out) {
+  out->set_mode(static_cast<int32_t>(o.mode));
+  out->set_timeout_us(absl::ToInt64Microseconds(o.timeout));
+  out->set_trace_flow(o.trace_flow);
+  out->mutable_outputs()->Reserve(static_cast<int>(o.outputs.size()));
+  for (BufferId b : o.outputs) out->add_outputs(b.value());
+}
+
+absl::StatusOr<RunOptions> RunOptionsFromProto(const v1::SubmitRequest& p) {
+  PW_ASSIGN_OR_RETURN(DispatchMode mode, DispatchModeFromProto(p.mode()));
+  if (p.timeout_us() < 0)
+    return Invalid("submit timeout_us", absl::StrCat(p.timeout_us(), " is negative"));
+  RunOptions o(mode);
+  o.timeout = absl::Microseconds(p.timeout_us());
+  o.trace_flow = p.trace_flow();
+  o.outputs.reserve(p.outputs_size());
+  for (int64_t b : p.outputs()) o.outputs.push_back(BufferId(b));  // The controller checks them.
+  return o;
+}
+
 // ---------------------------------------------------------------- bottom layer
 
 void ToProto(const ArraySpec& s, v1::ArraySpec* out) {

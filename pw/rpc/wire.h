@@ -21,7 +21,7 @@ namespace pw::rpc {
 namespace v1 = ::pathways::v1;
 
 // Bumped on every incompatible change to proto/pathways.proto.
-inline constexpr int32_t kProtocolVersion = 1;
+inline constexpr int32_t kProtocolVersion = 2;
 
 // Status <-> gRPC status (the codes are numerically identical).
 // A status message longer than this is cut in ToGrpc: it travels in a header, and a peer drops
@@ -64,6 +64,9 @@ void ToProto(const ClusterStatus& c, v1::ClusterStatus* out);
 absl::StatusOr<ClusterStatus> FromProto(const v1::ClusterStatus& p);
 
 absl::StatusOr<DispatchMode> DispatchModeFromProto(int32_t mode);
+// A submit's RunOptions (mode, timeout, trace flow, output ids), checked.
+void ToProto(const RunOptions& o, v1::SubmitRequest* out);
+absl::StatusOr<RunOptions> RunOptionsFromProto(const v1::SubmitRequest& p);
 
 void ToProto(const trace::Chunk& c, v1::TraceChunk* out);
 absl::StatusOr<trace::Chunk> FromProto(const v1::TraceChunk& p);

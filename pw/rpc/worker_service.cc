@@ -96,6 +96,7 @@ class WorkerService::CommandStream final
   // gRPC calls (Start*, Finish) are made without holding mu_: a reaction may run inline.
   void OnWriteDone(bool ok) override {
     v1::CommandEvent* next = nullptr;
+    bool more = false;
     {
       pw::MutexLock lock(&mu_);
       events_.pop_front();
@@ -105,8 +106,9 @@ class WorkerService::CommandStream final
       }
       writing_ = !events_.empty();
       if (writing_) next = &events_.front();  // Deque elements stay put while others are added.
+      more = events_.size() > 1;
     }
-    if (next != nullptr) StartWrite(next);
+    if (next != nullptr) StartWrite(next, Coalesced(more));
     MaybeFinish();
   }
 

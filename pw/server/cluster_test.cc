@@ -409,10 +409,12 @@ TEST_F(GrpcClusterTest, ClientCannotUseAnotherClientsBuffers) {
   auto other = *rpc::RemoteController::Dial(controller_->address(), {});
   auto b = *other->Connect("b");
   EXPECT_TRUE(absl::IsUnauthenticated(other->FetchArray(a, array->id).status()));
-  EXPECT_TRUE(absl::IsUnauthenticated(other->ReleaseArray(a, array->id)));
-  // As itself, b cannot touch a's buffer either.
+  // Releases travel on the releasing client's own session, which `other` has none of for a.
+  EXPECT_TRUE(absl::IsFailedPrecondition(other->ReleaseArray(a, array->id)));
+  // As itself, b cannot touch a's buffer either: its release (on b's session) frees nothing.
   EXPECT_FALSE(other->FetchArray(b, array->id).status().ok());
-  EXPECT_FALSE(other->ReleaseArray(b, array->id).ok());
+  EXPECT_TRUE(other->ReleaseArray(b, array->id).ok());
+  other.reset();  // Its sessions end once the controller has read (and handled) all they carry.
   auto back = remote_->FetchArray(a, array->id).Await();
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->values<float>(), (std::vector<float>{1, 2}));
@@ -503,6 +505,7 @@ TEST_F(GrpcClusterTest, TheAdminCancelsARunOrAClientsRunsWithTheClusterToken) {
   ASSERT_TRUE(full.Ready().status().ok());
   auto blocked = f.Call({x});  // Waits for memory.
   ASSERT_TRUE(blocked.ok());
+  ASSERT_FALSE((*blocked)[0].devices().empty());  // Where it lies: known once it is accepted.
   ClusterStatus st = remote_->Status().value();
   ASSERT_EQ(st.running.size(), 1u);
   const RunId run = st.running[0].run;
@@ -524,6 +527,7 @@ TEST_F(GrpcClusterTest, TheAdminCancelsARunOrAClientsRunsWithTheClusterToken) {
   // A client's runs, all at once.
   auto again = f.Call({x});
   ASSERT_TRUE(again.ok());
+  ASSERT_FALSE((*again)[0].devices().empty());  // Accepted.
   auto all = admin->CancelClient(c->id(), "");
   ASSERT_TRUE(all.ok()) << all.status();
   EXPECT_EQ(all->size(), 1u);
@@ -545,7 +549,7 @@ TEST_F(GrpcClusterTest, MalformedTruncatedAndOversizedMessagesGetErrors) {
     std::condition_variable cv;
     bool done = false;
     grpc::Status status;
-    generic.UnaryCall(&ctx, "/pathways.v1.Controller/Submit", grpc::StubOptions(), &request,
+    generic.UnaryCall(&ctx, "/pathways.v1.Controller/AllocateSlice", grpc::StubOptions(), &request,
                       &response, [&](grpc::Status s) {
                         std::lock_guard<std::mutex> l(mu);
                         status = s;
@@ -557,7 +561,7 @@ TEST_F(GrpcClusterTest, MalformedTruncatedAndOversizedMessagesGetErrors) {
     // Issue 20: gRPC's own answer was UNIMPLEMENTED with no message.
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
     EXPECT_THAT(status.error_message(),
-                ::testing::HasSubstr("malformed request to /pathways.v1.Controller/Submit"));
+                ::testing::HasSubstr("malformed request to /pathways.v1.Controller/AllocateSlice"));
   }
   {  // A method that does not exist is still gRPC's UNIMPLEMENTED, not a malformed body.
     grpc::ClientContext ctx;

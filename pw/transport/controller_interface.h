@@ -87,9 +87,15 @@ class ControllerInterface {
   virtual absl::StatusOr<ProgramId> RegisterProgram(ClientId client, const ProgramIr& ir) = 0;
   // The program's sharded dataflow graph (as lowered for its first argument layout), for people.
   virtual absl::StatusOr<std::string> ExplainProgram(ClientId client, ProgramId program) = 0;
-  // Ready once the run has been validated, lowered, gang-scheduled and enqueued on every device
-  // (what a client waits for per call); RunInfo::done follows when it has executed (or failed,
-  // was cancelled, or overran its timeout).
+  // `count` consecutive buffer ids for `client` to name its runs' outputs with
+  // (RunOptions::outputs); returns the first. Each names one output once, in increasing order.
+  // Limits: OutputIds (pw/controller/output_ids.h).
+  virtual absl::StatusOr<BufferId> ReserveBufferIds(ClientId client, int64_t count) = 0;
+  // Ready once the run has been validated, lowered and handed to its islands' gang schedulers
+  // (it does not wait for the hosts); RunInfo::done follows when it has executed (or failed,
+  // was cancelled, or overran its timeout). With RunOptions::outputs, the outputs have those ids,
+  // so a client may use them before this is ready (its later calls must reach the controller
+  // after this one: the wire client sends them in order on its session).
   virtual Future<RunInfo> Submit(ClientId client, ProgramId program,
                                  const std::vector<BufferId>& args, const RunOptions& options) = 0;
 

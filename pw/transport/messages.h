@@ -39,6 +39,9 @@ struct RunOptions {
   // Nonzero while the client traces (pw/trace): the flow from its call span to the
   // controller's submit span.
   uint64_t trace_flow = 0;
+  // Ids for the program's outputs, one per output (the same id where two outputs are one
+  // value), from ControllerInterface::ReserveBufferIds; empty: the controller picks them.
+  std::vector<BufferId> outputs;
 };
 
 // Buffers in host programs are value indices of the lowered program; each run maps them to its

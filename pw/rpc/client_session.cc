@@ -1,0 +1,298 @@
+#include "pw/rpc/client_session.h"
+
+#include <algorithm>
+#include <deque>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "pw/base/mutex.h"
+#include "pw/base/status_macros.h"
+#include "pw/rpc/reactors.h"
+#include "pw/rpc/wire.h"
+
+namespace pw::rpc {
+namespace v1 = ::pathways::v1;
+
+// What the owner and the stream share. The stream deletes itself when gRPC is done with it
+// (OnDone); it cannot be done while a write-side call is in flight or before the read side has
+// ended (a hold), so `stream` may be used by whoever has just set `writing`.
+struct ClientSession::State {
+  struct Pending {
+    Promise<RunInfo> accepted;
+    Promise<> done;
+    bool answered = false;  // `accepted` is set.
+  };
+  std::string where;
+  absl::Notification finished;  // OnDone has run.
+  pw::Mutex mu;
+  Stream* stream ABSL_GUARDED_BY(mu) = nullptr;
+  std::deque<v1::SessionMessage> queue ABSL_GUARDED_BY(mu);  // Front: being written.
+  bool writing ABSL_GUARDED_BY(mu) = false;       // A write-side call is in flight.
+  bool closing ABSL_GUARDED_BY(mu) = false;       // Close() was called: end writes.
+  bool writes_ended ABSL_GUARDED_BY(mu) = false;  // StartWritesDone was called.
+  bool reads_over ABSL_GUARDED_BY(mu) = false;    // The controller ended the stream.
+  bool released ABSL_GUARDED_BY(mu) = false;      // The hold is gone.
+  int busy ABSL_GUARDED_BY(mu) = 0;               // Others using `stream`: it must stay.
+  absl::Status over ABSL_GUARDED_BY(mu);          // Not OK once the stream is done.
+  uint64_t next_seq ABSL_GUARDED_BY(mu) = 1;
+  absl::flat_hash_map<uint64_t, Pending> pending ABSL_GUARDED_BY(mu);
+
+  // Whether the hold may go now (read side over, nothing in flight); true once.
+  bool ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!reads_over || writing || busy > 0 || released) return false;
+    released = true;
+    return true;
+  }
+  // Starts the next write-side call if none is in flight.
+  void Kick();
+  // Ends a use of `s` begun with ++busy.
+  void Unbusy(Stream* s);
+};
+
+class ClientSession::Stream final
+    : public grpc::ClientBidiReactor<v1::SessionMessage, v1::SessionEvent> {
+ public:
+  Stream(std::shared_ptr<State> state, v1::Controller::Stub* stub,
+         const std::function<void(grpc::ClientContext*)>& prepare)
+      : state_(std::move(state)) {
+    prepare(&ctx_);
+    stub->async()->Session(&ctx_, this);
+    AddHold();
+    StartRead(&event_);
+    StartCall();
+  }
+  void Cancel() { ctx_.TryCancel(); }
+
+  void OnWriteDone(bool ok) override {
+    bool release = false;
+    {
+      pw::MutexLock lock(&state_->mu);
+      state_->queue.pop_front();
+      if (!ok) state_->queue.clear();  // Broken; OnDone reports why.
+      state_->writing = false;
+      release = state_->ReleaseLocked();
+    }
+    if (release) return RemoveHold();
+    state_->Kick();
+  }
+  void OnWritesDoneDone(bool) override {
+    bool release = false;
+    {
+      pw::MutexLock lock(&state_->mu);
+      state_->writing = false;
+      release = state_->ReleaseLocked();
+    }
+    if (release) RemoveHold();
+  }
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      Handle(event_);
+      StartRead(&event_);
+      return;
+    }
+    bool release = false;
+    {
+      pw::MutexLock lock(&state_->mu);
+      state_->reads_over = true;
+      // Drop what waits, but not the message being written: gRPC still reads it.
+      // (While writes end, writing is set with nothing queued.)
+      const size_t keep = std::min<size_t>(state_->writing ? 1 : 0, state_->queue.size());
+      state_->queue.erase(state_->queue.begin() + keep, state_->queue.end());
+      release = state_->ReleaseLocked();
+    }
+    if (release) RemoveHold();
+  }
+  void OnDone(const grpc::Status& s) override {
+    absl::Status why = FromGrpc(s);
+    why = why.ok() ? absl::UnavailableError(
+                         absl::StrCat("the controller at ", state_->where, " ended the session"))
+                   : Annotate(why, absl::StrCat("session with the controller at ", state_->where));
+    absl::flat_hash_map<uint64_t, State::Pending> pending;
+    {
+      pw::MutexLock lock(&state_->mu);
+      state_->over = why;
+      state_->stream = nullptr;
+      pending.swap(state_->pending);
+    }
+    for (auto& [seq, p] : pending) {
+      if (!p.answered) p.accepted.Set(why);
+      p.done.Set(why);
+    }
+    std::shared_ptr<State> state = state_;
+    delete this;
+    state->finished.Notify();
+  }
+
+ private:
+  void Handle(const v1::SessionEvent& e) {
+    std::optional<Promise<RunInfo>> accepted;
+    std::optional<Promise<>> done;
+    absl::StatusOr<RunInfo> info = RunInfo{};
+    absl::Status end;
+    {
+      pw::MutexLock lock(&state_->mu);
+      auto it = state_->pending.find(e.seq());
+      if (it == state_->pending.end()) return;  // Not ours (a newer controller's extra event).
+      State::Pending& p = it->second;
+      switch (e.event_case()) {
+        case v1::SessionEvent::kAccepted: {
+          if (p.answered) return;
+          info->run = RunId(e.accepted().run());
+          for (const auto& o : e.accepted().outputs()) {
+            absl::StatusOr<ArrayInfo> a = FromProto(o);
+            if (!a.ok()) {
+              info = Annotate(a.status(), "a run's acceptance");
+              break;
+            }
+            info->outputs.push_back(*std::move(a));
+          }
+          p.answered = true;
+          accepted = std::move(p.accepted);
+          if (info.ok()) {
+            info->done = p.done.future();
+            break;
+          }
+          end = info.status();  // Unreadable: the run counts as failed here.
+          done = std::move(p.done);
+          state_->pending.erase(it);
+          break;
+        }
+        case v1::SessionEvent::kFailed:
+        case v1::SessionEvent::kDone: {
+          end = FromProto(e.has_failed() ? e.failed() : e.done());
+          if (!p.answered) {
+            accepted = std::move(p.accepted);
+            info = end.ok() ? absl::InternalError("a run ended before it was accepted") : end;
+          }
+          done = std::move(p.done);
+          state_->pending.erase(it);
+          break;
+        }
+        case v1::SessionEvent::EVENT_NOT_SET:
+          return;
+      }
+    }
+    if (accepted.has_value()) accepted->Set(std::move(info));
+    if (done.has_value()) done->Set(end);
+  }
+
+  const std::shared_ptr<State> state_;
+  grpc::ClientContext ctx_;
+  v1::SessionEvent event_;
+};
+
+void ClientSession::State::Kick() {
+  Stream* s = nullptr;
+  v1::SessionMessage* next = nullptr;
+  bool more = false;
+  {
+    pw::MutexLock lock(&mu);
+    if (writing || reads_over || stream == nullptr) return;
+    if (!queue.empty()) {
+      next = &queue.front();
+      more = queue.size() > 1;
+    } else if (!closing || writes_ended) {
+      return;
+    }
+    writing = true;
+    writes_ended = writes_ended || next == nullptr;
+    s = stream;
+  }
+  if (next != nullptr) {
+    s->StartWrite(next, Coalesced(more));
+  } else {
+    s->StartWritesDone();
+  }
+}
+
+void ClientSession::State::Unbusy(Stream* s) {
+  bool release = false;
+  {
+    pw::MutexLock lock(&mu);
+    --busy;
+    release = ReleaseLocked();
+  }
+  if (release) s->RemoveHold();
+}
+
+ClientSession::ClientSession(v1::Controller::Stub* stub, ClientId client,
+                             const std::function<void(grpc::ClientContext*)>& prepare,
+                             std::string where)
+    : state_(std::make_shared<State>()) {
+  state_->where = std::move(where);
+  v1::SessionMessage hello;
+  hello.set_client(client.value());
+  {
+    pw::MutexLock lock(&state_->mu);
+    state_->queue.push_back(std::move(hello));
+    ++state_->busy;  // Until `stream` is set.
+  }
+  Stream* s = new Stream(state_, stub, prepare);  // Its reactions may run at once.
+  {
+    pw::MutexLock lock(&state_->mu);
+    state_->stream = s;
+  }
+  state_->Unbusy(s);
+  state_->Kick();
+}
+
+ClientSession::~ClientSession() { Close(); }
+
+Future<RunInfo> ClientSession::Submit(v1::SubmitRequest req) {
+  Future<RunInfo> accepted;
+  {
+    pw::MutexLock lock(&state_->mu);
+    if (!state_->over.ok()) return Future<RunInfo>::Ready(state_->over);
+    if (state_->closing)
+      return Future<RunInfo>::Ready(absl::FailedPreconditionError("the session is closed"));
+    const uint64_t seq = state_->next_seq++;
+    req.set_seq(seq);
+    accepted = state_->pending[seq].accepted.future();
+    v1::SessionMessage m;
+    *m.mutable_submit() = std::move(req);
+    state_->queue.push_back(std::move(m));
+  }
+  state_->Kick();
+  return accepted;
+}
+
+void ClientSession::Release(BufferId id) {
+  {
+    pw::MutexLock lock(&state_->mu);
+    if (!state_->over.ok() || state_->closing) return;  // The controller releases it all.
+    auto& q = state_->queue;
+    // Onto the last queued release unless that one is being written.
+    if (q.size() > (state_->writing ? 1u : 0u) && q.back().has_release()) {
+      q.back().mutable_release()->add_buffers(id.value());
+      return;
+    }
+    v1::SessionMessage m;
+    m.mutable_release()->add_buffers(id.value());
+    q.push_back(std::move(m));
+  }
+  state_->Kick();
+}
+
+void ClientSession::Close(absl::Duration grace) {
+  {
+    pw::MutexLock lock(&state_->mu);
+    state_->closing = true;
+  }
+  state_->Kick();
+  if (state_->finished.WaitForNotificationWithTimeout(grace)) return;
+  Stream* s = nullptr;
+  {
+    pw::MutexLock lock(&state_->mu);
+    if ((s = state_->stream) != nullptr) ++state_->busy;
+  }
+  if (s != nullptr) {
+    s->Cancel();  // Done soon after.
+    state_->Unbusy(s);
+  }
+  state_->finished.WaitForNotification();
+}
+
+}  // namespace pw::rpc

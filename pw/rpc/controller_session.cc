@@ -1,0 +1,216 @@
+// The controller's side of a client's Session stream: the client's runs and releases, in order,
+// and the runs' acceptance and ends back.
+#include <deque>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "pw/rpc/controller_service.h"
+#include "pw/rpc/reactors.h"
+#include "pw/rpc/wire.h"
+
+namespace pw::rpc {
+namespace v1 = ::pathways::v1;
+
+// Reads one message at a time and handles it before reading the next (so the client's calls
+// keep their order); replies are written one at a time from a queue. The state the client's
+// runs report to lives in `Outbox`, which the runs' callbacks share: they may fire after the
+// stream has finished, and then write nothing. gRPC calls are made without holding the lock.
+class ControllerService::SessionStream final
+    : public grpc::ServerBidiReactor<v1::SessionMessage, v1::SessionEvent> {
+ public:
+  SessionStream(ControllerService* service, grpc::CallbackServerContext* ctx)
+      : service_(service), ctx_(ctx), out_(std::make_shared<Outbox>()) {
+    {
+      pw::MutexLock lock(&out_->mu);
+      out_->stream = this;
+      out_->limit = service->limits_.max_runs_in_flight;
+    }
+    StartRead(&msg_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return EndReads();
+    if (!client_.valid()) {
+      absl::Status s = service_->OpenSession(ctx_, msg_.client());
+      if (!s.ok()) {
+        {
+          pw::MutexLock lock(&out_->mu);
+          out_->stream = nullptr;  // Nothing written yet: finish now.
+          out_->reads_over = true;
+        }
+        return Finish(ToGrpc(s));
+      }
+      client_ = ClientId(msg_.client());
+    }
+    switch (msg_.call_case()) {
+      case v1::SessionMessage::kSubmit:
+        Submit(msg_.submit());
+        break;
+      case v1::SessionMessage::kRelease:
+        // Errors (a handle it does not hold) have no one to go to: the client was told OK.
+        for (int64_t b : msg_.release().buffers())
+          service_->controller_->ReleaseArray(client_, BufferId(b)).IgnoreError();
+        break;
+      case v1::SessionMessage::CALL_NOT_SET:
+        break;  // The first message, or one from a newer client: nothing to do.
+    }
+    bool read = false;
+    {
+      pw::MutexLock lock(&out_->mu);
+      out_->paused = out_->in_flight >= out_->limit;
+      read = !out_->paused;
+    }
+    if (read) StartRead(&msg_);
+  }
+
+  void OnWriteDone(bool ok) override { out_->WriteDone(ok); }
+
+  void OnCancel() override {
+    bool end = false;
+    {
+      pw::MutexLock lock(&out_->mu);
+      out_->cancelled = true;
+      end = out_->paused;  // No read is outstanding to end with the call.
+    }
+    if (end) EndReads();
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  struct Outbox {
+    pw::Mutex mu;
+    SessionStream* stream ABSL_GUARDED_BY(mu) = nullptr;  // Null once finished.
+    std::deque<v1::SessionEvent> queue ABSL_GUARDED_BY(mu);  // Front: being written.
+    bool writing ABSL_GUARDED_BY(mu) = false;
+    bool reads_over ABSL_GUARDED_BY(mu) = false;
+    bool cancelled ABSL_GUARDED_BY(mu) = false;
+    bool paused ABSL_GUARDED_BY(mu) = false;  // Not reading: too many runs in flight.
+    int64_t in_flight ABSL_GUARDED_BY(mu) = 0;
+    int64_t limit ABSL_GUARDED_BY(mu) = 0;
+
+    // The stream to finish, once reads are over and nothing is being written.
+    SessionStream* TakeToFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      if (!reads_over || writing || stream == nullptr) return nullptr;
+      return std::exchange(stream, nullptr);
+    }
+    void Push(v1::SessionEvent e) {
+      SessionStream* s = nullptr;
+      v1::SessionEvent* first = nullptr;
+      {
+        pw::MutexLock lock(&mu);
+        if (stream == nullptr) return;
+        queue.push_back(std::move(e));
+        if (writing) return;
+        writing = true;
+        s = stream;
+        first = &queue.front();
+      }
+      s->StartWrite(first);
+    }
+    void WriteDone(bool ok) {
+      SessionStream* s = nullptr;
+      v1::SessionEvent* next = nullptr;
+      SessionStream* finish = nullptr;
+      bool more = false;
+      {
+        pw::MutexLock lock(&mu);
+        queue.pop_front();
+        if (!ok) queue.clear();  // The client is gone; the read side ends too.
+        writing = !queue.empty();
+        if (writing) {
+          s = stream;
+          next = &queue.front();
+          more = queue.size() > 1;
+        }
+        finish = TakeToFinishLocked();
+      }
+      if (next != nullptr) s->StartWrite(next, Coalesced(more));
+      if (finish != nullptr) finish->Finish(grpc::Status::OK);
+    }
+    // A run of the session ended: reading resumes if it waited for that.
+    void RunEnded() {
+      SessionStream* s = nullptr;
+      {
+        pw::MutexLock lock(&mu);
+        --in_flight;
+        if (!paused || in_flight >= limit || cancelled || reads_over || stream == nullptr) return;
+        paused = false;
+        s = stream;
+      }
+      s->StartRead(&s->msg_);
+    }
+  };
+
+  void Submit(const v1::SubmitRequest& req) {
+    const uint64_t seq = req.seq();
+    absl::StatusOr<RunOptions> options = RunOptionsFromProto(req);
+    if (!options.ok()) return Failed(seq, options.status());
+    std::vector<BufferId> args;
+    args.reserve(req.args_size());
+    for (int64_t a : req.args()) args.push_back(BufferId(a));
+    {
+      pw::MutexLock lock(&out_->mu);
+      ++out_->in_flight;
+    }
+    service_->controller_->Submit(client_, ProgramId(req.program()), args, *options)
+        .OnReady([out = out_, seq](const absl::StatusOr<RunInfo>& info) {
+          v1::SessionEvent e;
+          e.set_seq(seq);
+          if (!info.ok()) {
+            ToProto(info.status(), e.mutable_failed());
+            out->Push(std::move(e));
+            return out->RunEnded();
+          }
+          v1::RunInfo* accepted = e.mutable_accepted();
+          accepted->set_run(info->run.value());
+          for (const ArrayInfo& a : info->outputs) ToProto(a, accepted->add_outputs());
+          out->Push(std::move(e));  // Before `done`, which may be ready already.
+          info->done.OnReady([out, seq](const absl::Status& s) {
+            v1::SessionEvent d;
+            d.set_seq(seq);
+            ToProto(s, d.mutable_done());
+            out->Push(std::move(d));
+            out->RunEnded();
+          });
+        });
+  }
+
+  void Failed(uint64_t seq, const absl::Status& s) {
+    v1::SessionEvent e;
+    e.set_seq(seq);
+    ToProto(s, e.mutable_failed());
+    out_->Push(std::move(e));
+  }
+
+  // The client went away (or closed its session): release everything it held, then finish
+  // once the replies queued meanwhile are written.
+  void EndReads() {
+    {
+      pw::MutexLock lock(&out_->mu);
+      if (out_->reads_over) return;
+    }
+    if (client_.valid()) (void)service_->DropClient(client_);
+    SessionStream* finish = nullptr;
+    {
+      pw::MutexLock lock(&out_->mu);
+      out_->reads_over = true;
+      finish = out_->TakeToFinishLocked();
+    }
+    if (finish != nullptr) finish->Finish(grpc::Status::OK);
+  }
+
+  ControllerService* const service_;
+  grpc::CallbackServerContext* const ctx_;
+  const std::shared_ptr<Outbox> out_;
+  v1::SessionMessage msg_;
+  ClientId client_;  // Once the first message is in.
+};
+
+grpc::ServerBidiReactor<v1::SessionMessage, v1::SessionEvent>* ControllerService::Session(
+    grpc::CallbackServerContext* ctx) {
+  return new SessionStream(this, ctx);
+}
+
+}  // namespace pw::rpc
