@@ -119,6 +119,20 @@ void Function(const uint8_t* data, size_t size) {
   for (int shards : {1, 2, 4}) (void)SignatureOf(*def, shards);
 }
 
+// A session's submit: its options decode, and encode back to the same options.
+void Submit(const uint8_t* data, size_t size) {
+  v1::SubmitRequest p;
+  if (!p.ParseFromArray(data, static_cast<int>(size))) return;
+  absl::StatusOr<RunOptions> o = RunOptionsFromProto(p);
+  if (!o.ok()) return;
+  v1::SubmitRequest again;
+  ToProto(*o, &again);
+  absl::StatusOr<RunOptions> back = RunOptionsFromProto(again);
+  if (!back.ok() || back->mode != o->mode || back->timeout != o->timeout ||
+      back->outputs != o->outputs || back->trace_flow != o->trace_flow)
+    __builtin_trap();
+}
+
 }  // namespace
 }  // namespace pw::rpc
 
@@ -128,7 +142,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const uint8_t* body = data + 1;
   const size_t n = size - 1;
-  switch (data[0] % 10) {
+  switch (data[0] % 11) {
     case 0: Program(body, n); break;
     case 1: PutArray(body, n); break;
     case 2: Function(body, n); break;
@@ -139,6 +153,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     case 7: Decode<v1::HostStatus>(body, n); break;
     case 8: Decode<v1::ClusterStatus>(body, n); break;
     case 9: Decode<v1::Sharding>(body, n); break;
+    case 10: Submit(body, n); break;
   }
   return 0;
 }

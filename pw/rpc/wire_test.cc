@@ -234,6 +234,25 @@ TEST(WireTest, RejectsMalformedMessages) {
   ExpectInvalid(DispatchModeFromProto(7).status(), "dispatch mode");
   EXPECT_EQ(*DispatchModeFromProto(1), DispatchMode::kSequential);
 
+  // A session's submit: options round-trip; a negative timeout or unknown mode is refused.
+  RunOptions o(DispatchMode::kSequential);
+  o.timeout = absl::Milliseconds(3);
+  o.trace_flow = 9;
+  o.outputs = {BufferId(4), BufferId(4), BufferId(7)};
+  v1::SubmitRequest submit;
+  ToProto(o, &submit);
+  absl::StatusOr<RunOptions> back = RunOptionsFromProto(submit);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->mode, DispatchMode::kSequential);
+  EXPECT_EQ(back->timeout, absl::Milliseconds(3));
+  EXPECT_EQ(back->trace_flow, 9u);
+  EXPECT_EQ(back->outputs, o.outputs);
+  submit.set_timeout_us(-1);
+  ExpectInvalid(RunOptionsFromProto(submit).status(), "timeout_us");
+  submit.set_timeout_us(0);
+  submit.set_mode(5);
+  ExpectInvalid(RunOptionsFromProto(submit).status(), "dispatch mode");
+
   v1::ProgramIr ir;
   ir.add_nodes()->mutable_binding()->add_in_sharding()->add_mesh_shape(0);
   ExpectInvalid(FromProto(ir).status(), "ProgramIr node 0: binding in_sharding 0: mesh_shape");
