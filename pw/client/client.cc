@@ -27,11 +27,7 @@ Future<> Array::Ready() const {
 // Calls about a run's output go after the controller has accepted the run (they do not travel
 // in order with it), and fail with the reason if it refused it.
 Future<HostArray> Array::ToHostAsync() const {
-  if (!h_->run.valid() || h_->run.IsReady()) {
-    if (h_->run.valid() && !h_->run.status().ok())
-      return Future<HostArray>::Ready(h_->run.status());
-    return h_->controller->FetchArray(h_->client, h_->info.id);
-  }
+  if (!h_->run.valid()) return h_->controller->FetchArray(h_->client, h_->info.id);
   Promise<HostArray> p;
   Future<HostArray> f = p.future();
   h_->run.OnReady([h = h_, p = std::move(p)](const absl::StatusOr<RunInfo>& r) mutable {

@@ -146,7 +146,7 @@ class ControllerService::SessionStream final
   void Submit(const v1::SubmitRequest& req) {
     const uint64_t seq = req.seq();
     absl::StatusOr<RunOptions> options = RunOptionsFromProto(req);
-    if (!options.ok()) return Failed(seq, options.status());
+    if (!options.ok()) return Failed(*out_, seq, options.status());
     std::vector<BufferId> args;
     args.reserve(req.args_size());
     for (int64_t a : req.args()) args.push_back(BufferId(a));
@@ -156,13 +156,12 @@ class ControllerService::SessionStream final
     }
     service_->controller_->Submit(client_, ProgramId(req.program()), args, *options)
         .OnReady([out = out_, seq](const absl::StatusOr<RunInfo>& info) {
-          v1::SessionEvent e;
-          e.set_seq(seq);
           if (!info.ok()) {
-            ToProto(info.status(), e.mutable_failed());
-            out->Push(std::move(e));
+            Failed(*out, seq, info.status());
             return out->RunEnded();
           }
+          v1::SessionEvent e;
+          e.set_seq(seq);
           v1::RunInfo* accepted = e.mutable_accepted();
           accepted->set_run(info->run.value());
           for (const ArrayInfo& a : info->outputs) ToProto(a, accepted->add_outputs());
@@ -177,11 +176,12 @@ class ControllerService::SessionStream final
         });
   }
 
-  void Failed(uint64_t seq, const absl::Status& s) {
+  // The submit `seq` was refused.
+  static void Failed(Outbox& out, uint64_t seq, const absl::Status& s) {
     v1::SessionEvent e;
     e.set_seq(seq);
     ToProto(s, e.mutable_failed());
-    out_->Push(std::move(e));
+    out.Push(std::move(e));
   }
 
   // The client went away (or closed its session): release everything it held, then finish
