@@ -17,6 +17,8 @@
 //   pw bench transfer [--json] [--sizes B,B,...] [--min-seconds S] [--cluster ADDRESS]
 //   pw bench xla-overhead [--json] [--min-seconds S] [--chain N] [--sizes N,N,...]
 //   pw bench collectives [--json] [--baseline] [--processes P,P,...] [--sizes B,B,...]
+//   pw bench mpmd [--json] [--cluster ADDRESS | --no-cluster] [--no-jax] [--min-seconds S]
+//                 (without --cluster or $PW_CLUSTER it starts its own cluster with pw up)
 //   pw kernels
 //
 // Results go to stdout; progress and logs to stderr.
@@ -24,11 +26,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <set>
 #include <string>
 #include <vector>
-#include <iostream>
-#include <filesystem>
-#include <set>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_join.h"
@@ -120,6 +122,19 @@ absl::Status MeasureJaxDispatch(int devices, pw::DispatchBenchOptions* o) {
   return absl::OkStatus();
 }
 
+// Replaces this process with `python -m module args...` (the benchmarks written in Python).
+int ExecPythonModule(const std::string& module, const std::vector<std::string>& args) {
+  std::string python = pw::cli::Python();
+  std::vector<std::string> words = {python, "-m", module};
+  words.insert(words.end(), args.begin(), args.end());
+  std::vector<char*> cargv;
+  for (std::string& w : words) cargv.push_back(w.data());
+  cargv.push_back(nullptr);
+  execv(python.c_str(), cargv.data());
+  return Fail(absl::FailedPreconditionError(
+      "cannot run " + python + " (set PW_PYTHON, or run scripts/install-deps.sh and make python)"));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -204,6 +219,11 @@ int main(int argc, char** argv) {
       "xla-overhead", "An XLA function run by pathways vs by JAX, same CPU, same run (Python)");
   xla_overhead->allow_extras();
   xla_overhead->prefix_command();
+  auto* mpmd = bench->add_subcommand(
+      "mpmd", "A 3-stage MPMD pipeline on an embedded cluster, on a process cluster (--cluster, "
+              "else one it starts with pw up) and in JAX, same run (Python)");
+  mpmd->allow_extras();
+  mpmd->prefix_command();
 
   auto* kernels = app.add_subcommand("kernels", "List the native host kernels");
   pw::cli::ClusterCommands cluster_commands(&app);
@@ -299,16 +319,15 @@ int main(int argc, char** argv) {
     }
     return Plot("collectives", pw::CollectivesBenchJson(*r), plot);
   }
-  if (xla_overhead->parsed()) {
-    std::string python = pw::cli::Python();
-    std::vector<std::string> words = {python, "-m", "pathways.xla_overhead_bench"};
-    for (const std::string& a : xla_overhead->remaining()) words.push_back(a);
-    std::vector<char*> cargv;
-    for (std::string& w : words) cargv.push_back(w.data());
-    cargv.push_back(nullptr);
-    execv(python.c_str(), cargv.data());
-    return Fail(absl::FailedPreconditionError(
-        "cannot run " + python + " (set PW_PYTHON, or run scripts/install-deps.sh and make python)"));
+  if (xla_overhead->parsed())
+    return ExecPythonModule("pathways.xla_overhead_bench", xla_overhead->remaining());
+  if (mpmd->parsed()) {
+    // The bench starts its own cluster with this very binary.
+    std::vector<std::string> args = mpmd->remaining();
+    std::error_code error;
+    const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", error);
+    if (!error) args.insert(args.begin(), {"--pw", self.string()});
+    return ExecPythonModule("pathways.mpmd_bench", args);
   }
   if (kernels->parsed()) {
     std::printf("%s\n", absl::StrJoin(pw::NativeKernelNames(), "\n").c_str());

@@ -92,17 +92,23 @@ absl::Status ShmArena::Grow(size_t size) {
   {
     pw::MutexLock lock(&mu_);
     if (closed_) return absl::FailedPreconditionError("shared-memory arena is closed");
-    // Room: drop the smallest free segments while over a limit.
+    // Room: drop the smallest free segments while over a limit, but only those too small for
+    // `size`. At the limit with free segments that fit, the pool stays as it is: the shard found
+    // it empty because every segment was taken, and replacing a free one of the same size would
+    // map and fault a new segment on every such transfer.
     std::sort(free_.begin(), free_.end(),
               [](const auto& a, const auto& b) { return a->capacity() > b->capacity(); });
-    while ((names_.size() + 1 > max_segments_ || bytes_ + capacity > max_bytes_) &&
-           !free_.empty()) {
+    const auto over_limit = [&] {
+      return names_.size() + 1 > max_segments_ || bytes_ + capacity > max_bytes_;
+    };
+    if (over_limit() && !free_.empty() && free_.front()->capacity() >= size)
+      return absl::OkStatus();
+    while (over_limit() && !free_.empty()) {
       bytes_ -= free_.back()->capacity();
       Unlink(free_.back()->name());
       free_.pop_back();
     }
-    if (names_.size() + 1 > max_segments_ || bytes_ + capacity > max_bytes_)
-      return absl::ResourceExhaustedError("shared-memory arena is full");
+    if (over_limit()) return absl::ResourceExhaustedError("shared-memory arena is full");
     bytes_ += capacity;  // Reserved; given back below on failure.
   }
   static std::atomic<uint64_t> counter{0};

@@ -52,7 +52,8 @@ class ShmArena {
   // Returns a taken segment to the pool.
   void Give(std::shared_ptr<ShmSegment> segment);
   // Adds a segment of at least `size` bytes for later transfers, if the limits allow (dropping
-  // smaller free ones to make room). Errors are not fatal: transfers fall back.
+  // free ones too small for `size` to make room); at the limit with a free one that holds `size`,
+  // nothing. Errors are not fatal: transfers fall back.
   absl::Status Grow(size_t size);
   // Forgets (and unlinks) a segment the writer could not use.
   void Discard(const std::shared_ptr<ShmSegment>& segment);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <set>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +44,29 @@ TEST(ShmArenaTest, LimitsAndDiscardedSegments) {
   arena.Discard(held);  // Unlinked: a writer that never mapped it cannot open it.
   EXPECT_TRUE(absl::IsNotFound(writer.Write(held->name(), "x", 1)));
   EXPECT_TRUE(arena.Grow(1 << 20).ok());  // Room again.
+}
+
+// Issue 23: under many concurrent fetches a reader found its pool empty, used a fresh segment,
+// then grew the pool, which at its limit unlinked a free segment of the same size to map a new
+// one (page faults on both sides, on every call): growing keeps a free segment that fits.
+TEST(ShmArenaTest, GrowingKeepsTheFreeSegmentsWhenOneFits) {
+  ShmArena arena(/*max_segments=*/2);
+  ASSERT_TRUE(arena.Grow(1 << 20).ok());
+  ASSERT_TRUE(arena.Grow(1 << 20).ok());
+  auto a = arena.Take(), b = arena.Take();
+  ASSERT_TRUE(a != nullptr && b != nullptr);
+  const std::set<std::string> names = {a->name(), b->name()};
+  arena.Give(std::move(a));
+  arena.Give(std::move(b));
+  EXPECT_TRUE(arena.Grow(1000).ok());  // A free one is big enough: nothing to make.
+  a = arena.Take();
+  b = arena.Take();
+  ASSERT_TRUE(a != nullptr && b != nullptr);
+  EXPECT_EQ((std::set<std::string>{a->name(), b->name()}), names);
+  // A larger shard still replaces a smaller free segment.
+  arena.Give(std::move(a));
+  EXPECT_TRUE(arena.Grow(3 << 20).ok());
+  EXPECT_GE(arena.Take()->capacity(), size_t{3} << 20);
 }
 
 // Issue 20: a failed worker's stub kept its reader's pool (each segment at least 1 MiB, resident)

@@ -422,7 +422,8 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
 
   void WriteNext() {
     const size_t total = static_cast<size_t>(spec_.size_bytes());
-    if (shared_memory_ && chunks_ == 0) {  // One chunk: the reader's segment, or a fresh one.
+    if (shared_memory_ && chunks_ == 0 && total > kOneChunkMaxBytes) {
+      // One chunk naming where the shard is: the reader's segment, or a fresh one.
       chunk_.Clear();
       ToProto(spec_, chunk_.mutable_spec());
       const absl::Status in_dest = shm_dest_.empty()
@@ -450,7 +451,7 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
       return StartWrite(&chunk_);
     }
     if (offset_ >= total && chunks_ > 0) return End(absl::OkStatus());
-    if (bulk_ != nullptr && chunks_ == 0 && total > kBulkMinBytes) return OfferBulk();
+    if (bulk_ != nullptr && chunks_ == 0 && total > kOneChunkMaxBytes) return OfferBulk();
     absl::Status end;
     bool end_now = false;
     {

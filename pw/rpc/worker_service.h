@@ -75,9 +75,12 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   // stay in cache while protobuf and gRPC copy them (on 64 MiB transfers, 1 MiB and 512 KiB
   // chunks were the fastest, at 0.75-0.95 of raw TCP; 4 MiB ~0.7, 16 MiB ~0.5, 256 KiB ~0.4).
   static constexpr size_t kChunkBytes = size_t{1} << 20;
-  // Shards larger than this go to readers on other machines on the bulk stream (when they ask);
-  // smaller ones in one chunk, which saves the bulk read's round trip.
-  static constexpr size_t kBulkMinBytes = size_t{64} << 10;
+  // Shards larger than this go to readers on other machines on the bulk stream (when they ask)
+  // and to readers on this machine through shared memory; smaller ones in the stream's first
+  // chunk, which saves the bulk read's round trip, or the segment's (64 KiB or less: a
+  // shared-memory fetch was no faster than a chunk, 180-220 us each, `pw bench transfer`; and
+  // with many in flight each took a fresh segment, its mapping and faults on both sides).
+  static constexpr size_t kOneChunkMaxBytes = size_t{64} << 10;
 
  private:
   class CommandStream;

@@ -314,8 +314,27 @@ TEST_F(GrpcClusterTest, PeersOnOtherMachinesReadLargeShardsFromTheBulkStream) {
     EXPECT_TRUE(absl::IsNotFound(elsewhere.status())) << elsewhere.status();
     EXPECT_TRUE(absl::StrContains(elsewhere.status().message(), "device:5")) << elsewhere.status();
   }
-  // A peer on the same machine reads through shared memory instead.
+  // A peer on the same machine reads large shards through shared memory instead, small ones
+  // from the stream's chunk. (Issue 23: a small shard took a fresh segment, mapped and faulted
+  // on both sides, and then grew the reader's pool: most of a worker's CPU in a small MPMD
+  // pipeline.)
+  const auto arena_segments = [] {
+    const std::string mine = absl::StrCat("pw-arena-", getpid(), "-");
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+      n += absl::StartsWith(e.path().filename().string(), mine);
+    return n;
+  };
+  const int segments_before = arena_segments();
   rpc::RemoteWorker near(HostId(0), workers_[0]->address(), peer_channel, /*same_machine=*/true);
+  std::vector<Future<DeviceBufferRef>> smalls;
+  for (int i = 0; i < 8; ++i) smalls.push_back(near.FetchShard(little->id, DeviceId(0)));
+  for (auto& f : smalls) {
+    auto shard = f.Await();
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    EXPECT_EQ(values(*shard), small);
+  }
+  EXPECT_EQ(arena_segments(), segments_before) << "small shards went through shared memory";
   auto got = near.FetchShard(large->id, DeviceId(0)).Await();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(values(*got), big);

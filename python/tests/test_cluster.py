@@ -353,6 +353,33 @@ def test_collectives_bench_prints_its_json():
         assert x["memcpy_gbps"] > 0 and x["tcp_gbps"] > 0
 
 
+def test_mpmd_bench_prints_its_json():
+    # A smoke test of `pw bench mpmd --json` (it starts and stops its own `pw up` cluster): the
+    # contract's fields, every side and mode, each side's result checked against numpy's by
+    # the bench itself (it exits non-zero otherwise), and no process left behind. Not a timing.
+    def workers():
+        return subprocess.run(["pgrep", "-f", "pw worker"], capture_output=True, text=True).stdout.split()
+
+    before = workers()
+    env = {k: v for k, v in os.environ.items() if k != "PW_CLUSTER"}
+    r = subprocess.run([str(PW), "bench", "mpmd", "--json", "--min-seconds", "0.2", "--rounds", "1",
+                        "--batch", "4"], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["benchmark"] == "mpmd" and out["shape"] == [2, 2, 2] and out["stages"] == 3
+    assert {(x["side"], x["mode"]) for x in out["results"]} == {
+        (s, m) for s in ("embedded", "cluster", "jax") for m in ("sync", "async")}
+    assert all(x["calls_per_second"] > 0 and len(x["round_rates"]) == 1 for x in out["results"])
+    for side in ("embedded", "cluster"):  # Stages 1 and 3 on one island, 2 on the other.
+        islands = [s["islands"] for s in out["placement"][side]]
+        assert islands[0] == islands[2] != islands[1] and all(len(i) == 1 for i in islands)
+    rate = {(x["side"], x["mode"]): x["calls_per_second"] for x in out["results"]}
+    assert out["summary"]["cluster_over_embedded_async"] == pytest.approx(
+        rate[("cluster", "async")] / rate[("embedded", "async")], rel=1e-2)
+    assert {"embedded_over_jax_sync", "cluster_async_over_sync"} <= out["summary"].keys()
+    assert workers() == before, "the bench's cluster is still running"
+
+
 def test_large_psum_over_four_processes_reduce_scatters(tmp_path):
     # 4 worker processes in one island: a psum of 1 MiB per shard takes the reduce-scatter +
     # all-gather path between the processes (pw/executor/collectives.h) from an XLA function.
