@@ -153,10 +153,13 @@ void RemoteWorker::Fail(const std::string& reason) {
   // This stub may be kept (work in flight holds it), but its shared memory is of no more use.
   if (arena_ != nullptr) arena_->Close();
   const absl::Status error = Where(absl::UnavailableError(reason));
-  for (auto& [seq, p] : pending) {
-    if (p.enqueued.valid()) p.enqueued.Set(error);
-    p.done.Set(error);
-  }
+  for (auto& [seq, p] : pending) FailPending(p, error);
+}
+
+void RemoteWorker::FailPending(Pending& p, const absl::Status& error) {
+  if (p.enqueued.valid()) p.enqueued.Set(error);
+  if (p.done.valid()) p.done.Set(error);
+  if (p.fetched.has_value() && p.fetched->valid()) p.fetched->Set(error);
 }
 
 void RemoteWorker::Send(v1::Command c, Pending p) {
@@ -173,28 +176,44 @@ void RemoteWorker::Send(v1::Command c, Pending p) {
     }
     failed = failed_;
   }
-  const absl::Status error = Where(absl::UnavailableError(failed));
-  if (p.enqueued.valid()) p.enqueued.Set(error);
-  p.done.Set(error);
+  FailPending(p, Where(absl::UnavailableError(failed)));
 }
 
 void RemoteWorker::OnEvent(const v1::CommandEvent& e) {
   const absl::Status s = e.has_status() ? Where(FromProto(e.status())) : absl::OkStatus();
-  Promise<> enqueued, done;
+  Pending p;
   {
     pw::MutexLock lock(&mu_);
     auto it = pending_.find(e.seq());
     if (it == pending_.end()) return;
     if (e.kind() == v1::CommandEvent::ENQUEUED) {
-      enqueued = std::move(it->second.enqueued);
+      p.enqueued = std::move(it->second.enqueued);
     } else {
-      enqueued = std::move(it->second.enqueued);
-      done = std::move(it->second.done);
+      p = std::move(it->second);
       pending_.erase(it);
     }
   }
-  if (enqueued.valid()) enqueued.Set(s);
-  if (done.valid()) done.Set(s);
+  if (p.fetched.has_value()) return Fetched(std::move(p), e, s);
+  if (p.enqueued.valid()) p.enqueued.Set(s);
+  if (e.kind() == v1::CommandEvent::DONE && p.done.valid()) p.done.Set(s);
+}
+
+void RemoteWorker::Fetched(Pending p, const v1::CommandEvent& e, const absl::Status& s) {
+  Promise<DeviceBufferRef>& fetched = *p.fetched;
+  const std::string where = absl::StrCat("fetching ", p.buffer.ToString(), " on ",
+                                         p.device.ToString(), " from ", host_.ToString(), " at ",
+                                         address_);
+  if (!s.ok()) return fetched.Set(s);
+  if (e.too_large()) return FetchLarge(p.buffer, p.device, std::move(fetched));
+  absl::StatusOr<ArraySpec> spec = FromProto(e.shard().spec());
+  if (!spec.ok()) return fetched.Set(Annotate(spec.status(), where));
+  if (static_cast<size_t>(spec->size_bytes()) != e.shard().data().size())
+    return fetched.Set(absl::DataLossError(absl::StrCat(
+        where, ": the shard came with ", e.shard().data().size(), " bytes, its spec says ",
+        spec->size_bytes())));
+  std::shared_ptr<HostDeviceBuffer> buffer = HostDeviceBuffer::Create(*spec, p.device);
+  std::memcpy(buffer->mutable_data(), e.shard().data().data(), e.shard().data().size());
+  fetched.Set(DeviceBufferRef(std::move(buffer)));
 }
 
 void RemoteWorker::OnStreamEnd(Stream* stream, const absl::Status& s) {
@@ -206,11 +225,12 @@ void RemoteWorker::OnStreamEnd(Stream* stream, const absl::Status& s) {
     reason = failed_;
     pending.swap(pending_);
   }
-  const absl::Status error = Where(absl::UnavailableError(reason));
-  for (auto& [seq, p] : pending) {
-    if (p.enqueued.valid()) p.enqueued.Set(error);
-    p.done.Set(error);
-  }
+  // A refusal (a wrong cluster token) says so; anything else is the worker being unreachable.
+  const absl::Status error =
+      absl::IsUnauthenticated(s) || absl::IsPermissionDenied(s)
+          ? Where(s)
+          : Where(absl::UnavailableError(reason));
+  for (auto& [seq, p] : pending) FailPending(p, error);
   // Last: the destructor waits for this, so nothing above may run after it.
   pw::MutexLock lock(&mu_);
   if (stream_ == stream) stream_ = nullptr;
@@ -548,13 +568,23 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
 }  // namespace
 
 Future<DeviceBufferRef> RemoteWorker::FetchShard(BufferId id, DeviceId device) {
-  Promise<DeviceBufferRef> p;
-  Future<DeviceBufferRef> f = p.future();
+  Pending p;
+  p.fetched.emplace();
+  p.buffer = id;
+  p.device = device;
+  Future<DeviceBufferRef> f = p.fetched->future();
+  v1::Command c;
+  c.mutable_fetch_shard()->set_buffer(id.value());
+  c.mutable_fetch_shard()->set_device(device.value());
+  Send(std::move(c), std::move(p));
+  return f;
+}
+
+void RemoteWorker::FetchLarge(BufferId id, DeviceId device, Promise<DeviceBufferRef> p) {
   new FetchCall(stub_.get(), options_.token, id, device, arena_, bulk_,
                 absl::StrCat("fetching ", id.ToString(), " on ", device.ToString(), " from ",
                              host_.ToString(), " at ", address_),
                 std::move(p), fetches_);
-  return f;
 }
 
 void RemoteWorker::SendCollective(v1::CollectiveContribution c,

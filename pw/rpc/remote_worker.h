@@ -1,14 +1,18 @@
 // RemoteWorker: WorkerInterface over gRPC, for the controller (commands) and for peer workers
 // (the data plane's FetchShard, collectives).
 //
-// Commands (Dispatch, PutShard, DeleteBuffers, Unload, CancelRuns, ForgetRuns) go on one stream, opened on first use, so the
-// worker applies them in call order; each host program's body is sent once per stream. When the
-// stream breaks (the worker died) or Fail() is called (missed heartbeats), every outstanding and
-// later command fails with Unavailable naming the host and why. Thread-safe.
+// Commands (Dispatch, PutShard, FetchShard, DeleteBuffers, Unload, CancelRuns, ForgetRuns) go on
+// one stream, opened on first use, so the worker applies them in call order; each host program's
+// body is sent once per stream. A fetch's shard comes back on that stream when it is small (no
+// call per shard); a larger one then comes on a FetchShard stream of its own (shared memory on
+// this machine, else the bulk stream). When the stream breaks (the worker died) or Fail() is
+// called (missed heartbeats), every outstanding and later command fails with Unavailable naming
+// the host and why. Thread-safe.
 #pragma once
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -75,7 +79,17 @@ class RemoteWorker final : public WorkerInterface {
   struct Pending {
     Promise<> enqueued;  // Invalid for puts.
     Promise<> done;
+    // A fetch's: its shard, and what it reads (for a shard too large for an event).
+    std::optional<Promise<DeviceBufferRef>> fetched;
+    BufferId buffer;
+    DeviceId device;
   };
+  // Fails whichever of `p`'s promises are still unset.
+  static void FailPending(Pending& p, const absl::Status& error);
+  // A fetch's answer: the shard in `e`, or (too large for an event) a FetchShard stream.
+  void Fetched(Pending p, const ::pathways::v1::CommandEvent& e, const absl::Status& s);
+  // The FetchShard stream for a shard too large for the command stream.
+  void FetchLarge(BufferId id, DeviceId device, Promise<DeviceBufferRef> p);
   // Sends `c` (with seq set) on the stream, opening it if needed; `p` is kept until DONE.
   void Send(::pathways::v1::Command c, Pending p);
   void OpenStreamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

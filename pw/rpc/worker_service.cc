@@ -123,13 +123,41 @@ class WorkerService::CommandStream final
   // Queues an event (from any thread).
   static void Send(const std::shared_ptr<Sink>& sink, uint64_t seq, v1::CommandEvent::Kind kind,
                    const absl::Status& s) {
-    pw::MutexLock lock(&sink->mu);
-    if (sink->stream == nullptr) return;
     v1::CommandEvent e;
     e.set_seq(seq);
     e.set_kind(kind);
     if (!s.ok()) ToProto(s, e.mutable_status());
-    sink->stream->Enqueue(std::move(e));
+    Deliver(sink, std::move(e));
+  }
+  static void Deliver(const std::shared_ptr<Sink>& sink, v1::CommandEvent e) {
+    pw::MutexLock lock(&sink->mu);
+    if (sink->stream != nullptr) sink->stream->Enqueue(std::move(e));
+  }
+  // Answers fetch `seq` with shard `b`'s bytes, or with too_large.
+  static void SendShard(const std::shared_ptr<Sink>& sink, uint64_t seq, const DeviceBufferRef& b) {
+    auto e = std::make_shared<v1::CommandEvent>();
+    e->set_seq(seq);
+    e->set_kind(v1::CommandEvent::DONE);
+    const ArraySpec spec = b->spec();
+    const size_t size = static_cast<size_t>(spec.size_bytes());
+    if (size > kOneChunkMaxBytes) {
+      e->set_too_large(true);
+      return Deliver(sink, std::move(*e));
+    }
+    ToProto(spec, e->mutable_shard()->mutable_spec());
+    std::string* data = e->mutable_shard()->mutable_data();
+    if (const HostDeviceBuffer* host = b->AsHost(); host != nullptr) {
+      data->assign(static_cast<const char*>(host->data()), size);
+      return Deliver(sink, std::move(*e));
+    }
+    data->resize(size);
+    b->CopyToHost(data->data()).OnReady([sink, e, b](const absl::Status& s) {
+      if (!s.ok()) {
+        e->clear_shard();
+        ToProto(s, e->mutable_status());
+      }
+      Deliver(sink, std::move(*e));
+    });
   }
 
  private:
@@ -201,6 +229,17 @@ class WorkerService::CommandStream final
         worker->PutShard(BufferId(p.buffer()), DeviceId(p.device()), *std::move(shard))
             .OnReady([sink = sink_, seq](const absl::Status& s) {
               Send(sink, seq, v1::CommandEvent::DONE, s);
+            });
+        return;
+      }
+      case v1::Command::kFetchShard: {
+        const v1::ShardRequest& f = c.fetch_shard();
+        if (f.buffer() < 0 || f.device() < 0)
+          return fail(absl::InvalidArgumentError("fetch shard: negative buffer or device id"), false);
+        worker->FetchShard(BufferId(f.buffer()), DeviceId(f.device()))
+            .OnReady([sink = sink_, seq](const absl::StatusOr<DeviceBufferRef>& b) {
+              if (!b.ok()) return Send(sink, seq, v1::CommandEvent::DONE, b.status());
+              SendShard(sink, seq, *b);
             });
         return;
       }
