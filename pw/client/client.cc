@@ -326,6 +326,9 @@ absl::StatusOr<std::pair<std::vector<Array>, Future<>>> Program::RunAsync(
       if (ir.outputs[e] == ir.outputs[o]) same_as[o] = same_as[e];
     distinct += same_as[o] == static_cast<int>(o);
   }
+  // Ids taken and the run submitted under one lock (TakeOutputIds). Issue 23: two threads'
+  // calls could reach the controller in the other order, and the later id's run was refused.
+  pw::MutexLock submit_lock(&client_->submit_mu_);
   PW_ASSIGN_OR_RETURN(std::vector<BufferId> fresh, client_->TakeOutputIds(distinct));
   std::vector<ArrayInfo> outs(n);
   traced.outputs.resize(n);

@@ -247,8 +247,12 @@ class Client {
   friend class BoundFunction;
   Client(ControllerInterface* c, ClientId id) : controller_(c), id_(id) {}
   Array Adopt(const ArrayInfo& info);
-  // `n` ids for a run's outputs, from ranges this client reserved (in increasing order).
-  absl::StatusOr<std::vector<BufferId>> TakeOutputIds(int n);
+  // `n` ids for a run's outputs, from ranges this client reserved (in increasing order). The
+  // controller takes each lease's ids in increasing order, so a caller holds submit_mu_ from
+  // taking them until its run is submitted: two threads' runs then reach it in id order.
+  absl::StatusOr<std::vector<BufferId>> TakeOutputIds(int n)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(submit_mu_);
+  pw::Mutex submit_mu_;
   static constexpr int64_t kOutputIdLease = 16384;  // Ids reserved at a time.
   // Bind, given the function's per-shard outputs on the slice (LoadFunction's answer).
   absl::StatusOr<BoundFunction> BindLoaded(const FunctionInfo& fn,
