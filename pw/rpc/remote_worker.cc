@@ -200,17 +200,14 @@ void RemoteWorker::OnEvent(const v1::CommandEvent& e) {
 
 void RemoteWorker::Fetched(Pending p, const v1::CommandEvent& e, const absl::Status& s) {
   Promise<DeviceBufferRef>& fetched = *p.fetched;
-  const std::string where = absl::StrCat("fetching ", p.buffer.ToString(), " on ",
-                                         p.device.ToString(), " from ", host_.ToString(), " at ",
-                                         address_);
   if (!s.ok()) return fetched.Set(s);
   if (e.too_large()) return FetchLarge(p.buffer, p.device, std::move(fetched));
   absl::StatusOr<ArraySpec> spec = FromProto(e.shard().spec());
-  if (!spec.ok()) return fetched.Set(Annotate(spec.status(), where));
+  if (!spec.ok()) return fetched.Set(Annotate(spec.status(), FetchWhere(p.buffer, p.device)));
   if (static_cast<size_t>(spec->size_bytes()) != e.shard().data().size())
     return fetched.Set(absl::DataLossError(absl::StrCat(
-        where, ": the shard came with ", e.shard().data().size(), " bytes, its spec says ",
-        spec->size_bytes())));
+        FetchWhere(p.buffer, p.device), ": the shard came with ", e.shard().data().size(),
+        " bytes, its spec says ", spec->size_bytes())));
   std::shared_ptr<HostDeviceBuffer> buffer = HostDeviceBuffer::Create(*spec, p.device);
   std::memcpy(buffer->mutable_data(), e.shard().data().data(), e.shard().data().size());
   fetched.Set(DeviceBufferRef(std::move(buffer)));
@@ -581,10 +578,13 @@ Future<DeviceBufferRef> RemoteWorker::FetchShard(BufferId id, DeviceId device) {
 }
 
 void RemoteWorker::FetchLarge(BufferId id, DeviceId device, Promise<DeviceBufferRef> p) {
-  new FetchCall(stub_.get(), options_.token, id, device, arena_, bulk_,
-                absl::StrCat("fetching ", id.ToString(), " on ", device.ToString(), " from ",
-                             host_.ToString(), " at ", address_),
+  new FetchCall(stub_.get(), options_.token, id, device, arena_, bulk_, FetchWhere(id, device),
                 std::move(p), fetches_);
+}
+
+std::string RemoteWorker::FetchWhere(BufferId id, DeviceId device) const {
+  return absl::StrCat("fetching ", id.ToString(), " on ", device.ToString(), " from ",
+                      host_.ToString(), " at ", address_);
 }
 
 void RemoteWorker::SendCollective(v1::CollectiveContribution c,

@@ -90,6 +90,8 @@ class RemoteWorker final : public WorkerInterface {
   void Fetched(Pending p, const ::pathways::v1::CommandEvent& e, const absl::Status& s);
   // The FetchShard stream for a shard too large for the command stream.
   void FetchLarge(BufferId id, DeviceId device, Promise<DeviceBufferRef> p);
+  // "fetching <id> on <device> from <host> at <address>", for a fetch's errors.
+  std::string FetchWhere(BufferId id, DeviceId device) const;
   // Sends `c` (with seq set) on the stream, opening it if needed; `p` is kept until DONE.
   void Send(::pathways::v1::Command c, Pending p);
   void OpenStreamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -38,9 +38,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
+
+from .xla_overhead_bench import _rate
 
 DEVICES_PER_STAGE = 2
 
@@ -66,16 +67,6 @@ def _reference(x, stages=3):
         total = x.sum(axis=0, keepdims=True)
         x = np.tanh(x * (0.5 + 0.1 * i) + total * 0.25)
     return x
-
-
-def _rate(run_batch, calls_per_batch, seconds):
-    calls, start = 0, time.perf_counter()
-    while True:
-        run_batch()
-        calls += calls_per_batch
-        elapsed = time.perf_counter() - start
-        if elapsed >= seconds:
-            return calls / elapsed
 
 
 def _modes(call, x, batch):
