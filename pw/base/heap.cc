@@ -3,6 +3,7 @@
 #include <malloc.h>
 
 #include <atomic>
+#include <cstdio>
 
 #include "gperftools/malloc_extension_c.h"
 
@@ -54,6 +55,27 @@ bool LimitThreadCaches(int64_t bytes) {
   if (&MallocExtension_SetNumericProperty == nullptr || bytes <= 0) return false;
   return MallocExtension_SetNumericProperty("tcmalloc.max_total_thread_cache_bytes",
                                             static_cast<size_t>(bytes)) != 0;
+}
+
+ResidentMemory ReadResidentMemory() {
+  ResidentMemory m;
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return m;
+  char line[256];
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    long long kib = 0;
+    if (std::sscanf(line, "VmRSS: %lld kB", &kib) == 1) m.now = kib * 1024;
+    if (std::sscanf(line, "VmHWM: %lld kB", &kib) == 1) m.peak = kib * 1024;
+  }
+  std::fclose(f);
+  return m;
+}
+
+bool ResetPeakResidentMemory() {
+  std::FILE* f = std::fopen("/proc/self/clear_refs", "w");
+  if (f == nullptr) return false;
+  const bool ok = std::fputs("5", f) >= 0;
+  return std::fclose(f) == 0 && ok;
 }
 
 }  // namespace pw

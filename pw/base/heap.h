@@ -35,4 +35,14 @@ bool ReleaseFreeMemoryIfDue(absl::Time now, int64_t threshold = kReleaseAfterTra
 // applied). For processes whose live heap is small.
 bool LimitThreadCaches(int64_t bytes);
 
+// This process's resident memory (/proc/self/status VmRSS) and its peak (VmHWM); zeros where
+// it cannot be read.
+struct ResidentMemory {
+  int64_t now = 0;
+  int64_t peak = 0;
+};
+ResidentMemory ReadResidentMemory();
+// Resets the peak to the current resident memory (/proc/self/clear_refs); false if it cannot.
+bool ResetPeakResidentMemory();
+
 }  // namespace pw

@@ -39,6 +39,7 @@
 #include "pw/base/mutex.h"
 #include "pw/bench/collectives_bench.h"
 #include "pw/bench/dispatch_bench.h"
+#include "pw/bench/io_bench.h"
 #include "pw/bench/loopback_rtt.h"
 #include "pw/bench/transfer_bench.h"
 #include "pw/cli/cluster_commands.h"
@@ -200,6 +201,19 @@ int main(int argc, char** argv) {
                        "another island; baseline: the array already on its device) instead of "
                        "one in this process beside memcpy/raw TCP");
 
+  auto* io = bench->add_subcommand(
+      "io", "A client's put and get throughput on a running cluster (1 KiB ... 1 GiB) beside raw "
+            "loopback TCP, and the controller's memory growth meanwhile");
+  pw::IoBenchOptions io_options;
+  io->add_option("--sizes", io_options.sizes,
+                 "Sizes in bytes, multiples of 8, comma-separated (default 1 KiB ... 1 GiB)")
+      ->delimiter(',');
+  io->add_option("--min-seconds", io_options.min_seconds, "Minimum time per measurement");
+  io->add_flag("--json", json, "Print one JSON object to stdout");
+  io->add_option("--cluster", cluster,
+                 "Address of the running cluster (default: $PW_CLUSTER, else the last `pw up` "
+                 "cluster)");
+
   auto* collectives = bench->add_subcommand(
       "collectives", "All-reduce across worker processes (local clusters it starts) beside "
                      "memcpy and raw TCP; --baseline adds the one-round broadcast algorithm");
@@ -304,6 +318,25 @@ int main(int argc, char** argv) {
                     x.baseline_bytes_per_second / 1e6, x.ratio);
     }
     return Plot(cluster.empty() ? "transfer" : "transfer-cluster", pw::TransferBenchJson(*r), plot);
+  }
+  if (io->parsed()) {
+    const std::string address = pw::server::ClusterAddress(cluster);
+    if (address.empty())
+      return Fail(absl::FailedPreconditionError(
+          "pw bench io needs a running cluster: --cluster ADDRESS, $PW_CLUSTER, or `pw up`"));
+    auto remote = Dial(address, "io bench on");
+    if (!remote.ok()) return Fail(remote.status());
+    auto r = pw::RunIoBench(remote->get(), io_options);
+    if (!r.ok()) return Fail(r.status());
+    if (json) {
+      std::printf("%s\n", pw::IoBenchJson(*r).c_str());
+    } else {
+      for (const auto& x : *r)
+        std::printf("%s %11lld B  %7.3f GB/s  raw TCP %7.3f GB/s  ratio %.2f  controller +%lld B\n",
+                    x.op.c_str(), (long long)x.bytes, x.gbps, x.raw_tcp_gbps, x.ratio,
+                    (long long)x.controller_rss_growth_bytes);
+    }
+    return 0;
   }
   if (collectives->parsed()) {
     co.pw_binary = std::filesystem::read_symlink("/proc/self/exe").string();

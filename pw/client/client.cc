@@ -172,8 +172,8 @@ absl::StatusOr<Array> Client::Import(const std::string& token) {
 
 absl::Status Client::Revoke(const std::string& token) { return controller_->RevokeShare(id_, token); }
 
-absl::StatusOr<Array> Client::Put(const HostArray& value, SliceId slice, const Sharding& sharding) {
-  PW_ASSIGN_OR_RETURN(ArrayInfo info, controller_->PutArray(id_, slice, sharding, value));
+absl::StatusOr<Array> Client::Put(HostArray value, SliceId slice, const Sharding& sharding) {
+  PW_ASSIGN_OR_RETURN(ArrayInfo info, controller_->PutArray(id_, slice, sharding, std::move(value)));
   return Adopt(info);
 }
 

@@ -227,7 +227,7 @@ class Client {
                                      std::vector<ArraySpec> out_global,
                                      std::vector<Sharding> out_sharding);
 
-  absl::StatusOr<Array> Put(const HostArray& value, SliceId slice, const Sharding& sharding);
+  absl::StatusOr<Array> Put(HostArray value, SliceId slice, const Sharding& sharding);
   // The array a share token names now, as a handle of this client's (Array::Share).
   absl::StatusOr<Array> Import(const std::string& token);
   // Ends a share this client made: clients that imported through it lose those arrays.

@@ -28,6 +28,10 @@ struct Controller::Plan {
 };
 
 namespace {
+
+absl::Status NoWorker(HostId host) {
+  return absl::UnavailableError(absl::StrCat(host.ToString(), " has no worker"));
+}
 int64_t PlacedBytes(const Placement& p) {
   return p.shard_bytes() * static_cast<int64_t>(p.devices.size());
 }
@@ -808,35 +812,44 @@ void Controller::Free(const std::vector<LogicalBuffer>& freed) {
   }
 }
 
-absl::StatusOr<ArrayInfo> Controller::PutArray(ClientId client, SliceId slice_id,
-                                               const Sharding& sharding, HostArray value) {
+absl::StatusOr<ArrayInfo> Controller::NewPutArray(ClientId client, SliceId slice_id,
+                                                  const Sharding& sharding, const ArraySpec& spec,
+                                                  Future<> ready) {
   PW_RETURN_IF_ERROR(CheckClient(client));
   PW_ASSIGN_OR_RETURN(SliceInfo slice, rm_.ResolveSlice(client, slice_id));
-  PW_RETURN_IF_ERROR(value.spec.Validate());
-  if (static_cast<int64_t>(value.bytes.size()) != value.spec.size_bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("array ", value.spec.ToString(), " needs ",
-                                                   value.spec.size_bytes(), " bytes, got ",
-                                                   value.bytes.size()));
-  }
-  PW_RETURN_IF_ERROR(sharding.Validate(value.spec.shape));
+  PW_RETURN_IF_ERROR(spec.Validate());
+  PW_RETURN_IF_ERROR(sharding.Validate(spec.shape));
   if (sharding.num_devices() != static_cast<int>(slice.devices.size())) {
     return absl::InvalidArgumentError(absl::StrCat("sharding ", sharding.ToString(), " covers ",
                                                    sharding.num_devices(), " devices but ",
                                                    slice_id.ToString(), " has ",
                                                    slice.devices.size()));
   }
-  Promise<> ready;
-  auto placement = std::make_shared<const Placement>(PlacementOn(slice, value.spec, sharding));
+  auto placement = std::make_shared<const Placement>(PlacementOn(slice, spec, sharding));
   const int64_t bytes = PlacedBytes(*placement);
-  PW_RETURN_IF_ERROR(ChargeQuota(client, bytes, absl::StrCat("a put of ", value.spec.ToString())));
-  BufferId id = buffers_.Create({BufferId(), client, placement, ready.future()}, /*client_refs=*/1,
-                                /*pins=*/0, bytes);
+  PW_RETURN_IF_ERROR(ChargeQuota(client, bytes, absl::StrCat("a put of ", spec.ToString())));
+  BufferId id = buffers_.Create({BufferId(), client, placement, std::move(ready)},
+                                /*client_refs=*/1, /*pins=*/0, bytes);
+  return ArrayInfo{id, spec, sharding, slice_id, slice.devices, slice.hosts};
+}
+
+absl::StatusOr<ArrayInfo> Controller::PutArray(ClientId client, SliceId slice_id,
+                                               const Sharding& sharding, HostArray value) {
+  PW_RETURN_IF_ERROR(value.spec.Validate());
+  if (static_cast<int64_t>(value.bytes.size()) != value.spec.size_bytes()) {
+    return absl::InvalidArgumentError(absl::StrCat("array ", value.spec.ToString(), " needs ",
+                                                   value.spec.size_bytes(), " bytes, got ",
+                                                   value.bytes.size()));
+  }
+  Promise<> ready;
+  PW_ASSIGN_OR_RETURN(ArrayInfo info,
+                      NewPutArray(client, slice_id, sharding, value.spec, ready.future()));
   const Box whole{std::vector<int64_t>(value.spec.shape.rank(), 0),
                   std::vector<int64_t>(value.spec.shape.dims().begin(), value.spec.shape.dims().end())};
   const ArraySpec shard_spec{value.spec.dtype, sharding.ShardShape(value.spec.shape)};
   // Every shard is cut before any is sent, and the whole array freed then (a shard covering it,
   // the last, takes its bytes): one more copy of a large put at most, not one per hop.
-  std::vector<HostArray> shards(slice.devices.size());
+  std::vector<HostArray> shards(info.devices.size());
   for (size_t r = 0; r < shards.size(); ++r) {
     const Box box = sharding.ShardBox(value.spec.shape, static_cast<int>(r));
     if (r + 1 == shards.size() && box == whole) {
@@ -850,13 +863,103 @@ absl::StatusOr<ArrayInfo> Controller::PutArray(ClientId client, SliceId slice_id
   std::vector<uint8_t>().swap(value.bytes);
   std::vector<Future<>> puts;
   for (size_t r = 0; r < shards.size(); ++r) {
-    WorkerInterface* w = Worker(slice.hosts[r]);
-    puts.push_back(w == nullptr ? Future<>::Ready(absl::UnavailableError(absl::StrCat(
-                                      slice.hosts[r].ToString(), " has no worker")))
-                                : w->PutShard(id, slice.devices[r], std::move(shards[r])));
+    WorkerInterface* w = Worker(info.hosts[r]);
+    puts.push_back(w == nullptr ? Future<>::Ready(NoWorker(info.hosts[r]))
+                                : w->PutShard(info.id, info.devices[r], std::move(shards[r])));
   }
   JoinFutures(puts).OnReady([ready = std::move(ready)](const absl::Status& s) mutable { ready.Set(s); });
-  return ArrayInfo{id, value.spec, sharding, slice_id, slice.devices, slice.hosts};
+  return info;
+}
+
+Future<DirectPut> Controller::BeginPut(ClientId client, SliceId slice_id, const Sharding& sharding,
+                                       const ArraySpec& spec) {
+  Promise<> ready;
+  absl::StatusOr<ArrayInfo> info = NewPutArray(client, slice_id, sharding, spec, ready.future());
+  if (!info.ok()) return Future<DirectPut>::Ready(info.status());
+  const ArraySpec shard_spec{spec.dtype, sharding.ShardShape(spec.shape)};
+  std::vector<Future<>> stored;
+  auto accepted = std::make_shared<std::vector<Future<ShardTransfer>>>();
+  std::vector<Future<>> deps;
+  for (size_t r = 0; r < info->devices.size(); ++r) {
+    WorkerInterface* w = Worker(info->hosts[r]);
+    UploadAck ack = w == nullptr ? UploadAck{Future<ShardTransfer>::Ready(NoWorker(info->hosts[r])),
+                                             Future<>::Ready(NoWorker(info->hosts[r]))}
+                                 : w->ExpectUpload(info->id, info->devices[r], shard_spec);
+    stored.push_back(ack.stored);
+    accepted->push_back(ack.accepted);
+    deps.push_back(AsStatusFuture(ack.accepted));
+  }
+  JoinFutures(stored).OnReady([ready = std::move(ready)](const absl::Status& s) mutable { ready.Set(s); });
+  Promise<DirectPut> answer;
+  Future<DirectPut> result = answer.future();
+  JoinFutures(deps).OnReady([this, client, info = *info, accepted,
+                             answer = std::move(answer)](const absl::Status& s) mutable {
+    if (!s.ok()) {
+      // The client never learns the array: it goes now (its shards fail with `s`).
+      (void)ReleaseArray(client, info.id);
+      return answer.Set(s);
+    }
+    DirectPut put{info, {}};
+    for (size_t r = 0; r < accepted->size(); ++r) {
+      put.shards.push_back(*(*accepted)[r].Await());
+      put.shards.back().rank = static_cast<int>(r);
+    }
+    answer.Set(std::move(put));
+  });
+  return result;
+}
+
+Future<LocatedArray> Controller::LocateArray(ClientId client, BufferId id, bool inline_only) {
+  if (absl::Status s = CheckClient(client); !s.ok()) return Future<LocatedArray>::Ready(s);
+  auto lb = buffers_.LookupAndPin(client, id);
+  if (!lb.ok()) return Future<LocatedArray>::Ready(NotMade(client, id, lb.status()));
+  std::shared_ptr<const Placement> pl = lb->placement;
+  Promise<LocatedArray> answer;
+  Future<LocatedArray> result = answer.future();
+  if (inline_only || pl->global.size_bytes() < kDirectIoMinBytes) {
+    FetchPinned(id, pl, lb->ready)
+        .OnReady([this, id, pl, answer = std::move(answer)](
+                     const absl::StatusOr<HostArray>& a) mutable {
+          Free(buffers_.Unpin({id}));
+          if (!a.ok()) return answer.Set(a.status());
+          answer.Set(LocatedArray{*a, pl->global, pl->sharding, {}});
+        });
+    return result;
+  }
+  lb->ready.OnReady([this, id, pl, answer = std::move(answer)](const absl::Status& s) mutable {
+    if (!s.ok()) {
+      Free(buffers_.Unpin({id}));
+      return answer.Set(s);
+    }
+    // One offer per distinct region (replicated shardings repeat regions).
+    std::vector<Box> boxes;
+    std::vector<int> ranks;
+    auto offers = std::make_shared<std::vector<Future<ShardTransfer>>>();
+    std::vector<Future<>> deps;
+    for (size_t r = 0; r < pl->devices.size(); ++r) {
+      Box b = pl->sharding.ShardBox(pl->global.shape, static_cast<int>(r));
+      if (std::find(boxes.begin(), boxes.end(), b) != boxes.end()) continue;
+      boxes.push_back(std::move(b));
+      ranks.push_back(static_cast<int>(r));
+      WorkerInterface* w = Worker(pl->hosts[r]);
+      offers->push_back(w == nullptr ? Future<ShardTransfer>::Ready(NoWorker(pl->hosts[r]))
+                                     : w->OfferShard(id, pl->devices[r]));
+      deps.push_back(AsStatusFuture(offers->back()));
+    }
+    // Unpinned once offered: each worker holds its shard for the client until read.
+    JoinFutures(deps).OnReady([this, id, pl, ranks = std::move(ranks), offers,
+                               answer = std::move(answer)](const absl::Status& s) mutable {
+      Free(buffers_.Unpin({id}));
+      if (!s.ok()) return answer.Set(s);
+      LocatedArray out{std::nullopt, pl->global, pl->sharding, {}};
+      for (size_t i = 0; i < offers->size(); ++i) {
+        out.shards.push_back(*(*offers)[i].Await());
+        out.shards.back().rank = ranks[i];
+      }
+      answer.Set(std::move(out));
+    });
+  });
+  return result;
 }
 
 Future<HostArray> Controller::FetchArray(ClientId client, BufferId id) {

@@ -108,6 +108,9 @@ class Controller final : public ControllerInterface {
                                      HostArray value) override;
   Future<HostArray> FetchArray(ClientId client, BufferId id) override;
   Future<> ArrayReady(ClientId client, BufferId id) override;
+  Future<DirectPut> BeginPut(ClientId client, SliceId slice, const Sharding& sharding,
+                             const ArraySpec& spec) override;
+  Future<LocatedArray> LocateArray(ClientId client, BufferId id, bool inline_only) override;
   absl::Status ReleaseArray(ClientId client, BufferId id) override;
   absl::StatusOr<std::string> ShareArray(ClientId client, BufferId id,
                                          const ShareOptions& options) override;
@@ -161,6 +164,10 @@ class Controller final : public ControllerInterface {
   absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(ClientId client, const ProgramIr& ir,
                                                         const std::vector<Placement>& args);
   WorkerInterface* Worker(HostId host) const;
+  // A new array of `spec` on `slice_id` for `client` (a put's checks and quota), not yet ready:
+  // its ready future is `ready`'s.
+  absl::StatusOr<ArrayInfo> NewPutArray(ClientId client, SliceId slice_id, const Sharding& sharding,
+                                        const ArraySpec& spec, Future<> ready);
   IslandScheduler* Scheduler(IslandId island) const;
   // Deletes the shards of `freed` on their hosts.
   void Free(const std::vector<LogicalBuffer>& freed);

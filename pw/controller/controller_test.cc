@@ -24,6 +24,8 @@ class MockWorker : public WorkerInterface {
   MOCK_METHOD(DispatchAck, Dispatch, (HostWork), (override));
   MOCK_METHOD(Future<>, PutShard, (BufferId, DeviceId, HostArray), (override));
   MOCK_METHOD(Future<DeviceBufferRef>, FetchShard, (BufferId, DeviceId), (override));
+  MOCK_METHOD(UploadAck, ExpectUpload, (BufferId, DeviceId, const ArraySpec&), (override));
+  MOCK_METHOD(Future<ShardTransfer>, OfferShard, (BufferId, DeviceId), (override));
   MOCK_METHOD(void, DeleteBuffers, (const std::vector<BufferId>&), (override));
   MOCK_METHOD(void, Unload, (const std::vector<FunctionId>&, const std::vector<uint64_t>&),
               (override));

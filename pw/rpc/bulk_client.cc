@@ -34,6 +34,8 @@ struct BulkClient::Job {
   void* dst;
   size_t size;
   absl::AnyInvocable<void(const absl::Status&)> done;
+  std::string key;             // Non-empty: a client's transfer under this key.
+  const void* src = nullptr;   // A client's write: its bytes.
 };
 
 class BulkClient::State : public std::enable_shared_from_this<State> {
@@ -111,7 +113,36 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
     }
   }
 
+  // A client's transfer: one connection, one read or write, closed after.
+  absl::Status ClientTransfer(const Job& job) {
+    const std::string where = absl::StrCat(job.src != nullptr ? "upload to " : "download from ",
+                                           host_, ":", job.port);
+    absl::StatusOr<ConnPtr> c = Connect(job.port, job.key);
+    if (!c.ok()) return Annotate(c.status(), where);
+    ConnPtr conn = *std::move(c);
+    absl::Status s;
+    if (job.src != nullptr) {
+      absl::Status got;  // The size taken, then the bytes.
+      s = bulk::SendU64(*conn, job.size, "sending an upload's size");
+      if (s.ok()) s = bulk::RecvStatus(*conn, &got);
+      if (s.ok()) s = got;
+      if (s.ok()) s = bulk::SendAll(*conn, job.src, job.size, "sending an upload");
+      if (s.ok()) s = bulk::RecvStatus(*conn, &got);
+      if (s.ok()) s = got;
+    } else {
+      uint64_t size = 0;
+      s = bulk::RecvU64(*conn, &size, "reading a shard's size");
+      if (s.ok() && size != job.size)
+        s = absl::DataLossError(absl::StrCat("the server offers ", size, " bytes, not the ",
+                                             job.size, " of the shard's spec"));
+      if (s.ok()) s = bulk::RecvAll(*conn, job.dst, job.size, "reading a shard");
+    }
+    Close(std::move(conn));
+    return s.ok() ? s : Annotate(s, where);
+  }
+
   absl::Status Transfer(const Job& job) {
+    if (!job.key.empty()) return ClientTransfer(job);
     const std::string where =
         absl::StrCat("bulk read of ticket ", job.ticket, " from ", host_, ":", job.port);
     ConnPtr conn = TakeIdle(job.port);
@@ -119,7 +150,7 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
     absl::Status s, got;
     while (true) {
       if (conn == nullptr) {
-        absl::StatusOr<ConnPtr> c = Connect(job.port);
+        absl::StatusOr<ConnPtr> c = Connect(job.port, token_);
         if (!c.ok()) return Annotate(c.status(), where);
         conn = *std::move(c);
       }
@@ -151,9 +182,9 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
     return absl::OkStatus();
   }
 
-  // A new connection to `port`, past the TLS handshake (if any) and the hello (kConnectSeconds
-  // for all of it).
-  absl::StatusOr<ConnPtr> Connect(int port) {
+  // A new connection to `port`, past the TLS handshake (if any) and the hello saying `token`
+  // (kConnectSeconds for all of it).
+  absl::StatusOr<ConnPtr> Connect(int port, const std::string& token) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -193,10 +224,10 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
       return conn.status();
     }
     std::string hello(bulk::kMagic, sizeof(bulk::kMagic));
-    const uint32_t version = bulk::kVersion, len = static_cast<uint32_t>(token_.size());
+    const uint32_t version = bulk::kVersion, len = static_cast<uint32_t>(token.size());
     hello.append(reinterpret_cast<const char*>(&version), 4);
     hello.append(reinterpret_cast<const char*>(&len), 4);
-    hello += token_;
+    hello += token;
     absl::Status got;
     absl::Status s = bulk::SendAll(**conn, hello.data(), hello.size(), "sending the hello");
     if (s.ok()) s = bulk::RecvStatus(**conn, &got);
@@ -283,6 +314,18 @@ BulkClient::~BulkClient() { state_->Stop(); }
 void BulkClient::Read(int port, uint64_t ticket, void* dst, size_t size,
                       absl::AnyInvocable<void(const absl::Status&)> done) {
   Job job{port, ticket, dst, size, std::move(done)};
+  if (!state_->Enqueue(job)) job.done(absl::CancelledError("the bulk reader was closed"));
+}
+
+void BulkClient::ReadTransfer(int port, std::string key, void* dst, size_t size,
+                              absl::AnyInvocable<void(const absl::Status&)> done) {
+  Job job{port, 0, dst, size, std::move(done), std::move(key)};
+  if (!state_->Enqueue(job)) job.done(absl::CancelledError("the bulk reader was closed"));
+}
+
+void BulkClient::WriteTransfer(int port, std::string key, const void* src, size_t size,
+                               absl::AnyInvocable<void(const absl::Status&)> done) {
+  Job job{port, 0, nullptr, size, std::move(done), std::move(key), src};
   if (!state_->Enqueue(job)) job.done(absl::CancelledError("the bulk reader was closed"));
 }
 

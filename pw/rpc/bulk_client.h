@@ -23,7 +23,8 @@ class BulkClient {
  public:
   static constexpr int kMaxThreads = 4;
   // Reads from the worker at `host` (a name or address, IPv6 without brackets: HostOf), saying
-  // `token` (the cluster token), over TLS when `tls` is given.
+  // `token` (the cluster token; clients' transfers say their keys instead), over TLS when `tls`
+  // is given.
   BulkClient(std::string host, std::string token, std::shared_ptr<const TlsContext> tls = nullptr);
   // Fails reads not started (Cancelled), aborts running ones, joins the threads (but the one
   // running this, when a read's `done` dropped the last reference).
@@ -37,6 +38,14 @@ class BulkClient {
   // connection).
   void Read(int port, uint64_t ticket, void* dst, size_t size,
             absl::AnyInvocable<void(const absl::Status&)> done);
+
+  // A client's transfer (bulk_server.h) on a connection of its own to `port`, whose hello says
+  // `key`: reads the `size` bytes offered into `dst`, or writes `size` bytes from `src` (which
+  // must stay valid until `done` runs). Same threads and `done` as Read.
+  void ReadTransfer(int port, std::string key, void* dst, size_t size,
+                    absl::AnyInvocable<void(const absl::Status&)> done);
+  void WriteTransfer(int port, std::string key, const void* src, size_t size,
+                     absl::AnyInvocable<void(const absl::Status&)> done);
 
   // Threads started so far (tests).
   int threads() const;

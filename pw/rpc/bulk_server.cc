@@ -5,7 +5,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -25,8 +27,9 @@ absl::Status Refuse(bulk::Conn& fd, const absl::Status& why) {
   return why;
 }
 
-// Reads and checks a connection's hello, which must arrive by `deadline`; answers it.
-absl::Status Hello(bulk::Conn& fd, const std::string& token, absl::Time deadline) {
+// Reads a connection's hello, which must arrive by `deadline`: the token (or transfer key) it
+// says. A malformed hello is answered (refused) here; the caller answers the rest.
+absl::StatusOr<std::string> ReadHello(bulk::Conn& fd, absl::Time deadline) {
   char head[12];
   PW_RETURN_IF_ERROR(bulk::RecvAll(fd, head, sizeof(head), "bulk stream hello", deadline));
   if (std::memcmp(head, bulk::kMagic, 4) != 0)
@@ -45,10 +48,7 @@ absl::Status Hello(bulk::Conn& fd, const std::string& token, absl::Time deadline
                           bulk::kMaxTokenBytes, ")")));
   std::string got(len, '\0');
   PW_RETURN_IF_ERROR(bulk::RecvAll(fd, got.data(), len, "bulk stream hello", deadline));
-  if (!SecretEquals(got, token))
-    return Refuse(fd, absl::UnauthenticatedError(
-                          "bulk stream: missing or wrong cluster token"));
-  return bulk::SendStatus(fd, absl::OkStatus());
+  return got;
 }
 
 }  // namespace
@@ -92,6 +92,7 @@ absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(
                              : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
   std::unique_ptr<BulkServer> s(new BulkServer(fd, bound_port, std::move(token), std::move(tls)));
   s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
+  s->expirer_ = std::thread([p = s.get()] { p->ExpireLoop(); });
   return s;
 }
 
@@ -112,6 +113,7 @@ BulkServer::~BulkServer() {
     for (Connection& c : connections_) shutdown(c.fd, SHUT_RDWR);
   }
   acceptor_.join();
+  expirer_.join();
   close(listen_fd_);
   {
     pw::MutexLock lock(&mu_);
@@ -122,11 +124,90 @@ BulkServer::~BulkServer() {
     close(c.fd);
   }
   absl::flat_hash_map<uint64_t, Offered> offers;
+  absl::flat_hash_map<std::string, ClientTransfer> transfers;
   {
     pw::MutexLock lock(&mu_);
     offers.swap(offers_);
+    transfers.swap(client_transfers_);
   }
-  for (auto& [ticket, o] : offers) o.done(absl::CancelledError("the worker's bulk server stopped"));
+  const absl::Status stopped = absl::CancelledError("the worker's bulk server stopped");
+  for (auto& [ticket, o] : offers) o.done(stopped);
+  for (auto& [key, t] : transfers) t.done(stopped);
+}
+
+void BulkServer::OfferToClient(std::string key, std::shared_ptr<const void> keep,
+                               const char* data, size_t size, absl::Time expires,
+                               absl::AnyInvocable<void(const absl::Status&)> done) {
+  ClientTransfer t;
+  t.keep = std::move(keep);
+  t.data = data;
+  t.size = size;
+  t.expires = expires;
+  t.done = std::move(done);
+  AddClientTransfer(std::move(key), std::move(t));
+}
+
+void BulkServer::AcceptFromClient(std::string key, std::shared_ptr<void> keep, char* data,
+                                  size_t size, absl::Time expires,
+                                  absl::AnyInvocable<void(const absl::Status&)> done) {
+  ClientTransfer t;
+  t.keep = std::move(keep);
+  t.dst = data;
+  t.size = size;
+  t.expires = expires;
+  t.done = std::move(done);
+  AddClientTransfer(std::move(key), std::move(t));
+}
+
+void BulkServer::AddClientTransfer(std::string key, ClientTransfer t) {
+  absl::Status refused;
+  {
+    pw::MutexLock lock(&mu_);
+    if (stopping_) {
+      refused = absl::CancelledError("the worker's bulk server stopped");
+    } else if (key.size() < kMinKeyBytes || key.size() > bulk::kMaxTokenBytes) {
+      refused = absl::InvalidArgumentError(absl::StrCat(
+          "bulk stream: a transfer key of ", key.size(), " bytes (", kMinKeyBytes, " to ",
+          bulk::kMaxTokenBytes, ")"));
+    } else if (SecretEquals(key, token_) || client_transfers_.contains(key)) {
+      refused = absl::AlreadyExistsError("bulk stream: that transfer key is already in use");
+    } else {
+      client_transfers_.emplace(std::move(key), std::move(t));
+      return;
+    }
+  }
+  t.done(refused);
+}
+
+size_t BulkServer::open_client_transfers() const {
+  pw::MutexLock lock(&mu_);
+  return client_transfers_.size();
+}
+
+void BulkServer::ExpireLoop() {
+  while (true) {
+    std::vector<ClientTransfer> expired;
+    {
+      pw::MutexLock lock(&mu_);
+      absl::Time next = absl::Now() + absl::Seconds(1);
+      for (const auto& [key, t] : client_transfers_) next = std::min(next, t.expires);
+      mu_.AwaitWithTimeout([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stopping_; },
+                           std::max(next - absl::Now(), absl::ZeroDuration()));
+      if (stopping_) return;
+      const absl::Time now = absl::Now();
+      for (auto it = client_transfers_.begin(); it != client_transfers_.end();) {
+        auto next_it = std::next(it);
+        if (it->second.expires <= now) {
+          expired.push_back(std::move(it->second));
+          client_transfers_.erase(it);
+        }
+        it = next_it;
+      }
+    }
+    const absl::Status late = absl::DeadlineExceededError(
+        "bulk stream: no client began the transfer in time");
+    for (ClientTransfer& t : expired) t.done(late);
+  }
 }
 
 uint64_t BulkServer::Offer(std::shared_ptr<const void> keep, const char* data, size_t size,
@@ -236,15 +317,67 @@ void BulkServer::Serve(Connection* c) {
   const absl::Time deadline = absl::Now() + absl::Seconds(kHelloSeconds);
   absl::StatusOr<std::unique_ptr<bulk::Conn>> conn =
       tls_ == nullptr ? std::make_unique<bulk::Conn>(c->fd) : tls_->Accept(c->fd);
-  const absl::Status hello = conn.ok() ? Hello(**conn, token_, deadline) : conn.status();
+  absl::StatusOr<std::string> said = conn.ok() ? ReadHello(**conn, deadline) : conn.status();
+  // The cluster token: a peer; else a client transfer's key (taken: one use).
+  bool peer = false;
+  std::optional<ClientTransfer> transfer;
+  if (said.ok()) {
+    peer = SecretEquals(*said, token_);
+    if (!peer) {
+      pw::MutexLock lock(&mu_);
+      auto it = client_transfers_.find(*said);
+      if (it != client_transfers_.end()) {
+        transfer = std::move(it->second);
+        client_transfers_.erase(it);
+      }
+    }
+  }
   {
     pw::MutexLock lock(&mu_);
     --unauthenticated_;
     c->greeted = true;
   }
-  if (!hello.ok()) return;
+  if (!said.ok()) return;
   bulk::Conn& fd = **conn;
+  if (!peer && !transfer.has_value()) {
+    (void)Refuse(fd, absl::UnauthenticatedError(
+                         "bulk stream: missing or wrong cluster token or transfer key"));
+    return;
+  }
+  if (!bulk::SendStatus(fd, absl::OkStatus()).ok()) {
+    if (transfer.has_value()) transfer->done(absl::UnavailableError("bulk stream: the client went away"));
+    return;
+  }
   bulk::Configure(c->fd, kProgressSeconds);
+  if (peer) return ServePeer(fd);
+  ServeClient(fd, *std::move(transfer));
+}
+
+void BulkServer::ServeClient(bulk::Conn& fd, ClientTransfer t) {
+  if (t.dst == nullptr) {
+    absl::Status s = bulk::SendU64(fd, t.size, "sending a shard's size");
+    if (s.ok()) s = bulk::SendAll(fd, t.data, t.size, "sending a shard to a client");
+    if (s.ok()) sent_bytes_.fetch_add(static_cast<int64_t>(t.size), std::memory_order_relaxed);
+    return t.done(s);
+  }
+  // A write: the client says the size, which must be the shard's (answered before it sends the
+  // bytes), then sends them; the last answer says whether they were taken.
+  uint64_t size = 0;
+  absl::Status s = bulk::RecvU64(fd, &size, "reading an upload's size");
+  if (s.ok() && size != t.size) {
+    const absl::Status wrong = absl::InvalidArgumentError(absl::StrCat(
+        "bulk stream: an upload of ", size, " bytes to a shard of ", t.size));
+    (void)bulk::SendStatus(fd, wrong);
+    return t.done(wrong);
+  }
+  if (s.ok()) s = bulk::SendStatus(fd, absl::OkStatus());
+  if (s.ok()) s = bulk::RecvAll(fd, t.dst, t.size, "reading a client's upload");
+  if (s.ok()) s = bulk::SendStatus(fd, absl::OkStatus());
+  if (s.ok()) received_bytes_.fetch_add(static_cast<int64_t>(t.size), std::memory_order_relaxed);
+  t.done(s);
+}
+
+void BulkServer::ServePeer(bulk::Conn& fd) {
   while (true) {
     uint64_t ticket;
     if (!bulk::RecvU64(fd, &ticket, "reading a ticket").ok()) return;

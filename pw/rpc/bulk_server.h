@@ -9,7 +9,13 @@
 // one) cannot keep peers out. A connection that has not said a correct hello within 10 s, or
 // makes no progress for 60 s, is closed; a wrong ticket gets an error and the connection stays
 // usable. With TLS (a server TlsContext), each connection starts with a mutual TLS handshake,
-// within the hello's 10 s; a refused connection is then just closed. Thread-safe.
+// within the hello's 10 s; a refused connection is then just closed.
+//
+// Clients' transfers (client I/O beside the controller, pw/rpc/README.md): a client of the
+// cluster, which has no cluster token, reads or writes one shard on a connection of its own whose
+// hello says the transfer's key (a secret the controller handed it) instead of the token; the
+// connection then carries that one transfer and closes. A key is good for one use, until it
+// expires. Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -18,11 +24,14 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "pw/base/mutex.h"
+#include "pw/rpc/bulk_wire.h"
 #include "pw/rpc/tls.h"
 
 namespace pw::rpc {
@@ -50,18 +59,41 @@ class BulkServer {
   // error if sending failed, Cancelled if the offer was withdrawn first.
   uint64_t Offer(std::shared_ptr<const void> keep, const char* data, size_t size,
                  absl::AnyInvocable<void(const absl::Status&)> done);
+  // Clients' transfers under `key` (at least kMinKeyBytes): a read of `size` bytes at `data`, or
+  // a write of `size` bytes into `data`; `keep` keeps `data` alive until `done` has run, which
+  // it does once: when
+  // the transfer is over (OK, or why it failed), DeadlineExceeded if no client began it by
+  // `expires`, Cancelled when the server stops. A key already in use fails `done` at once.
+  static constexpr size_t kMinKeyBytes = 16;
+  void OfferToClient(std::string key, std::shared_ptr<const void> keep, const char* data,
+                     size_t size, absl::Time expires,
+                     absl::AnyInvocable<void(const absl::Status&)> done);
+  void AcceptFromClient(std::string key, std::shared_ptr<void> keep, char* data, size_t size,
+                        absl::Time expires, absl::AnyInvocable<void(const absl::Status&)> done);
+  // Clients' transfers not yet begun.
+  size_t open_client_transfers() const;
   // Withdraws an offer not yet taken (no effect on one being sent or done).
   void Withdraw(uint64_t ticket);
   // Offers open now.
   size_t open_offers() const;
   // Bytes of offers sent in full so far.
   int64_t sent_bytes() const { return sent_bytes_.load(std::memory_order_relaxed); }
+  // Bytes of clients' uploads received in full so far.
+  int64_t received_bytes() const { return received_bytes_.load(std::memory_order_relaxed); }
 
  private:
   struct Offered {
     std::shared_ptr<const void> keep;
     const char* data;
     size_t size;
+    absl::AnyInvocable<void(const absl::Status&)> done;
+  };
+  struct ClientTransfer {
+    std::shared_ptr<const void> keep;
+    const char* data = nullptr;  // A read's source.
+    char* dst = nullptr;         // A write's destination.
+    size_t size = 0;
+    absl::Time expires;
     absl::AnyInvocable<void(const absl::Status&)> done;
   };
   struct Connection {
@@ -73,6 +105,13 @@ class BulkServer {
   BulkServer(int listen_fd, int port, std::string token, std::shared_ptr<const TlsContext> tls);
   void AcceptLoop();
   void Serve(Connection* c);
+  // Serves the peer reads of a connection that said the cluster token.
+  void ServePeer(bulk::Conn& fd);
+  // Serves the client transfer a connection's hello named.
+  void ServeClient(bulk::Conn& fd, ClientTransfer t);
+  void AddClientTransfer(std::string key, ClientTransfer t);
+  // Fails transfers whose time is up, until the server stops.
+  void ExpireLoop();
   // Reaps finished connections' threads (joins them).
   void Reap() ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -81,12 +120,15 @@ class BulkServer {
   const std::string token_;
   const std::shared_ptr<const TlsContext> tls_;
   std::thread acceptor_;
+  std::thread expirer_;
   std::atomic<int64_t> sent_bytes_{0};
+  std::atomic<int64_t> received_bytes_{0};
   mutable pw::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int unauthenticated_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Offered> offers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, ClientTransfer> client_transfers_ ABSL_GUARDED_BY(mu_);
   std::list<Connection> connections_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -386,3 +386,130 @@ TEST(BulkTest, ConnectionsThatNeverSayHelloCannotCrowdOutPeers) {
 
 }  // namespace
 }  // namespace pw::rpc
+
+namespace pw::rpc {
+namespace {
+
+constexpr char kKey[] = "0123456789abcdef0123456789abcdef";
+
+Future<> ClientRead(BulkClient& c, int port, const std::string& key, void* dst, size_t size) {
+  Promise<> p;
+  Future<> f = p.future();
+  c.ReadTransfer(port, key, dst, size, [p = std::move(p)](const absl::Status& s) mutable { p.Set(s); });
+  return f;
+}
+Future<> ClientWrite(BulkClient& c, int port, const std::string& key, const void* src,
+                     size_t size) {
+  Promise<> p;
+  Future<> f = p.future();
+  c.WriteTransfer(port, key, src, size,
+                  [p = std::move(p)](const absl::Status& s) mutable { p.Set(s); });
+  return f;
+}
+// Accepts an upload of `size` bytes; the future holds them once they arrived.
+Future<std::vector<uint8_t>> Accept(BulkServer& server, const std::string& key, size_t size,
+                                    absl::Time expires) {
+  Promise<std::vector<uint8_t>> p;
+  Future<std::vector<uint8_t>> f = p.future();
+  auto dst = std::make_shared<std::vector<uint8_t>>(size);
+  char* data = reinterpret_cast<char*>(dst->data());
+  server.AcceptFromClient(key, dst, data, size, expires,
+                          [p = std::move(p), dst](const absl::Status& s) mutable {
+                            if (!s.ok()) return p.Set(s);
+                            p.Set(std::move(*dst));
+                          });
+  return f;
+}
+
+// Issue 23 (client I/O beside the controller): a client without the cluster token reads and
+// writes a shard under the transfer's key, once; other keys and tokens are refused.
+TEST(BulkClientTransferTest, AClientReadsAndWritesUnderTheKeyOnce) {
+  auto server = BulkServer::Start("127.0.0.1", 0, kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  const auto bytes = Pattern(3 << 20, 5);
+  Promise<> offered;
+  Future<> offer_done = offered.future();
+  (*server)->OfferToClient(kKey, bytes, bytes->data(), bytes->size(),
+                           absl::Now() + absl::Minutes(1),
+                           [p = std::move(offered)](const absl::Status& s) mutable { p.Set(s); });
+  BulkClient client("127.0.0.1", "");
+  std::vector<char> dst(bytes->size());
+  // A wrong key, and the cluster token's holders' protocol, do not reach it.
+  absl::Status wrong =
+      ClientRead(client, port, std::string(32, 'x'), dst.data(), dst.size()).Await();
+  EXPECT_TRUE(absl::IsUnauthenticated(wrong)) << wrong;
+  EXPECT_EQ((*server)->open_client_transfers(), 1u);
+  ASSERT_TRUE(ClientRead(client, port, kKey, dst.data(), dst.size()).Await().ok());
+  EXPECT_EQ(dst, *bytes);
+  EXPECT_TRUE(offer_done.Await().ok());
+  // One use.
+  EXPECT_TRUE(absl::IsUnauthenticated(ClientRead(client, port, kKey, dst.data(), dst.size()).Await()));
+
+  Future<std::vector<uint8_t>> got = Accept(**server, kKey, bytes->size(), absl::Now() + absl::Minutes(1));
+  ASSERT_TRUE(ClientWrite(client, port, kKey, bytes->data(), bytes->size()).Await().ok());
+  ASSERT_TRUE(got.Await().ok()) << got.Await().status();
+  ASSERT_EQ(got.Await()->size(), bytes->size());
+  EXPECT_EQ(std::memcmp(got.Await()->data(), bytes->data(), bytes->size()), 0);
+  EXPECT_EQ((*server)->open_client_transfers(), 0u);
+}
+
+TEST(BulkClientTransferTest, WrongSizesShortKeysAndReusedKeysAreErrors) {
+  auto server = BulkServer::Start("127.0.0.1", 0, kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  BulkClient client("127.0.0.1", "");
+  const auto bytes = Pattern(1000, 2);
+  Future<std::vector<uint8_t>> got = Accept(**server, kKey, 800, absl::Now() + absl::Minutes(1));
+  absl::Status s = ClientWrite(client, port, kKey, bytes->data(), bytes->size()).Await();
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("1000 bytes to a shard of 800"), std::string::npos) << s;
+  EXPECT_TRUE(absl::IsInvalidArgument(got.Await().status())) << got.Await().status();
+  // Keys too short to be secrets, and keys in use, are refused at once.
+  EXPECT_TRUE(absl::IsInvalidArgument(
+      Accept(**server, "short", 8, absl::Now() + absl::Minutes(1)).Await().status()));
+  Future<std::vector<uint8_t>> first = Accept(**server, kKey, 8, absl::Now() + absl::Minutes(1));
+  EXPECT_TRUE(absl::IsAlreadyExists(
+      Accept(**server, kKey, 8, absl::Now() + absl::Minutes(1)).Await().status()));
+  EXPECT_FALSE(first.AwaitFor(absl::ZeroDuration()));  // The first still waits.
+}
+
+TEST(BulkClientTransferTest, TransfersNobodyBeginsExpireAndClientsThatDieMidUploadFailThem) {
+  auto server = BulkServer::Start("127.0.0.1", 0, kToken);
+  ASSERT_TRUE(server.ok()) << server.status();
+  Future<std::vector<uint8_t>> late = Accept(**server, kKey, 64, absl::Now() + absl::Milliseconds(50));
+  absl::Status s = late.Await().status();
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_EQ((*server)->open_client_transfers(), 0u);
+
+  // A client that says its size, sends half the bytes and goes.
+  const std::string key(32, 'k');
+  Future<std::vector<uint8_t>> cut = Accept(**server, key, 1 << 20, absl::Now() + absl::Minutes(1));
+  const int fd = ConnectLoopback((*server)->port());
+  ASSERT_GE(fd, 0);
+  {
+    bulk::Configure(fd, 5);
+    bulk::Conn conn(fd);
+    const std::string hello = Hello(bulk::kVersion, key);
+    ASSERT_TRUE(bulk::SendAll(conn, hello.data(), hello.size(), "hello").ok());
+    absl::Status answer;
+    ASSERT_TRUE(bulk::RecvStatus(conn, &answer).ok());
+    ASSERT_TRUE(answer.ok()) << answer;
+    ASSERT_TRUE(bulk::SendU64(conn, 1 << 20, "size").ok());
+    ASSERT_TRUE(bulk::RecvStatus(conn, &answer).ok());
+    ASSERT_TRUE(answer.ok()) << answer;
+    std::vector<char> half(1 << 19, 'h');
+    ASSERT_TRUE(bulk::SendAll(conn, half.data(), half.size(), "half").ok());
+  }
+  close(fd);
+  s = cut.Await().status();
+  EXPECT_TRUE(absl::IsUnavailable(s)) << s;
+
+  // Stopping the server fails what is still open.
+  Future<std::vector<uint8_t>> open = Accept(**server, kKey, 8, absl::Now() + absl::Minutes(1));
+  server->reset();
+  EXPECT_TRUE(absl::IsCancelled(open.Await().status())) << open.Await().status();
+}
+
+}  // namespace
+}  // namespace pw::rpc

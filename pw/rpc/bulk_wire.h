@@ -13,6 +13,10 @@
 //   then any number of reads:  u64 ticket  →  status, and if OK: u64 size, `size` bytes
 // status:    u32 absl::StatusCode, u32 message length (≤ kMaxMessageBytes), the message
 // A refused hello is answered with its status, then the server closes the connection.
+// A client's transfer (bulk_server.h) says its key instead of the token; after the OK:
+//   a read:   u64 size, `size` bytes; then the server closes
+//   a write:  u64 size  →  status (the size is the shard's); `size` bytes  →  status; closed
+// The server tells the two apart by the key.
 //
 // Thread-compatible functions on blocking sockets.
 #pragma once

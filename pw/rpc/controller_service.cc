@@ -237,15 +237,50 @@ grpc::ServerUnaryReactor* ControllerService::PutArray(grpc::CallbackServerContex
   return Reply(ctx, info.status());
 }
 
-grpc::ServerUnaryReactor* ControllerService::FetchArray(grpc::CallbackServerContext* ctx,
-                                                        const v1::ArrayRequest* req,
-                                                        v1::HostArray* resp) {
+namespace {
+void ToProto(const ShardTransfer& t, v1::ShardTransfer* out) {
+  out->set_rank(t.rank);
+  out->set_address(t.address);
+  out->set_key(t.key);
+}
+}  // namespace
+
+grpc::ServerUnaryReactor* ControllerService::BeginPut(grpc::CallbackServerContext* ctx,
+                                                      const v1::BeginPutRequest* req,
+                                                      v1::DirectPut* resp) {
+  PW_AUTHORIZE(ctx, req->client());
+  absl::StatusOr<Sharding> sharding = FromProto(req->sharding());
+  if (!sharding.ok()) return Reply(ctx, Annotate(sharding.status(), "BeginPut sharding"));
+  absl::StatusOr<ArraySpec> spec = FromProto(req->spec());
+  if (!spec.ok()) return Reply(ctx, Annotate(spec.status(), "BeginPut spec"));
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  controller_->BeginPut(ClientId(req->client()), SliceId(req->slice()), *sharding, *spec)
+      .OnReady([reactor, resp](const absl::StatusOr<DirectPut>& put) {
+        if (put.ok()) {
+          ToProto(put->info, resp->mutable_info());
+          for (const ShardTransfer& t : put->shards) ToProto(t, resp->add_shards());
+        }
+        reactor->Finish(ToGrpc(put.status()));
+      });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ControllerService::LocateArray(grpc::CallbackServerContext* ctx,
+                                                         const v1::LocateArrayRequest* req,
+                                                         v1::LocatedArray* resp) {
   PW_AUTHORIZE(ctx, req->client());
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  controller_->FetchArray(ClientId(req->client()), BufferId(req->buffer()))
-      .OnReady([reactor, resp](const absl::StatusOr<HostArray>& a) {
-        if (a.ok()) ToProto(*a, resp);
-        if (a.ok()) CountTransientBytes(static_cast<int64_t>(a->bytes.size()));
+  controller_->LocateArray(ClientId(req->client()), BufferId(req->buffer()), req->inline_only())
+      .OnReady([reactor, resp](const absl::StatusOr<LocatedArray>& a) {
+        if (a.ok()) {
+          if (a->value.has_value()) {
+            ToProto(*a->value, resp->mutable_value());
+            CountTransientBytes(static_cast<int64_t>(a->value->bytes.size()));
+          }
+          ToProto(a->spec, resp->mutable_spec());
+          ToProto(a->sharding, resp->mutable_sharding());
+          for (const ShardTransfer& t : a->shards) ToProto(t, resp->add_shards());
+        }
         reactor->Finish(ToGrpc(a.status()));
       });
   return reactor;
@@ -286,16 +321,22 @@ grpc::ServerUnaryReactor* ControllerService::RevokeShare(grpc::CallbackServerCon
 }
 
 grpc::ServerUnaryReactor* ControllerService::Status(grpc::CallbackServerContext* ctx,
-                                                    const v1::Empty*, v1::ClusterStatus* resp) {
+                                                    const v1::StatusRequest* req,
+                                                    v1::ClusterStatus* resp) {
   // The cluster's processes and its admin (the cluster token: `pw status` where `pw up` ran) see
   // which programs run; a client sees runs and their clients, not other clients' program names.
   const bool admin = AuthorizeMember(ctx).ok();
   if (!admin) PW_AUTHORIZE(ctx);
-  return Offload(ctx, [this, resp, admin]() -> absl::Status {
+  const bool reset_peak = req->reset_peak_memory();
+  return Offload(ctx, [this, resp, admin, reset_peak]() -> absl::Status {
+    if (reset_peak) ResetPeakResidentMemory();
     PW_ASSIGN_OR_RETURN(ClusterStatus status, controller_->Status());
+    const ResidentMemory mem = ReadResidentMemory();
     if (!admin)
       for (ClusterStatus::Running& r : status.running) r.program.clear();
     ToProto(status, resp);
+    resp->set_controller_rss_bytes(mem.now);
+    resp->set_controller_peak_rss_bytes(mem.peak);
     membership_->AddMembers(resp);
     resp->set_clients(static_cast<int64_t>(num_clients()));
     return absl::OkStatus();

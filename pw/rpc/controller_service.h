@@ -79,12 +79,13 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   PW_UNARY(ExplainProgram, ProgramRequest, Text);
   PW_UNARY(ReserveBufferIds, ReserveBufferIdsRequest, BufferIdRange);
   PW_UNARY(PutArray, PutArrayRequest, ArrayInfo);
-  PW_UNARY(FetchArray, ArrayRequest, HostArray);
   PW_UNARY(ArrayReady, ArrayRequest, Empty);
+  PW_UNARY(BeginPut, BeginPutRequest, DirectPut);
+  PW_UNARY(LocateArray, LocateArrayRequest, LocatedArray);
   PW_UNARY(ShareArray, ShareArrayRequest, ShareToken);
   PW_UNARY(ImportArray, ShareRequest, ArrayInfo);
   PW_UNARY(RevokeShare, ShareRequest, Empty);
-  PW_UNARY(Status, Empty, ClusterStatus);
+  PW_UNARY(Status, StatusRequest, ClusterStatus);
   PW_UNARY(StartTrace, ClientRequest, Clock);
   PW_UNARY(StopTrace, StopTraceRequest, TraceChunk);
   PW_UNARY(RegisterWorker, RegisterWorkerRequest, RegisterWorkerResponse);

@@ -178,6 +178,16 @@ absl::StatusOr<std::string> RemoteController::ExplainProgram(ClientId client, Pr
 
 absl::StatusOr<ArrayInfo> RemoteController::PutArray(ClientId client, SliceId slice,
                                                      const Sharding& sharding, HostArray value) {
+  if (direct_io() && static_cast<int64_t>(value.bytes.size()) >= kDirectIoMinBytes &&
+      static_cast<int64_t>(value.bytes.size()) == value.spec.size_bytes()) {
+    PW_ASSIGN_OR_RETURN(DirectPut put, BeginPut(client, slice, sharding, value.spec).Await());
+    absl::Status sent = core_->io.Send(value, sharding, put.shards);
+    if (!sent.ok()) {
+      (void)ReleaseArray(client, put.info.id);  // Never the caller's: it goes now.
+      return Annotate(sent, absl::StrCat("putting ", value.spec.ToString()));
+    }
+    return put.info;
+  }
   v1::PutArrayRequest req;
   req.set_client(client.value());
   req.set_slice(slice.value());
@@ -314,22 +324,80 @@ Future<RunInfo> RemoteController::Submit(ClientId client, ProgramId program,
   return session->Submit(std::move(req));
 }
 
+namespace {
+absl::StatusOr<std::vector<ShardTransfer>> FromProto(
+    const google::protobuf::RepeatedPtrField<v1::ShardTransfer>& shards) {
+  std::vector<ShardTransfer> out;
+  for (const v1::ShardTransfer& t : shards) out.push_back({t.rank(), t.address(), t.key()});
+  return out;
+}
+}  // namespace
+
 Future<HostArray> RemoteController::FetchArray(ClientId client, BufferId id) {
-  auto call = std::make_shared<AsyncCall<v1::ArrayRequest, v1::HostArray>>();
+  Promise<HostArray> p;
+  Future<HostArray> result = p.future();
+  LocateArray(client, id, !direct_io())
+      .OnReady([core = core_, p = std::move(p)](const absl::StatusOr<LocatedArray>& a) mutable {
+        if (!a.ok()) return p.Set(a.status());
+        if (a->value.has_value()) return p.Set(*a->value);
+        auto shared = std::make_shared<Promise<HostArray>>(std::move(p));
+        core->io.Read(a->spec, a->sharding, a->shards,
+                      [shared](absl::StatusOr<HostArray> got) { shared->Set(std::move(got)); });
+      });
+  return result;
+}
+
+Future<DirectPut> RemoteController::BeginPut(ClientId client, SliceId slice,
+                                             const Sharding& sharding, const ArraySpec& spec) {
+  auto call = std::make_shared<AsyncCall<v1::BeginPutRequest, v1::DirectPut>>();
+  core_->Prepare(&call->ctx, client);
+  call->req.set_client(client.value());
+  call->req.set_slice(slice.value());
+  ToProto(sharding, call->req.mutable_sharding());
+  ToProto(spec, call->req.mutable_spec());
+  auto promise = std::make_shared<Promise<DirectPut>>();
+  Future<DirectPut> result = promise->future();
+  core_->stub->async()->BeginPut(&call->ctx, &call->req, &call->resp,
+                                 [core = core_, call, promise](grpc::Status s) {
+                                   if (!s.ok()) return promise->Set(core->Where(s));
+                                   absl::StatusOr<ArrayInfo> info = FromProto(call->resp.info());
+                                   if (!info.ok()) return promise->Set(info.status());
+                                   promise->Set(DirectPut{*info, *FromProto(call->resp.shards())});
+                                 });
+  return result;
+}
+
+Future<LocatedArray> RemoteController::LocateArray(ClientId client, BufferId id,
+                                                   bool inline_only) {
+  auto call = std::make_shared<AsyncCall<v1::LocateArrayRequest, v1::LocatedArray>>();
   core_->Prepare(&call->ctx, client);
   call->req.set_client(client.value());
   call->req.set_buffer(id.value());
-  auto promise = std::make_shared<Promise<HostArray>>();
-  Future<HostArray> result = promise->future();
+  call->req.set_inline_only(inline_only);
+  auto promise = std::make_shared<Promise<LocatedArray>>();
+  Future<LocatedArray> result = promise->future();
   if (!core_->BeginRead(client, id))
-    return Future<HostArray>::Ready(absl::NotFoundError(
+    return Future<LocatedArray>::Ready(absl::NotFoundError(
         absl::StrCat(id.ToString(), " was released by ", client.ToString())));
-  core_->stub->async()->FetchArray(&call->ctx, &call->req, &call->resp,
-                                   [core = core_, call, promise, client, id](grpc::Status s) {
-                                     core->EndRead(core, client, id);
-                                     if (!s.ok()) return promise->Set(core->Where(s));
-                                     promise->Set(FromProto(&call->resp));
-                                   });
+  core_->stub->async()->LocateArray(
+      &call->ctx, &call->req, &call->resp, [core = core_, call, promise, client, id](grpc::Status s) {
+        core->EndRead(core, client, id);
+        if (!s.ok()) return promise->Set(core->Where(s));
+        LocatedArray out;
+        absl::StatusOr<ArraySpec> spec = FromProto(call->resp.spec());
+        absl::StatusOr<Sharding> sharding = FromProto(call->resp.sharding());
+        if (!spec.ok()) return promise->Set(spec.status());
+        if (!sharding.ok()) return promise->Set(sharding.status());
+        out.spec = *spec;
+        out.sharding = *sharding;
+        if (call->resp.has_value()) {
+          absl::StatusOr<HostArray> v = FromProto(call->resp.mutable_value());
+          if (!v.ok()) return promise->Set(v.status());
+          out.value = *std::move(v);
+        }
+        out.shards = *FromProto(call->resp.shards());
+        promise->Set(std::move(out));
+      });
   return result;
 }
 
@@ -351,11 +419,12 @@ Future<> RemoteController::ArrayReady(ClientId client, BufferId id) {
   return result;
 }
 
-absl::StatusOr<v1::ClusterStatus> RemoteController::FullStatus() {
+absl::StatusOr<v1::ClusterStatus> RemoteController::FullStatus(bool reset_peak_memory) {
   grpc::ClientContext ctx;
   AddToken(&ctx, core_->options.token);
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  v1::Empty req;
+  v1::StatusRequest req;
+  req.set_reset_peak_memory(reset_peak_memory);
   v1::ClusterStatus resp;
   if (grpc::Status s = core_->stub->Status(&ctx, req, &resp); !s.ok()) return core_->Where(s);
   return resp;

@@ -14,6 +14,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "pw/base/mutex.h"
 #include "pw/rpc/auth.h"
+#include "pw/rpc/client_io.h"
 #include "pw/rpc/client_session.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
 #include "pw/transport/controller_interface.h"
@@ -32,8 +33,9 @@ class RemoteController final : public ControllerInterface {
   ~RemoteController() override;
 
   const std::string& address() const { return core_->address; }
-  // The whole status reply, with membership (for `pw status`).
-  absl::StatusOr<::pathways::v1::ClusterStatus> FullStatus();
+  // The whole status reply, with membership (for `pw status`); `reset_peak_memory` resets the
+  // controller's peak resident memory first.
+  absl::StatusOr<::pathways::v1::ClusterStatus> FullStatus(bool reset_peak_memory = false);
   absl::Status Shutdown();
   // An admin's cancellation (the channel's token must be the cluster token): run `run`, or
   // every run of `client` in flight. Returns the runs cancelled.
@@ -58,8 +60,14 @@ class RemoteController final : public ControllerInterface {
                          const RunOptions& options) override;
   absl::StatusOr<ArrayInfo> PutArray(ClientId client, SliceId slice, const Sharding& sharding,
                                      HostArray value) override;
+  // Arrays of kDirectIoMinBytes or more go between this process and the workers (BeginPut,
+  // LocateArray), unless the channel uses TLS (the workers' bulk streams take only the
+  // cluster's certificates): then, and for smaller ones, through the controller.
   Future<HostArray> FetchArray(ClientId client, BufferId id) override;
   Future<> ArrayReady(ClientId client, BufferId id) override;
+  Future<DirectPut> BeginPut(ClientId client, SliceId slice, const Sharding& sharding,
+                             const ArraySpec& spec) override;
+  Future<LocatedArray> LocateArray(ClientId client, BufferId id, bool inline_only) override;
   absl::Status ReleaseArray(ClientId client, BufferId id) override;
   absl::StatusOr<ClusterStatus> Status() override;
   absl::StatusOr<int64_t> StartTrace(ClientId client) override;
@@ -79,7 +87,7 @@ class RemoteController final : public ControllerInterface {
     absl::flat_hash_map<ClientId, std::string> keys ABSL_GUARDED_BY(mu);
     absl::flat_hash_map<ClientId, std::shared_ptr<ClientSession>> sessions ABSL_GUARDED_BY(mu);
     std::shared_ptr<ClientSession> SessionOf(ClientId client) const;
-    // Buffers with FetchArray/ArrayReady calls in flight. A ReleaseArray meanwhile is sent once
+    // Buffers with LocateArray/ArrayReady calls in flight. A ReleaseArray meanwhile is sent once
     // they have finished, so (as in process) a read started before a release completes.
     struct Reads {
       int pending = 0;
@@ -93,7 +101,10 @@ class RemoteController final : public ControllerInterface {
     // A context carrying the token and `client`'s key.
     void Prepare(grpc::ClientContext* ctx, ClientId client) const;
     absl::Status Where(const grpc::Status& s) const;
+    ClientIo io;  // Large arrays' shards to and from the workers.
   };
+  // Whether arrays go beside the controller (no TLS).
+  bool direct_io() const { return core_->options.tls == nullptr; }
   RemoteController(std::string address, const ChannelOptions& options);
 
   const std::shared_ptr<Core> core_;

@@ -160,6 +160,7 @@ void RemoteWorker::FailPending(Pending& p, const absl::Status& error) {
   if (p.enqueued.valid()) p.enqueued.Set(error);
   if (p.done.valid()) p.done.Set(error);
   if (p.fetched.has_value() && p.fetched->valid()) p.fetched->Set(error);
+  if (p.transfer.has_value() && p.transfer->valid()) p.transfer->Set(error);
 }
 
 void RemoteWorker::Send(v1::Command c, Pending p) {
@@ -188,12 +189,18 @@ void RemoteWorker::OnEvent(const v1::CommandEvent& e) {
     if (it == pending_.end()) return;
     if (e.kind() == v1::CommandEvent::ENQUEUED) {
       p.enqueued = std::move(it->second.enqueued);
+      if (it->second.transfer.has_value()) {
+        p.transfer = std::move(it->second.transfer);
+        p.key = it->second.key;
+        it->second.transfer.reset();
+      }
     } else {
       p = std::move(it->second);
       pending_.erase(it);
     }
   }
   if (p.fetched.has_value()) return Fetched(std::move(p), e, s);
+  if (p.transfer.has_value()) Transferred(p, e, s);
   if (p.enqueued.valid()) p.enqueued.Set(s);
   if (e.kind() == v1::CommandEvent::DONE && p.done.valid()) p.done.Set(s);
 }
@@ -211,6 +218,19 @@ void RemoteWorker::Fetched(Pending p, const v1::CommandEvent& e, const absl::Sta
   std::shared_ptr<HostDeviceBuffer> buffer = HostDeviceBuffer::Create(*spec, p.device);
   std::memcpy(buffer->mutable_data(), e.shard().data().data(), e.shard().data().size());
   fetched.Set(DeviceBufferRef(std::move(buffer)));
+}
+
+void RemoteWorker::Transferred(Pending& p, const v1::CommandEvent& e,
+                               const absl::Status& s) const {
+  if (!p.transfer->valid()) return;
+  if (!s.ok()) return p.transfer->Set(s);
+  if (e.bulk_port() <= 0 || e.bulk_port() > 65535)
+    return p.transfer->Set(Where(absl::DataLossError(
+        absl::StrCat("a client transfer answered with bulk port ", e.bulk_port()))));
+  const std::string host = HostOf(address_);
+  const bool v6 = host.find(':') != std::string::npos;
+  p.transfer->Set(ShardTransfer{0, absl::StrCat(v6 ? "[" : "", host, v6 ? "]" : "", ":", e.bulk_port()),
+                                p.key});
 }
 
 void RemoteWorker::OnStreamEnd(Stream* stream, const absl::Status& s) {
@@ -573,6 +593,35 @@ Future<DeviceBufferRef> RemoteWorker::FetchShard(BufferId id, DeviceId device) {
   v1::Command c;
   c.mutable_fetch_shard()->set_buffer(id.value());
   c.mutable_fetch_shard()->set_device(device.value());
+  Send(std::move(c), std::move(p));
+  return f;
+}
+
+UploadAck RemoteWorker::ExpectUpload(BufferId id, DeviceId device, const ArraySpec& spec) {
+  Pending p;
+  p.transfer.emplace();
+  p.key = NewSecret();
+  UploadAck ack{p.transfer->future(), p.done.future()};
+  v1::Command c;
+  v1::ClientTransferRequest* t = c.mutable_client_upload();
+  t->set_buffer(id.value());
+  t->set_device(device.value());
+  ToProto(spec, t->mutable_spec());
+  t->set_key(p.key);
+  Send(std::move(c), std::move(p));
+  return ack;
+}
+
+Future<ShardTransfer> RemoteWorker::OfferShard(BufferId id, DeviceId device) {
+  Pending p;
+  p.transfer.emplace();
+  p.key = NewSecret();
+  Future<ShardTransfer> f = p.transfer->future();
+  v1::Command c;
+  v1::ClientTransferRequest* t = c.mutable_client_fetch();
+  t->set_buffer(id.value());
+  t->set_device(device.value());
+  t->set_key(p.key);
   Send(std::move(c), std::move(p));
   return f;
 }

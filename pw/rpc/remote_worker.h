@@ -42,6 +42,9 @@ class RemoteWorker final : public WorkerInterface {
   DispatchAck Dispatch(HostWork work) override;
   Future<> PutShard(BufferId id, DeviceId device, HostArray shard) override;
   Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) override;
+  // The worker's bulk stream serves the client, under a new key (NewSecret) per transfer.
+  UploadAck ExpectUpload(BufferId id, DeviceId device, const ArraySpec& spec) override;
+  Future<ShardTransfer> OfferShard(BufferId id, DeviceId device) override;
   void DeleteBuffers(const std::vector<BufferId>& ids) override;
   void Unload(const std::vector<FunctionId>& functions,
               const std::vector<uint64_t>& host_programs) override;
@@ -81,6 +84,9 @@ class RemoteWorker final : public WorkerInterface {
     Promise<> done;
     // A fetch's: its shard, and what it reads (for a shard too large for an event).
     std::optional<Promise<DeviceBufferRef>> fetched;
+    // A client transfer's: where the client goes (set by the event with the bulk port).
+    std::optional<Promise<ShardTransfer>> transfer;
+    std::string key;
     BufferId buffer;
     DeviceId device;
   };
@@ -92,6 +98,8 @@ class RemoteWorker final : public WorkerInterface {
   void FetchLarge(BufferId id, DeviceId device, Promise<DeviceBufferRef> p);
   // "fetching <id> on <device> from <host> at <address>", for a fetch's errors.
   std::string FetchWhere(BufferId id, DeviceId device) const;
+  // A client transfer's answer from event `e` (ENQUEUED for an upload, DONE for a fetch).
+  void Transferred(Pending& p, const ::pathways::v1::CommandEvent& e, const absl::Status& s) const;
   // Sends `c` (with seq set) on the stream, opening it if needed; `p` is kept until DONE.
   void Send(::pathways::v1::Command c, Pending p);
   void OpenStreamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,5 +1,6 @@
 #include "pw/rpc/worker_service.h"
 
+#include <algorithm>
 #include <deque>
 #include <utility>
 
@@ -15,12 +16,13 @@ namespace v1 = ::pathways::v1;
 
 WorkerService::WorkerService(WorkerInterface* worker, std::string token,
                              CollectiveReceiver receive_collective, BulkServer* bulk,
-                             std::function<void(DeviceId)> on_restore)
+                             std::function<void(DeviceId)> on_restore, PutLater put_later)
     : worker_(worker),
       token_(std::move(token)),
       receive_collective_(std::move(receive_collective)),
       bulk_(bulk),
-      on_restore_(std::move(on_restore)) {}
+      on_restore_(std::move(on_restore)),
+      put_later_(std::move(put_later)) {}
 
 absl::StatusOr<std::shared_ptr<const HostProgram>> WorkerService::Program(
     uint64_t id, const v1::HostProgram* body) {
@@ -243,6 +245,43 @@ class WorkerService::CommandStream final
             });
         return;
       }
+      case v1::Command::kClientUpload:
+      case v1::Command::kClientFetch: {
+        const bool upload = c.has_client_upload();
+        const v1::ClientTransferRequest& t = upload ? c.client_upload() : c.client_fetch();
+        absl::Status bad = ClientTransferProblem(t, upload);
+        if (!bad.ok()) return fail(bad, upload);
+        const absl::Time expires = absl::Now() + ClientTransferTimeout(t);
+        const BufferId buffer(t.buffer());
+        const DeviceId device(t.device());
+        BulkServer* bulk = service_->bulk_;
+        if (!upload) {
+          worker->FetchShard(buffer, device)
+              .OnReady([sink = sink_, seq, bulk, key = t.key(),
+                        expires](const absl::StatusOr<DeviceBufferRef>& b) {
+                if (!b.ok()) return Send(sink, seq, v1::CommandEvent::DONE, b.status());
+                OfferToClient(sink, seq, bulk, key, *b, expires);
+              });
+          return;
+        }
+        // The bytes go straight into the shard's buffer.
+        const ArraySpec spec = *FromProto(t.spec());  // Checked above.
+        std::shared_ptr<HostDeviceBuffer> dst = HostDeviceBuffer::Create(spec, device);
+        Promise<DeviceBufferRef> arrived;
+        Future<> stored = service_->put_later_(buffer, device, spec, arrived.future());
+        char* data = static_cast<char*>(dst->mutable_data());
+        bulk->AcceptFromClient(
+            t.key(), dst, data, static_cast<size_t>(spec.size_bytes()), expires,
+            [arrived = std::move(arrived), dst](const absl::Status& s) mutable {
+              if (!s.ok()) return arrived.Set(Annotate(s, "a client's upload"));
+              arrived.Set(DeviceBufferRef(dst));
+            });
+        SendPort(sink_, seq, v1::CommandEvent::ENQUEUED, bulk->port());
+        stored.OnReady([sink = sink_, seq](const absl::Status& s) {
+          Send(sink, seq, v1::CommandEvent::DONE, s);
+        });
+        return;
+      }
       case v1::Command::kDeleteBuffers: {
         std::vector<BufferId> ids;
         for (int64_t b : c.delete_buffers().buffers()) ids.push_back(BufferId(b));
@@ -281,6 +320,55 @@ class WorkerService::CommandStream final
       case v1::Command::COMMAND_NOT_SET:
         return fail(absl::InvalidArgumentError(absl::StrCat("command ", seq, " is empty")), false);
     }
+  }
+
+  // Why a client transfer command cannot be served, if it cannot.
+  absl::Status ClientTransferProblem(const v1::ClientTransferRequest& t, bool upload) const {
+    const char* what = upload ? "client upload" : "client fetch";
+    if (service_->bulk_ == nullptr || (upload && !service_->put_later_))
+      return absl::UnimplementedError(absl::StrCat(
+          what, ": this worker has no bulk stream for clients (pw worker --bulk-port)"));
+    if (t.buffer() < 0 || t.device() < 0)
+      return absl::InvalidArgumentError(absl::StrCat(what, ": negative buffer or device id"));
+    if (t.key().size() < BulkServer::kMinKeyBytes || t.key().size() > bulk::kMaxTokenBytes)
+      return absl::InvalidArgumentError(absl::StrCat(what, ": a key of ", t.key().size(), " bytes"));
+    if (t.timeout_ms() < 0)
+      return absl::InvalidArgumentError(absl::StrCat(what, ": a negative timeout"));
+    if (!upload) return absl::OkStatus();
+    absl::StatusOr<ArraySpec> spec = FromProto(t.spec());
+    if (!spec.ok()) return Annotate(spec.status(), what);
+    return spec->Validate();
+  }
+  static absl::Duration ClientTransferTimeout(const v1::ClientTransferRequest& t) {
+    if (t.timeout_ms() == 0) return kDefaultClientTransferTimeout;
+    return std::min(absl::Milliseconds(t.timeout_ms()), kMaxClientTransferTimeout);
+  }
+  static void SendPort(const std::shared_ptr<Sink>& sink, uint64_t seq,
+                       v1::CommandEvent::Kind kind, int port) {
+    v1::CommandEvent e;
+    e.set_seq(seq);
+    e.set_kind(kind);
+    e.set_bulk_port(port);
+    Deliver(sink, std::move(e));
+  }
+  // Offers shard `b` to a client under `key` (from host memory: a device's shard is copied out
+  // first), then answers command `seq`.
+  static void OfferToClient(const std::shared_ptr<Sink>& sink, uint64_t seq, BulkServer* bulk,
+                            const std::string& key, const DeviceBufferRef& b, absl::Time expires) {
+    const size_t size = b->size_bytes();
+    if (const HostDeviceBuffer* host = b->AsHost(); host != nullptr) {
+      bulk->OfferToClient(key, b, static_cast<const char*>(host->data()), size, expires,
+                          [](const absl::Status&) {});
+      return SendPort(sink, seq, v1::CommandEvent::DONE, bulk->port());
+    }
+    auto staged = std::make_shared<std::vector<char>>(size);
+    b->CopyToHost(staged->data())
+        .OnReady([sink, seq, bulk, key, staged, expires](const absl::Status& s) {
+          if (!s.ok()) return Send(sink, seq, v1::CommandEvent::DONE, s);
+          bulk->OfferToClient(key, staged, staged->data(), staged->size(), expires,
+                              [](const absl::Status&) {});
+          SendPort(sink, seq, v1::CommandEvent::DONE, bulk->port());
+        });
   }
 
   // Every value index the dispatched nodes name must be in the run's buffer map.

@@ -36,9 +36,14 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
       std::function<absl::Status(const ::pathways::v1::CollectiveContribution&)>;
   // `bulk` (may be null: shards always go in chunks) serves large shards to readers on other
   // machines; it must outlive the service's calls.
+  // `put_later` stores a shard whose bytes a client uploads (Worker::PutShardLater); with
+  // `bulk`, it lets clients send and read shards on the bulk stream (client_upload and
+  // client_fetch commands).
+  using PutLater =
+      std::function<Future<>(BufferId, DeviceId, const ArraySpec&, Future<DeviceBufferRef>)>;
   WorkerService(WorkerInterface* worker, std::string cluster_token,
                 CollectiveReceiver receive_collective, BulkServer* bulk = nullptr,
-                std::function<void(DeviceId)> on_restore = nullptr);
+                std::function<void(DeviceId)> on_restore = nullptr, PutLater put_later = nullptr);
   // Hands a peer's contribution (from RPC or shared memory) to `collectives`.
   static absl::Status Deliver(Collectives* collectives,
                               const ::pathways::v1::CollectiveContribution& c);
@@ -81,6 +86,10 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   // shared-memory fetch was no faster than a chunk, 180-220 us each, `pw bench transfer`; and
   // with many in flight each took a fresh segment, its mapping and faults on both sides).
   static constexpr size_t kOneChunkMaxBytes = size_t{64} << 10;
+  // How long a client's transfer waits for the client (ClientTransferRequest::timeout_ms; 0:
+  // the default), at most.
+  static constexpr absl::Duration kDefaultClientTransferTimeout = absl::Seconds(60);
+  static constexpr absl::Duration kMaxClientTransferTimeout = absl::Minutes(10);
 
  private:
   class CommandStream;
@@ -96,6 +105,7 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   const CollectiveReceiver receive_collective_;
   BulkServer* const bulk_;
   const std::function<void(DeviceId)> on_restore_;
+  const PutLater put_later_;
   ShmWriterCache arena_writer_;  // Readers' arena segments that shard streams write into.
   trace::ClockOffset controller_clock_;
   pw::Mutex mu_;

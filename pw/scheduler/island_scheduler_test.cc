@@ -25,6 +25,8 @@ class FakeWorker final : public WorkerInterface {
   }
   Future<> PutShard(BufferId, DeviceId, HostArray) override { return {}; }
   Future<DeviceBufferRef> FetchShard(BufferId, DeviceId) override { return {}; }
+  UploadAck ExpectUpload(BufferId, DeviceId, const ArraySpec&) override { return {}; }
+  Future<ShardTransfer> OfferShard(BufferId, DeviceId) override { return {}; }
   void DeleteBuffers(const std::vector<BufferId>&) override {}
   void Unload(const std::vector<FunctionId>&, const std::vector<uint64_t>&) override {}
   void CancelRuns(const std::vector<RunId>&, const absl::Status&) override {}

@@ -342,6 +342,89 @@ TEST_F(GrpcClusterTest, PeersOnOtherMachinesReadLargeShardsFromTheBulkStream) {
   EXPECT_EQ(workers_[0]->bulk().open_offers(), 0u);
 }
 
+// Issue 23: a client's large arrays go between it and the workers' bulk streams, not through
+// the controller (which only hands out keys): contiguous and strided shards on two hosts, and
+// replicas, arrive and come back whole; small arrays still go through the controller.
+TEST_F(GrpcClusterTest, LargeArraysGoBetweenTheClientAndTheWorkersBesideTheController) {
+  Start(1, 2, 2);
+  auto c = *remote_->Connect("c");
+  auto slice = remote_->AllocateSlice(c, {.num_devices = 4});
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  const auto bulk_bytes = [&](bool received) {
+    int64_t n = 0;
+    for (const auto& w : workers_) n += received ? w->bulk().received_bytes() : w->bulk().sent_bytes();
+    return n;
+  };
+  const int64_t n = int64_t{1} << 19;  // 2 MiB of f32.
+  HostArray big{{DType::kF32, Shape({4, n / 4})}, std::vector<uint8_t>(4 * n)};
+  for (size_t i = 0; i < big.bytes.size(); ++i) big.bytes[i] = static_cast<uint8_t>(i * 131 + 3);
+  struct Layout {
+    const char* name;
+    Sharding sharding;
+    int64_t uploaded, downloaded;  // Bytes on the bulk streams.
+  };
+  for (const Layout& l : {Layout{"rows", Sharding::Split({4}, 2, 0), 4 * n, 4 * n},
+                          Layout{"columns", Sharding::Split({4}, 2, 1), 4 * n, 4 * n},
+                          Layout{"replicated", Sharding::Replicated({4}, 2), 16 * n, 4 * n}}) {
+    SCOPED_TRACE(l.name);
+    const int64_t up = bulk_bytes(true), down = bulk_bytes(false);
+    auto a = remote_->PutArray(c, slice->id, l.sharding, big);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(remote_->ArrayReady(c, a->id).status().ok());
+    EXPECT_EQ(bulk_bytes(true) - up, l.uploaded);
+    auto back = remote_->FetchArray(c, a->id).Await();
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->spec, big.spec);
+    EXPECT_TRUE(back->bytes == big.bytes);
+    // A worker counts what it sent once its send returns, which may be after the client read it.
+    const absl::Time deadline = absl::Now() + kGuard;
+    while (bulk_bytes(false) - down < l.downloaded && absl::Now() < deadline)
+      absl::SleepFor(absl::Milliseconds(1));
+    EXPECT_EQ(bulk_bytes(false) - down, l.downloaded);
+    ASSERT_TRUE(remote_->ReleaseArray(c, a->id).ok());
+  }
+  const int64_t up = bulk_bytes(true), down = bulk_bytes(false);
+  auto small = remote_->PutArray(c, slice->id, Sharding::Split({4}, 1, 0), F32({1, 2, 3, 4}));
+  ASSERT_TRUE(small.ok()) << small.status();
+  auto back = remote_->FetchArray(c, small->id).Await();
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->values<float>(), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_EQ(bulk_bytes(true), up);
+  EXPECT_EQ(bulk_bytes(false), down);
+  ASSERT_TRUE(remote_->ReleaseArray(c, small->id).ok());
+  for (const auto& w : workers_) EXPECT_EQ(w->bulk().open_client_transfers(), 0u);
+  ExpectNothingLeft();
+}
+
+// Another client cannot use a put's or a fetch's keys: they name one transfer of the client the
+// controller gave them to, and a guessed key is refused.
+TEST_F(GrpcClusterTest, ClientTransfersNeedTheirKeysAndEndIfTheClientNeverComes) {
+  Start(1, 1, 1);
+  auto c = *remote_->Connect("c");
+  auto slice = remote_->AllocateSlice(c, {.num_devices = 1});
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  const ArraySpec spec{DType::kF32, Shape({1 << 18})};
+  auto put = remote_->BeginPut(c, slice->id, Sharding::Split({1}, 1, 0), spec).Await();
+  ASSERT_TRUE(put.ok()) << put.status();
+  ASSERT_EQ(put->shards.size(), 1u);
+  rpc::ClientIo io;
+  HostArray wrong_key{spec, std::vector<uint8_t>(spec.size_bytes(), 1)};
+  std::vector<ShardTransfer> guessed = put->shards;
+  guessed[0].key = rpc::NewSecret();
+  absl::Status s = io.Send(wrong_key, Sharding::Split({1}, 1, 0), guessed);
+  EXPECT_TRUE(absl::IsUnauthenticated(s)) << s;
+  // A short upload fails the array with the sizes named; what waits on it ends.
+  HostArray short_one{spec, std::vector<uint8_t>(spec.size_bytes() / 2)};
+  s = io.Send(HostArray{{DType::kF32, Shape({1 << 17})}, short_one.bytes},
+              Sharding::Split({1}, 1, 0), put->shards);
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  absl::Status ready = remote_->ArrayReady(c, put->info.id).Await();
+  EXPECT_TRUE(absl::IsInvalidArgument(ready)) << ready;
+  EXPECT_THAT(std::string(ready.message()), ::testing::HasSubstr("bytes to a shard of"));
+  ASSERT_TRUE(remote_->ReleaseArray(c, put->info.id).ok());
+  ExpectNothingLeft();
+}
+
 // Issue 20 (TLS off loopback): a cluster on TLS (mutual between controller and workers) serves
 // programs and large shards on the bulk stream over TLS; plaintext callers and holders of another
 // CA's certificate are refused; listening off loopback without TLS needs --insecure.
@@ -615,11 +698,23 @@ TEST_F(GrpcClusterTest, MalformedTruncatedAndOversizedMessagesGetErrors) {
   auto reg = remote_->RegisterProgram(id, ir);
   EXPECT_TRUE(absl::IsInvalidArgument(reg.status())) << reg.status();
   EXPECT_TRUE(absl::StrContains(reg.status().message(), "dtype")) << reg.status();
-  // Over the message limit.
+  // Over the message limit: a put message of a client's own making (the wire client sends
+  // arrays this large beside the controller, BeginPut).
   auto slice = *remote_->AllocateSlice(id, {.num_devices = 2});
   std::vector<float> big(1 << 19, 1.f);  // 2 MiB.
-  auto put = remote_->PutArray(id, slice.id, Sharding::Split({1 << 19}, 1, 0), F32(big));
-  EXPECT_TRUE(absl::IsResourceExhausted(put.status())) << put.status();
+  v1::PutArrayRequest huge;
+  huge.set_client(id.value());
+  huge.set_slice(slice.id.value());
+  rpc::ToProto(Sharding::Split({2}, 1, 0), huge.mutable_sharding());
+  rpc::ToProto(F32(big), huge.mutable_value());
+  v1::ArrayInfo huge_info;
+  grpc::ClientContext huge_ctx;
+  absl::Status put = rpc::FromGrpc(stub->PutArray(&huge_ctx, huge, &huge_info));
+  EXPECT_TRUE(absl::IsResourceExhausted(put)) << put;
+  // The wire client's own put of it goes beside the controller.
+  auto direct = remote_->PutArray(id, slice.id, Sharding::Split({2}, 1, 0), F32(big));
+  ASSERT_TRUE(direct.ok()) << direct.status();
+  EXPECT_TRUE(remote_->ArrayReady(id, direct->id).Await().ok());
   // The controller still serves.
   auto r = RunFigure2(remote_.get());
   EXPECT_TRUE(absl::IsInvalidArgument(r.status()) || absl::IsResourceExhausted(r.status()) ||

@@ -91,6 +91,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
           p->peers_.erase(h);
           p->mailboxes_.erase(h);
         }
+      },
+      [w = s->worker_.get()](BufferId id, DeviceId d, const ArraySpec& spec,
+                             Future<DeviceBufferRef> buffer) {
+        return w->PutShardLater(id, d, spec, std::move(buffer));
       });
   PW_ASSIGN_OR_RETURN(rpc::Serving serving,
                       rpc::StartServer(s->options_.listen, s->options_.channel, s->service_.get(),

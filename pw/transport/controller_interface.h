@@ -4,6 +4,7 @@
 // embedded cluster and a distributed one run the same client code. Thread-safe.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,19 @@ struct ArrayInfo {
                                  // slice is another client's).
   std::vector<DeviceId> devices;  // Shard i lives on devices[i], of host hosts[i].
   std::vector<HostId> hosts;
+};
+
+// ControllerInterface::BeginPut's answer: the array, and where to send each rank's shard.
+struct DirectPut {
+  ArrayInfo info;
+  std::vector<ShardTransfer> shards;  // One per rank.
+};
+// ControllerInterface::LocateArray's answer: the bytes, or where each distinct shard is offered.
+struct LocatedArray {
+  std::optional<HostArray> value;
+  ArraySpec spec;
+  Sharding sharding;
+  std::vector<ShardTransfer> shards;
 };
 
 // Sharing an array with other clients (ControllerInterface::ShareArray).
@@ -103,6 +117,18 @@ class ControllerInterface {
                                              const Sharding& sharding, HostArray value) = 0;
   virtual Future<HostArray> FetchArray(ClientId client, BufferId id) = 0;
   virtual Future<> ArrayReady(ClientId client, BufferId id) = 0;
+  // Client I/O beside the controller, for a client in another process: the array's bytes go
+  // between the client and the workers' data planes, not through the controller. BeginPut makes
+  // the array (as PutArray, from `spec` alone) and answers where the client sends each rank's
+  // shard; the array is ready once every shard arrived (a shard not sent within the workers'
+  // client transfer timeout fails it). LocateArray answers small arrays' bytes (under
+  // kDirectIoMinBytes, or all with `inline_only`) and otherwise where each distinct shard is
+  // offered to be read once. Unimplemented when the workers are in process. The wire client
+  // (pw/rpc/remote_controller.h) puts arrays of kDirectIoMinBytes or more this way.
+  static constexpr int64_t kDirectIoMinBytes = int64_t{1} << 20;
+  virtual Future<DirectPut> BeginPut(ClientId client, SliceId slice, const Sharding& sharding,
+                                     const ArraySpec& spec) = 0;
+  virtual Future<LocatedArray> LocateArray(ClientId client, BufferId id, bool inline_only) = 0;
   virtual absl::Status ReleaseArray(ClientId client, BufferId id) = 0;
 
   // Arrays shared between clients. ShareArray returns a capability token for an array `client`

@@ -104,6 +104,20 @@ struct DispatchAck {
   Future<> done;      // Every item has finished; the first error, naming the node, if any.
 };
 
+// Client I/O beside the controller: one shard a client sends or reads itself, on a worker's
+// data plane (its bulk stream, pw/rpc/bulk_server.h), under a one-use key.
+struct ShardTransfer {
+  int rank = 0;         // The shard's index in the array's sharding.
+  std::string address;  // host:port of the worker's bulk stream.
+  std::string key;
+};
+// A shard a client uploads (WorkerInterface::ExpectUpload): `accepted` once the host expects its
+// bytes (where to send them), `stored` once they are on the device.
+struct UploadAck {
+  Future<ShardTransfer> accepted;
+  Future<> stored;
+};
+
 struct DeviceStatus {
   DeviceId id;
   HostId host;

@@ -29,6 +29,14 @@ class WorkerInterface {
   // One shard's buffer once it is ready (the data plane's read side). A shard whose producing
   // dispatch has not reached this host yet is waited for.
   virtual Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) = 0;
+  // Client I/O beside the controller. ExpectUpload: a client sends shard `spec` of buffer `id`
+  // to this host's data plane itself; the shard exists from now on for work queued after this
+  // call and is ready once its bytes are stored (UploadAck). OfferShard: the shard, once ready,
+  // is held for a client to read there (until read or the host's client transfer timeout).
+  // The transfer's `rank` is left 0 for the caller to set. A host whose data plane clients cannot
+  // reach (in process) answers Unimplemented: its clients go through the controller.
+  virtual UploadAck ExpectUpload(BufferId id, DeviceId device, const ArraySpec& spec) = 0;
+  virtual Future<ShardTransfer> OfferShard(BufferId id, DeviceId device) = 0;
   virtual void DeleteBuffers(const std::vector<BufferId>& ids) = 0;
   // Forgets what a disconnected client left on this host: its functions (definitions and
   // compiled executables) and its host programs (HostProgram::id; bodies and plans). Work for

@@ -330,6 +330,45 @@ Future<> Worker::PutShard(BufferId id, DeviceId device_id, HostArray shard) {
   return AsStatusFuture(f);
 }
 
+Future<> Worker::PutShardLater(BufferId id, DeviceId device_id, const ArraySpec& spec,
+                               Future<DeviceBufferRef> buffer) {
+  Device* device = FindDevice(device_id);
+  if (device == nullptr)
+    return Future<>::Ready(absl::NotFoundError(
+        absl::StrCat(device_id.ToString(), " is not on ", host_.ToString())));
+  absl::Status health = device->health();
+  if (!health.ok()) return Future<>::Ready(health);
+  const int64_t bytes = spec.size_bytes();
+  auto mem = device->memory().Reserve(bytes);
+  Promise<DeviceBufferRef> p;
+  Future<DeviceBufferRef> f = p.future();
+  if (absl::Status s = store_.Put(id, device_id, {f, mem, bytes}); !s.ok()) return Future<>::Ready(s);
+  buffer.OnReady([p = std::move(p), mem = std::move(mem), spec,
+                  device_id](const absl::StatusOr<DeviceBufferRef>& b) mutable {
+    if (!b.ok()) return p.Set(b.status());
+    if (!((*b)->spec() == spec) || (*b)->device() != device_id)
+      return p.Set(absl::InvalidArgumentError(absl::StrCat(
+          "a shard of ", (*b)->spec().ToString(), " on ", (*b)->device().ToString(), " for ",
+          spec.ToString(), " on ", device_id.ToString())));
+    mem.OnReady([p = std::move(p), b = *b](const absl::StatusOr<ReservationRef>& r) mutable {
+      if (!r.ok()) return p.Set(r.status());
+      p.Set(std::move(b));
+    });
+  });
+  return AsStatusFuture(f);
+}
+
+UploadAck Worker::ExpectUpload(BufferId, DeviceId, const ArraySpec&) {
+  const absl::Status no = absl::UnimplementedError(absl::StrCat(
+      host_.ToString(), " runs in process: its clients put arrays through the controller"));
+  return {Future<ShardTransfer>::Ready(no), Future<>::Ready(no)};
+}
+
+Future<ShardTransfer> Worker::OfferShard(BufferId, DeviceId) {
+  return Future<ShardTransfer>::Ready(absl::UnimplementedError(absl::StrCat(
+      host_.ToString(), " runs in process: its clients fetch arrays through the controller")));
+}
+
 Future<DeviceBufferRef> Worker::FetchShard(BufferId id, DeviceId device) {
   if (FindDevice(device) == nullptr)
     return Future<DeviceBufferRef>::Ready(absl::NotFoundError(

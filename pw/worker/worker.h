@@ -54,6 +54,14 @@ class Worker final : public WorkerInterface {
   DispatchAck Dispatch(HostWork work) override;
   Future<> PutShard(BufferId id, DeviceId device, HostArray shard) override;
   Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) override;
+  // In process: Unimplemented (a client here puts and fetches through the controller).
+  UploadAck ExpectUpload(BufferId id, DeviceId device, const ArraySpec& spec) override;
+  Future<ShardTransfer> OfferShard(BufferId id, DeviceId device) override;
+  // A shard whose buffer comes later (a client's upload into it, pw/rpc/worker_service.h): the
+  // shard exists now for work queued after this call, and is ready once `buffer` is (and device
+  // memory is reserved); `buffer` failing, or not of `spec` on `device`, fails it.
+  Future<> PutShardLater(BufferId id, DeviceId device, const ArraySpec& spec,
+                         Future<DeviceBufferRef> buffer);
   void DeleteBuffers(const std::vector<BufferId>& ids) override;
   void Unload(const std::vector<FunctionId>& functions,
               const std::vector<uint64_t>& host_programs) override;

@@ -380,6 +380,24 @@ def test_mpmd_bench_prints_its_json():
     assert workers() == before, "the bench's cluster is still running"
 
 
+def test_io_bench_prints_its_json(cluster):
+    # A smoke test of `pw bench io --json` on the README's `pw up` shape: the contract's fields,
+    # a small array (through the controller) and a large one (beside it: the workers' bulk
+    # streams). The bench checks what comes back is what went. Not a timing.
+    env, address, _ = cluster
+    r = subprocess.run([str(PW), "bench", "io", "--cluster", address, "--json", "--sizes",
+                        "1024,2097152", "--min-seconds", "0.05"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert [(x["op"], x["bytes"]) for x in out["results"]] == [
+        ("put", 1024), ("get", 1024), ("put", 2097152), ("get", 2097152)]
+    for x in out["results"]:
+        assert x["gbps"] > 0 and x["raw_tcp_gbps"] > 0
+        assert x["ratio"] == pytest.approx(x["gbps"] / x["raw_tcp_gbps"], rel=1e-3)
+        assert 0 <= x["controller_rss_growth_bytes"] < 64 << 20
+
+
 def test_large_psum_over_four_processes_reduce_scatters(tmp_path):
     # 4 worker processes in one island: a psum of 1 MiB per shard takes the reduce-scatter +
     # all-gather path between the processes (pw/executor/collectives.h) from an XLA function.

@@ -1,0 +1,126 @@
+#include "pw/bench/io_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "pw/base/status_macros.h"
+#include "pw/bench/raw_tcp.h"
+#include "pw/client/client.h"
+
+namespace pw {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The controller's peak resident memory over a measurement, minus its memory before: the peak
+// is reset as the measurement starts (ResetPeakResidentMemory), so earlier peaks do not count.
+class RssWatch {
+ public:
+  explicit RssWatch(rpc::RemoteController* c) : c_(c) {
+    auto s = c_->FullStatus(/*reset_peak_memory=*/true);
+    if (s.ok()) before_ = s->controller_rss_bytes();
+  }
+  absl::StatusOr<int64_t> Growth() {
+    PW_ASSIGN_OR_RETURN(auto s, c_->FullStatus());
+    return std::max<int64_t>(0, s.controller_peak_rss_bytes() - before_);
+  }
+
+ private:
+  rpc::RemoteController* const c_;
+  int64_t before_ = 0;
+};
+
+// Seconds per call of `op` (at least min_iterations calls, min_seconds in all); `prepare`
+// runs untimed before each.
+absl::StatusOr<double> SecondsPerCall(const IoBenchOptions& o, const std::function<void()>& prepare,
+                                      const std::function<absl::Status()>& op) {
+  int n = 0;
+  double timed = 0;
+  while (n < o.min_iterations || timed < o.min_seconds) {
+    prepare();
+    const auto start = Clock::now();
+    PW_RETURN_IF_ERROR(op());
+    timed += std::chrono::duration<double>(Clock::now() - start).count();
+    ++n;
+  }
+  return timed / n;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<IoBenchResult>> RunIoBench(rpc::RemoteController* controller,
+                                                      const IoBenchOptions& opts) {
+  IoBenchOptions o = opts;
+  if (o.sizes.empty())
+    for (int64_t s = 1024; s <= (int64_t{1} << 30); s *= 4) o.sizes.push_back(s);
+  for (int64_t s : o.sizes)
+    if (s <= 0 || s % 8 != 0)
+      return absl::InvalidArgumentError(
+          absl::StrCat("io bench: size ", s, " is not a positive multiple of 8"));
+  PW_ASSIGN_OR_RETURN(auto client, Client::Connect(controller, "io-bench"));
+  PW_ASSIGN_OR_RETURN(Slice slice, client->MakeVirtualDeviceSet().AddSlice({.num_devices = 2}));
+  RawTcp tcp;
+  PW_RETURN_IF_ERROR(tcp.Open());
+  const Sharding split = Sharding::Split({2}, 2, 0);
+  std::vector<IoBenchResult> results;
+  for (int64_t size : o.sizes) {
+    const int64_t n = size / 4;
+    HostArray host{{DType::kF32, Shape({2, n / 2})}, std::vector<uint8_t>(size)};
+    for (int64_t i = 0; i < size; ++i) host.bytes[i] = static_cast<uint8_t>(i * 131 + 7);
+    std::vector<char> raw(host.bytes.begin(), host.bytes.end());
+    PW_ASSIGN_OR_RETURN(double tcp_s, SecondsPerCall(o, [] {}, [&] { return tcp.Send(raw); }));
+    std::vector<char>().swap(raw);
+
+    HostArray value;
+    RssWatch put_rss(controller);
+    absl::StatusOr<double> put_s = SecondsPerCall(
+        o, [&] { value = host; },
+        [&]() -> absl::Status {
+          PW_ASSIGN_OR_RETURN(Array a, client->Put(std::move(value), slice.info().id, split));
+          return a.Ready().Await();
+        });
+    if (!put_s.ok()) return put_s.status();
+    PW_ASSIGN_OR_RETURN(const int64_t put_growth, put_rss.Growth());
+
+    PW_ASSIGN_OR_RETURN(Array a, client->Put(host, slice.info().id, split));
+    {  // What comes back is what went.
+      PW_ASSIGN_OR_RETURN(HostArray got, a.ToHost());
+      if (got.bytes != host.bytes)
+        return absl::DataLossError(absl::StrCat("io bench: a ", size, "-byte array came back different"));
+    }
+    RssWatch get_rss(controller);
+    absl::StatusOr<double> get_s =
+        SecondsPerCall(o, [] {}, [&]() -> absl::Status { return a.ToHost().status(); });
+    if (!get_s.ok()) return get_s.status();
+    PW_ASSIGN_OR_RETURN(const int64_t get_growth, get_rss.Growth());
+
+    const double tcp_gbps = size / tcp_s / 1e9;
+    for (auto [op, s, growth] : {std::tuple{"put", *put_s, put_growth},
+                                 std::tuple{"get", *get_s, get_growth}}) {
+      const double gbps = size / s / 1e9;
+      results.push_back({op, size, gbps, tcp_gbps, gbps / tcp_gbps, growth});
+      std::fprintf(stderr, "io bench: %s %11lld B  %7.3f GB/s  raw TCP %7.3f GB/s  ratio %.2f  "
+                   "controller RSS +%lld B\n",
+                   op, (long long)size, gbps, tcp_gbps, gbps / tcp_gbps, (long long)growth);
+    }
+  }
+  return results;
+}
+
+std::string IoBenchJson(const std::vector<IoBenchResult>& results) {
+  std::string out = "{\"results\": [";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const IoBenchResult& r = results[i];
+    absl::StrAppend(&out, i ? ", " : "", "{\"op\": \"", r.op, "\", \"bytes\": ", r.bytes,
+                    ", \"gbps\": ", r.gbps, ", \"raw_tcp_gbps\": ", r.raw_tcp_gbps,
+                    ", \"ratio\": ", r.ratio,
+                    ", \"controller_rss_growth_bytes\": ", r.controller_rss_growth_bytes, "}");
+  }
+  return out + "]}";
+}
+
+}  // namespace pw
