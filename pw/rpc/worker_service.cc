@@ -265,10 +265,13 @@ class WorkerService::CommandStream final
           return;
         }
         // The bytes go straight into the shard's buffer.
+        // The shard's memory is made only for a shard the device can hold.
         const ArraySpec spec = *FromProto(t.spec());  // Checked above.
-        std::shared_ptr<HostDeviceBuffer> dst = HostDeviceBuffer::Create(spec, device);
         Promise<DeviceBufferRef> arrived;
         Future<> stored = service_->put_later_(buffer, device, spec, arrived.future());
+        if (stored.AwaitFor(absl::ZeroDuration()) && !stored.status().ok())
+          return fail(Annotate(stored.status(), "client upload"), true);
+        std::shared_ptr<HostDeviceBuffer> dst = HostDeviceBuffer::Create(spec, device);
         char* data = static_cast<char*>(dst->mutable_data());
         bulk->AcceptFromClient(
             t.key(), dst, data, static_cast<size_t>(spec.size_bytes()), expires,

@@ -399,7 +399,7 @@ TEST_F(GrpcClusterTest, LargeArraysGoBetweenTheClientAndTheWorkersBesideTheContr
 // Another client cannot use a put's or a fetch's keys: they name one transfer of the client the
 // controller gave them to, and a guessed key is refused.
 TEST_F(GrpcClusterTest, ClientTransfersNeedTheirKeysAndEndIfTheClientNeverComes) {
-  Start(1, 1, 1);
+  Start(1, 1, 1, Patient(), /*worker_processes=*/false, /*memory=*/int64_t{4} << 20);
   auto c = *remote_->Connect("c");
   auto slice = remote_->AllocateSlice(c, {.num_devices = 1});
   ASSERT_TRUE(slice.ok()) << slice.status();
@@ -422,6 +422,13 @@ TEST_F(GrpcClusterTest, ClientTransfersNeedTheirKeysAndEndIfTheClientNeverComes)
   EXPECT_TRUE(absl::IsInvalidArgument(ready)) << ready;
   EXPECT_THAT(std::string(ready.message()), ::testing::HasSubstr("bytes to a shard of"));
   ASSERT_TRUE(remote_->ReleaseArray(c, put->info.id).ok());
+  // A shard larger than its device's memory is refused before the worker makes anything for
+  // it (it once allocated the shard's memory first: a hostile size could exhaust the host).
+  const ArraySpec huge{DType::kF32, Shape({int64_t{1} << 40})};
+  auto refused = remote_->BeginPut(c, slice->id, Sharding::Split({1}, 1, 0), huge).Await();
+  EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("can never fit"));
+  EXPECT_EQ(controller_->alive_hosts(), 1);
   ExpectNothingLeft();
 }
 

@@ -340,6 +340,8 @@ Future<> Worker::PutShardLater(BufferId id, DeviceId device_id, const ArraySpec&
   if (!health.ok()) return Future<>::Ready(health);
   const int64_t bytes = spec.size_bytes();
   auto mem = device->memory().Reserve(bytes);
+  // A shard that can never fit fails now, before anything is made for it.
+  if (mem.AwaitFor(absl::ZeroDuration()) && !mem.status().ok()) return Future<>::Ready(mem.status());
   Promise<DeviceBufferRef> p;
   Future<DeviceBufferRef> f = p.future();
   if (absl::Status s = store_.Put(id, device_id, {f, mem, bytes}); !s.ok()) return Future<>::Ready(s);

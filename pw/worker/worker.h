@@ -59,7 +59,8 @@ class Worker final : public WorkerInterface {
   Future<ShardTransfer> OfferShard(BufferId id, DeviceId device) override;
   // A shard whose buffer comes later (a client's upload into it, pw/rpc/worker_service.h): the
   // shard exists now for work queued after this call, and is ready once `buffer` is (and device
-  // memory is reserved); `buffer` failing, or not of `spec` on `device`, fails it.
+  // memory is reserved); `buffer` failing, or not of `spec` on `device`, fails it. A shard
+  // larger than the device's memory fails at once (the returned future is ready).
   Future<> PutShardLater(BufferId id, DeviceId device, const ArraySpec& spec,
                          Future<DeviceBufferRef> buffer);
   void DeleteBuffers(const std::vector<BufferId>& ids) override;
