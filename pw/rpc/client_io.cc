@@ -58,10 +58,13 @@ absl::Status ClientIo::Send(const HostArray& value, const Sharding& sharding,
   // from `value` itself.
   std::vector<std::pair<Box, std::shared_ptr<std::vector<uint8_t>>>> cuts;
   std::vector<Future<>> sent;
+  absl::Status result;  // The first error; transfers already queued are still waited for.
   for (const ShardTransfer& t : shards) {
-    if (t.rank < 0 || t.rank >= sharding.num_devices())
-      return absl::InvalidArgumentError(
+    if (t.rank < 0 || t.rank >= sharding.num_devices()) {
+      result = absl::InvalidArgumentError(
           absl::StrCat("client I/O: a transfer for rank ", t.rank, " of ", sharding.ToString()));
+      break;
+    }
     const Box box = sharding.ShardBox(g.shape, t.rank);
     const std::optional<int64_t> at = ContiguousOffset(box, whole, DTypeSize(g.dtype));
     const void* src = value.bytes.data() + at.value_or(0);
@@ -77,13 +80,15 @@ absl::Status ClientIo::Send(const HostArray& value, const Sharding& sharding,
       src = cut->data();
     }
     auto to = To(t.address);
-    if (!to.ok()) return to.status();
+    if (!to.ok()) {
+      result = to.status();
+      break;
+    }
     Promise<> p;
     sent.push_back(p.future());
     to->first->WriteTransfer(to->second, t.key, src, shard_bytes,
                              [p = std::move(p), cut](const absl::Status& s) mutable { p.Set(s); });
   }
-  absl::Status result;
   for (Future<>& f : sent) result.Update(f.Await());  // Every transfer ends before `value` may go.
   return result;
 }

@@ -366,7 +366,7 @@ class WorkerService::CommandStream final
     }
     auto staged = std::make_shared<std::vector<char>>(size);
     b->CopyToHost(staged->data())
-        .OnReady([sink, seq, bulk, key, staged, expires](const absl::Status& s) {
+        .OnReady([sink, seq, bulk, key, staged, expires, b](const absl::Status& s) {  // b: alive while copied.
           if (!s.ok()) return Send(sink, seq, v1::CommandEvent::DONE, s);
           bulk->OfferToClient(key, staged, staged->data(), staged->size(), expires,
                               [](const absl::Status&) {});
