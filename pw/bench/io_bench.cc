@@ -18,19 +18,25 @@ using Clock = std::chrono::steady_clock;
 
 // The controller's peak resident memory over a measurement, minus its memory before: the peak
 // is reset as the measurement starts (ResetPeakResidentMemory), so earlier peaks do not count.
+// Null: not measured.
 class RssWatch {
  public:
-  explicit RssWatch(rpc::RemoteController* c) : c_(c) {
+  RssWatch(rpc::RemoteController* c, bool measure) : c_(measure ? c : nullptr) {
+    if (c_ == nullptr) return;
     auto s = c_->FullStatus(/*reset_peak_memory=*/true);
     if (s.ok()) before_ = s->controller_rss_bytes();
+    else status_ = s.status();
   }
-  absl::StatusOr<int64_t> Growth() {
+  absl::StatusOr<std::optional<int64_t>> Growth() {
+    if (c_ == nullptr) return std::nullopt;
+    PW_RETURN_IF_ERROR(status_);
     PW_ASSIGN_OR_RETURN(auto s, c_->FullStatus());
     return std::max<int64_t>(0, s.controller_peak_rss_bytes() - before_);
   }
 
  private:
   rpc::RemoteController* const c_;
+  absl::Status status_;
   int64_t before_ = 0;
 };
 
@@ -76,7 +82,7 @@ absl::StatusOr<std::vector<IoBenchResult>> RunIoBench(rpc::RemoteController* con
     std::vector<char>().swap(raw);
 
     HostArray value;
-    RssWatch put_rss(controller);
+    RssWatch put_rss(controller, o.measure_controller_memory);
     absl::StatusOr<double> put_s = SecondsPerCall(
         o, [&] { value = host; },
         [&]() -> absl::Status {
@@ -84,7 +90,7 @@ absl::StatusOr<std::vector<IoBenchResult>> RunIoBench(rpc::RemoteController* con
           return a.Ready().Await();
         });
     if (!put_s.ok()) return put_s.status();
-    PW_ASSIGN_OR_RETURN(const int64_t put_growth, put_rss.Growth());
+    PW_ASSIGN_OR_RETURN(const std::optional<int64_t> put_growth, put_rss.Growth());
 
     PW_ASSIGN_OR_RETURN(Array a, client->Put(host, slice.info().id, split));
     {  // What comes back is what went.
@@ -92,11 +98,11 @@ absl::StatusOr<std::vector<IoBenchResult>> RunIoBench(rpc::RemoteController* con
       if (got.bytes != host.bytes)
         return absl::DataLossError(absl::StrCat("io bench: a ", size, "-byte array came back different"));
     }
-    RssWatch get_rss(controller);
+    RssWatch get_rss(controller, o.measure_controller_memory);
     absl::StatusOr<double> get_s =
         SecondsPerCall(o, [] {}, [&]() -> absl::Status { return a.ToHost().status(); });
     if (!get_s.ok()) return get_s.status();
-    PW_ASSIGN_OR_RETURN(const int64_t get_growth, get_rss.Growth());
+    PW_ASSIGN_OR_RETURN(const std::optional<int64_t> get_growth, get_rss.Growth());
 
     const double tcp_gbps = size / tcp_s / 1e9;
     for (auto [op, s, growth] : {std::tuple{"put", *put_s, put_growth},
@@ -105,7 +111,8 @@ absl::StatusOr<std::vector<IoBenchResult>> RunIoBench(rpc::RemoteController* con
       results.push_back({op, size, gbps, tcp_gbps, gbps / tcp_gbps, growth});
       std::fprintf(stderr, "io bench: %s %11lld B  %7.3f GB/s  raw TCP %7.3f GB/s  ratio %.2f  "
                    "controller RSS +%lld B\n",
-                   op, (long long)size, gbps, tcp_gbps, gbps / tcp_gbps, (long long)growth);
+                   op, (long long)size, gbps, tcp_gbps, gbps / tcp_gbps,
+                   (long long)growth.value_or(-1));
     }
   }
   return results;
@@ -118,7 +125,11 @@ std::string IoBenchJson(const std::vector<IoBenchResult>& results) {
     absl::StrAppend(&out, i ? ", " : "", "{\"op\": \"", r.op, "\", \"bytes\": ", r.bytes,
                     ", \"gbps\": ", r.gbps, ", \"raw_tcp_gbps\": ", r.raw_tcp_gbps,
                     ", \"ratio\": ", r.ratio,
-                    ", \"controller_rss_growth_bytes\": ", r.controller_rss_growth_bytes, "}");
+                    ", \"controller_rss_growth_bytes\": ",
+                    r.controller_rss_growth_bytes.has_value()
+                        ? absl::StrCat(*r.controller_rss_growth_bytes)
+                        : std::string("null"),
+                    "}");
   }
   return out + "]}";
 }

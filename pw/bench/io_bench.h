@@ -8,6 +8,7 @@
 // whole array is in the client's memory.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,8 @@ struct IoBenchOptions {
   std::vector<int64_t> sizes;  // Bytes (multiples of 8); default 1 KiB ... 1 GiB in powers of 4.
   double min_seconds = 0.2;    // Per measurement.
   int min_iterations = 2;
+  // Needs the cluster token (resetting the controller's peak memory is the admin's).
+  bool measure_controller_memory = true;
 };
 
 struct IoBenchResult {
@@ -30,7 +33,8 @@ struct IoBenchResult {
   double ratio = 0;         // gbps / raw_tcp_gbps
   // The controller's peak resident memory while these ran minus its memory before (its peak is
   // reset as they start; where the kernel does not allow that, an earlier peak may count).
-  int64_t controller_rss_growth_bytes = 0;
+  // None when not measured (JSON null).
+  std::optional<int64_t> controller_rss_growth_bytes;
 };
 
 absl::StatusOr<std::vector<IoBenchResult>> RunIoBench(rpc::RemoteController* controller,

@@ -336,9 +336,6 @@ int ClusterCommands::Cancel() {
   return 0;
 }
 
-namespace {
-// The cluster at `address` as its admin (every tenant's spans) where the cluster token is at
-// hand (the cluster pw up started here, or $PW_CLUSTER_TOKEN), else as a client ($PW_TOKEN).
 absl::StatusOr<std::unique_ptr<rpc::RemoteController>> DialAsAdminIfPossible(
     const std::string& address, bool* admin) {
   std::string token = Token("", "PW_CLUSTER_TOKEN");
@@ -351,7 +348,6 @@ absl::StatusOr<std::unique_ptr<rpc::RemoteController>> DialAsAdminIfPossible(
   channel.token = *admin ? token : Token("");
   return rpc::RemoteController::Dial(address, channel, absl::Seconds(5));
 }
-}  // namespace
 
 int ClusterCommands::TraceCluster() {
   const std::string address = server::ClusterAddress(cluster_);

@@ -5,10 +5,17 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "pw/rpc/remote_controller.h"
 #include "pw/server/controller_server.h"
 #include "pw/server/worker_server.h"
 
 namespace pw::cli {
+
+// The cluster at `address` as its admin (every tenant's spans, the controller's peak memory)
+// where the cluster token is at hand (the cluster pw up started here, or $PW_CLUSTER_TOKEN),
+// else as a client ($PW_TOKEN); `*admin` says which.
+absl::StatusOr<std::unique_ptr<rpc::RemoteController>> DialAsAdminIfPossible(
+    const std::string& address, bool* admin);
 
 class ClusterCommands {
  public:

@@ -27,13 +27,19 @@ Future<> Array::Ready() const {
 // Calls about a run's output go after the controller has accepted the run (they do not travel
 // in order with it), and fail with the reason if it refused it.
 Future<HostArray> Array::ToHostAsync() const {
-  if (!h_->run.valid()) return h_->controller->FetchArray(h_->client, h_->info.id);
+  // The handle lives until the read ends: dropping the Array meanwhile must not free the shards
+  // being read (a wire client reads them from the workers after the controller answered).
+  auto read = [](std::shared_ptr<Handle> h) {
+    Future<HostArray> got = h->controller->FetchArray(h->client, h->info.id);
+    got.OnReady([h](const absl::StatusOr<HostArray>&) {});
+    return got;
+  };
+  if (!h_->run.valid()) return read(h_);
   Promise<HostArray> p;
   Future<HostArray> f = p.future();
-  h_->run.OnReady([h = h_, p = std::move(p)](const absl::StatusOr<RunInfo>& r) mutable {
+  h_->run.OnReady([h = h_, p = std::move(p), read](const absl::StatusOr<RunInfo>& r) mutable {
     if (!r.ok()) return p.Set(r.status());
-    h->controller->FetchArray(h->client, h->info.id)
-        .OnReady([p = std::move(p)](const absl::StatusOr<HostArray>& a) mutable { p.Set(a); });
+    read(h).OnReady([p = std::move(p)](const absl::StatusOr<HostArray>& a) mutable { p.Set(a); });
   });
   return f;
 }

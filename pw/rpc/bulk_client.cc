@@ -113,6 +113,16 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
     }
   }
 
+  // A read's size, which must be the job's, then its bytes into the job's destination.
+  static absl::Status ReceiveShard(bulk::Conn& conn, const Job& job) {
+    uint64_t size = 0;
+    PW_RETURN_IF_ERROR(bulk::RecvU64(conn, &size, "reading a shard's size"));
+    if (size != job.size)
+      return absl::DataLossError(absl::StrCat("the server offers ", size, " bytes, not the ",
+                                              job.size, " of the shard's spec"));
+    return bulk::RecvAll(conn, job.dst, job.size, "reading a shard");
+  }
+
   // A client's transfer: one connection, one read or write, closed after.
   absl::Status ClientTransfer(const Job& job) {
     const std::string where = absl::StrCat(job.src != nullptr ? "upload to " : "download from ",
@@ -130,12 +140,7 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
       if (s.ok()) s = bulk::RecvStatus(*conn, &got);
       if (s.ok()) s = got;
     } else {
-      uint64_t size = 0;
-      s = bulk::RecvU64(*conn, &size, "reading a shard's size");
-      if (s.ok() && size != job.size)
-        s = absl::DataLossError(absl::StrCat("the server offers ", size, " bytes, not the ",
-                                             job.size, " of the shard's spec"));
-      if (s.ok()) s = bulk::RecvAll(*conn, job.dst, job.size, "reading a shard");
+      s = ReceiveShard(*conn, job);
     }
     Close(std::move(conn));
     return s.ok() ? s : Annotate(s, where);
@@ -168,12 +173,7 @@ class BulkClient::State : public std::enable_shared_from_this<State> {
       GiveBack(job.port, std::move(conn));
       return Annotate(got, where);
     }
-    uint64_t size = 0;
-    s = bulk::RecvU64(*conn, &size, "reading a shard's size");
-    if (s.ok() && size != job.size)
-      s = absl::DataLossError(absl::StrCat("the server offers ", size, " bytes, not the ",
-                                           job.size, " of the shard's spec"));
-    if (s.ok()) s = bulk::RecvAll(*conn, job.dst, job.size, "reading a shard");
+    s = ReceiveShard(*conn, job);
     if (!s.ok()) {
       Close(std::move(conn));
       return Annotate(s, where);

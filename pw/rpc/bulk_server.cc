@@ -9,6 +9,7 @@
 #include <cstring>
 #include <optional>
 
+#include "absl/algorithm/container.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -55,7 +56,7 @@ absl::StatusOr<std::string> ReadHello(bulk::Conn& fd, absl::Time deadline) {
 
 absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(
     const std::string& host, int port, std::string token,
-    std::shared_ptr<const TlsContext> tls) {
+    std::shared_ptr<const TlsContext> tls, ClientLimits limits) {
   if (token.empty()) return absl::InvalidArgumentError("bulk server: needs the cluster token");
   if (port < 0 || port > 65535)
     return absl::InvalidArgumentError(absl::StrCat("bulk server: port ", port, " is not a port"));
@@ -90,21 +91,26 @@ absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(
   const int bound_port = bound.ss_family == AF_INET6
                              ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                              : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  std::unique_ptr<BulkServer> s(new BulkServer(fd, bound_port, std::move(token), std::move(tls)));
+  std::unique_ptr<BulkServer> s(new BulkServer(fd, bound_port, std::move(token), std::move(tls), limits));
   s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
   s->expirer_ = std::thread([p = s.get()] { p->ExpireLoop(); });
   return s;
 }
 
 BulkServer::BulkServer(int listen_fd, int port, std::string token,
-                       std::shared_ptr<const TlsContext> tls)
+                       std::shared_ptr<const TlsContext> tls, ClientLimits limits)
     : listen_fd_(listen_fd),
       port_(port),
       token_(std::move(token)),
       tls_(std::move(tls)),
+      limits_(limits),
       next_ticket_(absl::Uniform<uint64_t>(absl::BitGen()) | 1) {}
 
-BulkServer::~BulkServer() {
+BulkServer::~BulkServer() { Stop(); }
+
+void BulkServer::Stop() {
+  if (stopped_) return;
+  stopped_ = true;
   std::list<Connection> connections;
   {
     pw::MutexLock lock(&mu_);
@@ -129,59 +135,99 @@ BulkServer::~BulkServer() {
     pw::MutexLock lock(&mu_);
     offers.swap(offers_);
     transfers.swap(client_transfers_);
+    client_bytes_ = 0;
   }
   const absl::Status stopped = absl::CancelledError("the worker's bulk server stopped");
   for (auto& [ticket, o] : offers) o.done(stopped);
   for (auto& [key, t] : transfers) t.done(stopped);
 }
 
-void BulkServer::OfferToClient(std::string key, std::shared_ptr<const void> keep,
-                               const char* data, size_t size, absl::Time expires,
-                               absl::AnyInvocable<void(const absl::Status&)> done) {
+absl::Status BulkServer::OfferToClient(std::string key, int64_t owner,
+                                       std::shared_ptr<const void> keep, const char* data,
+                                       size_t size, absl::Time expires,
+                                       absl::AnyInvocable<void(const absl::Status&)> done) {
   ClientTransfer t;
+  t.owner = owner;
   t.keep = std::move(keep);
   t.data = data;
   t.size = size;
   t.expires = expires;
   t.done = std::move(done);
-  AddClientTransfer(std::move(key), std::move(t));
+  return AddClientTransfer(std::move(key), std::move(t));
 }
 
-void BulkServer::AcceptFromClient(std::string key, std::shared_ptr<void> keep, char* data,
-                                  size_t size, absl::Time expires,
-                                  absl::AnyInvocable<void(const absl::Status&)> done) {
+absl::Status BulkServer::AcceptFromClient(std::string key, int64_t owner,
+                                          std::shared_ptr<void> keep, char* data, size_t size,
+                                          absl::Time expires,
+                                          absl::AnyInvocable<void(const absl::Status&)> done) {
   ClientTransfer t;
+  t.owner = owner;
   t.keep = std::move(keep);
   t.dst = data;
   t.size = size;
   t.expires = expires;
   t.done = std::move(done);
-  AddClientTransfer(std::move(key), std::move(t));
+  return AddClientTransfer(std::move(key), std::move(t));
 }
 
-void BulkServer::AddClientTransfer(std::string key, ClientTransfer t) {
-  absl::Status refused;
+absl::Status BulkServer::AddClientTransfer(std::string key, ClientTransfer t) {
+  pw::MutexLock lock(&mu_);
+  if (stopping_) return absl::CancelledError("the worker's bulk server stopped");
+  if (key.size() < kMinKeyBytes || key.size() > bulk::kMaxTokenBytes)
+    return absl::InvalidArgumentError(absl::StrCat("bulk stream: a transfer key of ", key.size(),
+                                                   " bytes (", kMinKeyBytes, " to ",
+                                                   bulk::kMaxTokenBytes, ")"));
+  if (SecretEquals(key, token_) || client_transfers_.contains(key))
+    return absl::AlreadyExistsError("bulk stream: that transfer key is already in use");
+  if (client_transfers_.size() >= static_cast<size_t>(limits_.max_client_transfers))
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "bulk stream: this worker already holds ", limits_.max_client_transfers,
+        " clients' transfers that no client has begun (each waits until its client comes or "
+        "it expires)"));
+  const int64_t bytes = static_cast<int64_t>(t.size);
+  if (bytes > limits_.max_client_bytes - client_bytes_)
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "bulk stream: this worker already holds ", client_bytes_, " bytes of clients' transfers "
+        "that no client has begun; ", bytes, " more would pass its limit of ",
+        limits_.max_client_bytes));
+  client_bytes_ += bytes;
+  client_transfers_.emplace(std::move(key), std::move(t));
+  return absl::OkStatus();
+}
+
+BulkServer::ClientTransfer BulkServer::TakeClientTransfer(
+    absl::flat_hash_map<std::string, ClientTransfer>::iterator it) {
+  ClientTransfer t = std::move(it->second);
+  client_transfers_.erase(it);
+  client_bytes_ -= static_cast<int64_t>(t.size);
+  return t;
+}
+
+void BulkServer::WithdrawClientTransfers(absl::Span<const int64_t> owners, absl::string_view why) {
+  std::vector<ClientTransfer> withdrawn;
   {
     pw::MutexLock lock(&mu_);
-    if (stopping_) {
-      refused = absl::CancelledError("the worker's bulk server stopped");
-    } else if (key.size() < kMinKeyBytes || key.size() > bulk::kMaxTokenBytes) {
-      refused = absl::InvalidArgumentError(absl::StrCat(
-          "bulk stream: a transfer key of ", key.size(), " bytes (", kMinKeyBytes, " to ",
-          bulk::kMaxTokenBytes, ")"));
-    } else if (SecretEquals(key, token_) || client_transfers_.contains(key)) {
-      refused = absl::AlreadyExistsError("bulk stream: that transfer key is already in use");
-    } else {
-      client_transfers_.emplace(std::move(key), std::move(t));
-      return;
+    if (client_transfers_.empty()) return;
+    for (auto it = client_transfers_.begin(); it != client_transfers_.end();) {
+      auto next = std::next(it);
+      if (absl::c_linear_search(owners, it->second.owner))
+        withdrawn.push_back(TakeClientTransfer(it));
+      it = next;
     }
   }
-  t.done(refused);
+  const absl::Status cancelled = absl::CancelledError(
+      absl::StrCat("bulk stream: the transfer was withdrawn before its client began it: ", why));
+  for (ClientTransfer& t : withdrawn) t.done(cancelled);
 }
 
 size_t BulkServer::open_client_transfers() const {
   pw::MutexLock lock(&mu_);
   return client_transfers_.size();
+}
+
+int64_t BulkServer::open_client_bytes() const {
+  pw::MutexLock lock(&mu_);
+  return client_bytes_;
 }
 
 void BulkServer::ExpireLoop() {
@@ -197,10 +243,7 @@ void BulkServer::ExpireLoop() {
       const absl::Time now = absl::Now();
       for (auto it = client_transfers_.begin(); it != client_transfers_.end();) {
         auto next_it = std::next(it);
-        if (it->second.expires <= now) {
-          expired.push_back(std::move(it->second));
-          client_transfers_.erase(it);
-        }
+        if (it->second.expires <= now) expired.push_back(TakeClientTransfer(it));
         it = next_it;
       }
     }
@@ -212,9 +255,16 @@ void BulkServer::ExpireLoop() {
 
 uint64_t BulkServer::Offer(std::shared_ptr<const void> keep, const char* data, size_t size,
                            absl::AnyInvocable<void(const absl::Status&)> done) {
-  pw::MutexLock lock(&mu_);
-  const uint64_t ticket = next_ticket_++;
-  offers_.emplace(ticket, Offered{std::move(keep), data, size, std::move(done)});
+  uint64_t ticket;
+  {
+    pw::MutexLock lock(&mu_);
+    ticket = next_ticket_++;
+    if (!stopping_) {
+      offers_.emplace(ticket, Offered{std::move(keep), data, size, std::move(done)});
+      return ticket;
+    }
+  }
+  done(absl::CancelledError("the worker's bulk server stopped"));
   return ticket;
 }
 
@@ -321,60 +371,67 @@ void BulkServer::Serve(Connection* c) {
   // The cluster token: a peer; else a client transfer's key (taken: one use).
   bool peer = false;
   std::optional<ClientTransfer> transfer;
-  if (said.ok()) {
-    peer = SecretEquals(*said, token_);
-    if (!peer) {
-      pw::MutexLock lock(&mu_);
-      auto it = client_transfers_.find(*said);
-      if (it != client_transfers_.end()) {
-        transfer = std::move(it->second);
-        client_transfers_.erase(it);
-      }
-    }
-  }
+  absl::Status refusal = absl::UnauthenticatedError(
+      "bulk stream: missing or wrong cluster token or transfer key (a transfer key is good for "
+      "one transfer, until it expires)");
   {
     pw::MutexLock lock(&mu_);
     --unauthenticated_;
     c->greeted = true;
+    if (said.ok()) peer = SecretEquals(*said, token_);
+    auto it = said.ok() && !peer ? client_transfers_.find(*said) : client_transfers_.end();
+    if (it != client_transfers_.end()) {
+      if (client_connections_ >= limits_.max_client_connections) {
+        refusal = absl::ResourceExhaustedError(absl::StrCat(
+            "bulk stream: this worker already serves ", limits_.max_client_connections,
+            " clients' transfers; the key stays good until it expires: try again"));
+      } else {
+        transfer = TakeClientTransfer(it);
+        ++client_connections_;
+      }
+    }
   }
   if (!said.ok()) return;
   bulk::Conn& fd = **conn;
   if (!peer && !transfer.has_value()) {
-    (void)Refuse(fd, absl::UnauthenticatedError(
-                         "bulk stream: missing or wrong cluster token or transfer key"));
+    (void)Refuse(fd, refusal);
     return;
   }
-  if (!bulk::SendStatus(fd, absl::OkStatus()).ok()) {
-    if (transfer.has_value()) transfer->done(absl::UnavailableError("bulk stream: the client went away"));
+  absl::Status s = bulk::SendStatus(fd, absl::OkStatus());
+  if (s.ok()) bulk::Configure(c->fd, kProgressSeconds);
+  if (peer) {
+    if (s.ok()) ServePeer(fd);
     return;
   }
-  bulk::Configure(c->fd, kProgressSeconds);
-  if (peer) return ServePeer(fd);
-  ServeClient(fd, *std::move(transfer));
+  s = s.ok() ? ServeClient(fd, *transfer)
+             : absl::UnavailableError("bulk stream: the client went away");
+  {
+    pw::MutexLock lock(&mu_);
+    --client_connections_;  // Before `done`: whoever it wakes finds the room.
+  }
+  transfer->done(s);
 }
 
-void BulkServer::ServeClient(bulk::Conn& fd, ClientTransfer t) {
+absl::Status BulkServer::ServeClient(bulk::Conn& fd, const ClientTransfer& t) {
   if (t.dst == nullptr) {
     absl::Status s = bulk::SendU64(fd, t.size, "sending a shard's size");
     if (s.ok()) s = bulk::SendAll(fd, t.data, t.size, "sending a shard to a client");
     if (s.ok()) sent_bytes_.fetch_add(static_cast<int64_t>(t.size), std::memory_order_relaxed);
-    return t.done(s);
+    return s;
   }
   // A write: the client says the size, which must be the shard's (answered before it sends the
   // bytes), then sends them; the last answer says whether they were taken.
   uint64_t size = 0;
-  absl::Status s = bulk::RecvU64(fd, &size, "reading an upload's size");
-  if (s.ok() && size != t.size) {
-    const absl::Status wrong = absl::InvalidArgumentError(absl::StrCat(
-        "bulk stream: an upload of ", size, " bytes to a shard of ", t.size));
-    (void)bulk::SendStatus(fd, wrong);
-    return t.done(wrong);
+  PW_RETURN_IF_ERROR(bulk::RecvU64(fd, &size, "reading an upload's size"));
+  if (size != t.size) {
+    return Refuse(fd, absl::InvalidArgumentError(absl::StrCat(
+                          "bulk stream: an upload of ", size, " bytes to a shard of ", t.size)));
   }
-  if (s.ok()) s = bulk::SendStatus(fd, absl::OkStatus());
-  if (s.ok()) s = bulk::RecvAll(fd, t.dst, t.size, "reading a client's upload");
-  if (s.ok()) s = bulk::SendStatus(fd, absl::OkStatus());
-  if (s.ok()) received_bytes_.fetch_add(static_cast<int64_t>(t.size), std::memory_order_relaxed);
-  t.done(s);
+  PW_RETURN_IF_ERROR(bulk::SendStatus(fd, absl::OkStatus()));
+  PW_RETURN_IF_ERROR(bulk::RecvAll(fd, t.dst, t.size, "reading a client's upload"));
+  PW_RETURN_IF_ERROR(bulk::SendStatus(fd, absl::OkStatus()));
+  received_bytes_.fetch_add(static_cast<int64_t>(t.size), std::memory_order_relaxed);
+  return absl::OkStatus();
 }
 
 void BulkServer::ServePeer(bulk::Conn& fd) {

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pw/base/future.h"
 #include "pw/rpc/bulk_client.h"
@@ -383,7 +384,6 @@ TEST(BulkTest, ConnectionsThatNeverSayHelloCannotCrowdOutPeers) {
   EXPECT_EQ(recv(silent[0], &byte, 1, 0), 0) << "the oldest silent connection is still open";
   for (int fd : silent) close(fd);
 }
-
 }  // namespace
 }  // namespace pw::rpc
 
@@ -406,18 +406,20 @@ Future<> ClientWrite(BulkClient& c, int port, const std::string& key, const void
                   [p = std::move(p)](const absl::Status& s) mutable { p.Set(s); });
   return f;
 }
-// Accepts an upload of `size` bytes; the future holds them once they arrived.
+// Accepts an upload of `size` bytes for `owner`; the future holds them once they arrived.
 Future<std::vector<uint8_t>> Accept(BulkServer& server, const std::string& key, size_t size,
-                                    absl::Time expires) {
+                                    absl::Time expires, int64_t owner = 1) {
   Promise<std::vector<uint8_t>> p;
   Future<std::vector<uint8_t>> f = p.future();
   auto dst = std::make_shared<std::vector<uint8_t>>(size);
   char* data = reinterpret_cast<char*>(dst->data());
-  server.AcceptFromClient(key, dst, data, size, expires,
-                          [p = std::move(p), dst](const absl::Status& s) mutable {
-                            if (!s.ok()) return p.Set(s);
-                            p.Set(std::move(*dst));
-                          });
+  auto landed = std::make_shared<Promise<std::vector<uint8_t>>>(std::move(p));
+  const absl::Status accepted =
+      server.AcceptFromClient(key, owner, dst, data, size, expires, [landed, dst](const absl::Status& s) {
+        if (!s.ok()) return landed->Set(s);
+        landed->Set(std::move(*dst));
+      });
+  if (!accepted.ok()) landed->Set(accepted);
   return f;
 }
 
@@ -430,9 +432,13 @@ TEST(BulkClientTransferTest, AClientReadsAndWritesUnderTheKeyOnce) {
   const auto bytes = Pattern(3 << 20, 5);
   Promise<> offered;
   Future<> offer_done = offered.future();
-  (*server)->OfferToClient(kKey, bytes, bytes->data(), bytes->size(),
-                           absl::Now() + absl::Minutes(1),
-                           [p = std::move(offered)](const absl::Status& s) mutable { p.Set(s); });
+  ASSERT_TRUE((*server)
+                  ->OfferToClient(kKey, 1, bytes, bytes->data(), bytes->size(),
+                                  absl::Now() + absl::Minutes(1),
+                                  [p = std::move(offered)](const absl::Status& s) mutable {
+                                    p.Set(s);
+                                  })
+                  .ok());
   BulkClient client("127.0.0.1", "");
   std::vector<char> dst(bytes->size());
   // A wrong key, and the cluster token's holders' protocol, do not reach it.
@@ -505,10 +511,106 @@ TEST(BulkClientTransferTest, TransfersNobodyBeginsExpireAndClientsThatDieMidUplo
   s = cut.Await().status();
   EXPECT_TRUE(absl::IsUnavailable(s)) << s;
 
-  // Stopping the server fails what is still open.
+  // Stopping the server fails what is still open, and refuses what comes after (the worker's
+  // last callbacks offer on a stopped server: WorkerServer's destructor).
   Future<std::vector<uint8_t>> open = Accept(**server, kKey, 8, absl::Now() + absl::Minutes(1));
-  server->reset();
+  (*server)->Stop();
   EXPECT_TRUE(absl::IsCancelled(open.Await().status())) << open.Await().status();
+  EXPECT_TRUE(absl::IsCancelled(
+      Accept(**server, kKey, 8, absl::Now() + absl::Minutes(1)).Await().status()));
+  uint64_t ticket;
+  Future<> offered = Offer(**server, Pattern(8, 1), &ticket);
+  ASSERT_TRUE(offered.AwaitFor(absl::ZeroDuration()));
+  EXPECT_TRUE(absl::IsCancelled(offered.Await())) << offered.Await();
+  server->reset();
+}
+
+// Opens a client transfer's connection under `key` and stops after the server's answer to the
+// hello (the transfer is then being served, waiting for the size). Returns the fd, or -1.
+int BeginAndStall(int port, const std::string& key) {
+  const int fd = ConnectLoopback(port);
+  if (fd < 0) return -1;
+  bulk::Configure(fd, 5);
+  bulk::Conn conn(fd);
+  const std::string hello = Hello(bulk::kVersion, key);
+  absl::Status answer;
+  if (!bulk::SendAll(conn, hello.data(), hello.size(), "hello").ok() ||
+      !bulk::RecvStatus(conn, &answer).ok() || !answer.ok()) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Clients' transfers have limits of their own: so many waiting, so many being served; past
+// them a client gets ResourceExhausted (the key stays good) and peers still get in.
+TEST(BulkClientTransferTest, ClientTransfersPastTheirLimitsAreRefusedAndPeersStillGetIn) {
+  auto server = BulkServer::Start("127.0.0.1", 0, kToken, nullptr,
+                                  {.max_client_transfers = 2, .max_client_connections = 1});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  const std::string first(32, 'a'), second(32, 'b');
+  const absl::Time later = absl::Now() + absl::Minutes(1);
+  Future<std::vector<uint8_t>> stalled = Accept(**server, first, 8, later);
+  Future<std::vector<uint8_t>> waiting = Accept(**server, second, 8, later);
+  absl::Status third = Accept(**server, std::string(32, 'c'), 8, later).Await().status();
+  EXPECT_TRUE(absl::IsResourceExhausted(third)) << third;
+  EXPECT_NE(third.message().find("2 clients' transfers"), std::string::npos) << third;
+
+  const int fd = BeginAndStall(port, first);
+  ASSERT_GE(fd, 0);
+  BulkClient client("127.0.0.1", "");
+  const auto bytes = Pattern(8, 3);
+  absl::Status busy = ClientWrite(client, port, second, bytes->data(), bytes->size()).Await();
+  EXPECT_TRUE(absl::IsResourceExhausted(busy)) << busy;
+  EXPECT_EQ((*server)->open_client_transfers(), 1u);  // The second key is still good.
+  // A peer is not held up by clients.
+  BulkClient peer("127.0.0.1", kToken);
+  uint64_t ticket;
+  Future<> offered = Offer(**server, bytes, &ticket);
+  std::vector<char> got(bytes->size());
+  ASSERT_TRUE(Read(peer, port, ticket, got.data(), got.size()).Await().ok());
+  EXPECT_EQ(got, *bytes);
+
+  close(fd);  // The stalled client goes: its transfer fails, and makes room for the next.
+  EXPECT_TRUE(absl::IsUnavailable(stalled.Await().status())) << stalled.Await().status();
+  ASSERT_TRUE(ClientWrite(client, port, second, bytes->data(), bytes->size()).Await().ok());
+  ASSERT_TRUE(waiting.Await().ok()) << waiting.Await().status();
+  EXPECT_EQ(std::memcmp(waiting.Await()->data(), bytes->data(), bytes->size()), 0);
+}
+
+// Transfers nobody has begun hold their shards: withdrawn with their owner (the worker: when
+// the array is deleted), and no more bytes of them wait than the server's limit.
+TEST(BulkClientTransferTest, WaitingTransfersAreWithdrawnWithTheirOwnerAndTheirBytesCapped) {
+  auto server = BulkServer::Start("127.0.0.1", 0, kToken, nullptr, {.max_client_bytes = 100});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const absl::Time later = absl::Now() + absl::Minutes(1);
+  Future<std::vector<uint8_t>> a = Accept(**server, std::string(32, 'a'), 40, later, /*owner=*/7);
+  Future<std::vector<uint8_t>> b = Accept(**server, std::string(32, 'b'), 40, later, /*owner=*/8);
+  absl::Status over = Accept(**server, std::string(32, 'c'), 40, later, 9).Await().status();
+  EXPECT_TRUE(absl::IsResourceExhausted(over)) << over;
+  EXPECT_THAT(over.message(), testing::HasSubstr("80 bytes"));
+  EXPECT_EQ((*server)->open_client_bytes(), 80);
+
+  const int64_t owners[] = {7, 100};
+  (*server)->WithdrawClientTransfers(owners, "its array was deleted");
+  ASSERT_TRUE(a.AwaitFor(absl::ZeroDuration()));  // Failed in the call.
+  EXPECT_TRUE(absl::IsCancelled(a.Await().status())) << a.Await().status();
+  EXPECT_THAT(a.Await().status().message(), testing::HasSubstr("its array was deleted"));
+  EXPECT_FALSE(b.AwaitFor(absl::ZeroDuration()));  // Another owner's waits on.
+  EXPECT_EQ((*server)->open_client_bytes(), 40);
+  // Its room is free again, and its key no longer opens anything.
+  Future<std::vector<uint8_t>> c = Accept(**server, std::string(32, 'c'), 60, later, 9);
+  EXPECT_FALSE(c.AwaitFor(absl::ZeroDuration()));
+  BulkClient client("127.0.0.1", "");
+  const auto bytes = Pattern(40, 2);
+  absl::Status gone = ClientWrite(client, (*server)->port(), std::string(32, 'a'), bytes->data(),
+                                  bytes->size()).Await();
+  EXPECT_TRUE(absl::IsUnauthenticated(gone)) << gone;
+  ASSERT_TRUE(ClientWrite(client, (*server)->port(), std::string(32, 'b'), bytes->data(),
+                          bytes->size()).Await().ok());
+  ASSERT_TRUE(b.Await().ok()) << b.Await().status();
+  EXPECT_EQ((*server)->open_client_bytes(), 60);
 }
 
 }  // namespace

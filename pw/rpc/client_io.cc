@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "pw/base/future.h"
+#include "pw/base/status_macros.h"
 #include "pw/rpc/auth.h"
 
 namespace pw::rpc {
@@ -28,6 +29,11 @@ std::optional<int64_t> ContiguousOffset(const Box& box, const Box& whole, int64_
   int64_t offset = 0;
   for (size_t d = 0; d < rank; ++d) offset = offset * whole.limit[d] + box.start[d];
   return offset * esize;
+}
+
+// Where a transfer's error happened.
+std::string Where(const ShardTransfer& t) {
+  return absl::StrCat("the shard of rank ", t.rank, " at ", t.address);
 }
 
 }  // namespace
@@ -86,8 +92,11 @@ absl::Status ClientIo::Send(const HostArray& value, const Sharding& sharding,
     }
     Promise<> p;
     sent.push_back(p.future());
-    to->first->WriteTransfer(to->second, t.key, src, shard_bytes,
-                             [p = std::move(p), cut](const absl::Status& s) mutable { p.Set(s); });
+    to->first->WriteTransfer(
+        to->second, t.key, src, shard_bytes,
+        [p = std::move(p), cut, where = Where(t)](const absl::Status& s) mutable {
+          p.Set(s.ok() ? s : Annotate(s, where));
+        });
   }
   for (Future<>& f : sent) result.Update(f.Await());  // Every transfer ends before `value` may go.
   return result;
@@ -140,8 +149,8 @@ void ClientIo::Read(const ArraySpec& spec, const Sharding& sharding,
     if (const std::optional<int64_t> at = ContiguousOffset(box, whole, DTypeSize(spec.dtype));
         at.has_value()) {  // Straight into the array.
       to->first->ReadTransfer(to->second, t.key, a->out.bytes.data() + *at, shard_bytes,
-                              [a, fail](const absl::Status& s) {
-                                if (!s.ok()) fail(s);
+                              [a, fail, where = Where(t)](const absl::Status& s) {
+                                if (!s.ok()) fail(Annotate(s, where));
                                 if (--a->left == 0) a->Finish();
                               });
       continue;
@@ -149,9 +158,9 @@ void ClientIo::Read(const ArraySpec& spec, const Sharding& sharding,
     auto staged = std::make_shared<std::vector<uint8_t>>(shard_bytes);
     to->first->ReadTransfer(
         to->second, t.key, staged->data(), shard_bytes,
-        [a, fail, staged, box, whole](const absl::Status& s) {
+        [a, fail, staged, box, whole, where = Where(t)](const absl::Status& s) {
           if (!s.ok()) {
-            fail(s);
+            fail(Annotate(s, where));
           } else {
             // Regions are disjoint: readers write different bytes of `out`.
             CopyBoxIntersection(staged->data(), box, a->out.bytes.data(), whole,

@@ -328,6 +328,11 @@ grpc::ServerUnaryReactor* ControllerService::Status(grpc::CallbackServerContext*
   const bool admin = AuthorizeMember(ctx).ok();
   if (!admin) PW_AUTHORIZE(ctx);
   const bool reset_peak = req->reset_peak_memory();
+  // The controller's peak memory is the cluster's to reset (pw bench io as its admin): a client
+  // could otherwise hide another's peak.
+  if (reset_peak && !admin)
+    return Reply(ctx, absl::PermissionDeniedError(
+                          "Status: resetting the controller's peak memory needs the cluster token"));
   return Offload(ctx, [this, resp, admin, reset_peak]() -> absl::Status {
     if (reset_peak) ResetPeakResidentMemory();
     PW_ASSIGN_OR_RETURN(ClusterStatus status, controller_->Status());

@@ -184,7 +184,8 @@ absl::StatusOr<ArrayInfo> RemoteController::PutArray(ClientId client, SliceId sl
     absl::Status sent = core_->io.Send(value, sharding, put.shards);
     if (!sent.ok()) {
       (void)ReleaseArray(client, put.info.id);  // Never the caller's: it goes now.
-      return Annotate(sent, absl::StrCat("putting ", value.spec.ToString()));
+      return Annotate(sent, absl::StrCat("putting ", value.spec.ToString(), " as ",
+                                         put.info.id.ToString()));
     }
     return put.info;
   }
@@ -337,12 +338,17 @@ Future<HostArray> RemoteController::FetchArray(ClientId client, BufferId id) {
   Promise<HostArray> p;
   Future<HostArray> result = p.future();
   LocateArray(client, id, !direct_io())
-      .OnReady([core = core_, p = std::move(p)](const absl::StatusOr<LocatedArray>& a) mutable {
+      .OnReady([core = core_, p = std::move(p), id](const absl::StatusOr<LocatedArray>& a) mutable {
         if (!a.ok()) return p.Set(a.status());
         if (a->value.has_value()) return p.Set(*a->value);
         auto shared = std::make_shared<Promise<HostArray>>(std::move(p));
         core->io.Read(a->spec, a->sharding, a->shards,
-                      [shared](absl::StatusOr<HostArray> got) { shared->Set(std::move(got)); });
+                      [shared, id](absl::StatusOr<HostArray> got) {
+                        if (!got.ok())
+                          return shared->Set(Annotate(got.status(),
+                                                      absl::StrCat("fetching ", id.ToString())));
+                        shared->Set(std::move(got));
+                      });
       });
   return result;
 }

@@ -251,16 +251,14 @@ class WorkerService::CommandStream final
         const v1::ClientTransferRequest& t = upload ? c.client_upload() : c.client_fetch();
         absl::Status bad = ClientTransferProblem(t, upload);
         if (!bad.ok()) return fail(bad, upload);
-        const absl::Time expires = absl::Now() + ClientTransferTimeout(t);
         const BufferId buffer(t.buffer());
         const DeviceId device(t.device());
         BulkServer* bulk = service_->bulk_;
         if (!upload) {
           worker->FetchShard(buffer, device)
-              .OnReady([sink = sink_, seq, bulk, key = t.key(),
-                        expires](const absl::StatusOr<DeviceBufferRef>& b) {
+              .OnReady([sink = sink_, seq, bulk, t](const absl::StatusOr<DeviceBufferRef>& b) {
                 if (!b.ok()) return Send(sink, seq, v1::CommandEvent::DONE, b.status());
-                OfferToClient(sink, seq, bulk, key, *b, expires);
+                OfferToClient(sink, seq, bulk, t, *b);
               });
           return;
         }
@@ -273,13 +271,17 @@ class WorkerService::CommandStream final
           return fail(Annotate(stored.status(), "client upload"), true);
         std::shared_ptr<HostDeviceBuffer> dst = HostDeviceBuffer::Create(spec, device);
         char* data = static_cast<char*>(dst->mutable_data());
-        bulk->AcceptFromClient(
-            t.key(), dst, data, static_cast<size_t>(spec.size_bytes()), expires,
-            [arrived = std::move(arrived), dst](const absl::Status& s) mutable {
-              if (!s.ok()) return arrived.Set(Annotate(s, "a client's upload"));
-              arrived.Set(DeviceBufferRef(dst));
+        // `arrived` is set by the transfer's end, or here if the transfer is refused.
+        auto landed = std::make_shared<Promise<DeviceBufferRef>>(std::move(arrived));
+        const absl::Status accepted = bulk->AcceptFromClient(
+            t.key(), t.buffer(), dst, data, static_cast<size_t>(spec.size_bytes()),
+            absl::Now() + ClientTransferTimeout(t, spec.size_bytes()),
+            [landed, dst](const absl::Status& s) {
+              if (!s.ok()) return landed->Set(Annotate(s, "a client's upload"));
+              landed->Set(DeviceBufferRef(dst));
             });
-        SendPort(sink_, seq, v1::CommandEvent::ENQUEUED, bulk->port());
+        if (!accepted.ok()) landed->Set(Annotate(accepted, "a client's upload"));
+        else SendPort(sink_, seq, v1::CommandEvent::ENQUEUED, bulk->port());
         stored.OnReady([sink = sink_, seq](const absl::Status& s) {
           Send(sink, seq, v1::CommandEvent::DONE, s);
         });
@@ -288,6 +290,11 @@ class WorkerService::CommandStream final
       case v1::Command::kDeleteBuffers: {
         std::vector<BufferId> ids;
         for (int64_t b : c.delete_buffers().buffers()) ids.push_back(BufferId(b));
+        // Clients' transfers of these buffers that have not begun go too (what they hold with
+        // them): a client that drops an array it put or read frees its shards now.
+        if (service_->bulk_ != nullptr)
+          service_->bulk_->WithdrawClientTransfers(c.delete_buffers().buffers(),
+                                                   "its array was deleted");
         worker->DeleteBuffers(ids);
         return;
       }
@@ -342,9 +349,13 @@ class WorkerService::CommandStream final
     if (!spec.ok()) return Annotate(spec.status(), what);
     return spec->Validate();
   }
-  static absl::Duration ClientTransferTimeout(const v1::ClientTransferRequest& t) {
-    if (t.timeout_ms() == 0) return kDefaultClientTransferTimeout;
-    return std::min(absl::Milliseconds(t.timeout_ms()), kMaxClientTransferTimeout);
+  // How long a transfer of `bytes` waits for its client: as asked, else long enough for the
+  // client to reach it behind the others it moves (a minute, and a second per 50 MB).
+  static absl::Duration ClientTransferTimeout(const v1::ClientTransferRequest& t, int64_t bytes) {
+    const absl::Duration wait = t.timeout_ms() > 0
+                                    ? absl::Milliseconds(t.timeout_ms())
+                                    : kDefaultClientTransferTimeout + absl::Seconds(bytes / 50e6);
+    return std::min(wait, kMaxClientTransferTimeout);
   }
   static void SendPort(const std::shared_ptr<Sink>& sink, uint64_t seq,
                        v1::CommandEvent::Kind kind, int port) {
@@ -354,23 +365,26 @@ class WorkerService::CommandStream final
     e.set_bulk_port(port);
     Deliver(sink, std::move(e));
   }
-  // Offers shard `b` to a client under `key` (from host memory: a device's shard is copied out
-  // first), then answers command `seq`.
+  // Offers shard `b` to a client as transfer `t` says (from host memory: a device's shard is
+  // copied out first), then answers command `seq`: DONE with the port, or why it was refused.
   static void OfferToClient(const std::shared_ptr<Sink>& sink, uint64_t seq, BulkServer* bulk,
-                            const std::string& key, const DeviceBufferRef& b, absl::Time expires) {
-    const size_t size = b->size_bytes();
-    if (const HostDeviceBuffer* host = b->AsHost(); host != nullptr) {
-      bulk->OfferToClient(key, b, static_cast<const char*>(host->data()), size, expires,
-                          [](const absl::Status&) {});
-      return SendPort(sink, seq, v1::CommandEvent::DONE, bulk->port());
-    }
-    auto staged = std::make_shared<std::vector<char>>(size);
+                            const v1::ClientTransferRequest& t, const DeviceBufferRef& b) {
+    auto offer = [sink, seq, bulk, t](std::shared_ptr<const void> keep, const char* data,
+                                      size_t size) {
+      const absl::Status s = bulk->OfferToClient(
+          t.key(), t.buffer(), std::move(keep), data, size,
+          absl::Now() + ClientTransferTimeout(t, static_cast<int64_t>(size)),
+          [](const absl::Status&) {});
+      if (!s.ok()) return Send(sink, seq, v1::CommandEvent::DONE, Annotate(s, "client fetch"));
+      SendPort(sink, seq, v1::CommandEvent::DONE, bulk->port());
+    };
+    if (const HostDeviceBuffer* host = b->AsHost(); host != nullptr)
+      return offer(b, static_cast<const char*>(host->data()), b->size_bytes());
+    auto staged = std::make_shared<std::vector<char>>(b->size_bytes());
     b->CopyToHost(staged->data())
-        .OnReady([sink, seq, bulk, key, staged, expires, b](const absl::Status& s) {  // b: alive while copied.
+        .OnReady([sink, seq, offer, staged, b](const absl::Status& s) {  // b: alive while copied.
           if (!s.ok()) return Send(sink, seq, v1::CommandEvent::DONE, s);
-          bulk->OfferToClient(key, staged, staged->data(), staged->size(), expires,
-                              [](const absl::Status&) {});
-          SendPort(sink, seq, v1::CommandEvent::DONE, bulk->port());
+          offer(staged, staged->data(), staged->size());
         });
   }
 

@@ -87,7 +87,7 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   // with many in flight each took a fresh segment, its mapping and faults on both sides).
   static constexpr size_t kOneChunkMaxBytes = size_t{64} << 10;
   // How long a client's transfer waits for the client (ClientTransferRequest::timeout_ms; 0:
-  // the default), at most.
+  // the default, and a second per 50 MB of the shard), at most.
   static constexpr absl::Duration kDefaultClientTransferTimeout = absl::Seconds(60);
   static constexpr absl::Duration kMaxClientTransferTimeout = absl::Minutes(10);
 

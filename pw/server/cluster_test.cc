@@ -429,7 +429,15 @@ TEST_F(GrpcClusterTest, ClientTransfersNeedTheirKeysAndEndIfTheClientNeverComes)
   EXPECT_TRUE(absl::IsResourceExhausted(refused.status())) << refused.status();
   EXPECT_THAT(std::string(refused.status().message()), ::testing::HasSubstr("can never fit"));
   EXPECT_EQ(controller_->alive_hosts(), 1);
+  // A put begun and dropped before the client sent anything: the worker lets go of the
+  // transfer and the shard's memory with the array, not when the key expires (it once held
+  // them for a minute: a client looping BeginPut + release could fill a worker).
+  auto dropped = remote_->BeginPut(c, slice->id, Sharding::Split({1}, 1, 0), spec).Await();
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  EXPECT_EQ(workers_[0]->bulk().open_client_transfers(), 1u);
+  ASSERT_TRUE(remote_->ReleaseArray(c, dropped->info.id).ok());
   ExpectNothingLeft();
+  EXPECT_EQ(workers_[0]->bulk().open_client_transfers(), 0u);
 }
 
 // Issue 20 (TLS off loopback): a cluster on TLS (mutual between controller and workers) serves
@@ -548,6 +556,21 @@ TEST_F(GrpcClusterTest, ClientThatGoesAwayIsDisconnectedAndItsBuffersFreed) {
   // Its slices were released too: both devices can be taken again.
   auto id = *remote_->Connect("next");
   EXPECT_TRUE(remote_->AllocateSlice(id, {.num_devices = 2}).ok());
+}
+
+// Review of issue 23's client I/O: any client could reset the controller's peak-memory counter
+// (and so hide another's peak); only the cluster's admin may.
+TEST_F(GrpcClusterTest, OnlyTheAdminResetsTheControllersPeakMemory) {
+  Start(1, 1, 1);
+  auto reset = remote_->FullStatus(/*reset_peak_memory=*/true);
+  EXPECT_TRUE(absl::IsPermissionDenied(reset.status())) << reset.status();
+  EXPECT_THAT(reset.status().message(), ::testing::HasSubstr("cluster token"));
+  ASSERT_TRUE(remote_->FullStatus().ok());  // Reading it is anyone's.
+  auto admin = *rpc::RemoteController::Dial(controller_->address(),
+                                            {.token = controller_->cluster_token()});
+  auto by_admin = admin->FullStatus(/*reset_peak_memory=*/true);
+  ASSERT_TRUE(by_admin.ok()) << by_admin.status();
+  EXPECT_GT(by_admin->controller_peak_rss_bytes(), 0);
 }
 
 // Issue 20 item 8: a client that connected and allocated but never opened its Session was kept

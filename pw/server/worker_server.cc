@@ -76,10 +76,14 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   if (s->options_.channel.tls != nullptr) {
     PW_ASSIGN_OR_RETURN(bulk_tls, rpc::TlsContext::Create(*s->options_.channel.tls, true));
   }
+  // Clients' transfers waiting for their clients hold at most what this host's devices can.
+  rpc::BulkServer::ClientLimits client_limits;
+  client_limits.max_client_bytes = 0;
+  for (const DeviceSpec& d : devices) client_limits.max_client_bytes += d.memory_bytes;
   PW_ASSIGN_OR_RETURN(s->bulk_, rpc::BulkServer::Start(rpc::HostOf(s->options_.listen),
                                                        s->options_.bulk_port,
                                                        s->options_.channel.token,
-                                                       std::move(bulk_tls)));
+                                                       std::move(bulk_tls), client_limits));
   s->service_ = std::make_unique<rpc::WorkerService>(
       s->worker_.get(), s->options_.channel.token,
       [p = s.get()](const v1::CollectiveContribution& c) { return p->ReceiveCollective(c); },
@@ -124,13 +128,15 @@ WorkerServer::~WorkerServer() {
   if (heartbeat_.joinable()) heartbeat_.join();
   if (server_ != nullptr)
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  // The calls that offer on it have ended (withdrawing what was not taken): before the worker,
-  // whose buffers the sends read.
-  bulk_.reset();
+  // No transfer runs from here on (what was not taken fails): before the worker, whose buffers
+  // the sends read. The server itself lives until the worker has drained: the worker's last
+  // callbacks (a client fetch whose shard became ready, say) still offer on it, and are refused.
+  if (bulk_ != nullptr) bulk_->Stop();
   // Nothing more from peers on this machine: the mailbox's deliveries use the worker.
   if (mailbox_ != nullptr) mailbox_->StopDelivering();
   worker_.reset();  // Fails outstanding device work, drains the worker's threads.
   service_.reset();
+  bulk_.reset();
 }
 
 absl::Status WorkerServer::Register() {

@@ -310,20 +310,25 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
   }
 }
 
-Future<> Worker::PutShard(BufferId id, DeviceId device_id, HostArray shard) {
+absl::StatusOr<Worker::NewShard> Worker::StoreNewShard(BufferId id, DeviceId device_id,
+                                                      int64_t bytes) {
   Device* device = FindDevice(device_id);
   if (device == nullptr)
-    return Future<>::Ready(absl::NotFoundError(
-        absl::StrCat(device_id.ToString(), " is not on ", host_.ToString())));
-  absl::Status health = device->health();
-  if (!health.ok()) return Future<>::Ready(health);
-  const int64_t bytes = shard.spec.size_bytes();
-  auto mem = device->memory().Reserve(bytes);
-  Promise<DeviceBufferRef> p;
-  Future<DeviceBufferRef> f = p.future();
-  if (absl::Status s = store_.Put(id, device_id, {f, mem, bytes}); !s.ok()) return Future<>::Ready(s);
-  mem.OnReady([p = std::move(p), shard = std::move(shard),
-               device_id](const absl::StatusOr<ReservationRef>& r) mutable {
+    return absl::NotFoundError(absl::StrCat(device_id.ToString(), " is not on ", host_.ToString()));
+  PW_RETURN_IF_ERROR(device->health());
+  NewShard n{Promise<DeviceBufferRef>(), device->memory().Reserve(bytes)};
+  // A shard that can never fit fails now, before anything is stored or made for it.
+  if (n.memory.AwaitFor(absl::ZeroDuration()) && !n.memory.status().ok()) return n.memory.status();
+  PW_RETURN_IF_ERROR(store_.Put(id, device_id, {n.made.future(), n.memory, bytes}));
+  return n;
+}
+
+Future<> Worker::PutShard(BufferId id, DeviceId device_id, HostArray shard) {
+  absl::StatusOr<NewShard> n = StoreNewShard(id, device_id, shard.spec.size_bytes());
+  if (!n.ok()) return Future<>::Ready(n.status());
+  Future<DeviceBufferRef> f = n->made.future();
+  n->memory.OnReady([p = std::move(n->made), shard = std::move(shard),
+                     device_id](const absl::StatusOr<ReservationRef>& r) mutable {
     if (!r.ok()) return p.Set(r.status());
     p.Set(DeviceBufferRef(HostDeviceBuffer::FromHost(shard.spec, device_id, shard.bytes.data())));
   });
@@ -332,20 +337,10 @@ Future<> Worker::PutShard(BufferId id, DeviceId device_id, HostArray shard) {
 
 Future<> Worker::PutShardLater(BufferId id, DeviceId device_id, const ArraySpec& spec,
                                Future<DeviceBufferRef> buffer) {
-  Device* device = FindDevice(device_id);
-  if (device == nullptr)
-    return Future<>::Ready(absl::NotFoundError(
-        absl::StrCat(device_id.ToString(), " is not on ", host_.ToString())));
-  absl::Status health = device->health();
-  if (!health.ok()) return Future<>::Ready(health);
-  const int64_t bytes = spec.size_bytes();
-  auto mem = device->memory().Reserve(bytes);
-  // A shard that can never fit fails now, before anything is made for it.
-  if (mem.AwaitFor(absl::ZeroDuration()) && !mem.status().ok()) return Future<>::Ready(mem.status());
-  Promise<DeviceBufferRef> p;
-  Future<DeviceBufferRef> f = p.future();
-  if (absl::Status s = store_.Put(id, device_id, {f, mem, bytes}); !s.ok()) return Future<>::Ready(s);
-  buffer.OnReady([p = std::move(p), mem = std::move(mem), spec,
+  absl::StatusOr<NewShard> n = StoreNewShard(id, device_id, spec.size_bytes());
+  if (!n.ok()) return Future<>::Ready(n.status());
+  Future<DeviceBufferRef> f = n->made.future();
+  buffer.OnReady([p = std::move(n->made), mem = std::move(n->memory), spec,
                   device_id](const absl::StatusOr<DeviceBufferRef>& b) mutable {
     if (!b.ok()) return p.Set(b.status());
     if (!((*b)->spec() == spec) || (*b)->device() != device_id)

@@ -92,6 +92,15 @@ class Worker final : public WorkerInterface {
   }
 
  private:
+  // A shard of buffer `id` on `device` in the making: stored (its future is `made`'s), with
+  // `bytes` of the device's memory reserved for it.
+  struct NewShard {
+    Promise<DeviceBufferRef> made;
+    Future<ReservationRef> memory;
+  };
+  // Stores a new shard, or says why not (no such device, a failed device, an id in use, a shard
+  // the device can never hold).
+  absl::StatusOr<NewShard> StoreNewShard(BufferId id, DeviceId device, int64_t bytes);
   // "run R program 'P' node 'N' on device D", for errors.
   static std::string NodeWhere(const HostWork& work, const NodeWork& node, DeviceId device);
   // `bytes` of `device`'s memory: granted now if they fit (no future), else a reservation to
