@@ -191,6 +191,10 @@ class Promise {
 // argument order. Callbacks of the result run on the thread that readied the last input.
 Future<> JoinFutures(const std::vector<Future<>>& futures);
 
+// A future that is ready once every input is ready: the sum of their values if all are OK, else
+// the first error in argument order. Callbacks run as JoinFutures's.
+Future<int64_t> SumFutures(const std::vector<Future<int64_t>>& futures);
+
 // Future<> of any future's status.
 template <typename T>
 Future<> AsStatusFuture(const Future<T>& f) {

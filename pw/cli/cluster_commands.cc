@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -118,6 +119,21 @@ std::string Bytes(int64_t b) {
   return absl::StrCat(b, " B");
 }
 
+// The tenants, their shares (* : an admin's) and what each achieved over the last second.
+void PrintTenants(const ::pathways::v1::ClusterStatus& st) {
+  std::printf("tenants (%s scheduling; * set by the admin):\n", st.scheduling().c_str());
+  std::printf("  %-40s %7s %9s %7s %7s %s\n", "tenant", "share", "achieved", "queued", "clients",
+              "memory (quota)");
+  for (const auto& t : st.tenants()) {
+    const std::string quota =
+        t.memory_quota_bytes() > 0 ? absl::StrCat(" (", Bytes(t.memory_quota_bytes()), ")") : "";
+    std::printf("  %-40s %6.3g%s %8.1f%% %7lld %7d %s%s\n", t.name().c_str(), t.share(),
+                t.pinned() ? "*" : " ", 100 * t.achieved_share(), (long long)t.queued(),
+                t.clients(), Bytes(t.memory_bytes()).c_str(), quota.c_str());
+  }
+}
+
+
 constexpr char kTlsCertHelp[] =
     "This process's TLS certificate (PEM; scripts/tls-certs.sh makes a cluster's); with "
     "--tls-key and --tls-ca, every connection of the cluster is TLS, mutual between its processes";
@@ -128,6 +144,17 @@ constexpr char kInsecureHelp[] =
     "Allow listening off loopback without TLS (plaintext; only on a network you trust)";
 
 }  // namespace
+
+void ClusterCommands::AddSchedulingFlags(CLI::App* command) {
+  command->add_option("--scheduling", scheduling_,
+                      "Each island's gang scheduling: share (tenants get device time in "
+                      "proportion to their shares; the default) or fifo (in arrival order)")
+      ->check(CLI::IsMember({"share", "fifo"}));
+  command->add_option("--scheduling-window-ms", scheduling_window_ms_,
+                      "Estimated device time each island keeps in flight per device (default "
+                      "2): the scheduler decides what runs next at about this granularity")
+      ->check(CLI::Range(0.001, 10000.0));
+}
 
 void ClusterCommands::AddTlsFlags(CLI::App* command, bool insecure) {
   command->add_option("--tls-cert", tls_cert_, kTlsCertHelp);
@@ -159,6 +186,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   up_->add_option("--run-timeout-ms", run_timeout_ms_, kRunTimeoutHelp);
   up_->add_option("--overrun-grace-ms", overrun_grace_ms_, kOverrunGraceHelp);
   up_->add_option("--max-client-bytes", max_client_bytes_, kMaxClientBytesHelp);
+  AddSchedulingFlags(up_);
   AddTlsFlags(up_, /*insecure=*/false);  // pw up's processes listen on loopback.
 
   status_ = app->add_subcommand("status", "Show the cluster's hosts, devices, memory, queues");
@@ -189,6 +217,26 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   trace_->add_option("--out", trace_out_, "Where to write the trace (default trace.json)");
   trace_->add_option("--plot", trace_plot_,
                      "Also draw a device x time chart (as the paper's Fig. 9) to this PNG");
+
+  tenant_ = app->add_subcommand("tenant", "Tenants' shares of device time and memory quotas");
+  tenant_->require_subcommand(1);
+  tenant_set_ = tenant_->add_subcommand(
+      "set", "Set a tenant's share and memory quota, live (the cluster's admin: needs the "
+             "cluster token, where pw up ran or $PW_CLUSTER_TOKEN); its clients' own requests "
+             "no longer change them");
+  tenant_set_->add_option("name", tenant_name_, "The tenant")->required();
+  tenant_set_->add_option("--share", tenant_share_, "Its share of each island's device time")
+      ->check(CLI::Range(1e-3, 1e6));
+  tenant_set_->add_option("--memory", tenant_memory_,
+                          "Bytes of arrays its clients may hold together (0: no quota)")
+      ->check(CLI::NonNegativeNumber);
+  tenant_list_ = tenant_->add_subcommand(
+      "list", "Each tenant's share, the device time it achieved over the last second, its "
+              "queue and memory");
+  tenant_list_->add_flag("--json", json_, "Print one JSON array");
+  for (CLI::App* c : {tenant_set_, tenant_list_})
+    c->add_option("--cluster", cluster_, "Cluster address (default: $PW_CLUSTER, else the "
+                                         "last `pw up` cluster)");
 
   dashboard_ = app->add_subcommand(
       "dashboard", "Serve a live web view of the cluster (islands, hosts, devices, queues, "
@@ -224,6 +272,7 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
                           "1048576)");
   controller_->add_option("--max-client-bytes", max_client_bytes_, kMaxClientBytesHelp);
   controller_->add_option("--metrics-port", metrics_port_, kMetricsPortHelp);
+  AddSchedulingFlags(controller_);
   AddTlsFlags(controller_, /*insecure=*/true);
 
   worker_ = app->add_subcommand("worker", "Run one host's worker process");
@@ -246,7 +295,8 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
 
 bool ClusterCommands::parsed() const {
   return up_->parsed() || status_->parsed() || down_->parsed() || cancel_->parsed() ||
-         trace_->parsed() || dashboard_->parsed() || controller_->parsed() || worker_->parsed();
+         trace_->parsed() || dashboard_->parsed() || controller_->parsed() || worker_->parsed() ||
+         tenant_->parsed();
 }
 
 int ClusterCommands::Run(const char* argv0) {
@@ -258,6 +308,7 @@ int ClusterCommands::Run(const char* argv0) {
   if (dashboard_->parsed()) return Dashboard();
   if (controller_->parsed()) return Controller();
   if (worker_->parsed()) return Worker();
+  if (tenant_->parsed()) return Tenant();
   return 1;
 }
 
@@ -273,6 +324,8 @@ int ClusterCommands::Up(const char* argv0) {
   o.collective_timeout_ms = collective_timeout_ms_;
   o.run_timeout_ms = run_timeout_ms_;
   o.max_client_bytes = max_client_bytes_;
+  o.scheduling = scheduling_;
+  o.scheduling_window_ms = scheduling_window_ms_;
   o.overrun_grace_ms = overrun_grace_ms_;
   o.tls = {tls_cert_, tls_key_, tls_ca_, tls_server_name_};
   o.bind_cpus = cpu_bind_ == "host";
@@ -306,6 +359,33 @@ int ClusterCommands::Down() {
         state->address, ", not ", cluster_, " (stop another cluster where it was started)")));
   if (absl::Status s = server::StopLocalCluster(*state); !s.ok()) return Fail(s);
   std::fprintf(stderr, "pw down: stopped the cluster at %s\n", state->address.c_str());
+  return 0;
+}
+
+int ClusterCommands::Tenant() {
+  const std::string address = server::ClusterAddress(cluster_);
+  if (address.empty())
+    return Fail(absl::NotFoundError("no cluster: pass --cluster, set PW_CLUSTER, or run pw up"));
+  bool admin = false;
+  auto c = DialAsAdminIfPossible(address, &admin);
+  if (!c.ok()) return Fail(c.status());
+  if (tenant_set_->parsed()) {
+    TenantSettings t{.name = tenant_name_};
+    if (tenant_share_ > 0) t.share = tenant_share_;
+    if (tenant_memory_ >= 0) t.memory_bytes = tenant_memory_;
+    if (!t.share.has_value() && !t.memory_bytes.has_value())
+      return Fail(absl::InvalidArgumentError("pw tenant set: give --share, --memory or both"));
+    if (absl::Status s = (*c)->SetTenant(t); !s.ok()) return Fail(s);
+    std::fprintf(stderr, "pw tenant: set %s\n", tenant_name_.c_str());
+    return 0;
+  }
+  auto st = (*c)->FullStatus();
+  if (!st.ok()) return Fail(st.status());
+  if (json_) {
+    std::printf("%s\n", nlohmann::json::parse(server::StatusJson(*st, address))["tenants"].dump().c_str());
+    return 0;
+  }
+  PrintTenants(*st);
   return 0;
 }
 
@@ -509,7 +589,9 @@ int ClusterCommands::Status() {
       std::printf(" run:%lld '%s' (client:%lld)", (long long)r.run(), r.program().c_str(),
                   (long long)r.client());
   }
-  std::printf("\n%-6s %-7s %-22s %-6s %-10s %-8s %s\n", "host", "island", "address", "alive",
+  std::printf("\n");
+  PrintTenants(*st);
+  std::printf("%-6s %-7s %-22s %-6s %-10s %-8s %s\n", "host", "island", "address", "alive",
               "buffers", "dispatch", "devices (memory in use / capacity, queue, executed)");
   for (const auto& h : j["hosts"]) {
     std::string devices;
@@ -562,6 +644,7 @@ int ClusterCommands::Controller() {
   o.default_run_timeout = absl::Milliseconds(run_timeout_ms_);
   o.max_program_nodes = max_program_nodes_;
   o.max_client_bytes = max_client_bytes_;
+  o.scheduling = {scheduling_, absl::Microseconds(std::llround(scheduling_window_ms_ * 1000))};
   o.metrics_listen = MetricsListen(listen_, metrics_port_);
   o.clients.session_grace = absl::Milliseconds(session_grace_ms_);
   o.heartbeat_interval = std::min(absl::Milliseconds(200), o.failure_timeout / 4);

@@ -34,10 +34,14 @@ class ClusterCommands {
   int Dashboard();
   int Controller();
   int Worker();
+  int Tenant();
+  // --scheduling, --scheduling-window-ms.
+  void AddSchedulingFlags(CLI::App* command);
   // --tls-cert, --tls-key, --tls-ca (and --insecure where the command can listen off loopback).
   void AddTlsFlags(CLI::App* command, bool insecure);
 
   CLI::App *up_, *status_, *down_, *cancel_, *trace_, *dashboard_, *controller_, *worker_;
+  CLI::App *tenant_, *tenant_set_, *tenant_list_;
   // pw dashboard.
   int dashboard_port_ = 0;
   bool dashboard_detach_ = false;
@@ -72,6 +76,12 @@ class ClusterCommands {
   int64_t collective_timeout_ms_ = 0;
   int64_t run_timeout_ms_ = 0;
   int64_t max_client_bytes_ = 0;
+  std::string scheduling_ = "share";
+  double scheduling_window_ms_ = 2;
+  // pw tenant.
+  std::string tenant_name_;
+  double tenant_share_ = 0;
+  int64_t tenant_memory_ = -1;
   int metrics_port_ = -1;  // -1: no metrics endpoint.
   int64_t overrun_grace_ms_ = -1;  // -1: the worker's default.
   std::string controller_address_;

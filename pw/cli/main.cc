@@ -41,6 +41,7 @@
 #include "pw/bench/dispatch_bench.h"
 #include "pw/bench/io_bench.h"
 #include "pw/bench/loopback_rtt.h"
+#include "pw/bench/multitenant_bench.h"
 #include "pw/bench/transfer_bench.h"
 #include "pw/cli/cluster_commands.h"
 #include "pw/embedded/embedded_cluster.h"
@@ -228,6 +229,45 @@ int main(int argc, char** argv) {
   collectives->add_flag("--json", json, "Print one JSON object to stdout");
   collectives->add_option("--plot", plot, "Also draw the results to this PNG (matplotlib)");
 
+  auto* multitenant = bench->add_subcommand(
+      "multitenant", "The paper's Fig. 8/9 workload: K clients (processes, tenants with shares) "
+                     "loop a program of a given device time on one island's devices; aggregate "
+                     "throughput beside one client's, and each tenant's achieved share");
+  pw::MultitenantBenchOptions mt;
+  multitenant->add_option("--clients", mt.clients, "Client counts (default 4)")->delimiter(',');
+  multitenant->add_option("--shares", mt.shares, "Shares, client i gets the (i mod n)-th "
+                                                 "(default 1,2,4,8)")
+      ->delimiter(',');
+  multitenant->add_option("--compute-ms", mt.compute_ms,
+                          "Device time of each call in ms (default 0.33; the paper: 0.04, 0.33, "
+                          "1.04, 2.4)")
+      ->delimiter(',');
+  multitenant->add_option("--seconds", mt.seconds, "Per measurement (default 10)")
+      ->check(CLI::Range(1.0, 3600.0));
+  multitenant->add_option("--window-ms", mt.window_ms, "Windows for the worst share (default 100)")
+      ->check(CLI::Range(1.0, 60000.0));
+  multitenant->add_option("--in-flight", mt.in_flight, "Calls each client keeps in flight "
+                                                       "(default 16)")
+      ->check(CLI::Range(1, 1024));
+  multitenant->add_flag("--late-join", mt.late_join, "The last client starts halfway through");
+  multitenant->add_option("--cluster", mt.cluster,
+                          "A running cluster (default: one it starts: 1 island x 2 hosts x 4 "
+                          "devices)");
+  multitenant->add_flag("--json", json, "Print one JSON object to stdout");
+  multitenant->add_option("--plot", plot, "Also draw the results to this PNG (matplotlib)");
+  pw::MultitenantClientOptions mtc;
+  auto* mt_client = bench->add_subcommand("multitenant-client",
+                                          "One client of pw bench multitenant (it starts these)");
+  mt_client->group("");  // Hidden.
+  mt_client->add_option("--cluster", mtc.cluster)->required();
+  mt_client->add_option("--tenant", mtc.tenant)->required();
+  mt_client->add_option("--share", mtc.share);
+  mt_client->add_option("--compute-ms", mtc.compute_ms);
+  mt_client->add_option("--in-flight", mtc.in_flight);
+  mt_client->add_option("--start-unix-ns", mtc.start_unix_ns)->required();
+  mt_client->add_option("--end-unix-ns", mtc.end_unix_ns)->required();
+  mt_client->add_option("--out", mtc.out)->required();
+
   // Python: it compares against JAX's own dispatch in the same process (python/pathways).
   auto* xla_overhead = bench->add_subcommand(
       "xla-overhead", "An XLA function run by pathways vs by JAX, same CPU, same run (Python)");
@@ -355,6 +395,20 @@ int main(int argc, char** argv) {
                     x.bus_gbps, x.memcpy_gbps, x.tcp_gbps);
     }
     return Plot("collectives", pw::CollectivesBenchJson(*r), plot);
+  }
+  if (multitenant->parsed()) {
+    mt.pw_binary = std::filesystem::read_symlink("/proc/self/exe").string();
+    if (mt.cluster.empty() && !cluster.empty()) mt.cluster = cluster;
+    auto r = pw::RunMultitenantBench(mt);
+    if (!r.ok()) return Fail(r.status());
+    const std::string out = pw::MultitenantBenchJson(*r);
+    if (json) std::printf("%s\n", out.c_str());
+    return Plot("multitenant", out, plot);
+  }
+  if (mt_client->parsed()) {
+    absl::Status s = pw::RunMultitenantClient(mtc);
+    if (!s.ok()) return Fail(s);
+    return 0;
   }
   if (xla_overhead->parsed())
     return ExecPythonModule("pathways.xla_overhead_bench", xla_overhead->remaining());

@@ -1,8 +1,11 @@
 #include "pw/client/client.h"
 
+#include <cstdlib>
+
 #include <algorithm>
 #include <atomic>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
 #include "pw/program/lowering.h"
@@ -67,8 +70,15 @@ absl::StatusOr<Slice> VirtualDeviceSet::AddSlice(const SliceRequest& request) {
 // ---- Client
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ControllerInterface* controller,
-                                                        const std::string& name) {
-  PW_ASSIGN_OR_RETURN(ClientId id, controller->Connect(name));
+                                                        const std::string& name,
+                                                        ConnectOptions options) {
+  if (const char* t = std::getenv("PW_TENANT"); options.tenant.empty() && t != nullptr)
+    options.tenant = t;
+  if (const char* sh = std::getenv("PW_SHARE"); options.share == 0 && sh != nullptr && *sh) {
+    if (!absl::SimpleAtod(sh, &options.share))
+      return absl::InvalidArgumentError(absl::StrCat("PW_SHARE='", sh, "' is not a number"));
+  }
+  PW_ASSIGN_OR_RETURN(ClientId id, controller->Connect(name, options));
   return std::unique_ptr<Client>(new Client(controller, id));
 }
 

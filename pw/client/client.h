@@ -206,8 +206,11 @@ class Tracer {
 
 class Client {
  public:
+  // Connects as tenant `options.tenant` with `options.share` (ConnectOptions); where those are
+  // unset, $PW_TENANT and $PW_SHARE give them (a share that is not a number is an error).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(ControllerInterface* controller,
-                                                         const std::string& name);
+                                                         const std::string& name,
+                                                         ConnectOptions options = {});
   ~Client();  // Disconnects: the controller releases this client's slices and buffers.
 
   ControllerInterface* controller() const { return controller_; }

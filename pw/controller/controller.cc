@@ -18,6 +18,7 @@ struct Controller::Plan {
   // Per island (ascending), each host's static subgraph.
   std::vector<std::pair<IslandId, std::vector<std::pair<HostId, std::shared_ptr<const HostProgram>>>>>
       islands;
+  std::vector<int> island_devices;  // Per island: the devices its computations use.
   std::vector<int> output_refs;                           // Client handles per value.
   // Values some node reads last (LoweredNode::release): the workers delete their shards.
   std::vector<bool> released;
@@ -67,9 +68,21 @@ Controller::Controller(const ClusterSpec& spec, Options options)
   pw::MutexLock lock(&mu_);
   for (const auto& h : spec.hosts()) host_island_[h.id] = h.island;
   for (const auto& i : spec.islands()) {
-    schedulers_.push_back(std::make_unique<IslandScheduler>(
-        i.id, std::make_unique<FifoPolicy>(), [this](HostId h) { return Worker(h); }));
+    int devices = 0;
+    for (HostId h : i.hosts) devices += static_cast<int>(spec.host(h).devices.size());
+    schedulers_.push_back(NewScheduler(i.id, devices));
   }
+}
+
+std::unique_ptr<IslandScheduler> Controller::NewScheduler(IslandId island, int devices) {
+  std::unique_ptr<SchedulingPolicy> policy;
+  if (options_.scheduling.policy == "fifo") policy = std::make_unique<FifoPolicy>();
+  else policy = std::make_unique<SharePolicy>();
+  IslandScheduler::Options o;
+  o.devices = std::max(1, devices);
+  o.window = options_.scheduling.window;
+  return std::make_unique<IslandScheduler>(island, std::move(policy),
+                                           [this](HostId h) { return Worker(h); }, o);
 }
 
 Controller::~Controller() { WaitIdle(); }
@@ -85,17 +98,15 @@ absl::Status Controller::AttachWorker(HostId host, IslandId island, WorkerInterf
     pw::MutexLock lock(&mu_);
     host_island_[host] = island;
     workers_[host] = worker;
-    while (static_cast<int64_t>(schedulers_.size()) <= island.value()) {
-      schedulers_.push_back(std::make_unique<IslandScheduler>(
-          IslandId(static_cast<int64_t>(schedulers_.size())), std::make_unique<FifoPolicy>(),
-          [this](HostId h) { return Worker(h); }));
-    }
+    while (static_cast<int64_t>(schedulers_.size()) <= island.value())
+      schedulers_.push_back(NewScheduler(IslandId(static_cast<int64_t>(schedulers_.size())), 1));
     for (size_t i = 0; i < functions_.size(); ++i)
       if (functions_[i].owner.valid() && functions_[i].loaded_on.contains(host))
         fns.emplace_back(FunctionId(static_cast<int64_t>(i)), functions_[i].def);
   }
-  for (const auto& [id, def] : fns) PW_RETURN_IF_ERROR(worker->LoadFunction(id, def));
-  return absl::OkStatus();
+  std::vector<Future<>> loads;  // In parallel.
+  for (const auto& [id, def] : fns) loads.push_back(worker->LoadFunction(id, def));
+  return JoinFutures(loads).Await();
 }
 
 void Controller::DetachWorker(HostId host) {
@@ -122,18 +133,18 @@ IslandScheduler* Controller::Scheduler(IslandId island) const {
   return schedulers_[island.value()].get();
 }
 
-absl::Status Controller::RemoveDevice(DeviceId device, const std::string& reason) {
-  PW_ASSIGN_OR_RETURN(DeviceSpec spec, rm_.Device(device));
-  PW_RETURN_IF_ERROR(rm_.RemoveDevice(device, reason));
+Future<> Controller::RemoveDevice(DeviceId device, const std::string& reason) {
+  absl::StatusOr<DeviceSpec> spec = rm_.Device(device);
+  if (!spec.ok()) return Future<>::Ready(spec.status());
+  if (absl::Status s = rm_.RemoveDevice(device, reason); !s.ok()) return Future<>::Ready(s);
   const absl::Status why =
       absl::UnavailableError(absl::StrCat(device.ToString(), " was removed: ", reason));
-  // Every worker hears of it: the owner fails the device's queued work; the others abort their
-  // collectives that include it (each worker process has its own).
-  std::vector<WorkerInterface*> workers = AllWorkers();
-  absl::Status owner = absl::OkStatus();
-  for (WorkerInterface* w : workers) {
-    absl::Status s = w->RemoveDevice(device, why);
-    if (w->host() == spec.host) owner = s;
+  // Every worker hears of it, in parallel: the owner fails the device's queued work; the others
+  // abort their collectives that include it (each worker process has its own).
+  Future<> owner = Future<>::Ready(absl::OkStatus());
+  for (WorkerInterface* w : AllWorkers()) {
+    Future<> told = w->RemoveDevice(device, why);
+    if (w->host() == spec->host) owner = told;
   }
   return owner;
 }
@@ -144,18 +155,15 @@ absl::Status Controller::RestoreDevice(DeviceId device) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<ClientId> Controller::Connect(const std::string& name) {
-  pw::MutexLock lock(&mu_);
-  ClientId id(next_client_++);
-  clients_[id] = name;
-  return id;
+absl::StatusOr<ClientId> Controller::Connect(const std::string& name,
+                                             const ConnectOptions& options) {
+  return clients_.Connect(name, options);
 }
 
-absl::Status Controller::CheckClient(ClientId client) const {
-  pw::MutexLock lock(&mu_);
-  if (!clients_.contains(client))
-    return absl::UnauthenticatedError(absl::StrCat(client.ToString(), " is not connected"));
-  return absl::OkStatus();
+absl::Status Controller::CheckClient(ClientId client) const { return clients_.Check(client); }
+
+absl::Status Controller::SetTenant(const TenantSettings& settings) {
+  return clients_.SetTenant(settings);
 }
 
 absl::Status Controller::Disconnect(ClientId client) {
@@ -208,9 +216,9 @@ absl::Status Controller::Disconnect(ClientId client) {
       else
         ++it;
     }
-    clients_.erase(client);
     for (const auto& [h, w] : workers_) workers.push_back(w);
   }
+  (void)clients_.Disconnect(client);  // Connected until here (CheckClient above).
   // The workers' copies go too (compiled executables, host programs and their plans), after
   // the runs' cancellations.
   for (WorkerInterface* w : workers) {
@@ -275,10 +283,7 @@ std::vector<RunId> Controller::CancelClientRuns(ClientId client, const absl::Sta
   return runs;
 }
 
-size_t Controller::num_clients() const {
-  pw::MutexLock lock(&mu_);
-  return clients_.size();
-}
+size_t Controller::num_clients() const { return clients_.size(); }
 
 absl::StatusOr<SliceInfo> Controller::AllocateSlice(ClientId client, const SliceRequest& request) {
   PW_RETURN_IF_ERROR(CheckClient(client));
@@ -342,13 +347,18 @@ absl::Status Controller::LoadOnHosts(FunctionId function, const std::vector<Host
         workers.push_back(it->second);
     }
   }
-  for (WorkerInterface* w : workers) {
-    PW_RETURN_IF_ERROR(w->LoadFunction(function, def));
+  std::vector<Future<>> loads;  // In parallel; each RPC has its deadline.
+  for (WorkerInterface* w : workers) loads.push_back(w->LoadFunction(function, def));
+  absl::Status first;
+  for (size_t i = 0; i < workers.size(); ++i) {
+    absl::Status s = loads[i].Await();
+    first.Update(s);
+    if (!s.ok()) continue;
     pw::MutexLock lock(&mu_);
     Function& f = functions_[function.value()];
-    if (f.owner.valid()) f.loaded_on.insert(w->host());  // Not freed meanwhile.
+    if (f.owner.valid()) f.loaded_on.insert(workers[i]->host());  // Not freed meanwhile.
   }
-  return absl::OkStatus();
+  return first;
 }
 
 absl::StatusOr<FunctionSignature> Controller::Signature(ClientId client, FunctionId id,
@@ -442,6 +452,8 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
     return *p;
   };
   absl::flat_hash_map<int64_t, bool> slices;
+  absl::flat_hash_map<int64_t, absl::flat_hash_set<DeviceId>> island_devices;
+  absl::flat_hash_map<int64_t, SliceDevices> slice_devices;  // One list per slice, shared.
   for (size_t i = 0; i < lowered.nodes.size(); ++i) {
     const LoweredNode& n = lowered.nodes[i];
     if (n.kind != LoweredNode::Kind::kCompute && n.kind != LoweredNode::Kind::kTransfer) continue;
@@ -449,10 +461,16 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
     for (size_t r = 0; r < n.slice.devices.size(); ++r)
       ranks_by_host[n.slice.hosts[r].value()].push_back(static_cast<int>(r));
     slices[n.slice.slice.value()] = true;
+    if (n.kind == LoweredNode::Kind::kCompute && !n.slice.hosts.empty())
+      island_devices[host_island[n.slice.hosts[0]].value()].insert(n.slice.devices.begin(),
+                                                                    n.slice.devices.end());
     for (const auto& [host, ranks] : ranks_by_host) {
       NodeWork nw{static_cast<int32_t>(i), n.name, {}};
       if (n.kind == LoweredNode::Kind::kCompute) {
-        nw.work = ComputeWork{n.function, n.slice.devices, ranks, n.inputs, n.outputs, n.release};
+        SliceDevices& devices = slice_devices[n.slice.slice.value()];
+        if (devices == nullptr)
+          devices = std::make_shared<const std::vector<DeviceId>>(n.slice.devices);
+        nw.work = ComputeWork{n.function, devices, ranks, n.inputs, n.outputs, n.release};
       } else {
         const Placement& src = *lowered.values[n.inputs[0]].placement;
         const Placement& dst = *lowered.values[n.outputs[0]].placement;
@@ -465,6 +483,7 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
   for (auto& [island, hosts] : islands) {
     auto& entry = plan->islands.emplace_back(IslandId(island), std::vector<std::pair<HostId, std::shared_ptr<const HostProgram>>>{});
     for (auto& [host, program] : hosts) entry.second.emplace_back(HostId(host), std::move(program));
+    plan->island_devices.push_back(static_cast<int>(island_devices[island].size()));
   }
   for (const auto& [s, _] : slices) plan->slices.push_back(SliceId(s));
   plan->output_refs.assign(lowered.values.size(), 0);
@@ -562,6 +581,28 @@ absl::StatusOr<std::string> Controller::ExplainProgram(ClientId client, ProgramI
   return p.plans.begin()->second->lowered.ToString();
 }
 
+std::pair<Future<>, Future<>> Controller::HandToSchedulers(
+    std::vector<std::pair<IslandId, IslandWork>> works) {
+  std::vector<Future<>> enqueued, done;
+  // One order over every island: runs spanning islands reach each scheduler in it (`seq`).
+  pw::MutexLock order(&submit_mu_);
+  const int64_t seq = next_seq_++;
+  for (auto& [island, w] : works) {
+    w.seq = seq;
+    IslandScheduler* scheduler = Scheduler(island);
+    if (scheduler == nullptr) {
+      enqueued.push_back(Future<>::Ready(absl::OkStatus()));
+      done.push_back(Future<>::Ready(
+          absl::UnavailableError(absl::StrCat(island.ToString(), " has no scheduler"))));
+      continue;
+    }
+    DispatchAck ack = scheduler->Submit(std::move(w));
+    enqueued.push_back(std::move(ack.enqueued));
+    done.push_back(AsStatusFuture(ack.done));
+  }
+  return {JoinFutures(enqueued), JoinFutures(done)};
+}
+
 Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
                                    const std::vector<BufferId>& args, const RunOptions& options) {
   const DispatchMode mode = options.mode;
@@ -569,11 +610,15 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   trace::Span span(trace::ControllerTrack(client), "submit", "submit", client.value());
   const absl::Duration timeout =
       options.timeout > absl::ZeroDuration() ? options.timeout : options_.default_run_timeout;
-  if (absl::Status s = CheckClient(client); !s.ok()) return Future<RunInfo>::Ready(s);
+  absl::StatusOr<std::shared_ptr<const Tenant>> tenant = clients_.TenantOf(client);
+  if (!tenant.ok()) return Future<RunInfo>::Ready(tenant.status());
   // Arguments are pinned as they are looked up, so a concurrent release cannot free them before
   // the run is dispatched; the run unpins them when it finishes.
   std::vector<Placement> placements;
   std::vector<BufferId> pinned;
+  // Other clients' arrays still being made: the run reaches the schedulers once they are ready
+  // (the policies order only each client's own runs: pw/scheduler/scheduling_policy.h).
+  std::vector<Future<>> foreign_pending;
   auto fail = [&](const absl::Status& s) {
     Free(buffers_.Unpin(pinned));
     // Calls already sent with these outputs as arguments fail with the reason.
@@ -593,6 +638,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
     if (lb->owner != client) {  // Shared with it: another client's slice (which may be gone).
       if (absl::Status s = rm_.CheckAlive(lb->placement->devices, where); !s.ok()) return fail(s);
       placements.push_back(*lb->placement);
+      if (!lb->ready.IsReady()) foreign_pending.push_back(lb->ready);
       continue;
     }
     auto slice = rm_.ResolveSlice(client, lb->placement->slice);
@@ -656,12 +702,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   unpin.insert(unpin.end(), pinned.begin(), pinned.end());
 
   if (span.active()) {
-    std::string tenant;
-    {
-      pw::MutexLock lock(&mu_);
-      if (auto it = clients_.find(client); it != clients_.end()) tenant = it->second;
-    }
-    span.Arg("run", run.value()).Arg("program", lp.name).Arg("tenant", tenant);
+    span.Arg("run", run.value()).Arg("program", lp.name).Arg("tenant", clients_.NameOf(client));
     span.Arg("nodes", static_cast<int64_t>(lp.nodes.size()));
     if (options.trace_flow != 0) span.FlowIn(options.trace_flow);
     for (const auto& [island, hosts] : plan.islands)
@@ -676,23 +717,31 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   }
 
   auto buffers = std::make_shared<const std::vector<BufferId>>(std::move(ids));
-  std::vector<Future<>> enqueued, done;
-  {
-    pw::MutexLock order(&submit_mu_);
-    for (const auto& [island, hosts] : plan.islands) {
-      IslandWork w{run, client, lp.name, mode, buffers, hosts};
-      IslandScheduler* scheduler = Scheduler(island);
-      DispatchAck ack =
-          scheduler != nullptr
-              ? scheduler->Submit(std::move(w))
-              : DispatchAck{Future<>::Ready(absl::OkStatus()),
-                            Future<>::Ready(absl::UnavailableError(absl::StrCat(
-                                island.ToString(), " has no scheduler")))};
-      enqueued.push_back(ack.enqueued);
-      done.push_back(ack.done);
-    }
+  std::vector<std::pair<IslandId, IslandWork>> works;
+  for (size_t i = 0; i < plan.islands.size(); ++i) {
+    const auto& [island, hosts] = plan.islands[i];
+    works.emplace_back(island, IslandWork{run, client, *tenant, lp.name, mode, buffers, hosts, 0,
+                                          plan.islands.size() > 1, plan.island_devices[i]});
   }
-  JoinFutures(done).OnReady([this, run, unpin = std::move(unpin), plan = *plan_or,
+  Future<> enqueued, done;
+  ClientRegistry::HandOff hand_off = clients_.Queue(client, JoinFutures(foreign_pending));
+  if (!hand_off.handed.has_value()) {
+    std::tie(enqueued, done) = HandToSchedulers(std::move(works));
+  } else {
+    Promise<> all_enqueued, all_done;
+    enqueued = all_enqueued.future();
+    done = all_done.future();
+    hand_off.go.OnReady([this, works = std::move(works), handed = std::move(*hand_off.handed),
+                         all_enqueued = std::move(all_enqueued),
+                         all_done = std::move(all_done)](const absl::Status&) mutable {
+      // Handed over whatever the wait's outcome: a failed input fails the run where it is read.
+      auto [e, d] = HandToSchedulers(std::move(works));
+      handed.Set();
+      e.OnReady([p = std::move(all_enqueued)](const absl::Status& s) mutable { p.Set(s); });
+      d.OnReady([p = std::move(all_done)](const absl::Status& s) mutable { p.Set(s); });
+    });
+  }
+  done.OnReady([this, run, unpin = std::move(unpin), plan = *plan_or,
                              buffers](const absl::Status& s) mutable {
     completions_.Post([this, run, unpin = std::move(unpin), plan = std::move(plan),
                        buffers = std::move(buffers), s]() mutable {
@@ -702,7 +751,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   // Accepted now: the client need not wait for the hosts' acks (errors of enqueued work surface
   // through info.done).
   if (options_.on_run_enqueued) {
-    JoinFutures(enqueued).OnReady([this, submitted](const absl::Status&) {
+    enqueued.OnReady([this, submitted](const absl::Status&) {
       options_.on_run_enqueued(absl::Now() - submitted);
     });
   }
@@ -748,12 +797,25 @@ absl::StatusOr<BufferId> Controller::ReserveBufferIds(ClientId client, int64_t c
 }
 
 absl::Status Controller::ChargeQuota(ClientId client, int64_t bytes, const std::string& what) {
-  if (buffers_.TryCharge(client, bytes, options_.max_client_bytes)) return absl::OkStatus();
-  return absl::ResourceExhaustedError(absl::StrCat(
-      what, " needs ", bytes, " bytes of arrays on the cluster, but ", client.ToString(),
-      " already holds ", buffers_.HeldBytes(client), " of its quota of ",
-      options_.max_client_bytes,
-      " bytes: release arrays it no longer needs (pw controller --max-client-bytes raises it)"));
+  PW_ASSIGN_OR_RETURN(ClientRegistry::Quota tenant, clients_.QuotaOf(client));
+  switch (buffers_.TryCharge(client, bytes, {options_.max_client_bytes, tenant.tenant, tenant.bytes})) {
+    case BufferTable::Over::kNothing:
+      return absl::OkStatus();
+    case BufferTable::Over::kClientQuota:
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, " needs ", bytes, " bytes of arrays on the cluster, but ", client.ToString(),
+          " already holds ", buffers_.HeldBytes(client), " of its quota of ",
+          options_.max_client_bytes,
+          " bytes: release arrays it no longer needs (pw controller --max-client-bytes raises it)"));
+    case BufferTable::Over::kTenantQuota:
+      return absl::ResourceExhaustedError(absl::StrCat(
+          what, " needs ", bytes, " bytes of arrays on the cluster, but tenant '", tenant.name,
+          "' (", client.ToString(), "'s) already holds ", buffers_.TenantHeldBytes(tenant.tenant),
+          " of its quota of ", tenant.bytes,
+          " bytes: release arrays its clients no longer need (pw tenant set ", tenant.name,
+          " --memory BYTES raises it)"));
+  }
+  return absl::OkStatus();
 }
 
 void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin, const Plan& plan,
@@ -1108,8 +1170,11 @@ absl::StatusOr<ClusterStatus> Controller::Status() {
             [](const auto& a, const auto& b) { return a.run < b.run; });
   if (s.running.size() > ClusterStatus::kMaxRunningListed)
     s.running.resize(ClusterStatus::kMaxRunningListed);
-  for (const Asked& a : workers) {
-    absl::StatusOr<HostStatus> h = a.worker->Status();
+  std::vector<Future<HostStatus>> asked;  // In parallel; each answers within its deadline.
+  for (const Asked& a : workers) asked.push_back(a.worker->Status());
+  for (size_t i = 0; i < workers.size(); ++i) {
+    const Asked& a = workers[i];
+    absl::StatusOr<HostStatus> h = asked[i].Await();
     if (h.ok()) {
       s.hosts.push_back(*std::move(h));
       continue;
@@ -1122,7 +1187,41 @@ absl::StatusOr<ClusterStatus> Controller::Status() {
   std::sort(s.hosts.begin(), s.hosts.end(),
             [](const HostStatus& a, const HostStatus& b) { return a.host < b.host; });
   s.logical_buffers = buffers_.size();
+  AddTenants(s);
   return s;
+}
+
+void Controller::AddTenants(ClusterStatus& s) const {
+  s.scheduling = options_.scheduling.policy == "fifo" ? "fifo" : "share";
+  absl::flat_hash_map<int64_t, IslandScheduler::TenantLoad> loads;  // Over every island.
+  int64_t total_ns = 0;
+  {
+    pw::MutexLock lock(&mu_);
+    for (const auto& sched : schedulers_) {
+      for (const IslandScheduler::TenantLoad& l : sched->TenantLoads()) {
+        IslandScheduler::TenantLoad& sum = loads[l.tenant->id()];
+        sum.queued += l.queued;
+        sum.device_ns_last_second += l.device_ns_last_second;
+        sum.device_ns_total += l.device_ns_total;
+        total_ns += l.device_ns_last_second;
+      }
+    }
+  }
+  for (const ClientRegistry::TenantInfo& t : clients_.Tenants()) {
+    ClusterStatus::Tenant& out = s.tenants.emplace_back();
+    out.name = t.tenant->name();
+    out.share = t.tenant->share();
+    out.pinned = t.pinned;
+    out.memory_quota_bytes = t.memory_quota;
+    out.memory_bytes = buffers_.TenantHeldBytes(t.tenant->id());
+    out.clients = t.clients;
+    if (auto it = loads.find(t.tenant->id()); it != loads.end()) {
+      out.queued = it->second.queued;
+      out.device_seconds = static_cast<double>(it->second.device_ns_total) / 1e9;
+      if (total_ns > 0)
+        out.achieved_share = static_cast<double>(it->second.device_ns_last_second) / total_ns;
+    }
+  }
 }
 
 }  // namespace pw

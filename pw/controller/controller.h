@@ -20,6 +20,7 @@
 #include "pw/base/timer.h"
 #include "pw/base/work_queue.h"
 #include "pw/cluster/cluster_spec.h"
+#include "pw/controller/client_registry.h"
 #include "pw/controller/output_ids.h"
 #include "pw/controller/share_table.h"
 #include "pw/object_store/buffer_table.h"
@@ -46,6 +47,13 @@ class Controller final : public ControllerInterface {
     // cluster at once: its puts and the buffers its runs produce (pw controller
     // --max-client-bytes). A put or run past it is refused with ResourceExhausted. 0: no quota.
     int64_t max_client_bytes = 0;
+    // The islands' gang scheduling (pw/scheduler): "share" (proportional share among tenants)
+    // or "fifo"; and the estimated device time each keeps in flight per device.
+    struct Scheduling {
+      std::string policy = "share";
+      absl::Duration window = absl::Milliseconds(2);
+    };
+    Scheduling scheduling;
     // Called as each run finishes (on the controller's completion thread; must not block):
     // the time from its submission, and its outcome. Metrics observe runs through it.
     std::function<void(absl::Duration, const absl::Status&)> on_run_done;
@@ -70,10 +78,12 @@ class Controller final : public ControllerInterface {
   // worker object must stay alive (work in flight may still hold it).
   void DetachWorker(HostId host);
   ResourceManager& resource_manager() { return rm_; }
-  // Takes a device out of service: new programs on its slices fail naming it; work queued on it
-  // fails; collectives that include it are aborted.
-  absl::Status RemoveDevice(DeviceId device, const std::string& reason);
-  // Puts a removed device back in service (its host's worker has rejoined).
+  // Takes a device out of service: new programs on its slices fail naming it at once; every
+  // worker is told in parallel (work queued on the device fails, collectives that include it are
+  // aborted). The future is the device's own worker's answer.
+  Future<> RemoveDevice(DeviceId device, const std::string& reason);
+  // Puts a removed device back in service (its host's worker has rejoined); the workers are told
+  // without waiting.
   absl::Status RestoreDevice(DeviceId device);
   // Blocks until no run is in flight.
   void WaitIdle();
@@ -91,7 +101,9 @@ class Controller final : public ControllerInterface {
   std::vector<RunId> CancelClientRuns(ClientId client, const absl::Status& why);
 
   // --- ControllerInterface.
-  absl::StatusOr<ClientId> Connect(const std::string& name) override;
+  using ControllerInterface::Connect;
+  absl::StatusOr<ClientId> Connect(const std::string& name, const ConnectOptions& options) override;
+  absl::Status SetTenant(const TenantSettings& settings) override;
   absl::Status Disconnect(ClientId client) override;
   absl::StatusOr<SliceInfo> AllocateSlice(ClientId client, const SliceRequest& request) override;
   absl::Status ReleaseSlice(ClientId client, SliceId slice) override;
@@ -169,6 +181,12 @@ class Controller final : public ControllerInterface {
   absl::StatusOr<ArrayInfo> NewPutArray(ClientId client, SliceId slice_id, const Sharding& sharding,
                                         const ArraySpec& spec, Future<> ready);
   IslandScheduler* Scheduler(IslandId island) const;
+  // The tenants' settings and each one's load over the islands, into `s`.
+  void AddTenants(ClusterStatus& s) const;
+  std::unique_ptr<IslandScheduler> NewScheduler(IslandId island, int devices);
+  // Hands one run's island subgraphs to their schedulers, in one order over all islands; the
+  // futures join the islands' acks (enqueued, done).
+  std::pair<Future<>, Future<>> HandToSchedulers(std::vector<std::pair<IslandId, IslandWork>> works);
   // Deletes the shards of `freed` on their hosts.
   void Free(const std::vector<LogicalBuffer>& freed);
   // Unpins the run's buffers and deletes those now unreferenced. The run's intermediates
@@ -195,9 +213,8 @@ class Controller final : public ControllerInterface {
   pw::Mutex shares_mu_;
   ShareTable shares_ ABSL_GUARDED_BY(shares_mu_);
 
+  ClientRegistry clients_;
   mutable pw::Mutex mu_;
-  int64_t next_client_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<ClientId, std::string> clients_ ABSL_GUARDED_BY(mu_);
   std::vector<Function> functions_ ABSL_GUARDED_BY(mu_);  // Indexed by FunctionId.
   absl::flat_hash_map<std::pair<FunctionId, int>, FunctionSignature> signatures_
       ABSL_GUARDED_BY(mu_);
@@ -228,6 +245,7 @@ class Controller final : public ControllerInterface {
   // Held while handing one run's subgraphs to their islands' schedulers, so that runs spanning
   // islands reach every scheduler in the same relative order.
   pw::Mutex submit_mu_;
+  int64_t next_seq_ ABSL_GUARDED_BY(submit_mu_) = 0;
   // Held while telling workers to cancel or forget runs, so a run's ForgetRuns never overtakes
   // its CancelRuns. Runs cancelled (their client disconnected) that are still in flight:
   pw::Mutex cancel_mu_ ABSL_ACQUIRED_BEFORE(mu_);

@@ -17,10 +17,10 @@ using ::testing::Return;
 class MockWorker : public WorkerInterface {
  public:
   explicit MockWorker(HostId host) : host_(host) {
-    ON_CALL(*this, LoadFunction).WillByDefault(Return(absl::OkStatus()));
+    ON_CALL(*this, LoadFunction).WillByDefault(Return(Future<>::Ready(absl::OkStatus())));
   }
   HostId host() const override { return host_; }
-  MOCK_METHOD(absl::Status, LoadFunction, (FunctionId, const FunctionDef&), (override));
+  MOCK_METHOD(Future<>, LoadFunction, (FunctionId, const FunctionDef&), (override));
   MOCK_METHOD(DispatchAck, Dispatch, (HostWork), (override));
   MOCK_METHOD(Future<>, PutShard, (BufferId, DeviceId, HostArray), (override));
   MOCK_METHOD(Future<DeviceBufferRef>, FetchShard, (BufferId, DeviceId), (override));
@@ -31,9 +31,9 @@ class MockWorker : public WorkerInterface {
               (override));
   MOCK_METHOD(void, CancelRuns, (const std::vector<RunId>&, const absl::Status&), (override));
   MOCK_METHOD(void, ForgetRuns, (const std::vector<RunId>&), (override));
-  MOCK_METHOD(absl::Status, RemoveDevice, (DeviceId, const absl::Status&), (override));
-  MOCK_METHOD(absl::Status, RestoreDevice, (DeviceId), (override));
-  MOCK_METHOD(absl::StatusOr<HostStatus>, Status, (), (const, override));
+  MOCK_METHOD(Future<>, RemoveDevice, (DeviceId, const absl::Status&), (override));
+  MOCK_METHOD(Future<>, RestoreDevice, (DeviceId), (override));
+  MOCK_METHOD(Future<HostStatus>, Status, (), (const, override));
 
  private:
   HostId host_;
@@ -112,8 +112,8 @@ TEST(ControllerTest, AFailedLoadFailsTheBindingAndIsRetried) {
   NiceMock<MockWorker> w(HostId(0));
   ASSERT_TRUE(c.AttachWorker(HostId(0), IslandId(0), &w).ok());
   EXPECT_CALL(w, LoadFunction)
-      .WillOnce(Return(absl::InvalidArgumentError("host 0: compiling function 'psum'")))
-      .WillOnce(Return(absl::OkStatus()));
+      .WillOnce(Return(Future<>::Ready(absl::InvalidArgumentError("host 0: compiling function 'psum'"))))
+      .WillOnce(Return(Future<>::Ready(absl::OkStatus())));
   ClientId client = *c.Connect("t");
   auto fn = c.RegisterFunction(client, Spmd(1));
   auto slice = c.AllocateSlice(client, {.num_devices = 1});

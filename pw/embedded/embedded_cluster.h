@@ -42,7 +42,7 @@ class EmbeddedCluster {
   // Adds a host with `num_devices` devices to `island` (or a new island: island == #islands).
   absl::StatusOr<HostRegistration> AddHost(IslandId island, int num_devices,
                                            int64_t memory_bytes = ClusterSpec::kDefaultDeviceMemory);
-  absl::Status RemoveDevice(DeviceId device, const std::string& reason) {
+  Future<> RemoveDevice(DeviceId device, const std::string& reason) {
     return controller_->RemoveDevice(device, reason);
   }
   // The worker of `host`, or nullptr.

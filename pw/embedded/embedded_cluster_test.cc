@@ -3,7 +3,9 @@
 #include "pw/embedded/embedded_cluster.h"
 
 #include <atomic>
+#include <deque>
 #include <optional>
+#include <random>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -254,6 +256,124 @@ TEST_P(ClusterTest, ConcurrentClientsWithCollectivesDoNotDeadlock) {
   t1.join();
   EXPECT_EQ(completed.load(), 4 * kRuns);
   ExpectNothingLeft();
+}
+
+// Issue 24: 1,000 runs with collectives from four clients of three tenants with different
+// shares, in random order and mode: single-island programs on overlapping slices and programs
+// that cross islands and back (so each island's proportional-share policy reorders them
+// against each other's), and runs on another client's arrays still being made. Every run
+// finishes; none deadlocks.
+TEST_P(ClusterTest, RandomizedTenantsAcrossIslandsNeverDeadlock) {
+  Start(2, 2, 2);
+  constexpr int kClients = 4, kRunsPerClient = 250;
+  const ConnectOptions tenants[kClients] = {
+      {"a", 1}, {"a", 1}, {"b", 3}, {"", 0}};  // Two share a tenant; the last is its own.
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int i = 0; i < kClients; ++i)
+    clients.push_back(*Client::Connect(api(), absl::StrCat("client", i), tenants[i]));
+  // Client 0 shares its runs' outputs, as they are made, with client 1 (a channel of tokens).
+  pw::Mutex mu;
+  std::deque<std::string> shared;  // Under mu.
+  std::atomic<int> completed{0};
+  auto client_loop = [&](int id) {
+    Client& c = *clients[id];
+    std::mt19937 rng(1234 + id);
+    auto set = c.MakeVirtualDeviceSet();
+    Slice i0 = *set.AddSlice({.num_devices = 4, .islands = {IslandId(0)}});
+    Slice i0_half = *set.AddSlice({.num_devices = 2, .islands = {IslandId(0)}});
+    Slice i1 = *set.AddSlice({.num_devices = 4, .islands = {IslandId(1)}});
+    BoundFunction on_i0 = *c.Pmap(ReduceAddFn("i0"), i0);
+    BoundFunction on_i0_half = *c.Pmap(ReduceAddFn("i0_half"), i0_half);
+    BoundFunction on_i1 = *c.Pmap(ReduceAddFn("i1"), i1);
+    const ArraySpec v4{DType::kF32, Shape({4})}, v2{DType::kF32, Shape({2})};
+    std::vector<Program> four = {
+        *c.Trace("i0", {v4}, [&](std::vector<Value> v) { return std::vector{on_i0(v[0])}; }),
+        *c.Trace("i1", {v4}, [&](std::vector<Value> v) { return std::vector{on_i1(v[0])}; }),
+        // 0 -> 1 -> 5 -> 21: island 0, island 1, island 0 again.
+        *c.Trace("across", {v4},
+                 [&](std::vector<Value> v) { return std::vector{on_i0(on_i1(on_i0(v[0])))}; })};
+    Program half = *c.Trace("i0_half", {v2}, [&](std::vector<Value> v) {
+      return std::vector{on_i0_half(on_i0_half(v[0]))};
+    });
+    Array x4 = *c.Put(F32({0, 0, 0, 0}), i0.info().id, Sharding::Split({4}, 1, 0));
+    Array x2 = *c.Put(F32({0, 0}), i0_half.info().id, Sharding::Split({2}, 1, 0));
+    std::deque<std::pair<Future<>, std::vector<Array>>> in_flight;
+    std::vector<Array> kept;
+    auto settle = [&](size_t keep) {
+      while (in_flight.size() > keep) {
+        Future<> f = in_flight.front().first;
+        ASSERT_TRUE(f.AwaitFor(kDeadlockTimeout)) << "deadlock: a run did not finish";
+        ASSERT_TRUE(f.status().ok()) << f.status();
+        in_flight.pop_front();
+        completed++;
+      }
+    };
+    for (int i = 0; i < kRunsPerClient; ++i) {
+      const RunOptions mode = rng() % 4 == 0 ? DispatchMode::kSequential : DispatchMode::kParallel;
+      std::optional<Array> foreign;
+      if (id == 1) {
+        pw::MutexLock lock(&mu);
+        if (!shared.empty()) {
+          foreign = *c.Import(shared.front());
+          shared.pop_front();
+        }
+      }
+      const int pick = rng() % 5;
+      auto run = foreign.has_value() ? four[0].RunAsync({*foreign}, mode)
+                 : pick < 3          ? four[pick].RunAsync({x4}, mode)
+                                     : half.RunAsync({x2}, mode);
+      ASSERT_TRUE(run.ok()) << run.status();
+      if (id == 0 && i % 10 == 0 && pick < 3) {
+        auto token = run->first[0].Share();  // Shared as it is made.
+        ASSERT_TRUE(token.ok()) << token.status();
+        kept.push_back(run->first[0]);  // Until client 1 has imported it (or the end).
+        pw::MutexLock lock(&mu);
+        shared.push_back(*token);
+      }
+      in_flight.emplace_back(run->second, std::move(run->first));
+      settle(16);
+    }
+    settle(0);
+    auto across = four[2].Run({x4});
+    EXPECT_EQ(Values((*across)[0]), (std::vector<float>{21, 21, 21, 21}));
+  };
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kClients; ++i) threads.emplace_back(client_loop, i);
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(completed.load(), kClients * kRunsPerClient);
+  clients.clear();
+  ExpectNothingLeft();
+}
+
+// Issue 24: a run on another client's array still being made reaches the schedulers only once
+// that array is ready. A policy reorders tenants, so a favoured tenant's run could otherwise go
+// ahead of the run making its input and wait for it on the devices, while that run waits for
+// the devices (here the window lets one run at a time in flight: it would never end).
+TEST(TenantOrderTest, ARunOnAnotherClientsUnfinishedArrayWaitsForItBeforeItsTurn) {
+  EmbeddedCluster::Options eo;
+  eo.controller.scheduling.window = absl::Nanoseconds(1);  // One run in flight per island.
+  auto cluster = *EmbeddedCluster::Create(*ClusterSpec::Uniform(1, 1, 2), eo);
+  auto maker = *Client::Connect(&cluster->controller(), "maker", {"slow", 1});
+  auto user = *Client::Connect(&cluster->controller(), "user", {"favoured", 1000});
+  Slice ms = *maker->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  Slice us = *user->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  NativeFunctionBuilder hb("hold");
+  int hx = hb.Input({DType::kF32, Shape({})});
+  BoundFunction hold =
+      *maker->Pmap(hb.Build({hb.Op("hold_device", {hx}, {{"micros", 50'000}})}), ms);
+  BoundFunction make = *maker->Pmap(ReduceAddFn("make"), ms);
+  BoundFunction use = *user->Pmap(ReduceAddFn("use"), us);
+  Array zero = *maker->Put(F32({0, 0}), ms.info().id, Sharding::Split({2}, 1, 0));
+  auto busy = hold.Call({zero});   // In flight: the island's one.
+  auto made = make.Call({zero});   // Queued behind it (its tenant's next).
+  ASSERT_TRUE(busy.ok() && made.ok());
+  Array imported = *user->Import(*(*made)[0].Share());
+  auto used = use.Call({imported});  // The favoured tenant's, on the array not yet made.
+  ASSERT_TRUE(used.ok());
+  Future<> done = (*used)[0].Ready();
+  ASSERT_TRUE(done.AwaitFor(kDeadlockTimeout)) << "the run waited on the devices for its input";
+  ASSERT_TRUE(done.status().ok()) << done.status();
+  EXPECT_EQ(Values((*used)[0]), (std::vector<float>{3, 3}));  // 0 -> 0+0+1 -> 1+1+1.
 }
 
 TEST_P(ClusterTest, NoBufferLeftAfterThousandsOfPrograms) {
@@ -544,7 +664,7 @@ TEST_P(ClusterTest, DeviceRemovalMidRunFailsOnlyAffectedPrograms) {
   Array x = *c->Put(F32({0, 0, 0, 0}), all.info().id, Sharding::Split({4}, 1, 0));
   auto run = longp.RunAsync({x});
   ASSERT_TRUE(run.ok());
-  ASSERT_TRUE(controller().RemoveDevice(DeviceId(3), "test: pulled mid-run").ok());
+  ASSERT_TRUE(controller().RemoveDevice(DeviceId(3), "test: pulled mid-run").Await().ok());
   ASSERT_TRUE(run->second.AwaitFor(kDeadlockTimeout)) << "run hung after device removal";
   absl::Status s = run->second.status();
   // The run either finished before the removal or failed naming the device.

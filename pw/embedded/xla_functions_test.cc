@@ -309,7 +309,7 @@ TEST_F(XlaFunctionsTest, SpmdPartitionOfARemovedDeviceStillMeetsItsPeer) {
   device->Enqueue([gate = release.future()](const absl::Status&) { gate.Await(); });
   auto out = f->Call({x});
   ASSERT_TRUE(out.ok()) << out.status();
-  ASSERT_TRUE(cluster_->RemoveDevice(held, "pulled for the test").ok());
+  ASSERT_TRUE(cluster_->RemoveDevice(held, "pulled for the test").Await().ok());
   release.Set();
   absl::Status st = (*out)[0].Ready().status();
   EXPECT_FALSE(st.ok());
@@ -387,7 +387,7 @@ TEST(XlaCompileTest, ADisconnectedClientsExecutablesAreFreed) {
                                          s.info().id, Sharding::Split({2}, 2, 0))});
     ASSERT_TRUE(rows.ok()) << rows.status();
     ASSERT_TRUE((*rows)[0].ToHost().ok());
-    HostStatus h = *cluster->worker(HostId(0))->Status();
+    HostStatus h = *cluster->worker(HostId(0))->Status().Await();
     EXPECT_EQ(h.functions, 2u);
     EXPECT_EQ(h.executables, 2u);
     EXPECT_EQ(backend->num_cached(), 2u);
@@ -397,7 +397,7 @@ TEST(XlaCompileTest, ADisconnectedClientsExecutablesAreFreed) {
     client.reset();  // Disconnects.
     // Plans (which hold executables) are dropped on the dispatch thread, a little later.
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while ((h = *cluster->worker(HostId(0))->Status()).plans != 0 && absl::Now() < deadline)
+    while ((h = *cluster->worker(HostId(0))->Status().Await()).plans != 0 && absl::Now() < deadline)
       absl::SleepFor(absl::Milliseconds(2));
     EXPECT_EQ(h.plans, 0u);
     EXPECT_EQ(h.functions, 0u);

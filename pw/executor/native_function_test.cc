@@ -4,6 +4,7 @@
 #include <limits>
 #include <thread>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace pw {
@@ -41,6 +42,26 @@ TEST(NativeFunctionTest, ElementwiseChain) {
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(Read((*out)[0]), (std::vector<float>{3, 6, 9}));
   EXPECT_EQ(Read((*out)[1]), (std::vector<float>{2, 4, 6}));
+}
+
+// Issue 24: hold_device keeps its device at least `micros` (a lower bound: a sleep never ends
+// early), then passes its operand on; out of range it is an error naming the range.
+TEST(NativeFunctionTest, HoldDeviceHoldsTheDeviceThenCopies) {
+  NativeFunctionBuilder b("hold");
+  int x = b.Input({DType::kF32, Shape({2})});
+  auto exe = CompileNative(b.Build({b.Op("hold_device", {x}, {{"micros", 3000}})}), 1);
+  ASSERT_TRUE(exe.ok()) << exe.status();
+  const absl::Time start = absl::Now();
+  auto out = (*exe)->ExecuteShard(Single({F32({1, 2}, Shape({2}))})).Await();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(3));
+  EXPECT_EQ(Read((*out)[0]), (std::vector<float>{1, 2}));
+  NativeFunctionBuilder b2("hold_long");
+  int x2 = b2.Input({DType::kF32, Shape({2})});
+  auto forever = *CompileNative(b2.Build({b2.Op("hold_device", {x2}, {{"micros", 1e9}})}), 1);
+  absl::Status s = forever->ExecuteShard(Single({F32({1, 2}, Shape({2}))})).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("outside 0 ... 1e+07"), std::string::npos) << s;
 }
 
 TEST(NativeFunctionTest, MatmulUsesBlas) {

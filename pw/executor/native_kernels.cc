@@ -4,6 +4,7 @@
 #include "pw/executor/native_kernels.h"
 
 #include <cblas.h>
+#include <sys/prctl.h>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +14,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace pw::native {
 namespace {
@@ -95,6 +97,29 @@ KernelDef UnaryOp(std::string name, Op op) {
               for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(op(x[i]));
               return absl::OkStatus();
             });
+          }};
+}
+
+// hold_device(x, micros): occupies the device for `micros` microseconds without the host's CPU
+// (the device's thread sleeps), then copies its operand. It stands in for an accelerator
+// kernel of that length on a machine without accelerators (pw bench multitenant: the paper's
+// §5.2 computations of 0.04 ... 2.4 ms). At most kMaxHoldMicros, so one kernel cannot keep a
+// device for long.
+constexpr double kMaxHoldMicros = 10e6;
+KernelDef HoldDevice() {
+  KernelDef copy = UnaryOp("copy", [](auto x) { return x; });
+  return {"hold_device", 1, {"micros"}, SameAsOperand,
+          [copy = std::move(copy.run)](const KernelContext& c) -> absl::Status {
+            const double micros = c.attrs.at("micros");
+            if (!(micros >= 0 && micros <= kMaxHoldMicros))
+              return absl::InvalidArgumentError(absl::StrCat(
+                  "hold_device: micros ", micros, " is outside 0 ... ", kMaxHoldMicros));
+            // Sleeps end within a microsecond or so, not Linux's default 50 us timer slack.
+            static thread_local const bool precise = prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0) == 0;
+            (void)precise;
+            const absl::Time until = absl::Now() + absl::Microseconds(micros);
+            absl::SleepFor(until - absl::Now());
+            return copy(c);
           }};
 }
 
@@ -294,6 +319,7 @@ absl::flat_hash_map<std::string, KernelDef> BuildRegistry() {
       UnaryOp("tanh", [](auto x) { return std::tanh(x); }),
       UnaryOp("sqrt", [](auto x) { return std::sqrt(x); }),
       UnaryOp("relu", [](auto x) { return x > 0 ? x : decltype(x)(0); }),
+      HoldDevice(),
       BinaryOp("add", [](auto a, auto b) { return a + b; }),
       BinaryOp("sub", [](auto a, auto b) { return a - b; }),
       BinaryOp("mul", [](auto a, auto b) { return a * b; }),

@@ -136,6 +136,20 @@ Families ClusterFamilies(const ClusterStatus& s, size_t clients) {
   for (size_t i = 0; i < s.scheduler_queue_depth.size(); ++i)
     b.Add("pw_scheduler_queue_depth", "Runs waiting in an island's gang scheduler.", kGauge,
           {{"island", absl::StrCat(i)}}, static_cast<double>(s.scheduler_queue_depth[i]));
+  for (const ClusterStatus::Tenant& t : s.tenants) {
+    b.Add("pw_tenant_share", "A tenant's configured share of each island's device time.", kGauge,
+          {{"tenant", t.name}}, t.share);
+    b.Add("pw_tenant_achieved_share",
+          "A tenant's fraction of the device time of work that finished in the last second.",
+          kGauge, {{"tenant", t.name}}, t.achieved_share);
+    b.Add("pw_tenant_device_seconds_total",
+          "Device time of a tenant's work (summed over devices) since it appeared.", kCounter,
+          {{"tenant", t.name}}, t.device_seconds);
+    b.Add("pw_tenant_queued", "A tenant's requests waiting in the islands' gang schedulers.",
+          kGauge, {{"tenant", t.name}}, static_cast<double>(t.queued));
+    b.Add("pw_tenant_memory_bytes", "Bytes of arrays a tenant's clients hold on the cluster.",
+          kGauge, {{"tenant", t.name}}, static_cast<double>(t.memory_bytes));
+  }
   return b.Take();
 }
 

@@ -5,19 +5,37 @@
 
 namespace pw {
 
-bool BufferTable::TryCharge(ClientId client, int64_t bytes, int64_t quota) {
+namespace {
+bool Exceeds(int64_t held, int64_t bytes, int64_t quota) {
+  return quota > 0 && (bytes > quota || held > quota - bytes);
+}
+}  // namespace
+
+BufferTable::Over BufferTable::TryCharge(ClientId client, int64_t bytes, const Quota& quota) {
   pw::MutexLock lock(&mu_);
   auto it = held_.find(client);
-  const int64_t held = it == held_.end() ? 0 : it->second;
-  if (quota > 0 && (bytes > quota || held > quota - bytes)) return false;
-  if (bytes > 0) held_[client] = held + bytes;
-  return true;
+  const int64_t held = it == held_.end() ? 0 : it->second.bytes;
+  if (Exceeds(held, bytes, quota.client_bytes)) return Over::kClientQuota;
+  auto t = tenant_held_.find(quota.tenant);
+  if (Exceeds(t == tenant_held_.end() ? 0 : t->second, bytes, quota.tenant_bytes))
+    return Over::kTenantQuota;
+  if (bytes > 0) {
+    held_[client] = {held + bytes, quota.tenant};
+    tenant_held_[quota.tenant] += bytes;
+  }
+  return Over::kNothing;
 }
 
 int64_t BufferTable::HeldBytes(ClientId client) const {
   pw::MutexLock lock(&mu_);
   auto it = held_.find(client);
-  return it == held_.end() ? 0 : it->second;
+  return it == held_.end() ? 0 : it->second.bytes;
+}
+
+int64_t BufferTable::TenantHeldBytes(int64_t tenant) const {
+  pw::MutexLock lock(&mu_);
+  auto it = tenant_held_.find(tenant);
+  return it == tenant_held_.end() ? 0 : it->second;
 }
 
 BufferId BufferTable::Create(LogicalBuffer buffer, int client_refs, int pins, int64_t charged) {
@@ -34,8 +52,12 @@ void BufferTable::Remove(absl::flat_hash_map<BufferId, Entry>::iterator it,
                          std::vector<LogicalBuffer>* freed) {
   Entry& e = it->second;
   if (e.charged > 0) {
-    auto h = held_.find(e.buffer.owner);
-    if (h != held_.end() && (h->second -= e.charged) <= 0) held_.erase(h);
+    if (auto h = held_.find(e.buffer.owner); h != held_.end()) {
+      if (auto t = tenant_held_.find(h->second.tenant);
+          t != tenant_held_.end() && (t->second -= e.charged) <= 0)
+        tenant_held_.erase(t);
+      if ((h->second.bytes -= e.charged) <= 0) held_.erase(h);
+    }
   }
   freed->push_back(std::move(e.buffer));
   entries_.erase(it);

@@ -36,16 +36,26 @@ struct LogicalBuffer {
 
 class BufferTable {
  public:
-  // Charges `bytes` to `client` if its buffers' bytes stay within `quota` (0: no quota); false
-  // (nothing charged) if not. Buffers created with these bytes (Create's `charged`) give them
-  // back when freed.
-  bool TryCharge(ClientId client, int64_t bytes, int64_t quota);
+  // What a client's arrays are held to: its own quota and its tenant's, shared with the
+  // tenant's other clients (0: none).
+  struct Quota {
+    int64_t client_bytes = 0;
+    int64_t tenant = -1;
+    int64_t tenant_bytes = 0;
+  };
+  enum class Over { kNothing, kClientQuota, kTenantQuota };
+  // Charges `bytes` to `client` (and its tenant) if both stay within their quotas; says which
+  // would not (nothing charged) otherwise. Buffers created with these bytes (Create's `charged`)
+  // give them back when freed. A client's tenant must not change while it holds bytes.
+  Over TryCharge(ClientId client, int64_t bytes, const Quota& quota);
   // Registers a buffer with the given reference counts; assigns its id unless it has one (from
   // NewIds: a client-chosen output id), and returns it. `charged`:
   // bytes TryCharge charged its owner for it (returned when it is freed).
   BufferId Create(LogicalBuffer buffer, int client_refs, int pins, int64_t charged = 0);
   // The bytes of the buffers `client` owns that exist now (charged and not yet freed).
   int64_t HeldBytes(ClientId client) const;
+  // The bytes a tenant's clients hold together.
+  int64_t TenantHeldBytes(int64_t tenant) const;
   // `n` consecutive ids of buffers that are not listed (a run's intermediates, which no client
   // holds and its hosts delete themselves); returns the first.
   BufferId NewIds(int64_t n);
@@ -84,7 +94,12 @@ class BufferTable {
   mutable pw::Mutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<BufferId, Entry> entries_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<ClientId, int64_t> held_ ABSL_GUARDED_BY(mu_);  // Charged bytes; none: 0.
+  struct Held {
+    int64_t bytes = 0;
+    int64_t tenant = -1;
+  };
+  absl::flat_hash_map<ClientId, Held> held_ ABSL_GUARDED_BY(mu_);  // Charged bytes; none: absent.
+  absl::flat_hash_map<int64_t, int64_t> tenant_held_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pw

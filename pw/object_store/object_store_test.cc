@@ -6,6 +6,13 @@
 namespace pw {
 namespace {
 
+// TryCharge with a client quota only (and a tenant's): whether it charged.
+bool Charge(BufferTable& t, ClientId c, int64_t bytes, int64_t quota, int64_t tenant = -1,
+            int64_t tenant_quota = 0) {
+  return t.TryCharge(c, bytes, {quota, tenant, tenant_quota}) == BufferTable::Over::kNothing;
+}
+
+
 TEST(ObjectStoreTest, PutGetDeleteReleasesMemory) {
   DeviceMemory mem(DeviceId(0), 100);
   ObjectStore store;
@@ -63,7 +70,7 @@ TEST(BufferTableTest, ReleaseClientFreesUnpinned) {
 TEST(BufferTableTest, ASharedBufferLivesWhileAnyClientHoldsItAndIsChargedToItsOwner) {
   BufferTable t;
   ClientId owner(1), reader(2), other(3);
-  ASSERT_TRUE(t.TryCharge(owner, 64, 0));
+  ASSERT_TRUE(Charge(t, owner, 64, 0));
   LogicalBuffer lb;
   lb.owner = owner;
   BufferId id = t.Create(lb, /*client_refs=*/1, /*pins=*/0, /*charged=*/64);
@@ -94,13 +101,13 @@ TEST(BufferTableTest, ChargesEachClientWithinItsQuotaUntilItsBuffersAreFreed) {
   BufferTable t;
   LogicalBuffer lb;
   lb.owner = ClientId(1);
-  ASSERT_TRUE(t.TryCharge(ClientId(1), 60, /*quota=*/100));
+  ASSERT_TRUE(Charge(t, ClientId(1), 60, /*quota=*/100));
   const BufferId a = t.Create(lb, /*client_refs=*/1, /*pins=*/0, /*charged=*/60);
-  EXPECT_FALSE(t.TryCharge(ClientId(1), 41, 100));  // 101 > 100: nothing charged.
+  EXPECT_FALSE(Charge(t, ClientId(1), 41, 100));  // 101 > 100: nothing charged.
   EXPECT_EQ(t.HeldBytes(ClientId(1)), 60);
-  EXPECT_TRUE(t.TryCharge(ClientId(2), 100, 100));  // Another client's quota is its own.
-  EXPECT_FALSE(t.TryCharge(ClientId(3), int64_t{1} << 62, 100));  // No overflow past the quota.
-  ASSERT_TRUE(t.TryCharge(ClientId(1), 40, 100));
+  EXPECT_TRUE(Charge(t, ClientId(2), 100, 100));  // Another client's quota is its own.
+  EXPECT_FALSE(Charge(t, ClientId(3), int64_t{1} << 62, 100));  // No overflow past the quota.
+  ASSERT_TRUE(Charge(t, ClientId(1), 40, 100));
   const BufferId b = t.Create(lb, 1, /*pins=*/1, 40);
   ASSERT_TRUE(t.ReleaseHandle(ClientId(1), a).ok());
   EXPECT_EQ(t.HeldBytes(ClientId(1)), 40);
@@ -108,8 +115,26 @@ TEST(BufferTableTest, ChargesEachClientWithinItsQuotaUntilItsBuffersAreFreed) {
   EXPECT_EQ(t.HeldBytes(ClientId(1)), 40);
   EXPECT_EQ(t.Unpin({b}).size(), 1u);
   EXPECT_EQ(t.HeldBytes(ClientId(1)), 0);
-  EXPECT_TRUE(t.TryCharge(ClientId(1), 100, 100));
-  EXPECT_TRUE(t.TryCharge(ClientId(4), int64_t{1} << 62, /*quota=*/0));  // 0: no quota.
+  EXPECT_TRUE(Charge(t, ClientId(1), 100, 100));
+  EXPECT_TRUE(Charge(t, ClientId(4), int64_t{1} << 62, /*quota=*/0));  // 0: no quota.
+}
+
+// Issue 24: a tenant's clients share its quota; each still has its own.
+TEST(BufferTableTest, ATenantsClientsShareItsQuota) {
+  BufferTable t;
+  LogicalBuffer lb;
+  lb.owner = ClientId(1);
+  EXPECT_EQ(t.TryCharge(ClientId(1), 60, {0, /*tenant=*/7, /*tenant_bytes=*/100}),
+            BufferTable::Over::kNothing);
+  const BufferId a = t.Create(lb, 1, 0, 60);
+  // Client 2 of the same tenant: 60 + 50 > 100, though it holds nothing itself.
+  EXPECT_EQ(t.TryCharge(ClientId(2), 50, {0, 7, 100}), BufferTable::Over::kTenantQuota);
+  EXPECT_EQ(t.TryCharge(ClientId(2), 50, {40, 7, 100}), BufferTable::Over::kClientQuota);
+  EXPECT_EQ(t.TryCharge(ClientId(3), 50, {0, 8, 100}), BufferTable::Over::kNothing);  // Another.
+  EXPECT_EQ(t.TenantHeldBytes(7), 60);
+  EXPECT_EQ(t.ReleaseHandle(ClientId(1), a)->size(), 1u);  // Freed: the tenant's bytes back.
+  EXPECT_EQ(t.TenantHeldBytes(7), 0);
+  EXPECT_EQ(t.TryCharge(ClientId(2), 100, {0, 7, 100}), BufferTable::Over::kNothing);
 }
 
 TEST(BufferTableTest, UnlistedIdsAreNeverReusedAndNotEntries) {

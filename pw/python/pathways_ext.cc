@@ -295,18 +295,22 @@ NB_MODULE(_pathways, m) {
   nb::class_<Client>(m, "Client")
       .def_static(
           "connect",
-          [](EmbeddedCluster& cluster, const std::string& name) {
+          [](EmbeddedCluster& cluster, const std::string& name, const std::string& tenant,
+             double share) {
             nb::gil_scoped_release release;
-            return Unwrap(Client::Connect(&cluster.controller(), name));
+            return Unwrap(Client::Connect(&cluster.controller(), name, {tenant, share}));
           },
-          nb::keep_alive<0, 1>())
+          nb::keep_alive<0, 1>(), nb::arg("cluster"), nb::arg("name"), nb::arg("tenant") = "",
+          nb::arg("share") = 0.0)
       .def_static(
           "connect_remote",
-          [](rpc::RemoteController& remote, const std::string& name) {
+          [](rpc::RemoteController& remote, const std::string& name, const std::string& tenant,
+             double share) {
             nb::gil_scoped_release release;
-            return Unwrap(Client::Connect(&remote, name));
+            return Unwrap(Client::Connect(&remote, name, {tenant, share}));
           },
-          nb::keep_alive<0, 1>())
+          nb::keep_alive<0, 1>(), nb::arg("remote"), nb::arg("name"), nb::arg("tenant") = "",
+          nb::arg("share") = 0.0)
       .def(
           "start_trace",
           [](Client& c) {

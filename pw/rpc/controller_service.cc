@@ -124,7 +124,8 @@ grpc::ServerUnaryReactor* ControllerService::Connect(grpc::CallbackServerContext
                             " clients, its limit (pw controller --max-clients raises it)")));
     ++connecting_;
   }
-  absl::StatusOr<ClientId> id = controller_->Connect(req->name());
+  absl::StatusOr<ClientId> id =
+      controller_->Connect(req->name(), ConnectOptions{req->tenant(), req->share()});
   std::string key = NewSecret();
   {
     pw::MutexLock lock(&mu_);
@@ -409,6 +410,20 @@ grpc::ServerUnaryReactor* ControllerService::Cancel(grpc::CallbackServerContext*
     for (RunId r : runs) resp->add_runs(r.value());
     return absl::OkStatus();
   });
+}
+
+grpc::ServerUnaryReactor* ControllerService::SetTenant(grpc::CallbackServerContext* ctx,
+                                                       const v1::TenantSettings* req, v1::Empty*) {
+  // Shares and quotas are the cluster's admin's (the cluster token: `pw tenant set`).
+  if (!AuthorizeMember(ctx).ok())
+    return Reply(ctx, absl::PermissionDeniedError(
+                          "setting a tenant's share or memory quota needs the cluster token "
+                          "(pw tenant where pw up ran, or PW_CLUSTER_TOKEN)"));
+  TenantSettings t;
+  t.name = req->name();
+  if (req->has_share()) t.share = req->share();
+  if (req->has_memory_bytes()) t.memory_bytes = req->memory_bytes();
+  return Reply(ctx, controller_->SetTenant(t));
 }
 
 grpc::ServerUnaryReactor* ControllerService::StartTrace(grpc::CallbackServerContext* ctx,

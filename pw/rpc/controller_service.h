@@ -70,6 +70,7 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
                                    const ::pathways::v1::Req* req,                   \
                                    ::pathways::v1::Resp* resp) override
   PW_UNARY(Connect, ConnectRequest, ConnectResponse);
+  PW_UNARY(SetTenant, TenantSettings, Empty);
   PW_UNARY(Disconnect, ClientRequest, Empty);
   PW_UNARY(AllocateSlice, AllocateSliceRequest, SliceInfo);
   PW_UNARY(ReleaseSlice, ReleaseSliceRequest, Empty);

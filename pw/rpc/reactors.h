@@ -3,6 +3,7 @@
 
 #include "absl/status/status.h"
 #include "grpcpp/grpcpp.h"
+#include "pw/base/future.h"
 #include "pw/rpc/wire.h"
 
 namespace pw::rpc {
@@ -11,6 +12,13 @@ namespace pw::rpc {
 inline grpc::ServerUnaryReactor* Reply(grpc::CallbackServerContext* ctx, const absl::Status& s) {
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
   r->Finish(ToGrpc(s));
+  return r;
+}
+
+// Finishes a unary call with `f`'s status once it is ready (on the thread that readies it).
+inline grpc::ServerUnaryReactor* ReplyWhen(grpc::CallbackServerContext* ctx, const Future<>& f) {
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  f.OnReady([r](const absl::Status& s) { r->Finish(ToGrpc(s)); });
   return r;
 }
 

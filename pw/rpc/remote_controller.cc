@@ -64,10 +64,13 @@ void RemoteController::Core::Prepare(grpc::ClientContext* ctx, ClientId client) 
   if (it != keys.end()) ctx->AddMetadata("pw-client-key", it->second);
 }
 
-absl::StatusOr<ClientId> RemoteController::Connect(const std::string& name) {
+absl::StatusOr<ClientId> RemoteController::Connect(const std::string& name,
+                                                   const ConnectOptions& options) {
   v1::ConnectRequest req;
   req.set_protocol_version(kProtocolVersion);
   req.set_name(name);
+  req.set_tenant(options.tenant);
+  req.set_share(options.share);
   v1::ConnectResponse resp;
   grpc::ClientContext ctx;
   AddToken(&ctx, core_->options.token);
@@ -439,6 +442,19 @@ absl::StatusOr<v1::ClusterStatus> RemoteController::FullStatus(bool reset_peak_m
 absl::StatusOr<ClusterStatus> RemoteController::Status() {
   PW_ASSIGN_OR_RETURN(v1::ClusterStatus s, FullStatus());
   return FromProto(s);
+}
+
+absl::Status RemoteController::SetTenant(const TenantSettings& settings) {
+  v1::TenantSettings req;
+  req.set_name(settings.name);
+  if (settings.share.has_value()) req.set_share(*settings.share);
+  if (settings.memory_bytes.has_value()) req.set_memory_bytes(*settings.memory_bytes);
+  grpc::ClientContext ctx;
+  AddToken(&ctx, core_->options.token);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::Empty resp;
+  if (grpc::Status s = core_->stub->SetTenant(&ctx, req, &resp); !s.ok()) return core_->Where(s);
+  return absl::OkStatus();
 }
 
 absl::Status RemoteController::Shutdown() {

@@ -42,7 +42,10 @@ class RemoteController final : public ControllerInterface {
   absl::StatusOr<std::vector<RunId>> CancelRun(RunId run, const std::string& reason);
   absl::StatusOr<std::vector<RunId>> CancelClient(ClientId client, const std::string& reason);
 
-  absl::StatusOr<ClientId> Connect(const std::string& name) override;
+  using ControllerInterface::Connect;
+  absl::StatusOr<ClientId> Connect(const std::string& name, const ConnectOptions& options) override;
+  // Needs the channel's token to be the cluster token.
+  absl::Status SetTenant(const TenantSettings& settings) override;
   absl::Status Disconnect(ClientId client) override;
   absl::StatusOr<SliceInfo> AllocateSlice(ClientId client, const SliceRequest& request) override;
   absl::Status ReleaseSlice(ClientId client, SliceId slice) override;

@@ -129,13 +129,20 @@ RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOption
 
 RemoteWorker::~RemoteWorker() {
   Fail("the controller closed its connection");
-  pw::MutexLock lock(&mu_);
-  mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stream_ == nullptr; });
+  {
+    pw::MutexLock lock(&mu_);
+    mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return stream_ == nullptr; });
+  }
+  // Calls cancelled by Fail end soon: their callbacks must not outlive the stub's channel.
+  pw::MutexLock lock(&fetches_->mu);
+  fetches_->mu.Await([f = fetches_.get()]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    return f->calls.empty();
+  });
 }
 
-absl::Status RemoteWorker::Where(const absl::Status& s) const {
-  return Annotate(s, absl::StrCat(host_.ToString(), " at ", address_));
-}
+std::string RemoteWorker::Where() const { return absl::StrCat(host_.ToString(), " at ", address_); }
+
+absl::Status RemoteWorker::Where(const absl::Status& s) const { return Annotate(s, Where()); }
 
 void RemoteWorker::Fail(const std::string& reason) {
   absl::flat_hash_map<uint64_t, Pending> pending;
@@ -159,6 +166,7 @@ void RemoteWorker::Fail(const std::string& reason) {
 void RemoteWorker::FailPending(Pending& p, const absl::Status& error) {
   if (p.enqueued.valid()) p.enqueued.Set(error);
   if (p.done.valid()) p.done.Set(error);
+  if (p.ran.has_value() && p.ran->valid()) p.ran->Set(error);
   if (p.fetched.has_value() && p.fetched->valid()) p.fetched->Set(error);
   if (p.transfer.has_value() && p.transfer->valid()) p.transfer->Set(error);
 }
@@ -202,7 +210,12 @@ void RemoteWorker::OnEvent(const v1::CommandEvent& e) {
   if (p.fetched.has_value()) return Fetched(std::move(p), e, s);
   if (p.transfer.has_value()) Transferred(p, e, s);
   if (p.enqueued.valid()) p.enqueued.Set(s);
-  if (e.kind() == v1::CommandEvent::DONE && p.done.valid()) p.done.Set(s);
+  if (e.kind() != v1::CommandEvent::DONE) return;
+  if (p.done.valid()) p.done.Set(s);
+  if (p.ran.has_value()) {
+    if (!s.ok()) return p.ran->Set(s);
+    p.ran->Set(e.device_ns());
+  }
 }
 
 void RemoteWorker::Fetched(Pending p, const v1::CommandEvent& e, const absl::Status& s) {
@@ -271,7 +284,8 @@ std::string RemoteWorker::failure() const {
 
 DispatchAck RemoteWorker::Dispatch(HostWork work) {
   Pending p;
-  DispatchAck ack{p.enqueued.future(), p.done.future()};
+  p.ran.emplace();
+  DispatchAck ack{p.enqueued.future(), p.ran->future()};
   v1::Command c;
   v1::DispatchRequest* d = c.mutable_dispatch();
   d->set_program_id(work.program->id);
@@ -345,51 +359,96 @@ void RemoteWorker::SendUnacknowledged(v1::Command c) {
   stream_->Write(std::move(c));
 }
 
-absl::Status RemoteWorker::LoadFunction(FunctionId id, const FunctionDef& def) {
+namespace {
+// One unary call to a worker made without waiting: `start` issues it on the call's context,
+// request and response; the future holds `finish(response)`, or the call's error annotated with
+// `where`. Nothing of the RemoteWorker is used after `start` returns.
+// `calls` lists it while it is in flight (the RemoteWorker's destructor cancels and waits for
+// what is listed).
+template <typename T, typename Req, typename Resp, typename Start, typename Finish>
+Future<T> UnaryCall(const std::shared_ptr<RemoteWorker::Fetches>& calls, Req req,
+                    std::chrono::system_clock::time_point deadline, const std::string& token,
+                    std::string where, Start start, Finish finish) {
+  struct Call {
+    grpc::ClientContext ctx;
+    Req req;
+    Resp resp;
+    Promise<T> done;
+  };
+  auto call = std::make_shared<Call>();
+  call->req = std::move(req);
+  AddToken(&call->ctx, token);
+  call->ctx.set_deadline(deadline);
+  Future<T> result = call->done.future();
+  {
+    pw::MutexLock lock(&calls->mu);
+    if (!calls->failed.empty()) {  // Destroyed or failed: nothing more goes out.
+      call->done.Set(Annotate(absl::UnavailableError(calls->failed), where));
+      return result;
+    }
+    calls->calls.insert(&call->ctx);
+  }
+  start(&call->ctx, &call->req, &call->resp,
+        [call, calls, where = std::move(where), finish = std::move(finish)](grpc::Status g) {
+          absl::Status s = FromGrpc(g);
+          if (!s.ok()) call->done.Set(Annotate(s, where));
+          else call->done.Set(finish(call->resp));
+          pw::MutexLock lock(&calls->mu);
+          calls->calls.erase(&call->ctx);
+        });
+  return result;
+}
+std::chrono::system_clock::time_point In(std::chrono::seconds d) {
+  return std::chrono::system_clock::now() + d;
+}
+}  // namespace
+
+Future<> RemoteWorker::LoadFunction(FunctionId id, const FunctionDef& def) {
   v1::WorkerLoadFunctionRequest req;
   req.set_function(id.value());
   ToProto(def, req.mutable_def());
-  grpc::ClientContext ctx;
-  AddToken(&ctx, options_.token);
-  ctx.set_deadline(Deadline());
-  v1::Empty resp;
-  absl::Status s = FromGrpc(stub_->LoadFunction(&ctx, req, &resp));
-  return s.ok() ? s : Where(s);
+  return UnaryCall<void, v1::WorkerLoadFunctionRequest, v1::Empty>(
+      fetches_, std::move(req), Deadline(), options_.token, Where(), 
+      [stub = stub_.get()](auto* ctx, auto* req, auto* resp, auto done) {
+        stub->async()->LoadFunction(ctx, req, resp, std::move(done));
+      },
+      [](const v1::Empty&) { return absl::OkStatus(); });
 }
 
-absl::Status RemoteWorker::RemoveDevice(DeviceId device, const absl::Status& reason) {
+Future<> RemoteWorker::RemoveDevice(DeviceId device, const absl::Status& reason) {
   v1::RemoveDeviceRequest req;
   req.set_device(device.value());
   ToProto(reason, req.mutable_reason());
-  grpc::ClientContext ctx;
-  AddToken(&ctx, options_.token);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  v1::Empty resp;
-  absl::Status s = FromGrpc(stub_->RemoveDevice(&ctx, req, &resp));
-  return s.ok() ? s : Where(s);
+  return UnaryCall<void, v1::RemoveDeviceRequest, v1::Empty>(
+      fetches_, std::move(req), In(std::chrono::seconds(5)), options_.token, Where(),
+      [stub = stub_.get()](auto* ctx, auto* req, auto* resp, auto done) {
+        stub->async()->RemoveDevice(ctx, req, resp, std::move(done));
+      },
+      [](const v1::Empty&) { return absl::OkStatus(); });
 }
 
-absl::Status RemoteWorker::RestoreDevice(DeviceId device) {
+Future<> RemoteWorker::RestoreDevice(DeviceId device) {
   v1::RemoveDeviceRequest req;
   req.set_device(device.value());
-  grpc::ClientContext ctx;
-  AddToken(&ctx, options_.token);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  v1::Empty resp;
-  absl::Status s = FromGrpc(stub_->RestoreDevice(&ctx, req, &resp));
-  return s.ok() ? s : Where(s);
+  return UnaryCall<void, v1::RemoveDeviceRequest, v1::Empty>(
+      fetches_, std::move(req), In(std::chrono::seconds(5)), options_.token, Where(),
+      [stub = stub_.get()](auto* ctx, auto* req, auto* resp, auto done) {
+        stub->async()->RestoreDevice(ctx, req, resp, std::move(done));
+      },
+      [](const v1::Empty&) { return absl::OkStatus(); });
 }
 
-absl::StatusOr<HostStatus> RemoteWorker::Status() const {
-  grpc::ClientContext ctx;
-  AddToken(&ctx, options_.token);
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
-  v1::Empty req;
-  v1::HostStatus resp;
-  if (absl::Status s = FromGrpc(stub_->Status(&ctx, req, &resp)); !s.ok()) return Where(s);
-  absl::StatusOr<HostStatus> h = FromProto(resp);
-  if (!h.ok()) return Where(h.status());
-  return h;
+Future<HostStatus> RemoteWorker::Status() const {
+  return UnaryCall<HostStatus, v1::Empty, v1::HostStatus>(
+      fetches_, v1::Empty(), In(std::chrono::seconds(3)), options_.token, Where(),
+      [stub = stub_.get()](auto* ctx, auto* req, auto* resp, auto done) {
+        stub->async()->Status(ctx, req, resp, std::move(done));
+      },
+      [where = Where()](const v1::HostStatus& resp) -> absl::StatusOr<HostStatus> {
+        absl::StatusOr<HostStatus> h = FromProto(resp);
+        if (!h.ok()) return Annotate(h.status(), where);
+        return h;
+      });
 }
 
 absl::StatusOr<trace::Chunk> RemoteWorker::Trace(bool start) {

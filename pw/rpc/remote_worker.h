@@ -38,7 +38,7 @@ class RemoteWorker final : public WorkerInterface {
 
   HostId host() const override { return host_; }
   const std::string& address() const { return address_; }
-  absl::Status LoadFunction(FunctionId id, const FunctionDef& def) override;
+  Future<> LoadFunction(FunctionId id, const FunctionDef& def) override;
   DispatchAck Dispatch(HostWork work) override;
   Future<> PutShard(BufferId id, DeviceId device, HostArray shard) override;
   Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) override;
@@ -50,10 +50,11 @@ class RemoteWorker final : public WorkerInterface {
               const std::vector<uint64_t>& host_programs) override;
   void CancelRuns(const std::vector<RunId>& runs, const absl::Status& reason) override;
   void ForgetRuns(const std::vector<RunId>& runs) override;
-  absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) override;
-  absl::Status RestoreDevice(DeviceId device) override;
+  // These calls wait at most 5 s (LoadFunction: the control deadline) for their answers.
+  Future<> RemoveDevice(DeviceId device, const absl::Status& reason) override;
+  Future<> RestoreDevice(DeviceId device) override;
   // Asks the worker (3 s at most); an error naming the host if it cannot be reached.
-  absl::StatusOr<HostStatus> Status() const override;
+  Future<HostStatus> Status() const override;
   // The worker process's trace recorder (not a WorkerInterface call: it is the process's):
   // starts it (an empty chunk back), or stops it and returns its events on the controller's
   // clock. Waits at most 10 s.
@@ -71,6 +72,8 @@ class RemoteWorker final : public WorkerInterface {
   void OpenCommandStream();
 
   // Fetches in flight from this worker: Fail() cancels them, as a stalled worker never answers.
+  // Calls in flight to the worker outside the command stream (fetches, unary calls): cancelled
+  // and waited for when this goes.
   struct Fetches {
     pw::Mutex mu;
     absl::flat_hash_set<grpc::ClientContext*> calls ABSL_GUARDED_BY(mu);
@@ -81,7 +84,8 @@ class RemoteWorker final : public WorkerInterface {
   class Stream;
   struct Pending {
     Promise<> enqueued;  // Invalid for puts.
-    Promise<> done;
+    Promise<> done;      // Invalid for dispatches, which have `ran`.
+    std::optional<Promise<int64_t>> ran;  // A dispatch's end: its device time.
     // A fetch's: its shard, and what it reads (for a shard too large for an event).
     std::optional<Promise<DeviceBufferRef>> fetched;
     // A client transfer's: where the client goes (set by the event with the bulk port).
@@ -108,6 +112,7 @@ class RemoteWorker final : public WorkerInterface {
   void OnEvent(const ::pathways::v1::CommandEvent& e);
   void OnStreamEnd(Stream* stream, const absl::Status& s);
   absl::Status Where(const absl::Status& s) const;
+  std::string Where() const;  // "host:N at ADDRESS".
 
   const HostId host_;
   const std::string address_;

@@ -16,12 +16,10 @@ namespace pb = ::google::protobuf;
 static absl::StatusOr<NativeOpDef> FromProto(const v1::NativeOp& p);
 static absl::StatusOr<ValueRef> FromProto(const v1::ValueRef& p);
 static absl::StatusOr<ProgramNode> FromProto(const v1::ProgramNode& p);
-static absl::StatusOr<NodeWork> FromProto(const v1::NodeWork& p);
 static absl::StatusOr<DeviceStatus> FromProto(const v1::DeviceStatus& p);
 static void ToProto(const NativeOpDef& op, v1::NativeOp* out);
 static void ToProto(const ValueRef& v, v1::ValueRef* out);
 static void ToProto(const ProgramNode& n, v1::ProgramNode* out);
-static void ToProto(const NodeWork& n, v1::NodeWork* out);
 static void ToProto(const DeviceStatus& d, v1::DeviceStatus* out);
 
 namespace {
@@ -445,13 +443,26 @@ absl::StatusOr<FunctionInfo> FromProto(const v1::FunctionInfo& p) {
 
 // ---------------------------------------------------------------- host programs
 
-static void ToProto(const NodeWork& n, v1::NodeWork* out) {
+// A host program's slices on the wire: each distinct device list once (nodes name an index).
+namespace {
+struct SliceTable {
+  absl::flat_hash_map<const std::vector<DeviceId>*, int> index;
+  v1::HostProgram* out;
+  int IndexOf(const SliceDevices& d) {
+    auto [it, added] = index.emplace(d.get(), static_cast<int>(index.size()));
+    if (added) SetIds(*d, out->add_slices()->mutable_devices());
+    return it->second;
+  }
+};
+}  // namespace
+
+static void ToProto(const NodeWork& n, SliceTable& slices, v1::NodeWork* out) {
   out->set_node(n.node);
   out->set_name(n.name);
   if (const auto* c = std::get_if<ComputeWork>(&n.work)) {
     v1::ComputeWork* o = out->mutable_compute();
     o->set_function(c->function.value());
-    SetIds(c->slice_devices, o->mutable_slice_devices());
+    o->set_slice(slices.IndexOf(c->slice_devices));
     o->mutable_local_ranks()->Assign(c->local_ranks.begin(), c->local_ranks.end());
     o->mutable_inputs()->Assign(c->inputs.begin(), c->inputs.end());
     o->mutable_outputs()->Assign(c->outputs.begin(), c->outputs.end());
@@ -472,12 +483,15 @@ static void ToProto(const NodeWork& n, v1::NodeWork* out) {
   }
 }
 
-static absl::StatusOr<ComputeWork> FromProto(const v1::ComputeWork& p) {
+static absl::StatusOr<ComputeWork> FromProto(const v1::ComputeWork& p,
+                                             const std::vector<SliceDevices>& slices) {
   ComputeWork c;
   PW_ASSIGN_OR_RETURN(c.function, IdOf<FunctionId>(p.function(), "function"));
-  PW_ASSIGN_OR_RETURN(c.slice_devices, Ids<DeviceId>(p.slice_devices(), "slice_devices"));
+  if (p.slice() < 0 || p.slice() >= static_cast<int64_t>(slices.size()))
+    return Invalid("slice", absl::StrCat("is ", p.slice(), ", not in [0, ", slices.size(), ")"));
+  c.slice_devices = slices[p.slice()];
   PW_ASSIGN_OR_RETURN(c.local_ranks,
-                      Indices(p.local_ranks(), "local_ranks", c.slice_devices.size()));
+                      Indices(p.local_ranks(), "local_ranks", c.slice_devices->size()));
   PW_ASSIGN_OR_RETURN(c.inputs, Indices(p.inputs(), "inputs"));
   PW_ASSIGN_OR_RETURN(c.outputs, Indices(p.outputs(), "outputs"));
   PW_ASSIGN_OR_RETURN(c.release, Indices(p.release(), "release"));
@@ -522,11 +536,12 @@ static absl::StatusOr<TransferWork> FromProto(const v1::TransferWork& p) {
   return t;
 }
 
-static absl::StatusOr<NodeWork> FromProto(const v1::NodeWork& p) {
+static absl::StatusOr<NodeWork> FromProto(const v1::NodeWork& p,
+                                          const std::vector<SliceDevices>& slices) {
   if (p.node() < 0) return Invalid("node", absl::StrCat("is negative: ", p.node()));
   NodeWork n{p.node(), p.name(), {}};
   if (p.has_compute()) {
-    PW_ASSIGN_OR_RETURN(n.work, Field(FromProto(p.compute()), "compute"));
+    PW_ASSIGN_OR_RETURN(n.work, Field(FromProto(p.compute(), slices), "compute"));
   } else if (p.has_transfer()) {
     PW_ASSIGN_OR_RETURN(n.work, Field(FromProto(p.transfer()), "transfer"));
   } else {
@@ -537,13 +552,26 @@ static absl::StatusOr<NodeWork> FromProto(const v1::NodeWork& p) {
 
 void ToProto(const HostProgram& h, v1::HostProgram* out) {
   out->set_program(h.program);
-  SetList(h.nodes, out->mutable_nodes());
+  SliceTable slices{{}, out};
+  for (const NodeWork& n : h.nodes) ToProto(n, slices, out->add_nodes());
 }
 
 absl::StatusOr<HostProgram> FromProto(const v1::HostProgram& p) {
   HostProgram h;  // The id is not part of the body: DispatchRequest carries it.
   h.program = p.program();
-  PW_ASSIGN_OR_RETURN(h.nodes, List(p.nodes(), "HostProgram node"));
+  std::vector<SliceDevices> slices;
+  for (int i = 0; i < p.slices_size(); ++i) {
+    PW_ASSIGN_OR_RETURN(std::vector<DeviceId> d,
+                        Ids<DeviceId>(p.slices(i).devices(), absl::StrCat("slices[", i, "]")));
+    if (d.empty()) return Invalid(absl::StrCat("slices[", i, "]"), "has no devices");
+    slices.push_back(std::make_shared<const std::vector<DeviceId>>(std::move(d)));
+  }
+  h.nodes.reserve(p.nodes_size());
+  for (int i = 0; i < p.nodes_size(); ++i) {
+    PW_ASSIGN_OR_RETURN(NodeWork n,
+                        Field(FromProto(p.nodes(i), slices), absl::StrCat("HostProgram node ", i)));
+    h.nodes.push_back(std::move(n));
+  }
   return h;
 }
 
@@ -641,6 +669,19 @@ void ToProto(const ClusterStatus& c, v1::ClusterStatus* out) {
     o->set_client(r.client.value());
     o->set_program(r.program);
   }
+  out->set_scheduling(c.scheduling);
+  for (const ClusterStatus::Tenant& t : c.tenants) {
+    v1::TenantStatus* o = out->add_tenants();
+    o->set_name(t.name);
+    o->set_share(t.share);
+    o->set_pinned(t.pinned);
+    o->set_memory_quota_bytes(t.memory_quota_bytes);
+    o->set_memory_bytes(t.memory_bytes);
+    o->set_clients(t.clients);
+    o->set_queued(t.queued);
+    o->set_achieved_share(t.achieved_share);
+    o->set_device_seconds(t.device_seconds);
+  }
 }
 
 absl::StatusOr<ClusterStatus> FromProto(const v1::ClusterStatus& p) {
@@ -660,6 +701,10 @@ absl::StatusOr<ClusterStatus> FromProto(const v1::ClusterStatus& p) {
     PW_ASSIGN_OR_RETURN(ClientId client, IdOf<ClientId>(r.client(), "running client"));
     c.running.push_back({run, client, r.program()});
   }
+  c.scheduling = p.scheduling();
+  for (const v1::TenantStatus& t : p.tenants())
+    c.tenants.push_back({t.name(), t.share(), t.pinned(), t.memory_quota_bytes(), t.memory_bytes(),
+                         t.clients(), t.queued(), t.achieved_share(), t.device_seconds()});
   return c;
 }
 

@@ -127,7 +127,7 @@ TEST(WireTest, SliceInfoRoundTrip) {
 TEST(WireTest, HostProgramRoundTrip) {
   HostProgram h;
   h.program = "prog";
-  h.nodes.push_back({0, "compute", ComputeWork{FunctionId(3), {DeviceId(4), DeviceId(5)}, {1},
+  h.nodes.push_back({0, "compute", ComputeWork{FunctionId(3), std::make_shared<const std::vector<DeviceId>>(std::vector{DeviceId(4), DeviceId(5)}), {1},
                                                {0}, {1}}});
   h.nodes.push_back(
       {1, "transfer",
@@ -142,7 +142,7 @@ TEST(WireTest, HostProgramRoundTrip) {
   const auto& c = std::get<ComputeWork>(back.nodes[0].work);
   const auto& c0 = std::get<ComputeWork>(h.nodes[0].work);
   EXPECT_EQ(c.function, c0.function);
-  EXPECT_EQ(c.slice_devices, c0.slice_devices);
+  EXPECT_EQ(*c.slice_devices, *c0.slice_devices);
   EXPECT_EQ(c.local_ranks, c0.local_ranks);
   EXPECT_EQ(c.inputs, c0.inputs);
   EXPECT_EQ(c.outputs, c0.outputs);

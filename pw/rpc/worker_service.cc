@@ -53,7 +53,7 @@ grpc::ServerUnaryReactor* WorkerService::LoadFunction(grpc::CallbackServerContex
   absl::StatusOr<FunctionDef> def = FromProto(req->def());
   if (!def.ok()) return Reply(ctx, Annotate(def.status(), "LoadFunction"));
   if (req->function() < 0) return Reply(ctx, absl::InvalidArgumentError("LoadFunction: negative function id"));
-  return Reply(ctx, worker_->LoadFunction(FunctionId(req->function()), *def));
+  return ReplyWhen(ctx, worker_->LoadFunction(FunctionId(req->function()), *def));
 }
 
 // ---------------------------------------------------------------- the command stream
@@ -216,8 +216,13 @@ class WorkerService::CommandStream final
         ack.enqueued.OnReady([sink = sink_, seq](const absl::Status& s) {
           Send(sink, seq, v1::CommandEvent::ENQUEUED, s);
         });
-        ack.done.OnReady([sink = sink_, seq](const absl::Status& s) {
-          Send(sink, seq, v1::CommandEvent::DONE, s);
+        ack.done.OnReady([sink = sink_, seq](const absl::StatusOr<int64_t>& ran) {
+          v1::CommandEvent e;
+          e.set_seq(seq);
+          e.set_kind(v1::CommandEvent::DONE);
+          if (ran.ok()) e.set_device_ns(*ran);
+          else ToProto(ran.status(), e.mutable_status());
+          Deliver(sink, std::move(e));
         });
         return;
       }
@@ -671,7 +676,7 @@ grpc::ServerUnaryReactor* WorkerService::RemoveDevice(grpc::CallbackServerContex
   if (req->device() < 0) return Reply(ctx, absl::InvalidArgumentError("RemoveDevice: negative device id"));
   absl::Status reason = FromProto(req->reason());
   if (reason.ok()) reason = absl::UnavailableError("device removed");
-  return Reply(ctx, worker_->RemoveDevice(DeviceId(req->device()), reason));
+  return ReplyWhen(ctx, worker_->RemoveDevice(DeviceId(req->device()), reason));
 }
 
 grpc::ServerUnaryReactor* WorkerService::RestoreDevice(grpc::CallbackServerContext* ctx,
@@ -680,19 +685,27 @@ grpc::ServerUnaryReactor* WorkerService::RestoreDevice(grpc::CallbackServerConte
   if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
   if (req->device() < 0) return Reply(ctx, absl::InvalidArgumentError("RestoreDevice: negative device id"));
   if (on_restore_) on_restore_(DeviceId(req->device()));
-  return Reply(ctx, worker_->RestoreDevice(DeviceId(req->device())));
+  return ReplyWhen(ctx, worker_->RestoreDevice(DeviceId(req->device())));
 }
 
 grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx,
                                                 const v1::Empty*, v1::HostStatus* resp) {
   if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
-  absl::StatusOr<HostStatus> status = worker_->Status();
-  if (status.ok()) {
+  size_t programs;
+  {
     pw::MutexLock lock(&mu_);
-    status->programs = programs_.size();
+    programs = programs_.size();
   }
-  if (status.ok()) ToProto(*status, resp);
-  return Reply(ctx, status.status());
+  grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+  worker_->Status().OnReady([r, resp, programs](const absl::StatusOr<HostStatus>& status) {
+    if (status.ok()) {
+      HostStatus s = *status;
+      s.programs = programs;
+      ToProto(s, resp);
+    }
+    r->Finish(ToGrpc(status.status()));
+  });
+  return r;
 }
 
 grpc::ServerUnaryReactor* WorkerService::Trace(grpc::CallbackServerContext* ctx,

@@ -8,10 +8,27 @@
 #include "pw/trace/trace.h"
 
 namespace pw {
+namespace {
+
+// The tenant of requests submitted without one (tests; the controller always names one).
+const std::shared_ptr<const Tenant>& NoTenant() {
+  static const auto* t = new std::shared_ptr<const Tenant>(std::make_shared<Tenant>(-1, "", 1.0));
+  return *t;
+}
+
+// The key of a request's program for its estimate: host programs are built once per plan.
+uint64_t ProgramKey(const IslandWork& w) {
+  return w.hosts.empty() ? 0 : w.hosts.front().second->id;
+}
+
+}  // namespace
 
 IslandScheduler::IslandScheduler(IslandId island, std::unique_ptr<SchedulingPolicy> policy,
-                                 WorkerLookup workers)
-    : island_(island), workers_(std::move(workers)), policy_(std::move(policy)) {
+                                 WorkerLookup workers, Options options)
+    : island_(island),
+      workers_(std::move(workers)),
+      options_(std::move(options)),
+      policy_(std::move(policy)) {
   thread_ = std::thread([this] {
     std::string name = absl::StrCat("pw-sched", island_.value());
     pthread_setname_np(pthread_self(), name.c_str());
@@ -23,17 +40,34 @@ IslandScheduler::~IslandScheduler() {
   {
     pw::MutexLock lock(&mu_);
     stopping_ = true;
+    ++generation_;
   }
   thread_.join();
 }
 
 DispatchAck IslandScheduler::Submit(IslandWork work) {
+  if (work.tenant == nullptr) work.tenant = NoTenant();
   auto r = std::make_unique<ScheduleRequest>();
   r->work = std::move(work);
   DispatchAck ack{r->enqueued.future(), r->done.future()};
   pw::MutexLock lock(&mu_);
+  if (tenants_.try_emplace(r->work.tenant->id(), TenantTotal{r->work.tenant, 0}).second &&
+      tenants_.size() > 64)
+    DropGoneTenantsLocked();
   policy_->Add(std::move(r));
+  ++generation_;
   return ack;
+}
+
+int64_t IslandScheduler::EstimateLocked(const IslandWork& w) const {
+  auto it = estimates_.find(ProgramKey(w));
+  if (it != estimates_.end()) return it->second;
+  return absl::ToInt64Nanoseconds(options_.first_estimate) * std::max(1, w.devices);
+}
+
+std::string IslandScheduler::policy() const {
+  pw::MutexLock lock(&mu_);
+  return policy_->name();
 }
 
 size_t IslandScheduler::queue_depth() const {
@@ -46,84 +80,206 @@ int64_t IslandScheduler::dispatched() const {
   return dispatched_;
 }
 
-void IslandScheduler::Loop() {
-  while (true) {
-    std::unique_ptr<ScheduleRequest> r;
-    {
-      pw::MutexLock lock(&mu_);
-      mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return HasWork(); });
-      r = policy_->Next();
-      if (r == nullptr) return;  // Stopping and drained.
-    }
-    DispatchOne(*r);
-    pw::MutexLock lock(&mu_);
-    ++dispatched_;
-  }
+int IslandScheduler::in_flight() const {
+  pw::MutexLock lock(&mu_);
+  return in_flight_;
 }
 
-void IslandScheduler::DispatchOne(ScheduleRequest& r) {
-  std::vector<Future<>> enqueued, done;
-  auto unreachable = [&](HostId h) {
-    absl::Status s = absl::UnavailableError(absl::StrCat(
-        r.work.run.ToString(), " program '", r.work.program, "': ", h.ToString(),
-        " has no worker"));
-    enqueued.push_back(Future<>::Ready(s));
-    done.push_back(Future<>::Ready(s));
-  };
-  const IslandWork& w = r.work;
+void IslandScheduler::DropGoneTenantsLocked() {
+  // Held only here (and by finished_ records, which name it by id): no client, nothing queued or
+  // in flight.
+  absl::erase_if(tenants_, [](const auto& kv) { return kv.second.tenant.use_count() == 1; });
+}
+
+void IslandScheduler::DropOldFinishedLocked(absl::Time now) {
+  while (!finished_.empty() && finished_.front().at < now - absl::Seconds(1)) finished_.pop_front();
+}
+
+std::vector<IslandScheduler::TenantLoad> IslandScheduler::TenantLoads() const {
+  const absl::Time now = options_.now();
+  pw::MutexLock lock(&mu_);
+  absl::flat_hash_map<int64_t, TenantLoad> loads;
+  for (const auto& [id, n] : policy_->QueuedByTenant()) loads[id].queued = n;
+  for (const Finished& f : finished_)
+    if (f.at >= now - absl::Seconds(1)) loads[f.tenant].device_ns_last_second += f.device_ns;
+  for (const auto& [id, t] : tenants_) loads[id].device_ns_total = t.device_ns;
+  std::vector<TenantLoad> out;
+  for (auto& [id, load] : loads) {
+    auto t = tenants_.find(id);
+    if (t == tenants_.end()) continue;
+    load.tenant = t->second.tenant;
+    out.push_back(std::move(load));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const TenantLoad& a, const TenantLoad& b) { return a.tenant->id() < b.tenant->id(); });
+  return out;
+}
+
+bool IslandScheduler::MayDispatch(const ScheduleRequest& next) const {
+  if (stopping_ || in_flight_ == 0) return true;
+  const int64_t window =
+      absl::ToInt64Nanoseconds(options_.window) * std::max(1, options_.devices);
+  return in_flight_ < options_.max_in_flight && in_flight_ns_ < window;
+}
+
+std::unique_ptr<ScheduleRequest> IslandScheduler::Next() {
+  pw::MutexLock lock(&mu_);
+  while (true) {
+    if (!sequential_busy_) {
+      ScheduleRequest* next = policy_->Peek();
+      if (next != nullptr && MayDispatch(*next)) {
+        next->estimated_ns = EstimateLocked(next->work);  // What it is counted as from now on.
+        break;
+      }
+      // Stopping: everything submitted has gone; what is in flight must finish first (its
+      // completions use this scheduler).
+      if (next == nullptr && stopping_ && policy_->size() == 0 && in_flight_ == 0) return nullptr;
+    }
+    const uint64_t seen = generation_;
+    if (options_.on_wait) {
+      mu_.Unlock();
+      options_.on_wait();
+      mu_.Lock();
+    }
+    mu_.Await([this, seen]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return generation_ != seen; });
+  }
+  std::unique_ptr<ScheduleRequest> r = policy_->Pop();
+  ++in_flight_;
+  in_flight_ns_ += r->estimated_ns;
+  ++dispatched_;
+  if (r->work.mode == DispatchMode::kSequential) sequential_busy_ = true;
+  return r;
+}
+
+void IslandScheduler::Loop() {
+  while (std::unique_ptr<ScheduleRequest> r = Next()) Dispatch(std::move(r));
+}
+
+struct IslandScheduler::Sequential {
+  std::unique_ptr<ScheduleRequest> request;
+  std::vector<int32_t> order;  // The nodes, in topological (node index) order.
+  size_t next_node = 0;
+  std::vector<size_t> next;  // Per host: its next node's position in its host program.
+  std::vector<Future<>> enqueued;
+  std::vector<Future<int64_t>> done;
+};
+
+void IslandScheduler::Dispatch(std::unique_ptr<ScheduleRequest> r) {
+  const IslandWork& w = r->work;
   // The scheduling decision: this run's turn in the island's gang order.
   trace::Span span(trace::IslandTrack(island_), "schedule", w.program, w.client.value());
   if (span.active()) {
     span.Arg("run", w.run.value()).Arg("program", w.program).Arg("gang_position", dispatched_seq_);
+    span.Arg("tenant", w.tenant->name());
     span.FlowIn(trace::FlowId(w.run.value(), trace::Stage::kSchedule, island_.value()));
   }
   ++dispatched_seq_;
-  if (w.mode == DispatchMode::kParallel) {
-    // One message per host with all of its nodes; no waiting.
-    for (const auto& [host, program] : w.hosts) {
-      WorkerInterface* worker = workers_(host);
-      if (worker == nullptr) {
-        unreachable(host);
-        continue;
-      }
-      span.FlowOut(trace::FlowId(w.run.value(), trace::Stage::kDispatch, host.value(), 0));
-      DispatchAck ack = worker->Dispatch({w.run, w.client, program, w.buffers, 0, program->nodes.size()});
-      enqueued.push_back(ack.enqueued);
-      done.push_back(ack.done);
-    }
-  } else {
-    // Node by node, in topological (node index) order, each after the previous is enqueued.
-    std::vector<int32_t> order;
+  if (w.mode == DispatchMode::kSequential) {
+    if (span.active())
+      for (const auto& [host, program] : w.hosts)
+        for (size_t at = 0; at < program->nodes.size(); ++at)
+          span.FlowOut(trace::FlowId(w.run.value(), trace::Stage::kDispatch, host.value(),
+                                     static_cast<int64_t>(at)));
+    auto seq = std::make_shared<Sequential>();
     for (const auto& [host, program] : w.hosts)
-      for (const auto& n : program->nodes) order.push_back(n.node);
-    std::sort(order.begin(), order.end());
-    order.erase(std::unique(order.begin(), order.end()), order.end());
-    std::vector<size_t> next(w.hosts.size(), 0);
-    for (int32_t node : order) {
-      std::vector<Future<>> node_enqueued;
-      for (size_t h = 0; h < w.hosts.size(); ++h) {
-        const auto& [host, program] = w.hosts[h];
-        if (next[h] >= program->nodes.size() || program->nodes[next[h]].node != node) continue;
-        const size_t at = next[h]++;
-        WorkerInterface* worker = workers_(host);
-        if (worker == nullptr) {
-          unreachable(host);
-          continue;
-        }
-        span.FlowOut(trace::FlowId(w.run.value(), trace::Stage::kDispatch, host.value(),
-                                   static_cast<int64_t>(at)));
-        DispatchAck ack = worker->Dispatch({w.run, w.client, program, w.buffers, at, at + 1});
-        node_enqueued.push_back(ack.enqueued);
-        done.push_back(ack.done);
-      }
-      Future<> all = JoinFutures(node_enqueued);
-      all.status().IgnoreError();  // Wait: the next node goes out only after this one is enqueued.
-      enqueued.push_back(all);
+      for (const auto& n : program->nodes) seq->order.push_back(n.node);
+    std::sort(seq->order.begin(), seq->order.end());
+    seq->order.erase(std::unique(seq->order.begin(), seq->order.end()), seq->order.end());
+    seq->next.assign(w.hosts.size(), 0);
+    seq->request = std::move(r);
+    return ContinueSequential(std::move(seq));
+  }
+  // One message per host with all of its nodes; no waiting.
+  std::vector<Future<>> enqueued;
+  std::vector<Future<int64_t>> done;
+  for (const auto& [host, program] : w.hosts) {
+    WorkerInterface* worker = workers_(host);
+    if (worker == nullptr) {
+      const absl::Status s = absl::UnavailableError(absl::StrCat(
+          w.run.ToString(), " program '", w.program, "': ", host.ToString(), " has no worker"));
+      enqueued.push_back(Future<>::Ready(s));
+      done.push_back(Future<int64_t>::Ready(s));
+      continue;
     }
+    span.FlowOut(trace::FlowId(w.run.value(), trace::Stage::kDispatch, host.value(), 0));
+    DispatchAck ack =
+        worker->Dispatch({w.run, w.client, program, w.buffers, 0, program->nodes.size()});
+    enqueued.push_back(std::move(ack.enqueued));
+    done.push_back(std::move(ack.done));
   }
   JoinFutures(enqueued).OnReady(
-      [p = std::move(r.enqueued)](const absl::Status& s) mutable { p.Set(s); });
-  JoinFutures(done).OnReady([p = std::move(r.done)](const absl::Status& s) mutable { p.Set(s); });
+      [p = std::move(r->enqueued)](const absl::Status& s) mutable { p.Set(s); });
+  std::shared_ptr<ScheduleRequest> held(std::move(r));
+  SumFutures(done).OnReady([this, held](const absl::StatusOr<int64_t>& ran) { OnFinished(*held, ran); });
+}
+
+void IslandScheduler::ContinueSequential(std::shared_ptr<Sequential> seq) {
+  // Node by node, each after the previous is enqueued on all its hosts; runs on the thread that
+  // acknowledged the previous node (or the scheduler's, for the first).
+  while (seq->next_node < seq->order.size()) {
+    const IslandWork& w = seq->request->work;
+    const int32_t node = seq->order[seq->next_node++];
+    std::vector<Future<>> node_enqueued;
+    for (size_t h = 0; h < w.hosts.size(); ++h) {
+      const auto& [host, program] = w.hosts[h];
+      if (seq->next[h] >= program->nodes.size() || program->nodes[seq->next[h]].node != node)
+        continue;
+      const size_t at = seq->next[h]++;
+      WorkerInterface* worker = workers_(host);
+      if (worker == nullptr) {
+        const absl::Status s = absl::UnavailableError(absl::StrCat(
+            w.run.ToString(), " program '", w.program, "': ", host.ToString(), " has no worker"));
+        node_enqueued.push_back(Future<>::Ready(s));
+        seq->done.push_back(Future<int64_t>::Ready(s));
+        continue;
+      }
+      DispatchAck ack = worker->Dispatch({w.run, w.client, program, w.buffers, at, at + 1});
+      node_enqueued.push_back(ack.enqueued);
+      seq->done.push_back(std::move(ack.done));
+    }
+    Future<> all = JoinFutures(node_enqueued);
+    seq->enqueued.push_back(all);
+    if (!all.IsReady()) {
+      all.OnReady([this, seq](const absl::Status&) { ContinueSequential(seq); });
+      return;
+    }
+  }
+  // Every node is out: the island may dispatch the next request.
+  {
+    pw::MutexLock lock(&mu_);
+    sequential_busy_ = false;
+    ++generation_;
+  }
+  JoinFutures(seq->enqueued)
+      .OnReady([p = std::move(seq->request->enqueued)](const absl::Status& s) mutable { p.Set(s); });
+  std::shared_ptr<ScheduleRequest> held(std::move(seq->request));
+  SumFutures(seq->done).OnReady([this, held](const absl::StatusOr<int64_t>& ran) {
+    OnFinished(*held, ran);
+  });
+}
+
+void IslandScheduler::OnFinished(const ScheduleRequest& r, const absl::StatusOr<int64_t>& ran) {
+  // A failed request is charged its estimate (what it took is unknown).
+  const int64_t took = ran.ok() ? *ran : r.estimated_ns;
+  const absl::Time now = options_.now();
+  Promise<int64_t> done;
+  {
+    pw::MutexLock lock(&mu_);
+    --in_flight_;
+    in_flight_ns_ -= r.estimated_ns;
+    policy_->Finished(*r.work.tenant, r.estimated_ns, took);
+    if (ran.ok()) {
+      int64_t& e = estimates_[ProgramKey(r.work)];
+      e = e == 0 ? took : (3 * e + took) / 4;
+      if (estimates_.size() > 4096) estimates_.clear();  // Programs come and go; relearned.
+    }
+    finished_.push_back({now, r.work.tenant->id(), took});
+    if (auto t = tenants_.find(r.work.tenant->id()); t != tenants_.end()) t->second.device_ns += took;
+    DropOldFinishedLocked(now);
+    ++generation_;
+    done = std::move(const_cast<ScheduleRequest&>(r).done);
+  }
+  done.Set(ran);
 }
 
 }  // namespace pw

@@ -1,4 +1,4 @@
-// IslandScheduler: the gang scheduler of one island.
+// IslandScheduler: the gang scheduler of one island (paper §4.4).
 //
 // Thread-safe. Every computation on the island's devices, from every program and every client,
 // passes through one scheduler thread, which dispatches requests one at a time in the order its
@@ -6,15 +6,29 @@
 // device of the island sees computations in one consistent order, so SPMD computations with
 // collectives cannot deadlock however clients interleave.
 //
+// The scheduler holds the order and feeds the devices as work completes: it keeps at most a
+// window of estimated device time in flight on the island (Options::window per device), so the
+// policy decides what runs next at the scale of milliseconds, while work already in flight still
+// hides the host-side latency of what follows (parallel asynchronous dispatch). A request's
+// estimate is its program's measured device time (DispatchAck::done), averaged over its recent
+// runs; a program's first run counts as Options::first_estimate per device.
+//
 // Parallel dispatch sends each host one message holding all its nodes of the request and moves
-// on. Sequential dispatch sends node by node, waiting until each node is enqueued on all of its
-// hosts before sending the next.
+// on. Sequential dispatch sends node by node, each once the previous is enqueued on all of its
+// hosts; the scheduler thread does not wait for it (the acks continue it), but no other request
+// of the island is dispatched until its last node is out, which keeps the island's one order.
 #pragma once
 
+#include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <thread>
+#include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "pw/base/mutex.h"
 #include "pw/scheduler/scheduling_policy.h"
 #include "pw/transport/worker_interface.h"
@@ -24,32 +38,85 @@ namespace pw {
 class IslandScheduler {
  public:
   using WorkerLookup = std::function<WorkerInterface*(HostId)>;
+  struct Options {
+    int devices = 1;  // The island's.
+    // Estimated device time in flight, per device of the island: the next request is
+    // dispatched while less than this is in flight (always when nothing is).
+    absl::Duration window = absl::Milliseconds(2);
+    int max_in_flight = 256;  // Requests, whatever their estimates.
+    absl::Duration first_estimate = absl::Milliseconds(1);  // Per device of the request.
+    std::function<absl::Time()> now = [] { return absl::Now(); };  // Tenants' recent usage.
+    // A hook for tests: called on the scheduler thread each time it finds nothing it may
+    // dispatch (queue empty, window full, or a sequential dispatch under way) and waits.
+    std::function<void()> on_wait;
+  };
+  // What one tenant has on this island.
+  struct TenantLoad {
+    std::shared_ptr<const Tenant> tenant;
+    int64_t queued = 0;
+    int64_t device_ns_last_second = 0;  // Device time of its requests that finished in it.
+    int64_t device_ns_total = 0;        // Since the scheduler first saw the tenant.
+  };
 
-  IslandScheduler(IslandId island, std::unique_ptr<SchedulingPolicy> policy, WorkerLookup workers);
-  // Dispatches every request already submitted, then stops.
+  IslandScheduler(IslandId island, std::unique_ptr<SchedulingPolicy> policy, WorkerLookup workers,
+                  Options options);
+  // Dispatches every request already submitted, waits for all to finish (their completions use
+  // the scheduler), then stops.
   ~IslandScheduler();
   IslandScheduler(const IslandScheduler&) = delete;
   IslandScheduler& operator=(const IslandScheduler&) = delete;
 
+  // `done` is the request's device time on this island (DispatchAck::done).
   DispatchAck Submit(IslandWork work);
 
   IslandId island() const { return island_; }
+  std::string policy() const;
   size_t queue_depth() const;
   int64_t dispatched() const;
+  int in_flight() const;
+  std::vector<TenantLoad> TenantLoads() const;
 
  private:
+  struct Finished {
+    absl::Time at;
+    int64_t tenant;
+    int64_t device_ns;
+  };
   void Loop();
-  void DispatchOne(ScheduleRequest& r);
-  bool HasWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopping_ || policy_->size() > 0;
-  }
+  // The next request to dispatch, popped, once one may go; null once stopping and drained.
+  std::unique_ptr<ScheduleRequest> Next();
+  bool MayDispatch(const ScheduleRequest& next) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Dispatch(std::unique_ptr<ScheduleRequest> r);
+  // Sends the sequential request's nodes from `next_node` on, each once the previous is enqueued.
+  struct Sequential;
+  void ContinueSequential(std::shared_ptr<Sequential> seq);
+  void OnFinished(const ScheduleRequest& r, const absl::StatusOr<int64_t>& ran);
+  int64_t EstimateLocked(const IslandWork& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void DropOldFinishedLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const IslandId island_;
   const WorkerLookup workers_;
+  const Options options_;
   mutable pw::Mutex mu_;
   std::unique_ptr<SchedulingPolicy> policy_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // Bumped by whatever may let one more go.
   int64_t dispatched_ ABSL_GUARDED_BY(mu_) = 0;
+  int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t in_flight_ns_ ABSL_GUARDED_BY(mu_) = 0;  // Their estimates.
+  bool sequential_busy_ ABSL_GUARDED_BY(mu_) = false;
+  // Measured device time per program (its first host program's id), a moving average.
+  absl::flat_hash_map<uint64_t, int64_t> estimates_ ABSL_GUARDED_BY(mu_);
+  // Requests finished in the last second, oldest first, and every tenant seen in it.
+  std::deque<Finished> finished_ ABSL_GUARDED_BY(mu_);
+  // Every tenant with work here, and its device time; one nothing else holds any more (no
+  // client, no request) is dropped.
+  struct TenantTotal {
+    std::shared_ptr<const Tenant> tenant;
+    int64_t device_ns = 0;
+  };
+  absl::flat_hash_map<int64_t, TenantTotal> tenants_ ABSL_GUARDED_BY(mu_);
+  void DropGoneTenantsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t dispatched_seq_ = 0;  // The scheduler thread's own count (its trace spans' gang position).
   std::thread thread_;
 };

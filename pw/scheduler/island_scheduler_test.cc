@@ -1,27 +1,32 @@
 #include "pw/scheduler/island_scheduler.h"
 
+#include <map>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace pw {
 namespace {
 
-// Records each Dispatch; enqueue acks are released by the test.
+// Records each Dispatch; the test acknowledges enqueues and finishes work (with the device time
+// it says) itself.
 class FakeWorker final : public WorkerInterface {
  public:
   explicit FakeWorker(HostId h) : host_(h) {}
   HostId host() const override { return host_; }
-  absl::Status LoadFunction(FunctionId, const FunctionDef&) override {
-    return absl::OkStatus();
+  Future<> LoadFunction(FunctionId, const FunctionDef&) override {
+    return Future<>::Ready(absl::OkStatus());
   }
   DispatchAck Dispatch(HostWork work) override {
     pw::MutexLock lock(&mu_);
     std::vector<int> nodes;
     for (size_t i = work.begin; i < work.end; ++i) nodes.push_back(work.program->nodes[i].node);
     messages_.push_back(nodes);
+    runs_.push_back(work.run.value());
     acks_.emplace_back();
-    return {acks_.back().future(), Future<>::Ready(absl::OkStatus())};
+    done_.emplace_back();
+    return {acks_.back().future(), done_.back().future()};
   }
   Future<> PutShard(BufferId, DeviceId, HostArray) override { return {}; }
   Future<DeviceBufferRef> FetchShard(BufferId, DeviceId) override { return {}; }
@@ -31,81 +36,259 @@ class FakeWorker final : public WorkerInterface {
   void Unload(const std::vector<FunctionId>&, const std::vector<uint64_t>&) override {}
   void CancelRuns(const std::vector<RunId>&, const absl::Status&) override {}
   void ForgetRuns(const std::vector<RunId>&) override {}
-  absl::Status RemoveDevice(DeviceId, const absl::Status&) override { return absl::OkStatus(); }
-  absl::Status RestoreDevice(DeviceId) override { return absl::OkStatus(); }
-  absl::StatusOr<HostStatus> Status() const override { return HostStatus{}; }
+  Future<> RemoveDevice(DeviceId, const absl::Status&) override {
+    return Future<>::Ready(absl::OkStatus());
+  }
+  Future<> RestoreDevice(DeviceId) override { return Future<>::Ready(absl::OkStatus()); }
+  Future<HostStatus> Status() const override { return Future<HostStatus>::Ready(HostStatus{}); }
 
   std::vector<std::vector<int>> messages() {
     pw::MutexLock lock(&mu_);
     return messages_;
   }
-  void AckAll() {
+  std::vector<int64_t> runs() {
     pw::MutexLock lock(&mu_);
-    for (auto& a : acks_)
-      if (a.valid()) a.Set();
+    return runs_;
+  }
+  void AckAll() {
+    std::vector<Promise<>> acks;
+    {
+      pw::MutexLock lock(&mu_);
+      for (auto& a : acks_)
+        if (a.valid()) acks.push_back(std::move(a));
+    }
+    for (auto& a : acks) a.Set();
+  }
+  // Finishes dispatch `i` (in dispatch order), having taken `device_ns`.
+  void Finish(size_t i, int64_t device_ns) {
+    Promise<int64_t> p;
+    {
+      pw::MutexLock lock(&mu_);
+      p = std::move(done_.at(i));
+    }
+    p.Set(device_ns);
   }
 
  private:
   HostId host_;
   pw::Mutex mu_;
   std::vector<std::vector<int>> messages_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> runs_ ABSL_GUARDED_BY(mu_);
   std::vector<Promise<>> acks_ ABSL_GUARDED_BY(mu_);
+  std::vector<Promise<int64_t>> done_ ABSL_GUARDED_BY(mu_);
 };
 
-IslandWork Chain(int nodes, int hosts, DispatchMode mode) {
+// Counts the scheduler's waits (IslandScheduler::Options::on_wait), so a test can wait until it
+// has looked at everything and found nothing more it may dispatch.
+class Waits {
+ public:
+  std::function<void()> hook() {
+    return [this] {
+      pw::MutexLock lock(&mu_);
+      ++n_;
+    };
+  }
+  int64_t count() {
+    pw::MutexLock lock(&mu_);
+    return n_;
+  }
+  // Waits (bounded: fails the test after 10 s) until the scheduler has waited again after
+  // `since` waits, i.e. has settled after what the test did.
+  void Settled(int64_t since) {
+    pw::MutexLock lock(&mu_);
+    const bool ok = mu_.AwaitWithTimeout(
+        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return n_ > since; }, absl::Seconds(10));
+    EXPECT_TRUE(ok) << "the scheduler never settled";
+  }
+
+ private:
+  pw::Mutex mu_;
+  int64_t n_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+IslandWork Chain(int nodes, int hosts, DispatchMode mode, int64_t run = 1,
+                 std::shared_ptr<const Tenant> tenant = nullptr,
+                 std::shared_ptr<HostProgram> program = nullptr) {
   IslandWork w;
-  w.run = RunId(1);
+  w.run = RunId(run);
   w.mode = mode;
-  auto program = std::make_shared<HostProgram>();
-  for (int n = 0; n < nodes; ++n) program->nodes.push_back({n, "n", ComputeWork{}});
+  w.tenant = std::move(tenant);
+  if (program == nullptr) {
+    program = std::make_shared<HostProgram>();
+    static std::atomic<uint64_t> next_id{1};
+    program->id = next_id++;
+    for (int n = 0; n < nodes; ++n) program->nodes.push_back({n, "n", ComputeWork{}});
+  }
   w.buffers = std::make_shared<const std::vector<BufferId>>();
   for (int h = 0; h < hosts; ++h) w.hosts.emplace_back(HostId(h), program);
   return w;
 }
 
+template <typename Pred>
+void WaitFor(Pred pred) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!pred() && absl::Now() < deadline) std::this_thread::yield();
+  ASSERT_TRUE(pred()) << "not within 10 s";
+}
+
 TEST(IslandSchedulerTest, ParallelSendsOneMessagePerHost) {
   FakeWorker w0(HostId(0)), w1(HostId(1));
   IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
-                    [&](HostId h) -> WorkerInterface* { return h.value() == 0 ? &w0 : &w1; });
+                    [&](HostId h) -> WorkerInterface* { return h.value() == 0 ? &w0 : &w1; }, {});
   DispatchAck ack = s.Submit(Chain(5, 2, DispatchMode::kParallel));
-  while (w1.messages().empty()) std::this_thread::yield();
+  WaitFor([&] { return !w1.messages().empty(); });
   EXPECT_EQ(w0.messages(), (std::vector<std::vector<int>>{{0, 1, 2, 3, 4}}));
   EXPECT_EQ(w1.messages(), (std::vector<std::vector<int>>{{0, 1, 2, 3, 4}}));
   w0.AckAll();
   w1.AckAll();
+  w0.Finish(0, 30);
+  w1.Finish(0, 12);
   EXPECT_TRUE(ack.enqueued.status().ok());
-  EXPECT_TRUE(ack.done.status().ok());
+  EXPECT_EQ(ack.done.Await().value(), 42);  // The hosts' device time, summed.
 }
 
-TEST(IslandSchedulerTest, SequentialWaitsForEachNodeToBeEnqueued) {
+TEST(IslandSchedulerTest, SequentialWaitsForEachNodeToBeEnqueuedWithoutHoldingTheThread) {
   FakeWorker w0(HostId(0)), w1(HostId(1));
+  Waits waits;
+  IslandScheduler::Options o;
+  o.on_wait = waits.hook();
+  o.window = absl::Hours(1);  // Only the sequential dispatch holds anything back.
   IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
-                    [&](HostId h) -> WorkerInterface* { return h.value() == 0 ? &w0 : &w1; });
+                    [&](HostId h) -> WorkerInterface* { return h.value() == 0 ? &w0 : &w1; }, o);
   DispatchAck ack = s.Submit(Chain(3, 2, DispatchMode::kSequential));
   for (int node = 0; node < 3; ++node) {
-    while (w1.messages().size() < static_cast<size_t>(node + 1)) std::this_thread::yield();
-    absl::SleepFor(absl::Milliseconds(20));
-    // Nothing further goes out until this node's enqueue is acknowledged.
+    WaitFor([&] { return w1.messages().size() == static_cast<size_t>(node + 1); });
+    // Nothing further goes out until this node's enqueue is acknowledged, and the scheduler's
+    // thread is free meanwhile: it takes a parallel request, and holds it (one order).
+    const int64_t since = waits.count();
+    DispatchAck other = s.Submit(Chain(1, 1, DispatchMode::kParallel, 100 + node));
+    waits.Settled(since);
     EXPECT_EQ(w0.messages().size(), static_cast<size_t>(node + 1));
     EXPECT_EQ(w0.messages().back(), std::vector<int>{node});
     w0.AckAll();
     w1.AckAll();
+    if (node == 2) {
+      // The sequential request is out: the parallel ones follow, in order.
+      WaitFor([&] { return w0.runs().size() == 6; });
+      EXPECT_THAT(w0.runs(), testing::ElementsAre(1, 1, 1, 100, 101, 102));
+    }
   }
   EXPECT_TRUE(ack.enqueued.status().ok());
+  for (size_t i = 0; i < 6; ++i) w0.Finish(i, 1);  // The scheduler waits for its work to end.
+  for (size_t i = 0; i < 3; ++i) w1.Finish(i, 1);
+  EXPECT_EQ(ack.done.Await().value(), 6);
 }
 
 TEST(IslandSchedulerTest, FifoOrderAcrossRequestsAndMissingWorker) {
   FakeWorker w0(HostId(0));
+  IslandScheduler::Options o;
+  o.window = absl::Hours(1);  // Everything at once.
   IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
-                    [&](HostId h) -> WorkerInterface* { return h.value() == 0 ? &w0 : nullptr; });
+                    [&](HostId h) -> WorkerInterface* { return h.value() == 0 ? &w0 : nullptr; },
+                    o);
   std::vector<DispatchAck> acks;
-  for (int i = 0; i < 10; ++i) acks.push_back(s.Submit(Chain(1, 1, DispatchMode::kParallel)));
-  DispatchAck orphan = s.Submit(Chain(1, 2, DispatchMode::kParallel));
-  while (w0.messages().size() < 11) std::this_thread::yield();
+  for (int i = 0; i < 10; ++i) acks.push_back(s.Submit(Chain(1, 1, DispatchMode::kParallel, i)));
+  DispatchAck orphan = s.Submit(Chain(1, 2, DispatchMode::kParallel, 10));
+  WaitFor([&] { return w0.messages().size() == 11; });
   w0.AckAll();
+  for (int i = 0; i < 11; ++i) w0.Finish(i, 1);
   EXPECT_EQ(orphan.done.status().code(), absl::StatusCode::kUnavailable);
-  while (s.dispatched() < 11) std::this_thread::yield();
+  EXPECT_THAT(orphan.done.status().message(), testing::HasSubstr("host:1 has no worker"));
   for (auto& a : acks) EXPECT_TRUE(a.enqueued.status().ok());
+  EXPECT_THAT(w0.runs(), testing::ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10));
+}
+
+// Issue 24: the scheduler keeps a window of estimated device time in flight and dispatches the
+// next request as work completes; measured device time replaces the first estimate.
+TEST(IslandSchedulerTest, KeepsAWindowOfDeviceTimeInFlightAndFeedsTheDevicesOnCompletion) {
+  FakeWorker w0(HostId(0));
+  Waits waits;
+  IslandScheduler::Options o;
+  o.devices = 1;
+  o.window = absl::Milliseconds(2);
+  o.first_estimate = absl::Milliseconds(1);
+  o.on_wait = waits.hook();
+  IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
+                    [&](HostId) -> WorkerInterface* { return &w0; }, o);
+  auto program = std::make_shared<HostProgram>();
+  program->id = 77;
+  program->nodes.push_back({0, "n", ComputeWork{}});
+  std::vector<DispatchAck> acks;
+  int64_t since = waits.count();
+  for (int i = 0; i < 8; ++i)
+    acks.push_back(s.Submit(Chain(1, 1, DispatchMode::kParallel, i, nullptr, program)));
+  // 1 ms estimated each: two fill the 2 ms window; the rest wait.
+  WaitFor([&] { return w0.runs().size() == 2; });
+  waits.Settled(since);
+  EXPECT_EQ(w0.runs().size(), 2u);
+  EXPECT_EQ(s.queue_depth(), 6u);
+  EXPECT_EQ(s.in_flight(), 2);
+  // The first finishes, having taken 0.5 ms: the next goes, estimated at 0.5 ms from now on.
+  since = waits.count();
+  w0.Finish(0, 500'000);
+  WaitFor([&] { return w0.runs().size() >= 3; });
+  waits.Settled(since);
+  // In flight: run 1 (1 ms estimated), then 0.5 ms ones until 2 ms: runs 2 and 3.
+  EXPECT_EQ(w0.runs().size(), 4u);
+  EXPECT_TRUE(acks[0].done.Await().ok());
+  // Finishing everything drains the queue, a window at a time.
+  for (size_t i = 1; i < 8; ++i) {
+    WaitFor([&] { return w0.runs().size() > i; });
+    w0.Finish(i, 500'000);
+  }
+  for (auto& a : acks) EXPECT_EQ(a.done.Await().value(), 500'000);
+  EXPECT_EQ(s.in_flight(), 0);
+}
+
+// Through the scheduler: tenants' requests interleave by share, and the tenants' loads report
+// what each was given.
+TEST(IslandSchedulerTest, TenantsShareTheIslandByTheirShares) {
+  FakeWorker w0(HostId(0));
+  absl::Time now = absl::FromUnixSeconds(1000);
+  IslandScheduler::Options o;
+  o.window = absl::Nanoseconds(1);  // One at a time: the policy picks each.
+  o.now = [&now] { return now; };
+  Waits waits;
+  o.on_wait = waits.hook();
+  auto a = std::make_shared<Tenant>(0, "a", 1), b = std::make_shared<Tenant>(1, "b", 3);
+  IslandScheduler s(IslandId(0), std::make_unique<SharePolicy>(),
+                    [&](HostId) -> WorkerInterface* { return &w0; }, o);
+  auto pa = std::make_shared<HostProgram>(), pb = std::make_shared<HostProgram>();
+  pa->id = 1001;
+  pb->id = 1002;
+  pa->nodes.push_back({0, "n", ComputeWork{}});
+  pb->nodes.push_back({0, "n", ComputeWork{}});
+  // Both backlogged (submitted before the first finishes: the first goes at once).
+  int64_t since = waits.count();
+  for (int i = 0; i < 40; ++i) {
+    s.Submit(Chain(1, 1, DispatchMode::kParallel, i, a, pa));
+    s.Submit(Chain(1, 1, DispatchMode::kParallel, 100 + i, b, pb));
+  }
+  waits.Settled(since);
+  for (size_t i = 0; i < 40; ++i) {
+    WaitFor([&] { return w0.runs().size() > i; });
+    w0.Finish(i, 1'000'000);
+  }
+  WaitFor([&] { return w0.runs().size() == 41; });
+  std::map<int, int> got;
+  for (int64_t run : w0.runs()) {
+    if (got[0] + got[1] == 40) break;
+    ++got[run >= 100];
+  }
+  // After the first (which went before the rest came), 39 at 1:3.
+  EXPECT_NEAR(got[1], 30, 2);
+  EXPECT_NEAR(got[0], 10, 2);
+  std::vector<IslandScheduler::TenantLoad> loads = s.TenantLoads();
+  ASSERT_EQ(loads.size(), 2u);
+  EXPECT_EQ(loads[0].tenant->name(), "a");
+  EXPECT_EQ(loads[0].device_ns_last_second + loads[1].device_ns_last_second, 40'000'000);
+  EXPECT_EQ(loads[0].queued + loads[1].queued, 80 - 41);
+  now += absl::Seconds(2);  // A second later, none of it is recent.
+  for (const auto& l : s.TenantLoads()) EXPECT_EQ(l.device_ns_last_second, 0);
+  for (size_t i = 40; i < 80; ++i) {
+    WaitFor([&] { return w0.runs().size() > i; });
+    w0.Finish(i, 1'000'000);
+  }
 }
 
 }  // namespace

@@ -1,9 +1,13 @@
 // SchedulingPolicy: which queued request an island's gang scheduler dispatches next.
 //
 // Not thread-safe: the IslandScheduler calls it under its own lock. A policy may reorder requests
-// of one island freely (every device of the island still sees one order, the dispatch order), but
-// must keep the relative order of requests that span several islands, which every involved
-// island's scheduler must dispatch in the same order. FIFO keeps every order.
+// of one island freely (every device of the island still sees one order, the dispatch order),
+// with two exceptions that keep runs from waiting on each other in a cycle:
+//   - one client's requests keep their order (a run reads what the client's earlier runs make);
+//   - requests whose runs span several islands keep their submission order (`seq`) among
+//     themselves, so every island they touch dispatches them in the same relative order.
+// Runs that read another client's unfinished arrays reach the schedulers only once those are
+// ready (the controller holds them), so no other order between clients matters.
 #pragma once
 
 #include <cstdint>
@@ -12,8 +16,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "pw/base/future.h"
 #include "pw/base/ids.h"
+#include "pw/scheduler/tenant.h"
 #include "pw/transport/messages.h"
 
 namespace pw {
@@ -22,16 +28,24 @@ namespace pw {
 struct IslandWork {
   RunId run;
   ClientId client;
+  std::shared_ptr<const Tenant> tenant;  // Whose share pays for it; null: the client's own.
   std::string program;
   DispatchMode mode = DispatchMode::kParallel;
   std::shared_ptr<const std::vector<BufferId>> buffers;  // The run's buffers by value index.
   std::vector<std::pair<HostId, std::shared_ptr<const HostProgram>>> hosts;
+  int64_t seq = 0;              // Submission order, one count over every island.
+  bool spans_islands = false;   // Its run has work on other islands too.
+  int devices = 1;              // Devices of this island it computes on (for its estimate).
 };
 
 struct ScheduleRequest {
   IslandWork work;
   Promise<> enqueued;
-  Promise<> done;
+  Promise<int64_t> done;
+  // Its device time (nanoseconds, summed over devices) as the scheduler estimated it, when it
+  // is next, from the program's earlier runs: what the window and the policy count it as until
+  // it finishes.
+  int64_t estimated_ns = 0;
 };
 
 class SchedulingPolicy {
@@ -39,25 +53,79 @@ class SchedulingPolicy {
   virtual ~SchedulingPolicy() = default;
   virtual std::string name() const = 0;
   virtual void Add(std::unique_ptr<ScheduleRequest> request) = 0;
-  // The next request to dispatch, or nullptr when empty.
-  virtual std::unique_ptr<ScheduleRequest> Next() = 0;
+  // The request to dispatch next (it stays queued; the caller may set its estimate), or nullptr
+  // when none may go now.
+  virtual ScheduleRequest* Peek() = 0;
+  // Removes and returns what Peek returned.
+  virtual std::unique_ptr<ScheduleRequest> Pop() = 0;
+  // A request `tenant` had dispatched finished after taking `actual_ns` of device time, against
+  // the `estimated_ns` it was counted as.
+  virtual void Finished(const Tenant& tenant, int64_t estimated_ns, int64_t actual_ns) {}
   virtual size_t size() const = 0;
+  // Requests queued, by tenant id.
+  virtual absl::flat_hash_map<int64_t, int64_t> QueuedByTenant() const = 0;
 };
 
+// First come, first served: keeps every order.
 class FifoPolicy final : public SchedulingPolicy {
  public:
   std::string name() const override { return "fifo"; }
   void Add(std::unique_ptr<ScheduleRequest> r) override { queue_.push_back(std::move(r)); }
-  std::unique_ptr<ScheduleRequest> Next() override {
-    if (queue_.empty()) return nullptr;
+  ScheduleRequest* Peek() override { return queue_.empty() ? nullptr : queue_.front().get(); }
+  std::unique_ptr<ScheduleRequest> Pop() override {
     auto r = std::move(queue_.front());
     queue_.pop_front();
     return r;
   }
   size_t size() const override { return queue_.size(); }
+  absl::flat_hash_map<int64_t, int64_t> QueuedByTenant() const override {
+    absl::flat_hash_map<int64_t, int64_t> n;
+    for (const auto& r : queue_) ++n[r->work.tenant->id()];
+    return n;
+  }
 
  private:
   std::deque<std::unique_ptr<ScheduleRequest>> queue_;
+};
+
+// Proportional share: start-time fair queueing over device time. Each tenant has a queue (its
+// requests in submission order, so each client's keep theirs) and a virtual finish time; a
+// tenant's head request starts at max(the island's virtual time, the tenant's finish time) and
+// advances that by its estimated device time / the tenant's share. The head with the earliest
+// start goes next (ties: the lower tenant id), and the island's virtual time becomes its start.
+// So a tenant that was idle starts at the current virtual time (no credit for idleness), and
+// tenants with work queued receive device time in proportion to their shares. When a request
+// finishes, its tenant's finish time is corrected by (actual - estimated) / share, so the
+// shares hold over time however rough the estimates. Deterministic: the same submissions give
+// the same order.
+class SharePolicy final : public SchedulingPolicy {
+ public:
+  std::string name() const override { return "share"; }
+  void Add(std::unique_ptr<ScheduleRequest> r) override;
+  ScheduleRequest* Peek() override;
+  std::unique_ptr<ScheduleRequest> Pop() override;
+  void Finished(const Tenant& tenant, int64_t estimated_ns, int64_t actual_ns) override;
+  size_t size() const override { return size_; }
+  absl::flat_hash_map<int64_t, int64_t> QueuedByTenant() const override;
+  // The island's virtual time (device nanoseconds per unit of share).
+  double virtual_time() const { return virtual_time_; }
+
+ private:
+  struct Queue {
+    std::shared_ptr<const Tenant> tenant;
+    std::deque<std::unique_ptr<ScheduleRequest>> requests;
+    double finish = 0;      // Virtual finish time of its last dispatched request.
+    double head_start = 0;  // Virtual start time of requests.front().
+  };
+  Queue& QueueOf(const std::shared_ptr<const Tenant>& tenant);
+  // Whether `r` may go now: a request spanning islands only when it is the earliest such here.
+  bool MayGo(const ScheduleRequest& r) const;
+
+  absl::flat_hash_map<int64_t, Queue> queues_;  // By tenant id; an idle tenant's kept a while.
+  std::deque<int64_t> spanning_;                // Seqs of queued requests that span islands.
+  Queue* picked_ = nullptr;                     // What Peek chose.
+  double virtual_time_ = 0;
+  size_t size_ = 0;
 };
 
 }  // namespace pw

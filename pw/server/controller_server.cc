@@ -34,6 +34,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
                                 .default_run_timeout = s->options_.default_run_timeout,
                                 .max_program_nodes = s->options_.max_program_nodes,
                                 .max_client_bytes = s->options_.max_client_bytes,
+                                .scheduling = s->options_.scheduling,
                                 .on_run_done = [runs](absl::Duration d, const absl::Status& st) {
                                   runs->Observe(d, st);
                                 },

@@ -205,7 +205,8 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
       o.pw_binary, "controller", "--config", spec_path, "--listen", "127.0.0.1:0",
       "--address-file", address_file, "--failure-timeout-ms", absl::StrCat(o.failure_timeout_ms),
       "--run-timeout-ms", absl::StrCat(o.run_timeout_ms), "--max-client-bytes",
-      absl::StrCat(o.max_client_bytes), "--metrics-port", "0"};
+      absl::StrCat(o.max_client_bytes), "--metrics-port", "0", "--scheduling", o.scheduling,
+      "--scheduling-window-ms", absl::StrCat(o.scheduling_window_ms)};
   controller_argv.insert(controller_argv.end(), tls_flags.begin(), tls_flags.end());
   PW_ASSIGN_OR_RETURN(s.controller_pid, SpawnDetached(controller_argv, dir + "/controller.log"));
   const absl::Time deadline = absl::Now() + o.ready_timeout;

@@ -62,6 +62,14 @@ std::string StatusJson(const v1::ClusterStatus& st, const std::string& address) 
   j["running"] = nlohmann::json::array();  // Oldest first; at most kMaxRunningListed.
   for (const auto& r : st.running())
     j["running"].push_back({{"run", r.run()}, {"client", r.client()}, {"program", r.program()}});
+  j["scheduling"] = st.scheduling();
+  j["tenants"] = nlohmann::json::array();  // By name.
+  for (const auto& t : st.tenants())
+    j["tenants"].push_back({{"tenant", t.name()}, {"share", t.share()}, {"pinned", t.pinned()},
+                            {"memory_quota_bytes", t.memory_quota_bytes()},
+                            {"memory_bytes", t.memory_bytes()}, {"clients", t.clients()},
+                            {"queued", t.queued()}, {"achieved_share", t.achieved_share()},
+                            {"device_seconds", t.device_seconds()}});
   int64_t ici = 0, dcn = 0;
   j["hosts"] = nlohmann::json::array();
   auto add = [&](nlohmann::json h, const v1::HostStatus* hs) {

@@ -112,7 +112,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   if (!s->options_.metrics_listen.empty()) {
     PW_ASSIGN_OR_RETURN(s->metrics_, metrics::MetricsServer::Start(
                                          s->options_.metrics_listen, [p = s.get()] {
-                                           absl::StatusOr<HostStatus> st = p->worker_->Status();
+                                           absl::StatusOr<HostStatus> st = p->worker_->Status().Await();
                                            return st.ok() ? metrics::HostFamilies(*st)
                                                           : metrics::Families();
                                          }));

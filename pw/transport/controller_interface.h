@@ -62,6 +62,26 @@ struct RunInfo {
   Future<> done;                   // Ready when every node has finished; the first error.
 };
 
+// How a client joins the cluster (ControllerInterface::Connect).
+struct ConnectOptions {
+  // The tenant whose share of device time pays for the client's work, with every other client
+  // of the same tenant ("": a tenant of its own, named after the client). Its clients' runs keep
+  // their order on each island; tenants' runs interleave by share (pw/scheduler).
+  std::string tenant;
+  // The tenant's share (Tenant::kMinShare ... kMaxShare; 0: leave it as it is, 1 for a new
+  // tenant). A share the cluster's admin set (SetTenant) is kept, whatever clients ask.
+  double share = 0;
+};
+// A tenant's settings, which an admin sets (ControllerInterface::SetTenant; `pw tenant set`).
+struct TenantSettings {
+  std::string name;
+  std::optional<double> share;
+  // The bytes of arrays the tenant's clients may hold on the cluster together (0: no quota).
+  std::optional<int64_t> memory_bytes;
+};
+// Names: at most kMaxTenantName characters, letters, digits and ._-:
+inline constexpr size_t kMaxTenantName = 128;
+
 struct ClusterStatus {
   std::vector<HostStatus> hosts;
   size_t logical_buffers = 0;
@@ -77,13 +97,29 @@ struct ClusterStatus {
   };
   std::vector<Running> running;  // Runs in flight, oldest first (at most kMaxRunningListed).
   static constexpr size_t kMaxRunningListed = 64;
+  std::string scheduling;  // The islands' policy: "share" or "fifo".
+  struct Tenant {
+    std::string name;
+    double share = 1;
+    bool pinned = false;            // An admin set its share or quota.
+    int64_t memory_quota_bytes = 0;  // 0: none.
+    int64_t memory_bytes = 0;        // Held by its clients now.
+    int clients = 0;
+    int64_t queued = 0;  // Its requests waiting in the islands' schedulers.
+    // Its fraction of the device time of work that finished in the last second (all islands).
+    double achieved_share = 0;
+    double device_seconds = 0;  // Its work's device time since it appeared, over every island.
+  };
+  std::vector<Tenant> tenants;  // By name.
 };
 
 class ControllerInterface {
  public:
   virtual ~ControllerInterface() = default;
 
-  virtual absl::StatusOr<ClientId> Connect(const std::string& name) = 0;
+  virtual absl::StatusOr<ClientId> Connect(const std::string& name,
+                                           const ConnectOptions& options) = 0;
+  absl::StatusOr<ClientId> Connect(const std::string& name) { return Connect(name, {}); }
   // Releases the client's slices and buffers.
   virtual absl::Status Disconnect(ClientId client) = 0;
 
@@ -144,6 +180,9 @@ class ControllerInterface {
   // An error only when the controller cannot be asked; a host it cannot ask is listed with
   // HostStatus::error.
   virtual absl::StatusOr<ClusterStatus> Status() = 0;
+  // The admin's: sets a tenant's share and memory quota (made if new; kept while it has them,
+  // whether or not it has clients). Over the wire it needs the cluster token.
+  virtual absl::Status SetTenant(const TenantSettings& settings) = 0;
 
   // Tracing (pw/trace). StartTrace turns span recording on in every process of the cluster
   // until the client's StopTrace or disconnect (one trace per client at a time: a second is

@@ -47,10 +47,14 @@ struct RunOptions {
 // Buffers in host programs are value indices of the lowered program; each run maps them to its
 // own BufferIds (HostWork::buffers).
 
+// A slice's devices in rank order, shared by every node on the slice (a plan names each slice's
+// devices once, not once per node and host).
+using SliceDevices = std::shared_ptr<const std::vector<DeviceId>>;
+
 // One compute node's shards on one host.
 struct ComputeWork {
   FunctionId function;
-  std::vector<DeviceId> slice_devices;  // All shards, in rank order.
+  SliceDevices slice_devices;  // All shards, in rank order; never null.
   std::vector<int> local_ranks;         // The ranks on this host.
   std::vector<int> inputs;              // Value indices.
   std::vector<int> outputs;
@@ -101,7 +105,10 @@ struct HostWork {
 
 struct DispatchAck {
   Future<> enqueued;  // Host-side work done: every item is on its device queue.
-  Future<> done;      // Every item has finished; the first error, naming the node, if any.
+  // Every item has finished: the device time they took (nanoseconds, summed over the devices:
+  // each device's time from starting the work to finishing it, waits for inputs and peers
+  // included), or the first error, naming the node.
+  Future<int64_t> done;
 };
 
 // Client I/O beside the controller: one shard a client sends or reads itself, on a worker's

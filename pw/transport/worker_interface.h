@@ -21,7 +21,7 @@ class WorkerInterface {
   virtual ~WorkerInterface() = default;
   virtual HostId host() const = 0;
   // Makes a function known to this host; it is compiled per slice shape on first use.
-  virtual absl::Status LoadFunction(FunctionId id, const FunctionDef& def) = 0;
+  virtual Future<> LoadFunction(FunctionId id, const FunctionDef& def) = 0;
   // Queues host-side work; work of successive calls reaches each device in call order.
   virtual DispatchAck Dispatch(HostWork work) = 0;
   // Stores one shard from host memory (waits for device memory if it is full).
@@ -52,11 +52,11 @@ class WorkerInterface {
   virtual void ForgetRuns(const std::vector<RunId>& runs) = 0;
   // Told for every device of the cluster: the owner fails the device's work, every worker aborts
   // its collectives that include the device.
-  virtual absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) = 0;
+  virtual Future<> RemoveDevice(DeviceId device, const absl::Status& reason) = 0;
   // A removed device is back in service (its host's worker rejoined).
-  virtual absl::Status RestoreDevice(DeviceId device) = 0;
+  virtual Future<> RestoreDevice(DeviceId device) = 0;
   // An error (naming the host) when the host cannot be asked.
-  virtual absl::StatusOr<HostStatus> Status() const = 0;
+  virtual Future<HostStatus> Status() const = 0;
 };
 
 }  // namespace pw

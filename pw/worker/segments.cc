@@ -60,6 +60,7 @@ struct Worker::SegmentPlan {
 struct Worker::Segment {
   const HostWork* work;  // Held with the plan until the work's countdown completes.
   Countdown* done;
+  std::atomic<int64_t>* device_ns;  // The work's device time, summed over its segments.
   const SegmentPlan::OnDevice* plan;
   std::vector<Future<DeviceBufferRef>> inputs;
   std::vector<Promise<DeviceBufferRef>> outputs;
@@ -141,8 +142,8 @@ std::shared_ptr<const Worker::SegmentPlan> Worker::MakePlan(const HostWork& work
       continue;
     }
     if (loaded_for == nullptr || c->function != loaded_for->function ||
-        c->slice_devices != loaded_for->slice_devices) {
-      loaded = LoadExecutable(c->function, c->slice_devices);
+        *c->slice_devices != *loaded_for->slice_devices) {
+      loaded = LoadExecutable(c->function, *c->slice_devices);
       loaded_for = c;
     }
     absl::Status invalid = loaded.status();
@@ -157,10 +158,10 @@ std::shared_ptr<const Worker::SegmentPlan> Worker::MakePlan(const HostWork& work
     for (int v : c->release)
       if (v < 0 || v >= num_values) return malformed(node, absl::StrCat("released value ", v));
     for (int rank : c->local_ranks) {
-      if (rank < 0 || rank >= static_cast<int>(c->slice_devices.size()))
+      if (rank < 0 || rank >= static_cast<int>(c->slice_devices->size()))
         return malformed(node, absl::StrCat("rank ", rank, " of a slice of ",
-                                            c->slice_devices.size()));
-      const DeviceId id = c->slice_devices[rank];
+                                            c->slice_devices->size()));
+      const DeviceId id = (*c->slice_devices)[rank];
       Device* device = FindDevice(id);
       if (device == nullptr) {
         plan->misplaced.push_back({c, id, absl::InternalError(absl::StrCat(
@@ -226,7 +227,7 @@ std::shared_ptr<const Worker::SegmentPlan> Worker::MakePlan(const HostWork& work
 }
 
 void Worker::DispatchSegments(std::shared_ptr<const HostWork> work, Promise<> enqueued,
-                              Promise<> done) {
+                              Promise<int64_t> done) {
   std::shared_ptr<const SegmentPlan> plan = PlanOf(*work);
   trace::Span span(trace::HostTrack(host_), "dispatch", work->program->program,
                    work->client.value());
@@ -255,6 +256,7 @@ void Worker::DispatchSegments(std::shared_ptr<const HostWork> work, Promise<> en
     std::shared_ptr<const HostWork> work;
     std::shared_ptr<const SegmentPlan> plan;
     Countdown done;
+    std::atomic<int64_t> device_ns{0};
   };
   auto d = std::make_shared<Held>();
   d->work = std::move(work);
@@ -268,7 +270,7 @@ void Worker::DispatchSegments(std::shared_ptr<const HostWork> work, Promise<> en
   }
   std::vector<SegmentPtr> segments;
   for (const SegmentPlan::OnDevice& on : d->plan->devices) {
-    SegmentPtr s(new Segment{.work = &w, .done = &d->done, .plan = &on});
+    SegmentPtr s(new Segment{.work = &w, .done = &d->done, .device_ns = &d->device_ns, .plan = &on});
     s->inputs.resize(on.input_values.size());
     s->outputs.resize(on.outputs.size());
     s->output_memory.resize(on.outputs.size());
@@ -312,8 +314,10 @@ void Worker::DispatchSegments(std::shared_ptr<const HostWork> work, Promise<> en
     });
   }
   enqueued.Set();
-  d->done.future().OnReady(
-      [done = std::move(done), d](const absl::Status& s) mutable { done.Set(s); });
+  d->done.future().OnReady([done = std::move(done), d](const absl::Status& s) mutable {
+    if (!s.ok()) return done.Set(s);
+    done.Set(d->device_ns.load(std::memory_order_relaxed));  // Every segment has added its own.
+  });
   d->done.Done();  // Everything is added.
 }
 
@@ -372,7 +376,7 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
     ShardLaunch launch;
     launch.key = {work.run.value(), step.node->node, 0};
     launch.rank = step.rank;
-    launch.slice_devices = step.compute->slice_devices;
+    launch.slice_devices = *step.compute->slice_devices;
     launch.device = device.id();
     launch.collectives = collectives_;
     for (size_t j = 0; s.ok() && j < step.inputs.size(); ++j) {
@@ -431,7 +435,7 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
       // Its peers may wait in a collective this shard will not reach; readers get the error.
       const absl::Status error = Annotate(s, NodeWhere(work, *step.node, device.id()));
       collectives_->FailLaunch(work.run.value(), step.node->node, error,
-                               step.compute->slice_devices);
+                               *step.compute->slice_devices);
       // A backend whose shards meet inside it, beyond the runtime's reach (an SPMD module's
       // partitions in XLA's rendezvous), still runs one that did not launch, as a stand-in, so
       // they complete.
@@ -461,6 +465,7 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
   }
   device.CountExecuted(static_cast<int64_t>(plan.steps.size()) - 1);
   const int64_t took = trace::Now() - started;
+  seg.device_ns->fetch_add(took, std::memory_order_relaxed);  // Before the segment's Done.
   pw::MutexLock lock(&client_time_mu_);
   client_device_ns_[work.client] += took;
 }

@@ -50,28 +50,35 @@ Worker::~Worker() {
   }
 }
 
-absl::Status Worker::LoadFunction(FunctionId id, const FunctionDef& def) {
+Future<> Worker::LoadFunction(FunctionId id, const FunctionDef& def) {
   // A per-shard XLA module is compiled here, when first bound to a slice on this host (on the
-  // caller's thread, not the dispatch thread, and under no lock dispatch takes): its first run
-  // then finds it compiled, and a module XLA rejects fails its binding, naming the function.
-  // SPMD modules depend on their slice's devices and compile on the compile thread when first
-  // dispatched.
-  std::shared_ptr<const pjrt::PjrtExecutable> precompiled;
-  if (const auto* hlo = std::get_if<StableHloFunctionDef>(&def);
-      hlo != nullptr && hlo->num_partitions == 1 && pjrt_ != nullptr) {
-    trace::Span span(trace::CompileTrack(host_), "compile", hlo->name);
-    span.Arg("function", hlo->name).Arg("partitions", 1);
+  // compile thread, under no lock dispatch takes): its first run then finds it compiled, and a
+  // module XLA rejects fails its binding, naming the function. SPMD modules depend on their
+  // slice's devices and compile on the compile thread when first dispatched.
+  const auto* hlo = std::get_if<StableHloFunctionDef>(&def);
+  if (hlo == nullptr || hlo->num_partitions != 1 || pjrt_ == nullptr) {
+    pw::MutexLock lock(&fn_mu_);
+    functions_[id] = def;
+    return Future<>::Ready(absl::OkStatus());
+  }
+  Promise<> loaded;
+  Future<> f = loaded.future();
+  compile_.Post([this, id, def = *hlo, loaded = std::move(loaded)]() mutable {
+    trace::Span span(trace::CompileTrack(host_), "compile", def.name);
+    span.Arg("function", def.name).Arg("partitions", 1);
     const int64_t t0 = trace::Now();
-    auto exe = pjrt::PjrtShardExecutable::Precompile(pjrt_, *hlo);
+    auto exe = pjrt::PjrtShardExecutable::Precompile(pjrt_, def);
     compiles_.fetch_add(1, std::memory_order_relaxed);
     compile_ns_.fetch_add(trace::Now() - t0, std::memory_order_relaxed);
-    PW_RETURN_IF_ERROR(Annotate(exe.status(), host_.ToString()));
-    precompiled = *std::move(exe);
-  }
-  pw::MutexLock lock(&fn_mu_);
-  functions_[id] = def;
-  if (precompiled != nullptr) precompiled_[id] = std::move(precompiled);
-  return absl::OkStatus();
+    if (!exe.ok()) return loaded.Set(Annotate(exe.status(), host_.ToString()));
+    {
+      pw::MutexLock lock(&fn_mu_);
+      functions_[id] = std::move(def);
+      precompiled_[id] = *std::move(exe);
+    }
+    loaded.Set();
+  });
+  return f;
 }
 
 void Worker::Unload(const std::vector<FunctionId>& functions,
@@ -159,7 +166,8 @@ Device* Worker::FindDevice(DeviceId id) const {
 }
 
 DispatchAck Worker::Dispatch(HostWork work) {
-  Promise<> enqueued, done;
+  Promise<> enqueued;
+  Promise<int64_t> done;
   DispatchAck ack{enqueued.future(), done.future()};
   dispatch_.Post([this, work = std::make_shared<const HostWork>(std::move(work)),
                   enqueued = std::move(enqueued), done = std::move(done)]() mutable {
@@ -420,23 +428,23 @@ absl::Status Worker::Cancelled(RunId run) {
   return it->second.why;
 }
 
-absl::Status Worker::RemoveDevice(DeviceId device_id, const absl::Status& reason) {
+Future<> Worker::RemoveDevice(DeviceId device_id, const absl::Status& reason) {
   // Another host's device: only this host's collectives that include it are aborted.
   if (Device* device = FindDevice(device_id); device != nullptr) device->Remove(reason);
   collectives_->AbortDevice(device_id, reason);
-  return absl::OkStatus();
+  return Future<>::Ready(absl::OkStatus());
 }
 
-absl::Status Worker::RestoreDevice(DeviceId device_id) {
+Future<> Worker::RestoreDevice(DeviceId device_id) {
   if (FindDevice(device_id) != nullptr)
-    return absl::FailedPreconditionError(
+    return Future<>::Ready(absl::FailedPreconditionError(
         absl::StrCat(device_id.ToString(), " of ", host_.ToString(), " cannot come back in this "
-                     "process; restart the worker"));
+                     "process; restart the worker")));
   collectives_->RestoreDevice(device_id);
-  return absl::OkStatus();
+  return Future<>::Ready(absl::OkStatus());
 }
 
-absl::StatusOr<HostStatus> Worker::Status() const {
+Future<HostStatus> Worker::Status() const {
   HostStatus s;
   s.host = host_;
   s.island = island_;
@@ -467,7 +475,7 @@ absl::StatusOr<HostStatus> Worker::Status() const {
     s.client_device_ns.assign(client_device_ns_.begin(), client_device_ns_.end());
   }
   std::sort(s.client_device_ns.begin(), s.client_device_ns.end());
-  return s;
+  return Future<HostStatus>::Ready(std::move(s));
 }
 
 }  // namespace pw

@@ -50,7 +50,8 @@ class Worker final : public WorkerInterface {
   ~Worker() override;
 
   HostId host() const override { return host_; }
-  absl::Status LoadFunction(FunctionId id, const FunctionDef& def) override;
+  // A per-shard XLA module compiles on the compile thread; the future is ready once it has.
+  Future<> LoadFunction(FunctionId id, const FunctionDef& def) override;
   DispatchAck Dispatch(HostWork work) override;
   Future<> PutShard(BufferId id, DeviceId device, HostArray shard) override;
   Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) override;
@@ -80,9 +81,10 @@ class Worker final : public WorkerInterface {
   std::vector<Overrun> Overrunning(absl::Time now, absl::Duration grace) const;
   // The PJRT backend this worker runs StableHLO functions on (null: none).
   const std::shared_ptr<pjrt::PjrtBackend>& pjrt_backend() const { return pjrt_; }
-  absl::Status RemoveDevice(DeviceId device, const absl::Status& reason) override;
-  absl::Status RestoreDevice(DeviceId device) override;
-  absl::StatusOr<HostStatus> Status() const override;
+  // In process, these answer at once.
+  Future<> RemoveDevice(DeviceId device, const absl::Status& reason) override;
+  Future<> RestoreDevice(DeviceId device) override;
+  Future<HostStatus> Status() const override;
   // This host's device `id`, or nullptr.
   Device* FindDevice(DeviceId id) const;
   // Counts bytes received over `link` in the ICI or DCN totals of Status(): transfer nodes'
@@ -128,7 +130,8 @@ class Worker final : public WorkerInterface {
   std::shared_ptr<const SegmentPlan> MakePlan(const HostWork& work);
   // On the dispatch thread: drops the plans of `programs` and of programs that have gone.
   void DropPlans(const absl::flat_hash_set<uint64_t>& programs);
-  void DispatchSegments(std::shared_ptr<const HostWork> work, Promise<> enqueued, Promise<> done);
+  void DispatchSegments(std::shared_ptr<const HostWork> work, Promise<> enqueued,
+                        Promise<int64_t> done);
   // On the device thread: runs the segment's steps in order.
   void RunSegment(Segment& segment, absl::Status health);
   // A function's executable for a slice as dispatch plans with it. Native kernels compile at

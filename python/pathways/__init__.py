@@ -57,15 +57,21 @@ def _connection(cluster, client) -> _Connection:
     return _Connection(cluster, client, {}, {})
 
 
-def connect(address: str | None = None, token: str | None = None) -> str:
+def connect(address: str | None = None, token: str | None = None, *, tenant: str | None = None,
+            share: float | None = None) -> str:
     """Uses a running cluster from now on: `address`, else $PW_CLUSTER, else the cluster `pw up`
-    started most recently. Returns the address. Call before using any slice or array."""
+    started most recently. Returns the address. Call before using any slice or array.
+
+    `tenant` (else $PW_TENANT; else a tenant of this client's own) is whose share of each
+    island's device time pays for this client's work, with `share` (else $PW_SHARE; else the
+    tenant's, 1 for a new one) unless the cluster's admin set it (`pw tenant set`)."""
     global _conn
     resolved = _pathways.cluster_address(address or "")
     if not resolved:
         raise RuntimeError("no cluster to connect to: pass an address, set PW_CLUSTER, or run `pw up`")
     remote = _pathways.RemoteCluster.dial(resolved, token if token is not None else os.environ.get("PW_TOKEN", ""))
-    conn = _connection(remote, _pathways.Client.connect_remote(remote, "python"))
+    conn = _connection(remote, _pathways.Client.connect_remote(
+        remote, "python", tenant=tenant or "", share=float(share or 0)))
     with _lock:
         _conn = conn
     return resolved
@@ -92,12 +98,16 @@ class Client:
     a second process would have): a tenant beside the default one, e.g. a server sharing a
     trainer's weights. Closed (its slices and arrays released) by close() or on exit."""
 
-    def __init__(self, name: str = "python"):
+    def __init__(self, name: str = "python", *, tenant: str | None = None,
+                 share: float | None = None):
+        """`tenant` and `share` as pw.connect's."""
         cluster = _default_connection().cluster
         if isinstance(cluster, _pathways.EmbeddedCluster):
-            client = _pathways.Client.connect(cluster, name)
+            client = _pathways.Client.connect(cluster, name, tenant=tenant or "",
+                                              share=float(share or 0))
         else:
-            client = _pathways.Client.connect_remote(cluster, name)
+            client = _pathways.Client.connect_remote(cluster, name, tenant=tenant or "",
+                                                     share=float(share or 0))
         self._conn = _connection(cluster, client)
 
     def make_virtual_device_set(self) -> "VirtualDeviceSet":

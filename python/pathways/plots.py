@@ -154,8 +154,32 @@ def _collectives(r, ax):
     ax.set_title("All-reduce across worker processes")
 
 
+def _multitenant(r, ax):
+    """Each tenant's achieved share of the device time beside its configured share (§5.2), per
+    measurement; the worst 100 ms window as an error bar."""
+    x = 0
+    ticks, labels = [], []
+    for i, res in enumerate(r["results"]):
+        for s in res["shares"]:
+            ax.bar(x - 0.2, s["configured"], 0.4, color="lightgray",
+                   label="configured" if x == 0 else None)
+            low, high = sorted((s["achieved"], s["worst_window"]))
+            ax.bar(x + 0.2, s["achieved"], 0.4, color="C0", label="achieved" if x == 0 else None,
+                   yerr=[[s["achieved"] - low], [high - s["achieved"]]], capsize=3)
+            ticks.append(x)
+            labels.append(s["tenant"])
+            x += 1
+        x += 1
+    ax.set_xticks(ticks, labels, rotation=45, fontsize=7)
+    ax.set_ylabel("fraction of device time")
+    first = r["results"][0]
+    ax.set_title(f"Proportional share: {first['clients']} clients, {first['compute_ms']} ms "
+                 f"computations, {first['aggregate_per_second']:.0f} calls/s "
+                 f"({first['aggregate_per_second'] / first['single_client_per_second']:.2f}x one)")
+
+
 _BENCHES = {"dispatch": _dispatch, "transfer": _transfer, "transfer-cluster": _transfer,
-            "collectives": _collectives}
+            "collectives": _collectives, "multitenant": _multitenant}
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

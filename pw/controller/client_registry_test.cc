@@ -1,0 +1,90 @@
+#include "pw/controller/client_registry.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pw {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ClientRegistryTest, ClientsJoinTenantsWithSharesAndEachOtherwiseIsItsOwn) {
+  ClientRegistry r;
+  ClientId a = *r.Connect("trainer", {.tenant = "train", .share = 4});
+  ClientId b = *r.Connect("trainer", {.tenant = "train"});
+  ClientId c = *r.Connect("lonely", {});
+  ClientId d = *r.Connect("lonely", {});
+  EXPECT_EQ(r.TenantOf(a).value(), r.TenantOf(b).value());
+  EXPECT_EQ(r.TenantOf(a).value()->share(), 4);
+  // Clients without a tenant each get one of their own, even with the same name.
+  EXPECT_NE(r.TenantOf(c).value(), r.TenantOf(d).value());
+  EXPECT_EQ(r.TenantOf(c).value()->share(), 1);
+  EXPECT_THAT(r.TenantOf(c).value()->name(), HasSubstr("lonely:"));
+  EXPECT_EQ(r.Tenants().size(), 3u);
+  // A tenant goes with its last client.
+  ASSERT_TRUE(r.Disconnect(a).ok());
+  EXPECT_EQ(r.Tenants().size(), 3u);
+  ASSERT_TRUE(r.Disconnect(b).ok());
+  EXPECT_EQ(r.Tenants().size(), 2u);
+  EXPECT_TRUE(absl::IsUnauthenticated(r.Check(a)));
+  EXPECT_TRUE(absl::IsUnauthenticated(r.Disconnect(a)));
+}
+
+TEST(ClientRegistryTest, AnAdminsSettingsPinATenantAndWinOverClients) {
+  ClientRegistry r;
+  ASSERT_TRUE(r.SetTenant({.name = "serve", .share = 2, .memory_bytes = 1 << 20}).ok());
+  ClientId a = *r.Connect("server", {.tenant = "serve", .share = 100});
+  EXPECT_EQ(r.TenantOf(a).value()->share(), 2);  // The admin's, not the client's.
+  ClientRegistry::Quota q = *r.QuotaOf(a);
+  EXPECT_EQ(q.bytes, 1 << 20);
+  EXPECT_EQ(q.name, "serve");
+  ASSERT_TRUE(r.Disconnect(a).ok());
+  ASSERT_EQ(r.Tenants().size(), 1u);  // Pinned: kept without clients.
+  EXPECT_TRUE(r.Tenants()[0].pinned);
+  ASSERT_TRUE(r.SetTenant({.name = "serve", .share = 8}).ok());  // Live; the quota stays.
+  EXPECT_EQ(r.Tenants()[0].tenant->share(), 8);
+  EXPECT_EQ(r.Tenants()[0].memory_quota, 1 << 20);
+}
+
+TEST(ClientRegistryTest, BadNamesAndSharesAreRefusedNamingThem) {
+  ClientRegistry r;
+  absl::StatusOr<ClientId> bad = r.Connect("c", {.tenant = "no spaces"});
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status()));
+  EXPECT_THAT(bad.status().message(), HasSubstr("'no spaces'"));
+  EXPECT_TRUE(absl::IsInvalidArgument(r.Connect("c", {.tenant = std::string(200, 'x')}).status()));
+  absl::StatusOr<ClientId> greedy = r.Connect("c", {.tenant = "t", .share = 1e9});
+  EXPECT_TRUE(absl::IsInvalidArgument(greedy.status()));
+  EXPECT_THAT(greedy.status().message(), HasSubstr("share 1e+09"));
+  EXPECT_TRUE(absl::IsInvalidArgument(r.Connect("c", {.tenant = "t", .share = -1}).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(r.SetTenant({.name = "t", .share = 0.0})));
+  EXPECT_TRUE(absl::IsInvalidArgument(r.SetTenant({.name = "t", .memory_bytes = -5})));
+  EXPECT_EQ(r.size(), 0u);
+  EXPECT_TRUE(r.Tenants().empty());
+}
+
+TEST(ClientRegistryTest, AClientsRunsAreHandedOverInOrderBehindOneThatWaits) {
+  ClientRegistry r;
+  ClientId a = *r.Connect("a", {});
+  ClientId b = *r.Connect("b", {});
+  // Nothing waits: go now.
+  ClientRegistry::HandOff now = r.Queue(a, Future<>::Ready(absl::OkStatus()));
+  EXPECT_TRUE(now.go.IsReady());
+  EXPECT_FALSE(now.handed.has_value());
+  // A run waiting for another client's array, then one that does not wait itself.
+  Promise<> input;
+  ClientRegistry::HandOff first = r.Queue(a, input.future());
+  ClientRegistry::HandOff second = r.Queue(a, Future<>::Ready(absl::OkStatus()));
+  EXPECT_FALSE(first.go.IsReady());
+  EXPECT_FALSE(second.go.IsReady());  // Behind the first.
+  EXPECT_TRUE(r.Queue(b, Future<>::Ready(absl::OkStatus())).go.IsReady());  // Others do not wait.
+  input.Set();
+  ASSERT_TRUE(first.go.IsReady());
+  EXPECT_FALSE(second.go.IsReady());  // Until the first has been handed over.
+  first.handed->Set();
+  EXPECT_TRUE(second.go.IsReady());
+  second.handed->Set();
+  EXPECT_FALSE(r.Queue(a, Future<>::Ready(absl::OkStatus())).handed.has_value());
+}
+
+}  // namespace
+}  // namespace pw

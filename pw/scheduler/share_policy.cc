@@ -1,0 +1,75 @@
+#include <algorithm>
+
+#include "absl/container/flat_hash_map.h"
+#include "pw/base/check.h"
+#include "pw/scheduler/scheduling_policy.h"
+
+namespace pw {
+
+SharePolicy::Queue& SharePolicy::QueueOf(const std::shared_ptr<const Tenant>& tenant) {
+  Queue& q = queues_[tenant->id()];
+  if (q.tenant == nullptr) q.tenant = tenant;
+  return q;
+}
+
+void SharePolicy::Add(std::unique_ptr<ScheduleRequest> r) {
+  if (r->work.spans_islands) spanning_.push_back(r->work.seq);
+  Queue& q = QueueOf(r->work.tenant);
+  // A tenant with nothing queued starts at the island's virtual time: idleness earns nothing.
+  if (q.requests.empty()) q.head_start = std::max(virtual_time_, q.finish);
+  q.requests.push_back(std::move(r));
+  ++size_;
+}
+
+bool SharePolicy::MayGo(const ScheduleRequest& r) const {
+  return !r.work.spans_islands || (!spanning_.empty() && spanning_.front() == r.work.seq);
+}
+
+ScheduleRequest* SharePolicy::Peek() {
+  picked_ = nullptr;
+  for (auto& [id, q] : queues_) {
+    if (q.requests.empty() || !MayGo(*q.requests.front())) continue;
+    if (picked_ == nullptr || q.head_start < picked_->head_start ||
+        (q.head_start == picked_->head_start && id < picked_->tenant->id()))
+      picked_ = &q;
+  }
+  return picked_ == nullptr ? nullptr : picked_->requests.front().get();
+}
+
+std::unique_ptr<ScheduleRequest> SharePolicy::Pop() {
+  PW_CHECK(picked_ != nullptr && !picked_->requests.empty(), "Pop without a Peek that found one");
+  Queue& q = *picked_;
+  picked_ = nullptr;
+  std::unique_ptr<ScheduleRequest> r = std::move(q.requests.front());
+  q.requests.pop_front();
+  --size_;
+  if (r->work.spans_islands) spanning_.pop_front();  // It was the earliest (MayGo).
+  virtual_time_ = q.head_start;
+  q.finish = q.head_start + static_cast<double>(r->estimated_ns) / q.tenant->share();
+  if (!q.requests.empty()) q.head_start = std::max(virtual_time_, q.finish);
+  // Idle tenants the virtual time has passed would start at it anyway: their entries go.
+  if (queues_.size() > 64)
+    absl::erase_if(queues_, [this](const auto& kv) {
+      return kv.second.requests.empty() && kv.second.finish <= virtual_time_;
+    });
+  return r;
+}
+
+void SharePolicy::Finished(const Tenant& tenant, int64_t estimated_ns, int64_t actual_ns) {
+  auto it = queues_.find(tenant.id());
+  if (it == queues_.end()) return;  // Idle, and dropped: it starts afresh anyway.
+  Queue& q = it->second;
+  const double correction = static_cast<double>(actual_ns - estimated_ns) / tenant.share();
+  q.finish += correction;
+  // Its next request, already tagged, moves with it (never before the virtual time).
+  if (!q.requests.empty()) q.head_start = std::max(virtual_time_, q.head_start + correction);
+}
+
+absl::flat_hash_map<int64_t, int64_t> SharePolicy::QueuedByTenant() const {
+  absl::flat_hash_map<int64_t, int64_t> n;
+  for (const auto& [id, q] : queues_)
+    if (!q.requests.empty()) n[id] = static_cast<int64_t>(q.requests.size());
+  return n;
+}
+
+}  // namespace pw
