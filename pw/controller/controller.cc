@@ -33,10 +33,27 @@ namespace {
 absl::Status NoWorker(HostId host) {
   return absl::UnavailableError(absl::StrCat(host.ToString(), " has no worker"));
 }
+// Another client's function or program reads as one that does not exist: ids reveal nothing.
+template <typename IdT>
+absl::Status NotRegistered(IdT id) {
+  return absl::NotFoundError(absl::StrCat(id.ToString(), " is not registered by this client"));
+}
 int64_t PlacedBytes(const Placement& p) {
   return p.shard_bytes() * static_cast<int64_t>(p.devices.size());
 }
 }  // namespace
+
+void Controller::AddHostPrograms(const Plan& plan,
+                                 absl::flat_hash_map<HostId, std::vector<uint64_t>>& out) {
+  for (const auto& [island, hosts] : plan.islands)
+    for (const auto& [host, program] : hosts) out[host].push_back(program->id);
+}
+
+Controller::Program* Controller::FindProgramLocked(ClientId client, ProgramId id) const {
+  auto it = programs_.find(id);
+  if (it == programs_.end() || it->second->owner != client) return nullptr;
+  return it->second.get();
+}
 
 class Controller::Lowering final : public LoweringContext {
  public:
@@ -100,9 +117,8 @@ absl::Status Controller::AttachWorker(HostId host, IslandId island, WorkerInterf
     workers_[host] = worker;
     while (static_cast<int64_t>(schedulers_.size()) <= island.value())
       schedulers_.push_back(NewScheduler(IslandId(static_cast<int64_t>(schedulers_.size())), 1));
-    for (size_t i = 0; i < functions_.size(); ++i)
-      if (functions_[i].owner.valid() && functions_[i].loaded_on.contains(host))
-        fns.emplace_back(FunctionId(static_cast<int64_t>(i)), functions_[i].def);
+    for (const auto& [id, f] : functions_)
+      if (f.loaded_on.contains(host)) fns.emplace_back(id, f.def);
   }
   std::vector<Future<>> loads;  // In parallel.
   for (const auto& [id, def] : fns) loads.push_back(worker->LoadFunction(id, def));
@@ -197,19 +213,17 @@ absl::Status Controller::Disconnect(ClientId client) {
   std::vector<WorkerInterface*> workers;
   {
     pw::MutexLock lock(&mu_);
-    for (auto& p : programs_) {
-      if (p == nullptr || p->owner != client) continue;
-      for (const auto& [layout, plan] : p->plans)
-        for (const auto& [island, hosts] : plan->islands)
-          for (const auto& [host, program] : hosts) host_programs[host].push_back(program->id);
-      p.reset();
-    }
-    for (size_t i = 0; i < functions_.size(); ++i) {
-      if (functions_[i].owner != client) continue;
-      for (HostId h : functions_[i].loaded_on) unload[h].push_back(FunctionId(static_cast<int64_t>(i)));
-      functions_[i] = Function{ClientId(), NativeFunctionDef{}, {}};
-      freed.push_back(FunctionId(static_cast<int64_t>(i)));
-    }
+    absl::erase_if(programs_, [&](const auto& kv) {
+      if (kv.second->owner != client) return false;
+      for (const auto& [layout, cached] : kv.second->plans) AddHostPrograms(*cached.plan, host_programs);
+      return true;
+    });
+    absl::erase_if(functions_, [&](const auto& kv) {
+      if (kv.second.owner != client) return false;
+      for (HostId h : kv.second.loaded_on) unload[h].push_back(kv.first);
+      freed.push_back(kv.first);
+      return true;
+    });
     for (auto it = signatures_.begin(); it != signatures_.end();) {
       if (std::find(freed.begin(), freed.end(), it->first.first) != freed.end())
         signatures_.erase(it++);
@@ -314,15 +328,17 @@ absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
                                                        hlo->collective_axis_size})));
   // Workers load it when it is bound to a slice on their host (LoadFunction, BuildPlan).
   pw::MutexLock lock(&mu_);
-  const FunctionId id(static_cast<int64_t>(functions_.size()));
-  functions_.push_back({client, def, {}});
+  const FunctionId id(next_function_++);
+  functions_.emplace(id, Function{client, def, {}});
   return FunctionInfo{id, sig.name, sig.inputs};
 }
 
 absl::Status Controller::EnsureLoadedOn(FunctionId function, const std::vector<HostId>& hosts) {
   if (options_.hosts_share_process) return LoadOnHosts(function, hosts);  // Direct calls.
   pw::MutexLock lock(&mu_);
-  const Function& f = functions_[function.value()];
+  auto it = functions_.find(function);
+  if (it == functions_.end()) return NotRegistered(function);
+  const Function& f = it->second;
   for (HostId h : hosts)
     if (!f.loaded_on.contains(h))
       return absl::FailedPreconditionError(absl::StrCat(
@@ -336,7 +352,9 @@ absl::Status Controller::LoadOnHosts(FunctionId function, const std::vector<Host
   FunctionDef def;
   {
     pw::MutexLock lock(&mu_);
-    Function& f = functions_[function.value()];
+    auto it = functions_.find(function);
+    if (it == functions_.end()) return NotRegistered(function);
+    Function& f = it->second;
     def = f.def;
     for (HostId h : hosts) {
       if (f.loaded_on.contains(h)) continue;
@@ -355,8 +373,8 @@ absl::Status Controller::LoadOnHosts(FunctionId function, const std::vector<Host
     first.Update(s);
     if (!s.ok()) continue;
     pw::MutexLock lock(&mu_);
-    Function& f = functions_[function.value()];
-    if (f.owner.valid()) f.loaded_on.insert(workers[i]->host());  // Not freed meanwhile.
+    if (auto it = functions_.find(function); it != functions_.end())  // Not freed meanwhile.
+      it->second.loaded_on.insert(workers[i]->host());
   }
   return first;
 }
@@ -365,10 +383,9 @@ absl::StatusOr<FunctionSignature> Controller::Signature(ClientId client, Functio
                                                        int num_shards) {
   pw::MutexLock lock(&mu_);
   // Another client's function reads as one that does not exist: ids reveal nothing.
-  if (!id.valid() || id.value() >= static_cast<int64_t>(functions_.size()) ||
-      functions_[id.value()].owner != client)
-    return absl::NotFoundError(absl::StrCat(id.ToString(), " is not registered by this client"));
-  const Function& f = functions_[id.value()];
+  auto found = functions_.find(id);
+  if (found == functions_.end() || found->second.owner != client) return NotRegistered(id);
+  const Function& f = found->second;
   auto key = std::make_pair(id, num_shards);
   auto it = signatures_.find(key);
   if (it != signatures_.end()) return it->second;
@@ -394,7 +411,9 @@ absl::Status Controller::CheckSpmdPlacement(FunctionId function, const std::vect
   const size_t num_hosts = absl::flat_hash_set<HostId>(hosts.begin(), hosts.end()).size();
   if (options_.hosts_share_process || num_hosts <= 1) return absl::OkStatus();
   pw::MutexLock lock(&mu_);
-  const auto* hlo = std::get_if<StableHloFunctionDef>(&functions_[function.value()].def);
+  auto it = functions_.find(function);
+  if (it == functions_.end()) return NotRegistered(function);
+  const auto* hlo = std::get_if<StableHloFunctionDef>(&it->second.def);
   if (hlo == nullptr || hlo->num_partitions <= 1) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
       "function '", hlo->name, "' is an SPMD XLA module of ", hlo->num_partitions,
@@ -530,10 +549,10 @@ absl::StatusOr<ProgramId> Controller::RegisterProgram(ClientId client, const Pro
   auto program = std::make_unique<Program>();
   program->owner = client;
   program->ir = ir;
-  program->plans.emplace(LayoutKey(args), std::move(plan));
+  program->plans.emplace(LayoutKey(args), CachedPlan{std::move(plan), 0});
   pw::MutexLock lock(&mu_);
-  ProgramId id(static_cast<int64_t>(programs_.size()));
-  programs_.push_back(std::move(program));
+  ProgramId id(next_program_++);
+  programs_.emplace(id, std::move(program));
   return id;
 }
 
@@ -544,15 +563,14 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::PlanFor(
   ProgramIr ir;
   {
     pw::MutexLock lock(&mu_);
-    if (!id.valid() || id.value() >= static_cast<int64_t>(programs_.size()) ||
-        programs_[id.value()] == nullptr || programs_[id.value()]->owner != client)
-      return absl::NotFoundError(absl::StrCat(id.ToString(), " is not registered by this client"));
-    const Program& p = *programs_[id.value()];
-    auto it = p.plans.find(key);
-    if (it != p.plans.end()) {
-      cached = it->second;
+    Program* p = FindProgramLocked(client, id);
+    if (p == nullptr) return NotRegistered(id);
+    auto it = p->plans.find(key);
+    if (it != p->plans.end()) {
+      it->second.used = ++p->uses;
+      cached = it->second.plan;
     } else {
-      ir = p.ir;
+      ir = p->ir;
     }
   }
   if (cached != nullptr) {
@@ -565,20 +583,33 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::PlanFor(
     return cached;
   }
   PW_ASSIGN_OR_RETURN(auto plan, BuildPlan(client, ir, args));
-  pw::MutexLock lock(&mu_);
-  programs_[id.value()]->plans.emplace(key, plan);
+  absl::flat_hash_map<HostId, std::vector<uint64_t>> evicted;
+  {
+    pw::MutexLock lock(&mu_);
+    Program* p = FindProgramLocked(client, id);
+    if (p == nullptr) return NotRegistered(id);  // Its client left meanwhile.
+    if (p->plans.size() >= kMaxPlansPerProgram && !p->plans.contains(key)) {
+      // The least recently used layout's plan goes, and the workers' copies with it (runs that
+      // hold it keep it; a later run of that layout is lowered again).
+      auto lru = std::min_element(p->plans.begin(), p->plans.end(), [](const auto& a, const auto& b) {
+        return a.second.used < b.second.used;
+      });
+      AddHostPrograms(*lru->second.plan, evicted);
+      p->plans.erase(lru);
+    }
+    p->plans.insert_or_assign(key, CachedPlan{plan, ++p->uses});
+  }
+  for (const auto& [host, programs] : evicted)
+    if (WorkerInterface* w = Worker(host)) w->Unload({}, programs);
   return plan;
 }
 
 absl::StatusOr<std::string> Controller::ExplainProgram(ClientId client, ProgramId id) {
   PW_RETURN_IF_ERROR(CheckClient(client));
   pw::MutexLock lock(&mu_);
-  if (!id.valid() || id.value() >= static_cast<int64_t>(programs_.size()) ||
-      programs_[id.value()] == nullptr || programs_[id.value()]->owner != client ||
-      programs_[id.value()]->plans.empty())
-    return absl::NotFoundError(absl::StrCat(id.ToString(), " is not registered by this client"));
-  const Program& p = *programs_[id.value()];
-  return p.plans.begin()->second->lowered.ToString();
+  const Program* p = FindProgramLocked(client, id);
+  if (p == nullptr || p->plans.empty()) return NotRegistered(id);
+  return p->plans.begin()->second.plan->lowered.ToString();
 }
 
 std::pair<Future<>, Future<>> Controller::HandToSchedulers(
@@ -1144,8 +1175,14 @@ absl::Status Controller::RevokeShare(ClientId client, const std::string& token) 
 Controller::Registry Controller::registry() const {
   pw::MutexLock lock(&mu_);
   Registry r;
-  for (const Function& f : functions_) r.functions += f.owner.valid();
-  for (const auto& p : programs_) r.programs += p != nullptr;
+  r.functions = functions_.size();
+  r.programs = programs_.size();
+  for (const auto& [id, p] : programs_) r.plans += p->plans.size();
+  r.signatures = signatures_.size();
+  r.runs = run_owner_.size();
+  r.traces = traces_.size();
+  r.clients = clients_.size();
+  r.tenants = clients_.Tenants().size();
   return r;
 }
 

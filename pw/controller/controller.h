@@ -93,8 +93,11 @@ class Controller final : public ControllerInterface {
   // NotFound if the run is not in flight.
   absl::Status CancelRun(RunId run, const absl::Status& why);
   // Functions and programs registered and not yet freed (a client's go when it disconnects).
+  // And what else the controller keeps per client, for leak checks: each is 0 once every
+  // client has left and every run has ended.
   struct Registry {
-    size_t functions = 0, programs = 0;
+    size_t functions = 0, programs = 0, plans = 0, signatures = 0, runs = 0, traces = 0,
+           clients = 0, tenants = 0;
   };
   Registry registry() const;
   // Cancels every run of `client` in flight; returns them.
@@ -151,11 +154,23 @@ class Controller final : public ControllerInterface {
   // there already (no RPC that waits runs in Submit), else FailedPrecondition naming the host.
   absl::Status EnsureLoadedOn(FunctionId function, const std::vector<HostId>& hosts);
   struct Plan;
+  // A program's plans are kept for its last kMaxPlansPerProgram argument layouts.
+  static constexpr size_t kMaxPlansPerProgram = 16;
+  struct CachedPlan {
+    std::shared_ptr<const Plan> plan;
+    uint64_t used = 0;  // Program::uses when last used.
+  };
   struct Program {
     ClientId owner;
     ProgramIr ir;
-    absl::flat_hash_map<std::string, std::shared_ptr<const Plan>> plans;  // By argument layout.
+    absl::flat_hash_map<std::string, CachedPlan> plans;  // By argument layout.
+    uint64_t uses = 0;
   };
+  // The program if `client` registered it; else null.
+  Program* FindProgramLocked(ClientId client, ProgramId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Each host's host programs of `plan`, added to `out`.
+  static void AddHostPrograms(const Plan& plan,
+                              absl::flat_hash_map<HostId, std::vector<uint64_t>>& out);
   class Lowering;
 
   absl::Status CheckClient(ClientId client) const;
@@ -215,10 +230,13 @@ class Controller final : public ControllerInterface {
 
   ClientRegistry clients_;
   mutable pw::Mutex mu_;
-  std::vector<Function> functions_ ABSL_GUARDED_BY(mu_);  // Indexed by FunctionId.
+  // Functions and programs of connected clients (ids are never reused).
+  absl::flat_hash_map<FunctionId, Function> functions_ ABSL_GUARDED_BY(mu_);
+  int64_t next_function_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::pair<FunctionId, int>, FunctionSignature> signatures_
       ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<Program>> programs_ ABSL_GUARDED_BY(mu_);  // By ProgramId.
+  absl::flat_hash_map<ProgramId, std::unique_ptr<Program>> programs_ ABSL_GUARDED_BY(mu_);
+  int64_t next_program_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<HostId, WorkerInterface*> workers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<HostId, IslandId> host_island_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<IslandScheduler>> schedulers_ ABSL_GUARDED_BY(mu_);

@@ -190,5 +190,74 @@ TEST(ControllerTest, ADisconnectedClientsFunctionsAndProgramsAreFreed) {
   EXPECT_EQ(c.registry().programs, 0u);
 }
 
+// Issue 24: the failure monitor takes a failed host's devices out of service without waiting
+// for the workers' answers (it once waited up to 5 s per device on each worker, one after
+// another, while other hosts' heartbeats went unchecked). A worker that never answers leaves
+// only its own future pending.
+TEST(ControllerTest, RemovingADeviceWaitsForNoWorker) {
+  Controller c(*ClusterSpec::Uniform(1, 2, 1));
+  NiceMock<MockWorker> w0(HostId(0)), stalled(HostId(1));
+  ASSERT_TRUE(c.AttachWorker(HostId(0), IslandId(0), &w0).ok());
+  ASSERT_TRUE(c.AttachWorker(HostId(1), IslandId(0), &stalled).ok());
+  Promise<> never;  // The stalled worker's answer.
+  EXPECT_CALL(w0, RemoveDevice).WillRepeatedly(Return(Future<>::Ready(absl::OkStatus())));
+  EXPECT_CALL(stalled, RemoveDevice).WillRepeatedly(Return(never.future()));
+  Future<> on_stalled = c.RemoveDevice(DeviceId(1), "its host failed");
+  EXPECT_FALSE(on_stalled.IsReady());  // Its own worker's answer; and the call has returned.
+  Future<> on_w0 = c.RemoveDevice(DeviceId(0), "pulled");
+  ASSERT_TRUE(on_w0.IsReady());
+  EXPECT_TRUE(on_w0.status().ok());
+  // New work on the removed devices is refused at once, answers or not.
+  ClientId client = *c.Connect("t");
+  EXPECT_FALSE(c.AllocateSlice(client, {.num_devices = 1}).ok());
+  never.Set();
+}
+
+// A program's plans are kept for its last kMaxPlansPerProgram (16) argument layouts; an evicted
+// plan's host programs are forgotten on their workers too.
+TEST(ControllerTest, APlanPerLayoutIsKeptForTheLastSixteenLayouts) {
+  Controller c(*ClusterSpec::Uniform(1, 1, 1));
+  NiceMock<MockWorker> w(HostId(0));
+  ASSERT_TRUE(c.AttachWorker(HostId(0), IslandId(0), &w).ok());
+  std::vector<uint64_t> forgotten;
+  ON_CALL(w, Unload).WillByDefault([&](const std::vector<FunctionId>&,
+                                       const std::vector<uint64_t>& programs) {
+    forgotten.insert(forgotten.end(), programs.begin(), programs.end());
+  });
+  ON_CALL(w, Dispatch).WillByDefault([](HostWork) {
+    return DispatchAck{Future<>::Ready(absl::OkStatus()), Future<int64_t>::Ready(0)};
+  });
+  ON_CALL(w, PutShard).WillByDefault(Return(Future<>::Ready(absl::OkStatus())));
+  ClientId client = *c.Connect("t");
+  auto slice = c.AllocateSlice(client, {.num_devices = 1});
+  ASSERT_TRUE(slice.ok());
+  NativeFunctionBuilder b("inc");
+  int x = b.Input({DType::kF32, Shape({4})});
+  auto fn = c.RegisterFunction(client, b.Build({b.Op("add_scalar", {x}, {{"value", 1.0}})}));
+  ASSERT_TRUE(fn.ok()) << fn.status();
+  ASSERT_TRUE(c.LoadFunction(client, fn->id, slice->id).ok());
+  const ArraySpec g{DType::kF32, Shape({4})};
+  const Sharding one = Sharding::Split({1}, 1, 0);
+  ProgramIr ir{"p", {g}, {{"inc", {fn->id, slice->id, {g}, {one}, {g}, {one}}, {{-1, 0}}}},
+               {{0, 0}}};
+  auto program = c.RegisterProgram(client, ir);
+  ASSERT_TRUE(program.ok()) << program.status();
+  // 20 argument layouts: each on a slice of its own (slices share the one device).
+  for (int i = 0; i < 20; ++i) {
+    auto other = c.AllocateSlice(client, {.num_devices = 1});
+    ASSERT_TRUE(other.ok());
+    auto arg = c.PutArray(client, other->id, one, *HostArray::Of<float>(DType::kF32, Shape({4}),
+                                                                       {1, 2, 3, 4}));
+    ASSERT_TRUE(arg.ok()) << arg.status();
+    auto run = c.Submit(client, *program, {arg->id}, {}).Await();
+    ASSERT_TRUE(run.ok()) << run.status();
+    ASSERT_TRUE(run->done.Await().ok());
+  }
+  EXPECT_EQ(c.registry().plans, 16u);
+  EXPECT_EQ(forgotten.size(), 5u);  // The registered layout's and the first four's.
+  ASSERT_TRUE(c.Disconnect(client).ok());
+  EXPECT_EQ(c.registry().plans, 0u);
+}
+
 }  // namespace
 }  // namespace pw

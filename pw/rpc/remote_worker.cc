@@ -171,12 +171,17 @@ void RemoteWorker::FailPending(Pending& p, const absl::Status& error) {
   if (p.transfer.has_value() && p.transfer->valid()) p.transfer->Set(error);
 }
 
-void RemoteWorker::Send(v1::Command c, Pending p) {
+void RemoteWorker::Send(v1::Command c, Pending p, const HostProgram* program) {
   std::string failed;
   {
     pw::MutexLock lock(&mu_);
     if (failed_.empty()) {
       OpenStreamLocked();
+      // A dispatch's program body goes with the first dispatch of it on this stream; the stream
+      // delivers in order, so later ones find it cached. Decided with the write, under one
+      // lock, so an Unload (which makes the body go again) cannot slip between.
+      if (program != nullptr && programs_sent_.insert(program->id).second)
+        ToProto(*program, c.mutable_dispatch()->mutable_program());
       const uint64_t seq = next_seq_++;
       c.set_seq(seq);
       pending_.emplace(seq, std::move(p));
@@ -295,14 +300,7 @@ DispatchAck RemoteWorker::Dispatch(HostWork work) {
   d->set_end(work.end);
   d->mutable_buffers()->Reserve(static_cast<int>(work.buffers->size()));
   for (BufferId b : *work.buffers) d->add_buffers(b.value());
-  {
-    // The body goes with the first dispatch of the program on this stream; the stream delivers
-    // in order, so later dispatches find it cached. (A new stream clears programs_sent_.)
-    pw::MutexLock lock(&mu_);
-    if (stream_ == nullptr) programs_sent_.clear();
-    if (programs_sent_.insert(work.program->id).second) ToProto(*work.program, d->mutable_program());
-  }
-  Send(std::move(c), std::move(p));
+  Send(std::move(c), std::move(p), work.program.get());
   return ack;
 }
 

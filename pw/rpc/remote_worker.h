@@ -105,7 +105,8 @@ class RemoteWorker final : public WorkerInterface {
   // A client transfer's answer from event `e` (ENQUEUED for an upload, DONE for a fetch).
   void Transferred(Pending& p, const ::pathways::v1::CommandEvent& e, const absl::Status& s) const;
   // Sends `c` (with seq set) on the stream, opening it if needed; `p` is kept until DONE.
-  void Send(::pathways::v1::Command c, Pending p);
+  // Writes `c` on the command stream (a dispatch of `program`: with its body the first time).
+  void Send(::pathways::v1::Command c, Pending p, const HostProgram* program = nullptr);
   void OpenStreamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A command no event answers (deletes, cancellations): dropped once the worker has failed.
   void SendUnacknowledged(::pathways::v1::Command c);

@@ -380,6 +380,33 @@ def test_mpmd_bench_prints_its_json():
     assert workers() == before, "the bench's cluster is still running"
 
 
+def test_multitenant_bench_prints_its_json(cluster):
+    # A smoke test of `pw bench multitenant --json` on the README's `pw up` shape (island 0: 4
+    # devices in 2 worker processes): the contract's fields; two client processes at shares 1:3,
+    # the second joining late, and the one with the larger share getting the more device time.
+    # Not a timing.
+    env, address, _ = cluster
+    r = subprocess.run([str(PW), "bench", "multitenant", "--cluster", address, "--json",
+                        "--clients", "2", "--shares", "1,3", "--compute-ms", "0.5", "--seconds",
+                        "2", "--late-join", "--in-flight", "8"],
+                       capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    [res] = out["results"]
+    assert res["clients"] == 2 and res["compute_ms"] == 0.5
+    assert res["aggregate_per_second"] > 0 and res["single_client_per_second"] > 0
+    assert res["utilization"] == pytest.approx(res["aggregate_per_second"] * 0.5 / 1000)
+    shares = res["shares"]
+    assert [s["configured"] for s in shares] == pytest.approx([0.25, 0.75])
+    assert sum(s["achieved"] for s in shares) == pytest.approx(1.0)
+    assert shares[1]["achieved"] > shares[0]["achieved"], shares
+    assert all(s["calls"] > 0 and 0 <= s["worst_window"] <= 1 for s in shares)
+    assert res["late_join"]["joined_at_seconds"] == pytest.approx(1.0)
+    status = json.loads(pw("status", "--json", env=env).stdout)
+    assert status["scheduling"] == "share"
+    assert not [t for t in status["tenants"] if t["tenant"].startswith("t")], "tenants left"
+
+
 def test_io_bench_prints_its_json(cluster):
     # A smoke test of `pw bench io --json` on the README's `pw up` shape: the contract's fields,
     # a small array (through the controller) and a large one (beside it: the workers' bulk
