@@ -279,7 +279,8 @@ absl::StatusOr<std::vector<MultitenantBenchResult>> RunMultitenantBench(
       for (const auto& x : samples)
         if (x.at >= from && x.at <= end) span.push_back(&x);
       if (span.size() < 3)
-        return absl::InternalError("multitenant bench: too few samples of the tenants' device time");
+        return absl::InternalError(
+            "multitenant bench: too few samples of the tenants' device time");
       for (const TenantProcess& c : clients) {
         MultitenantBenchResult::Share s;
         s.tenant = c.tenant;

@@ -382,7 +382,8 @@ int ClusterCommands::Tenant() {
   auto st = (*c)->FullStatus();
   if (!st.ok()) return Fail(st.status());
   if (json_) {
-    std::printf("%s\n", nlohmann::json::parse(server::StatusJson(*st, address))["tenants"].dump().c_str());
+    const nlohmann::json j = nlohmann::json::parse(server::StatusJson(*st, address));
+    std::printf("%s\n", j["tenants"].dump().c_str());
     return 0;
   }
   PrintTenants(*st);

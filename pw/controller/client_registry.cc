@@ -10,7 +10,9 @@
 namespace pw {
 namespace {
 
-bool NameChar(char c) { return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-' || c == ':'; }
+bool NameChar(char c) {
+  return absl::ascii_isalnum(c) || c == '.' || c == '_' || c == '-' || c == ':';
+}
 
 // A client's own tenant: its name made a tenant name, and its id (client names repeat).
 std::string OwnTenantName(const std::string& client, ClientId id) {
@@ -104,7 +106,8 @@ absl::Status ClientRegistry::SetTenant(const TenantSettings& s) {
   PW_RETURN_IF_ERROR(CheckTenantName(s.name));
   if (s.share.has_value()) PW_RETURN_IF_ERROR(CheckShare(*s.share, s.name));
   if (s.memory_bytes.has_value() && *s.memory_bytes < 0)
-    return absl::InvalidArgumentError(absl::StrCat("tenant '", s.name, "': a negative memory quota"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tenant '", s.name, "': a negative memory quota"));
   pw::MutexLock lock(&mu_);
   if (!tenants_.contains(s.name) || !tenants_.at(s.name).pinned) {
     if (pinned_ >= kMaxPinnedTenants)
@@ -140,7 +143,8 @@ ClientRegistry::HandOff ClientRegistry::Queue(ClientId client, Future<> ready) {
   auto it = clients_.find(client);
   Future<> previous = it == clients_.end() ? Future<>::Ready(absl::OkStatus())
                                            : it->second.last_handed;
-  if (ready.IsReady() && previous.IsReady()) return {Future<>::Ready(absl::OkStatus()), std::nullopt};
+  if (ready.IsReady() && previous.IsReady())
+    return {Future<>::Ready(absl::OkStatus()), std::nullopt};
   HandOff h{JoinFutures({ready, previous}), Promise<>()};
   if (it != clients_.end()) it->second.last_handed = h.handed->future();
   return h;

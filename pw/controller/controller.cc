@@ -215,7 +215,8 @@ absl::Status Controller::Disconnect(ClientId client) {
     pw::MutexLock lock(&mu_);
     absl::erase_if(programs_, [&](const auto& kv) {
       if (kv.second->owner != client) return false;
-      for (const auto& [layout, cached] : kv.second->plans) AddHostPrograms(*cached.plan, host_programs);
+      for (const auto& [layout, cached] : kv.second->plans)
+        AddHostPrograms(*cached.plan, host_programs);
       return true;
     });
     absl::erase_if(functions_, [&](const auto& kv) {
@@ -591,9 +592,9 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::PlanFor(
     if (p->plans.size() >= kMaxPlansPerProgram && !p->plans.contains(key)) {
       // The least recently used layout's plan goes, and the workers' copies with it (runs that
       // hold it keep it; a later run of that layout is lowered again).
-      auto lru = std::min_element(p->plans.begin(), p->plans.end(), [](const auto& a, const auto& b) {
-        return a.second.used < b.second.used;
-      });
+      auto lru = std::min_element(
+          p->plans.begin(), p->plans.end(),
+          [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
       AddHostPrograms(*lru->second.plan, evicted);
       p->plans.erase(lru);
     }
@@ -829,7 +830,8 @@ absl::StatusOr<BufferId> Controller::ReserveBufferIds(ClientId client, int64_t c
 
 absl::Status Controller::ChargeQuota(ClientId client, int64_t bytes, const std::string& what) {
   PW_ASSIGN_OR_RETURN(ClientRegistry::Quota tenant, clients_.QuotaOf(client));
-  switch (buffers_.TryCharge(client, bytes, {options_.max_client_bytes, tenant.tenant, tenant.bytes})) {
+  const BufferTable::Quota quota{options_.max_client_bytes, tenant.tenant, tenant.bytes};
+  switch (buffers_.TryCharge(client, bytes, quota)) {
     case BufferTable::Over::kNothing:
       return absl::OkStatus();
     case BufferTable::Over::kClientQuota:

@@ -167,7 +167,8 @@ class Controller final : public ControllerInterface {
     uint64_t uses = 0;
   };
   // The program if `client` registered it; else null.
-  Program* FindProgramLocked(ClientId client, ProgramId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Program* FindProgramLocked(ClientId client, ProgramId id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Each host's host programs of `plan`, added to `out`.
   static void AddHostPrograms(const Plan& plan,
                               absl::flat_hash_map<HostId, std::vector<uint64_t>>& out);
@@ -201,7 +202,8 @@ class Controller final : public ControllerInterface {
   std::unique_ptr<IslandScheduler> NewScheduler(IslandId island, int devices);
   // Hands one run's island subgraphs to their schedulers, in one order over all islands; the
   // futures join the islands' acks (enqueued, done).
-  std::pair<Future<>, Future<>> HandToSchedulers(std::vector<std::pair<IslandId, IslandWork>> works);
+  std::pair<Future<>, Future<>> HandToSchedulers(
+      std::vector<std::pair<IslandId, IslandWork>> works);
   // Deletes the shards of `freed` on their hosts.
   void Free(const std::vector<LogicalBuffer>& freed);
   // Unpins the run's buffers and deletes those now unreferenced. The run's intermediates

@@ -1,6 +1,8 @@
 // The Controller alone (no workers attached): binding rules checked before anything runs.
 #include "pw/controller/controller.h"
 
+#include <set>
+
 #include "pw/executor/native_function.h"
 
 #include "gmock/gmock.h"
@@ -112,7 +114,8 @@ TEST(ControllerTest, AFailedLoadFailsTheBindingAndIsRetried) {
   NiceMock<MockWorker> w(HostId(0));
   ASSERT_TRUE(c.AttachWorker(HostId(0), IslandId(0), &w).ok());
   EXPECT_CALL(w, LoadFunction)
-      .WillOnce(Return(Future<>::Ready(absl::InvalidArgumentError("host 0: compiling function 'psum'"))))
+      .WillOnce(Return(
+          Future<>::Ready(absl::InvalidArgumentError("host 0: compiling function 'psum'"))))
       .WillOnce(Return(Future<>::Ready(absl::OkStatus())));
   ClientId client = *c.Connect("t");
   auto fn = c.RegisterFunction(client, Spmd(1));
@@ -211,6 +214,54 @@ TEST(ControllerTest, RemovingADeviceWaitsForNoWorker) {
   ClientId client = *c.Connect("t");
   EXPECT_FALSE(c.AllocateSlice(client, {.num_devices = 1}).ok());
   never.Set();
+}
+
+// Issue 24: a plan names each slice's devices once. It once copied them into every host's
+// every node (about 1 GB per cached plan for 512 hosts x 4 devices and a 128-node chain).
+TEST(ControllerTest, APlanSharesEachSlicesDevicesAcrossNodesAndHosts) {
+  Controller c(*ClusterSpec::Uniform(1, 3, 2));
+  std::vector<std::unique_ptr<NiceMock<MockWorker>>> workers;
+  pw::Mutex mu;
+  std::vector<HostWork> dispatched;
+  for (int h = 0; h < 3; ++h) {
+    workers.push_back(std::make_unique<NiceMock<MockWorker>>(HostId(h)));
+    ON_CALL(*workers.back(), Dispatch).WillByDefault([&](HostWork w) {
+      pw::MutexLock lock(&mu);
+      dispatched.push_back(w);
+      return DispatchAck{Future<>::Ready(absl::OkStatus()), Future<int64_t>::Ready(0)};
+    });
+    ON_CALL(*workers.back(), PutShard).WillByDefault(Return(Future<>::Ready(absl::OkStatus())));
+    ASSERT_TRUE(c.AttachWorker(HostId(h), IslandId(0), workers.back().get()).ok());
+  }
+  ClientId client = *c.Connect("t");
+  auto slice = c.AllocateSlice(client, {.num_devices = 6});
+  ASSERT_TRUE(slice.ok());
+  NativeFunctionBuilder b("inc");
+  int x = b.Input({DType::kF32, Shape({1})});
+  auto fn = c.RegisterFunction(client, b.Build({b.Op("add_scalar", {x}, {{"value", 1.0}})}));
+  ASSERT_TRUE(fn.ok()) << fn.status();
+  const ArraySpec g{DType::kF32, Shape({6})};
+  const Sharding sh = Sharding::Split({6}, 1, 0);
+  ProgramIr ir{"chain", {g}, {}, {}};
+  for (int n = 0; n < 8; ++n)
+    ir.nodes.push_back({"inc", {fn->id, slice->id, {g}, {sh}, {g}, {sh}}, {{n - 1, 0}}});
+  ir.outputs = {{7, 0}};
+  auto program = c.RegisterProgram(client, ir);
+  ASSERT_TRUE(program.ok()) << program.status();
+  auto arg = c.PutArray(client, slice->id, sh,
+                        *HostArray::Of<float>(DType::kF32, Shape({6}), {1, 2, 3, 4, 5, 6}));
+  ASSERT_TRUE(arg.ok());
+  auto run = c.Submit(client, *program, {arg->id}, {}).Await();
+  ASSERT_TRUE(run.ok()) << run.status();
+  ASSERT_TRUE(run->done.Await().ok());
+  pw::MutexLock lock(&mu);
+  ASSERT_EQ(dispatched.size(), 3u);  // One message per host.
+  std::set<const std::vector<DeviceId>*> lists;
+  for (const HostWork& w : dispatched)
+    for (const NodeWork& n : w.program->nodes)
+      lists.insert(std::get<ComputeWork>(n.work).slice_devices.get());
+  ASSERT_EQ(lists.size(), 1u);  // 24 nodes (8 per host), one list.
+  EXPECT_EQ(**lists.begin(), slice->devices);
 }
 
 // A program's plans are kept for its last kMaxPlansPerProgram (16) argument layouts; an evicted

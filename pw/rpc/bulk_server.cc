@@ -91,7 +91,8 @@ absl::StatusOr<std::unique_ptr<BulkServer>> BulkServer::Start(
   const int bound_port = bound.ss_family == AF_INET6
                              ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                              : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  std::unique_ptr<BulkServer> s(new BulkServer(fd, bound_port, std::move(token), std::move(tls), limits));
+  std::unique_ptr<BulkServer> s(
+      new BulkServer(fd, bound_port, std::move(token), std::move(tls), limits));
   s->acceptor_ = std::thread([p = s.get()] { p->AcceptLoop(); });
   s->expirer_ = std::thread([p = s.get()] { p->ExpireLoop(); });
   return s;

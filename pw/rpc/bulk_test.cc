@@ -414,8 +414,8 @@ Future<std::vector<uint8_t>> Accept(BulkServer& server, const std::string& key, 
   auto dst = std::make_shared<std::vector<uint8_t>>(size);
   char* data = reinterpret_cast<char*>(dst->data());
   auto landed = std::make_shared<Promise<std::vector<uint8_t>>>(std::move(p));
-  const absl::Status accepted =
-      server.AcceptFromClient(key, owner, dst, data, size, expires, [landed, dst](const absl::Status& s) {
+  const absl::Status accepted = server.AcceptFromClient(
+      key, owner, dst, data, size, expires, [landed, dst](const absl::Status& s) {
         if (!s.ok()) return landed->Set(s);
         landed->Set(std::move(*dst));
       });

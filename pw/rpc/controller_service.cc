@@ -332,8 +332,8 @@ grpc::ServerUnaryReactor* ControllerService::Status(grpc::CallbackServerContext*
   // The controller's peak memory is the cluster's to reset (pw bench io as its admin): a client
   // could otherwise hide another's peak.
   if (reset_peak && !admin)
-    return Reply(ctx, absl::PermissionDeniedError(
-                          "Status: resetting the controller's peak memory needs the cluster token"));
+    return Reply(ctx, absl::PermissionDeniedError("Status: resetting the controller's peak "
+                                                  "memory needs the cluster token"));
   return Offload(ctx, [this, resp, admin, reset_peak]() -> absl::Status {
     if (reset_peak) ResetPeakResidentMemory();
     PW_ASSIGN_OR_RETURN(ClusterStatus status, controller_->Status());
@@ -376,15 +376,6 @@ grpc::ServerUnaryReactor* ControllerService::Heartbeat(grpc::CallbackServerConte
   absl::Status s = membership_->Heartbeat(HostId(req->host()));
   resp->set_clock_ns(trace::Now());  // The worker's trace clock offset (pw/trace).
   return Reply(ctx, s);
-}
-
-grpc::ServerUnaryReactor* ControllerService::LookupHost(grpc::CallbackServerContext* ctx,
-                                                        const v1::LookupHostRequest* req,
-                                                        v1::HostAddress* resp) {
-  if (absl::Status a = AuthorizeMember(ctx); !a.ok()) return Reply(ctx, a);
-  auto a = membership_->LookupHost(HostId(req->host()));
-  if (a.ok()) *resp = *std::move(a);
-  return Reply(ctx, a.status());
 }
 
 grpc::ServerUnaryReactor* ControllerService::GetClusterSpec(grpc::CallbackServerContext* ctx,

@@ -8,7 +8,7 @@
 // client that never opens one is disconnected after ClientLimits::session_grace.
 //
 // Two credentials: client calls carry the client token (empty: none required); membership calls
-// (RegisterWorker, Heartbeat, LookupHost, GetClusterSpec, Shutdown, Cancel) carry the cluster token,
+// (RegisterWorker, Heartbeat, GetClusterSpec, Shutdown, Cancel, SetTenant) carry the cluster token,
 // which only the controller and its workers hold, so a client cannot pose as a host or stop
 // the cluster. Thread-safe.
 #pragma once
@@ -33,7 +33,6 @@ class ClusterMembership {
   virtual absl::StatusOr<::pathways::v1::RegisterWorkerResponse> RegisterWorker(
       const ::pathways::v1::RegisterWorkerRequest& req) = 0;
   virtual absl::Status Heartbeat(HostId host) = 0;
-  virtual absl::StatusOr<::pathways::v1::HostAddress> LookupHost(HostId host) = 0;
   // Adds membership to a status reply.
   virtual void AddMembers(::pathways::v1::ClusterStatus* out) = 0;
   virtual std::string ClusterSpecJson() = 0;
@@ -91,7 +90,6 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   PW_UNARY(StopTrace, StopTraceRequest, TraceChunk);
   PW_UNARY(RegisterWorker, RegisterWorkerRequest, RegisterWorkerResponse);
   PW_UNARY(Heartbeat, HeartbeatRequest, HeartbeatResponse);
-  PW_UNARY(LookupHost, LookupHostRequest, HostAddress);
   PW_UNARY(GetClusterSpec, Empty, Text);
   PW_UNARY(Shutdown, Empty, Empty);
   PW_UNARY(Cancel, CancelRequest, CancelResponse);

@@ -343,6 +343,12 @@ void RemoteWorker::CancelRuns(const std::vector<RunId>& runs, const absl::Status
   SendUnacknowledged(std::move(c));
 }
 
+void RemoteWorker::SetHosts(const v1::HostTable& table) {
+  v1::Command c;
+  *c.mutable_hosts() = table;
+  SendUnacknowledged(std::move(c));
+}
+
 void RemoteWorker::ForgetRuns(const std::vector<RunId>& runs) {
   v1::Command c;
   for (RunId r : runs) c.mutable_forget_runs()->add_runs(r.value());

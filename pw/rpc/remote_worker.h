@@ -55,6 +55,9 @@ class RemoteWorker final : public WorkerInterface {
   Future<> RestoreDevice(DeviceId device) override;
   // Asks the worker (3 s at most); an error naming the host if it cannot be reached.
   Future<HostStatus> Status() const override;
+  // The cluster's membership (not a WorkerInterface call: the process's peer directory),
+  // ordered on the command stream before any later command.
+  void SetHosts(const ::pathways::v1::HostTable& table);
   // The worker process's trace recorder (not a WorkerInterface call: it is the process's):
   // starts it (an empty chunk back), or stops it and returns its events on the controller's
   // clock. Waits at most 10 s.

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace pw::rpc {
@@ -127,7 +128,8 @@ TEST(WireTest, SliceInfoRoundTrip) {
 TEST(WireTest, HostProgramRoundTrip) {
   HostProgram h;
   h.program = "prog";
-  h.nodes.push_back({0, "compute", ComputeWork{FunctionId(3), std::make_shared<const std::vector<DeviceId>>(std::vector{DeviceId(4), DeviceId(5)}), {1},
+  auto devices = std::make_shared<const std::vector<DeviceId>>(std::vector{DeviceId(4), DeviceId(5)});
+  h.nodes.push_back({0, "compute", ComputeWork{FunctionId(3), devices, {1},
                                                {0}, {1}}});
   h.nodes.push_back(
       {1, "transfer",
@@ -159,6 +161,25 @@ TEST(WireTest, HostProgramRoundTrip) {
   EXPECT_EQ(t.dst_devices, t0.dst_devices);
   EXPECT_EQ(t.local_ranks, t0.local_ranks);
   EXPECT_EQ(t.link, LinkClass::kDcn);
+}
+
+// Issue 24: nodes on one slice name its devices once on the wire (and share them after); a
+// node naming a slice the program does not have is refused, naming the field.
+TEST(WireTest, HostProgramNamesEachSliceOnce) {
+  HostProgram h;
+  auto slice = std::make_shared<const std::vector<DeviceId>>(std::vector{DeviceId(0), DeviceId(1)});
+  for (int n = 0; n < 3; ++n) h.nodes.push_back({n, "c", ComputeWork{FunctionId(1), slice, {0}}});
+  v1::HostProgram p;
+  ToProto(h, &p);
+  EXPECT_EQ(p.slices_size(), 1);
+  const HostProgram back = *FromProto(p);
+  EXPECT_EQ(std::get<ComputeWork>(back.nodes[0].work).slice_devices,
+            std::get<ComputeWork>(back.nodes[2].work).slice_devices);
+  p.mutable_nodes(1)->mutable_compute()->set_slice(5);
+  absl::StatusOr<HostProgram> bad = FromProto(p);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()),
+              ::testing::HasSubstr("HostProgram node 1: compute: slice is 5, not in [0, 1)"));
 }
 
 TEST(WireTest, HostAndClusterStatusRoundTrip) {

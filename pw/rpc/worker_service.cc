@@ -16,12 +16,12 @@ namespace v1 = ::pathways::v1;
 
 WorkerService::WorkerService(WorkerInterface* worker, std::string token,
                              CollectiveReceiver receive_collective, BulkServer* bulk,
-                             std::function<void(DeviceId)> on_restore, PutLater put_later)
+                             HostsReceiver on_hosts, PutLater put_later)
     : worker_(worker),
       token_(std::move(token)),
       receive_collective_(std::move(receive_collective)),
       bulk_(bulk),
-      on_restore_(std::move(on_restore)),
+      on_hosts_(std::move(on_hosts)),
       put_later_(std::move(put_later)) {}
 
 absl::StatusOr<std::shared_ptr<const HostProgram>> WorkerService::Program(
@@ -332,6 +332,9 @@ class WorkerService::CommandStream final
         worker->CancelRuns(runs, reason);
         return;
       }
+      case v1::Command::kHosts:
+        if (service_->on_hosts_) service_->on_hosts_(c.hosts());
+        return;
       case v1::Command::COMMAND_NOT_SET:
         return fail(absl::InvalidArgumentError(absl::StrCat("command ", seq, " is empty")), false);
     }
@@ -684,7 +687,6 @@ grpc::ServerUnaryReactor* WorkerService::RestoreDevice(grpc::CallbackServerConte
                                                        v1::Empty*) {
   if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
   if (req->device() < 0) return Reply(ctx, absl::InvalidArgumentError("RestoreDevice: negative device id"));
-  if (on_restore_) on_restore_(DeviceId(req->device()));
   return ReplyWhen(ctx, worker_->RestoreDevice(DeviceId(req->device())));
 }
 

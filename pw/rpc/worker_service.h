@@ -41,9 +41,11 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   // client_fetch commands).
   using PutLater =
       std::function<Future<>(BufferId, DeviceId, const ArraySpec&, Future<DeviceBufferRef>)>;
+  // `on_hosts` takes each host table the controller pushes (the process's peer directory).
+  using HostsReceiver = std::function<void(const ::pathways::v1::HostTable&)>;
   WorkerService(WorkerInterface* worker, std::string cluster_token,
                 CollectiveReceiver receive_collective, BulkServer* bulk = nullptr,
-                std::function<void(DeviceId)> on_restore = nullptr, PutLater put_later = nullptr);
+                HostsReceiver on_hosts = nullptr, PutLater put_later = nullptr);
   // Hands a peer's contribution (from RPC or shared memory) to `collectives`.
   static absl::Status Deliver(Collectives* collectives,
                               const ::pathways::v1::CollectiveContribution& c);
@@ -104,7 +106,7 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   const std::string token_;
   const CollectiveReceiver receive_collective_;
   BulkServer* const bulk_;
-  const std::function<void(DeviceId)> on_restore_;
+  const HostsReceiver on_hosts_;
   const PutLater put_later_;
   ShmWriterCache arena_writer_;  // Readers' arena segments that shard streams write into.
   trace::ClockOffset controller_clock_;

@@ -115,7 +115,7 @@ std::vector<IslandScheduler::TenantLoad> IslandScheduler::TenantLoads() const {
   return out;
 }
 
-bool IslandScheduler::MayDispatch(const ScheduleRequest& next) const {
+bool IslandScheduler::MayDispatch() const {
   if (stopping_ || in_flight_ == 0) return true;
   const int64_t window =
       absl::ToInt64Nanoseconds(options_.window) * std::max(1, options_.devices);
@@ -127,7 +127,7 @@ std::unique_ptr<ScheduleRequest> IslandScheduler::Next() {
   while (true) {
     if (!sequential_busy_) {
       ScheduleRequest* next = policy_->Peek();
-      if (next != nullptr && MayDispatch(*next)) {
+      if (next != nullptr && MayDispatch()) {
         next->estimated_ns = EstimateLocked(next->work);  // What it is counted as from now on.
         break;
       }
@@ -210,7 +210,8 @@ void IslandScheduler::Dispatch(std::unique_ptr<ScheduleRequest> r) {
   JoinFutures(enqueued).OnReady(
       [p = std::move(r->enqueued)](const absl::Status& s) mutable { p.Set(s); });
   std::shared_ptr<ScheduleRequest> held(std::move(r));
-  SumFutures(done).OnReady([this, held](const absl::StatusOr<int64_t>& ran) { OnFinished(*held, ran); });
+  SumFutures(done).OnReady(
+      [this, held](const absl::StatusOr<int64_t>& ran) { OnFinished(*held, ran); });
 }
 
 void IslandScheduler::ContinueSequential(std::shared_ptr<Sequential> seq) {
@@ -258,7 +259,7 @@ void IslandScheduler::ContinueSequential(std::shared_ptr<Sequential> seq) {
   });
 }
 
-void IslandScheduler::OnFinished(const ScheduleRequest& r, const absl::StatusOr<int64_t>& ran) {
+void IslandScheduler::OnFinished(ScheduleRequest& r, const absl::StatusOr<int64_t>& ran) {
   // A failed request is charged its estimate (what it took is unknown).
   const int64_t took = ran.ok() ? *ran : r.estimated_ns;
   const absl::Time now = options_.now();
@@ -277,7 +278,7 @@ void IslandScheduler::OnFinished(const ScheduleRequest& r, const absl::StatusOr<
     if (auto t = tenants_.find(r.work.tenant->id()); t != tenants_.end()) t->second.device_ns += took;
     DropOldFinishedLocked(now);
     ++generation_;
-    done = std::move(const_cast<ScheduleRequest&>(r).done);
+    done = std::move(r.done);
   }
   done.Set(ran);
 }

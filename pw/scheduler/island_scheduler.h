@@ -85,12 +85,15 @@ class IslandScheduler {
   void Loop();
   // The next request to dispatch, popped, once one may go; null once stopping and drained.
   std::unique_ptr<ScheduleRequest> Next();
-  bool MayDispatch(const ScheduleRequest& next) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the window has room for one more request.
+  bool MayDispatch() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Dispatch(std::unique_ptr<ScheduleRequest> r);
   // Sends the sequential request's nodes from `next_node` on, each once the previous is enqueued.
   struct Sequential;
   void ContinueSequential(std::shared_ptr<Sequential> seq);
-  void OnFinished(const ScheduleRequest& r, const absl::StatusOr<int64_t>& ran);
+  // Accounts for a dispatched request that finished (`ran`: its device time), then sets its
+  // done.
+  void OnFinished(ScheduleRequest& r, const absl::StatusOr<int64_t>& ran);
   int64_t EstimateLocked(const IslandWork& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropOldFinishedLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -558,6 +558,45 @@ TEST_F(GrpcClusterTest, ClientThatGoesAwayIsDisconnectedAndItsBuffersFreed) {
   EXPECT_TRUE(remote_->AllocateSlice(id, {.num_devices = 2}).ok());
 }
 
+// Issue 23, item 4: membership is pushed, not pulled. Each worker finds its peers in the host
+// table the controller pushes on its command stream whenever a worker joins, fails or rejoins
+// (it once asked the controller with a blocking LookupHost from dispatch, device and callback
+// threads). A peer that goes leaves the table; one that rejoins at a new address is found there.
+TEST_F(GrpcClusterTest, WorkersFindPeersInTheHostTableTheControllerPushes) {
+  Start(1, 3, 1);
+  auto eventually = [](auto pred) {
+    const absl::Time deadline = absl::Now() + kGuard;
+    while (!pred() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+    return pred();
+  };
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 3; ++j)
+      EXPECT_TRUE(eventually([&] {
+        return workers_[i]->PeerAddress(HostId(j)) == workers_[j]->address();
+      })) << "worker " << i << " does not know where host " << j << " is";
+  const std::string old_address = workers_[2]->address();
+  workers_[2].reset();  // Its command stream breaks: the controller fails it at once.
+  WaitAlive(2);
+  EXPECT_TRUE(eventually([&] { return workers_[0]->PeerAddress(HostId(2)).empty(); }));
+  auto w = WorkerServer::Start({.controller = controller_->address(), .host = HostId(2),
+                                .channel = {.token = controller_->cluster_token()}});
+  ASSERT_TRUE(w.ok()) << w.status();
+  workers_[2] = *std::move(w);
+  WaitAlive(3);
+  ASSERT_NE(workers_[2]->address(), old_address);
+  EXPECT_TRUE(eventually(
+      [&] { return workers_[0]->PeerAddress(HostId(2)) == workers_[2]->address(); }));
+  // Work across all three finds every peer at once.
+  auto client = *Client::Connect(remote_.get(), "c");
+  Slice all = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 3});
+  BoundFunction f = *client->Pmap(ReduceAdd("f"), all);
+  auto out = f.Call({*client->Put(F32({1, 2, 3}), all.info().id, Sharding::Split({3}, 1, 0))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  auto host = (*out)[0].ToHost();
+  ASSERT_TRUE(host.ok()) << host.status();
+  EXPECT_EQ(host->values<float>(), (std::vector<float>{7, 7, 7}));
+}
+
 // Review of issue 23's client I/O: any client could reset the controller's peak-memory counter
 // (and so hide another's peak); only the cluster's admin may.
 TEST_F(GrpcClusterTest, OnlyTheAdminResetsTheControllersPeakMemory) {

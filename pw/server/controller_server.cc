@@ -148,19 +148,31 @@ absl::StatusOr<v1::RegisterWorkerResponse> ControllerServer::RegisterWorker(
   rpc::RemoteWorker* w = worker.get();
   w->OpenCommandStream();
   {
+    // Listed, and every worker told (this one included), before it is attached: any work that
+    // names it reaches each worker behind the table that says where it is.
     pw::MutexLock lock(&mu_);
     workers_.push_back(std::move(worker));
-  }
-  for (DeviceId d : spec_.host(host).devices) PW_RETURN_IF_ERROR(controller_->RestoreDevice(d));
-  PW_RETURN_IF_ERROR(controller_->AttachWorker(host, spec_.host(host).island, w));
-  {
-    pw::MutexLock lock(&mu_);
     Member& m = members_[host];
     m.address = req.address();
     m.data_address = req.data_address();
     m.machine = req.machine();
     m.metrics_address = req.metrics_address();
     m.worker = w;
+    m.listed = true;
+    PushHostsLocked();
+  }
+  absl::Status attached;
+  for (DeviceId d : spec_.host(host).devices) attached.Update(controller_->RestoreDevice(d));
+  if (attached.ok()) attached = controller_->AttachWorker(host, spec_.host(host).island, w);
+  if (!attached.ok()) {  // It never joined: unlisted again.
+    pw::MutexLock lock(&mu_);
+    members_[host].listed = false;
+    PushHostsLocked();
+    return attached;
+  }
+  {
+    pw::MutexLock lock(&mu_);
+    Member& m = members_[host];
     m.last_heartbeat = absl::Now();
     m.alive = true;
     m.reason.clear();
@@ -215,17 +227,19 @@ absl::Status ControllerServer::Heartbeat(HostId host) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::HostAddress> ControllerServer::LookupHost(HostId host) {
-  pw::MutexLock lock(&mu_);
-  auto it = members_.find(host);
-  if (it == members_.end())
-    return absl::NotFoundError(absl::StrCat(host.ToString(), " has no registered worker"));
-  v1::HostAddress a;
-  a.set_host(host.value());
-  a.set_address(it->second.address);
-  a.set_data_address(it->second.data_address);
-  a.set_machine(it->second.machine);
-  return a;
+void ControllerServer::PushHostsLocked() {
+  v1::HostTable table;
+  table.set_version(++hosts_version_);
+  for (const auto& [host, m] : members_) {
+    if (!m.listed) continue;
+    v1::HostAddress* a = table.add_hosts();
+    a->set_host(host.value());
+    a->set_address(m.address);
+    a->set_data_address(m.data_address);
+    a->set_machine(m.machine);
+  }
+  for (const auto& [host, m] : members_)
+    if (m.listed) m.worker->SetHosts(table);
 }
 
 void ControllerServer::AddMembers(v1::ClusterStatus* out) {
@@ -270,6 +284,10 @@ void ControllerServer::FailHost(HostId host, const std::string& reason,
   m.alive = false;
   m.failing = false;
   m.reason = reason;
+  if (m.listed) {  // Peers drop what they hold for it (a rejoin lists it at its new address).
+    m.listed = false;
+    PushHostsLocked();
+  }
 }
 
 absl::StatusOr<std::vector<RunId>> ControllerServer::Cancel(const v1::CancelRequest& req) {

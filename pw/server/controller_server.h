@@ -72,7 +72,6 @@ class ControllerServer final : public rpc::ClusterMembership {
   absl::StatusOr<::pathways::v1::RegisterWorkerResponse> RegisterWorker(
       const ::pathways::v1::RegisterWorkerRequest& req) override;
   absl::Status Heartbeat(HostId host) override;
-  absl::StatusOr<::pathways::v1::HostAddress> LookupHost(HostId host) override;
   void AddMembers(::pathways::v1::ClusterStatus* out) override;
   std::string ClusterSpecJson() override { return spec_.ToJson(); }
   absl::StatusOr<std::vector<RunId>> Cancel(const ::pathways::v1::CancelRequest& req) override;
@@ -82,6 +81,7 @@ class ControllerServer final : public rpc::ClusterMembership {
   struct Member {
     std::string address, data_address, machine, metrics_address;
     rpc::RemoteWorker* worker = nullptr;  // Owned by workers_.
+    bool listed = false;  // In the host table: registered, not failed.
     absl::Time last_heartbeat;
     bool alive = false;
     bool failing = false;  // FailHost is taking it out of service.
@@ -89,6 +89,9 @@ class ControllerServer final : public rpc::ClusterMembership {
   };
   ControllerServer(const ClusterSpec& spec, Options options);
   void MonitorLoop();
+  // Pushes the host table (every listed member) to every listed member's worker, under a new
+  // version (RemoteWorker::SetHosts: ordered on each command stream before later work).
+  void PushHostsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts every live worker process's trace recorder, or stops them and gathers their events
   // (on this process's clock; a worker that cannot be asked is left out, logged).
   trace::Chunk TraceWorkers(bool start);
@@ -107,6 +110,7 @@ class ControllerServer final : public rpc::ClusterMembership {
   // hold raw pointers to them, and a rejoined host gets a new one.
   std::vector<std::unique_ptr<rpc::RemoteWorker>> workers_ ABSL_GUARDED_BY(mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t hosts_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread monitor_;
   std::unique_ptr<WorkQueue> trace_queue_;  // Gathers the workers' traces (TraceWorkers(false)).
 };

@@ -87,15 +87,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   s->service_ = std::make_unique<rpc::WorkerService>(
       s->worker_.get(), s->options_.channel.token,
       [p = s.get()](const v1::CollectiveContribution& c) { return p->ReceiveCollective(c); },
-      s->bulk_.get(),
-      [p = s.get()](DeviceId d) {  // A host rejoined: forget its old address and mailbox.
-        if (d.valid() && d.value() < static_cast<int64_t>(p->spec_.devices().size())) {
-          const HostId h = p->spec_.device(d).host;
-          pw::MutexLock lock(&p->mu_);
-          p->peers_.erase(h);
-          p->mailboxes_.erase(h);
-        }
-      },
+      s->bulk_.get(), [p = s.get()](const v1::HostTable& t) { p->SetHosts(t); },
       [w = s->worker_.get()](BufferId id, DeviceId d, const ArraySpec& spec,
                              Future<DeviceBufferRef> buffer) {
         return w->PutShardLater(id, d, spec, std::move(buffer));
@@ -229,33 +221,63 @@ bool WorkerServer::CheckOverruns(absl::Time now) {
   return true;
 }
 
-rpc::RemoteWorker* WorkerServer::RemotePeer(HostId host) {
-  {
-    pw::MutexLock lock(&mu_);
-    auto it = peers_.find(host);
-    if (it != peers_.end()) return it->second;
-  }
-  v1::LookupHostRequest req;
-  req.set_host(host.value());
-  v1::HostAddress resp;
-  grpc::ClientContext ctx;
-  if (!controller_->LookupHost(Prepare(&ctx, absl::Seconds(5)), req, &resp).ok()) return nullptr;
-  const bool same_machine = resp.machine() == machine_;
-  auto stub = std::make_unique<rpc::RemoteWorker>(host, resp.address(), options_.channel,
-                                                  same_machine);
-  std::shared_ptr<rpc::ShmMailbox> mailbox;
-  if (same_machine && !resp.data_address().empty()) {
-    auto m = rpc::ShmMailbox::Open(resp.data_address());
-    if (m.ok()) mailbox = *std::move(m);  // Otherwise collectives go by RPC.
-  }
+void WorkerServer::SetHosts(const v1::HostTable& table) {
   pw::MutexLock lock(&mu_);
-  if (mailbox != nullptr && !mailboxes_.contains(host)) mailboxes_[host] = std::move(mailbox);
-  auto& slot = peers_[host];
-  if (slot == nullptr) {
-    slot = stub.get();
-    stubs_.push_back(std::move(stub));
+  if (table.version() <= hosts_version_) return;  // An older table, overtaken.
+  hosts_version_ = table.version();
+  absl::flat_hash_map<HostId, v1::HostAddress> hosts;
+  for (const v1::HostAddress& a : table.hosts()) hosts[HostId(a.host())] = a;
+  // A peer that left, or is somewhere else now: its stub and mailbox go (work that holds the
+  // stub keeps it: stubs_); the next use makes them from the table.
+  for (auto it = hosts_.begin(); it != hosts_.end(); ++it) {
+    auto now = hosts.find(it->first);
+    if (now != hosts.end() && now->second.address() == it->second.address() &&
+        now->second.data_address() == it->second.data_address())
+      continue;
+    peers_.erase(it->first);
+    mailboxes_.erase(it->first);
   }
-  return slot;
+  hosts_ = std::move(hosts);
+}
+
+std::string WorkerServer::PeerAddress(HostId host) const {
+  pw::MutexLock lock(&mu_);
+  auto it = hosts_.find(host);
+  return it == hosts_.end() ? "" : it->second.address();
+}
+
+rpc::RemoteWorker* WorkerServer::RemotePeer(HostId host) {
+  while (true) {
+    v1::HostAddress listed;
+    {
+      pw::MutexLock lock(&mu_);
+      auto it = peers_.find(host);
+      if (it != peers_.end()) return it->second;
+      auto found = hosts_.find(host);
+      if (found == hosts_.end()) return nullptr;  // Not a live member now.
+      listed = found->second;
+    }
+    // Made outside the lock (no network: a channel connects on first use, a mailbox is a
+    // shared-memory segment of this machine).
+    const bool same_machine = listed.machine() == machine_;
+    auto stub = std::make_unique<rpc::RemoteWorker>(host, listed.address(), options_.channel,
+                                                    same_machine);
+    std::shared_ptr<rpc::ShmMailbox> mailbox;
+    if (same_machine && !listed.data_address().empty()) {
+      auto m = rpc::ShmMailbox::Open(listed.data_address());
+      if (m.ok()) mailbox = *std::move(m);  // Otherwise collectives go by RPC.
+    }
+    pw::MutexLock lock(&mu_);
+    auto now = hosts_.find(host);
+    if (now == hosts_.end() || now->second.address() != listed.address()) continue;  // Moved.
+    if (mailbox != nullptr && !mailboxes_.contains(host)) mailboxes_[host] = std::move(mailbox);
+    auto& slot = peers_[host];
+    if (slot == nullptr) {
+      slot = stub.get();
+      stubs_.push_back(std::move(stub));
+    }
+    return slot;
+  }
 }
 
 void WorkerServer::ForgetPeer(HostId host, rpc::RemoteWorker* stale) {

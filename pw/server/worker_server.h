@@ -79,6 +79,12 @@ class WorkerServer final : public CollectivePeers {
   bool restart_requested() const;
   // Checks the devices once (the heartbeat loop calls it); true if it asked for a restart.
   bool CheckOverruns(absl::Time now);
+  // The membership the controller pushed (its command stream): where each live peer is. A
+  // table older than the one held is ignored; a peer that left or moved has its stub and
+  // mailbox dropped.
+  void SetHosts(const ::pathways::v1::HostTable& table);
+  // Where the host table says `host`'s worker is ("" if it does not list it).
+  std::string PeerAddress(HostId host) const;
 
   // --- CollectivePeers.
   bool IsLocal(DeviceId device) const override;
@@ -95,11 +101,11 @@ class WorkerServer final : public CollectivePeers {
   explicit WorkerServer(Options options);
   absl::Status Register();
   void HeartbeatLoop();
-  // The worker of `host`: this one, or a stub for a peer (looked up at the controller once).
+  // The worker of `host`: this one, or a stub for a peer made from the host table (null if the
+  // table does not list it: not a live member). Never waits on the network.
   WorkerInterface* Peer(HostId host);
   rpc::RemoteWorker* RemotePeer(HostId host);
-  // Forgets a peer's stub after an error, so the next use looks it up again (it may have
-  // rejoined at a new address).
+  // Forgets a peer's stub after an error, so the next use makes it again from the table.
   void ForgetPeer(HostId host, rpc::RemoteWorker* stale);
   // Sends a contribution to host `h`: through its mailbox if it shares this machine, else RPC.
   void SendTo(HostId h, const ::pathways::v1::CollectiveContribution& c,
@@ -132,6 +138,8 @@ class WorkerServer final : public CollectivePeers {
   absl::flat_hash_map<HostId, std::shared_ptr<rpc::ShmMailbox>> mailboxes_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<rpc::ShmMailbox> mailbox_;  // Ours.
   std::vector<std::unique_ptr<rpc::RemoteWorker>> stubs_ ABSL_GUARDED_BY(mu_);  // Never freed early.
+  absl::flat_hash_map<HostId, ::pathways::v1::HostAddress> hosts_ ABSL_GUARDED_BY(mu_);
+  int64_t hosts_version_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status stop_reason_ ABSL_GUARDED_BY(mu_);
   bool restart_ ABSL_GUARDED_BY(mu_) = false;

@@ -115,7 +115,15 @@ class Recorder {
 };
 
 // Whether the process's recorder is on: one relaxed load, inline (spans off cost only this).
-inline bool Enabled() { return internal::process_sessions.load(std::memory_order_relaxed) > 0; }
+// Built with PW_TRACE_OFF (cmake -DPW_TRACE_OFF=ON), never: the spans compile away, which is
+// what tracing-off's cost is measured against.
+inline bool Enabled() {
+#ifdef PW_TRACE_OFF
+  return false;
+#else
+  return internal::process_sessions.load(std::memory_order_relaxed) > 0;
+#endif
+}
 
 // A span on `track` from construction to destruction (or End()), recorded only if tracing was
 // on when it began. Args and flows are dropped when it is inactive, at the cost of one branch.
