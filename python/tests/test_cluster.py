@@ -651,8 +651,10 @@ def test_a_traced_two_island_program_on_the_cluster(cluster, tmp_path):
     assert "recording" in tracer.stderr.readline()
     script = Path(__file__).with_name("traced_two_islands.py")
     cenv = dict(env, PW_CLUSTER=address)
+    # They meet in tmp_path, so the untraced client's runs all fall in the other's trace.
     clients = [subprocess.Popen([sys.executable, str(script), trace, str(tmp_path / f"{i}.info"),
-                                 "3", "4"], env=cenv, stderr=subprocess.PIPE, text=True)
+                                 "3", "4", str(tmp_path)], env=cenv, stderr=subprocess.PIPE,
+                                text=True)
                for i, trace in enumerate([str(tmp_path / "mine.json"), "-"])]
     for c in clients:
         _, err = c.communicate(timeout=300)
