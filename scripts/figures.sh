@@ -30,21 +30,31 @@ ADDRESS=$($PW up --detach --islands 2 --hosts-per-island 2 --devices-per-host 2 
 pids=()
 share=1
 for name in A B C D; do
-  PW_CLUSTER=$ADDRESS .venv/bin/python python/tests/tenant_load.py "tenant $name" 4 60 262144 0 \
+  PW_CLUSTER=$ADDRESS .venv/bin/python python/tests/tenant_load.py "tenant-$name" 4 60 262144 0 \
     $share 16 &
   pids+=($!)
   share=$((share * 2))
 done
-PW_CLUSTER=$ADDRESS .venv/bin/python python/tests/tenant_load.py "tenant E" 4 60 65536 1 &
+PW_CLUSTER=$ADDRESS .venv/bin/python python/tests/tenant_load.py "tenant-E" 4 60 65536 1 &
 pids+=($!)
 sleep 8  # Past their compiles: the trace shows the steady state.
 $PW trace --seconds 0.3 --out "$PW_STATE_DIR/figure9.json" --plot "$OUT/figure9.png"
 if command -v chromium > /dev/null; then
   URL=$($PW dashboard --detach 2> "$PW_STATE_DIR/dashboard.err" | tail -1)
   DASH=$(sed -n 's/.*process \([0-9]*\) serves.*/\1/p' "$PW_STATE_DIR/dashboard.err")
-  sleep 5  # Two timeline windows.
+  # Until a timeline window holds the tenants (the loaded machine answers slowly), then real
+  # time for the page's second sample (its rates).
+  .venv/bin/python - "$URL" <<'PY'
+import json, sys, time, urllib.request
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    state = json.loads(urllib.request.urlopen(sys.argv[1] + "api/state", timeout=10).read())
+    if len(set((state.get("timeline") or {}).get("tenants", {}).values())) >= 4:
+        break
+    time.sleep(0.5)
+PY
   chromium --headless --no-sandbox --disable-gpu --disable-dev-shm-usage \
-    --timeout=5000 --window-size=1280,1000 --screenshot="$OUT/dashboard.png" \
+    --timeout=8000 --window-size=1280,1000 --screenshot="$OUT/dashboard.png" \
     "$URL" > /dev/null 2>&1
   kill "$DASH"
 fi

@@ -57,6 +57,7 @@ absl::StatusOr<server::LocalClusterState> StartCluster(const MultitenantBenchOpt
 struct TenantProcess {
   std::string tenant;
   double share = 1;
+  int64_t client = -1;  // Its client id (the first line of its output).
   int pid = -1;
   std::string out;
   std::vector<int64_t> done;  // Finishing times, Unix ns.
@@ -91,6 +92,7 @@ absl::Status RunClients(const MultitenantBenchOptions& o, const std::string& add
       continue;
     }
     std::ifstream in(c.out);
+    in >> c.client;
     for (int64_t t; in >> t;) c.done.push_back(t);
   }
   return result;
@@ -108,22 +110,29 @@ int64_t CountIn(const std::vector<TenantProcess>& clients, int64_t from, int64_t
   return n;
 }
 
-// Each tenant's device time (the cluster's own account: pw status's device_seconds) sampled
-// every `period` from now until `until`, on a thread of its own.
+// Each client's device time (the cluster's own account: the hosts' client_device_ns, which a
+// worker adds as each device finishes its part of the work, so a sample is not late by the
+// acknowledgements still on their way, as the tenants' device_seconds would be) sampled every
+// `period` from now until `until`, on a thread of its own.
 class DeviceTimeSampler {
  public:
   struct Sample {
-    int64_t at;                                     // Unix ns.
-    std::map<std::string, double> device_seconds;  // By tenant.
+    int64_t at;                                 // Unix ns.
+    std::map<int64_t, double> device_seconds;  // By client id, summed over hosts.
   };
   DeviceTimeSampler(rpc::RemoteController* remote, int64_t period, int64_t until)
       : thread_([this, remote, period, until] {
           for (int64_t next = NowNs(); next < until; next += period) {
             absl::SleepFor(absl::FromUnixNanos(next) - absl::Now());
             absl::StatusOr<ClusterStatus> st = remote->Status();
-            if (!st.ok()) continue;  // A missed sample widens one window.
+            // A missed sample widens one window (a host's error leaves its counts out).
+            if (!st.ok() || std::any_of(st->hosts.begin(), st->hosts.end(),
+                                        [](const HostStatus& h) { return !h.error.empty(); }))
+              continue;
             Sample s{NowNs(), {}};
-            for (const auto& t : st->tenants) s.device_seconds[t.name] = t.device_seconds;
+            for (const HostStatus& h : st->hosts)
+              for (const auto& [client, ns] : h.client_device_ns)
+                s.device_seconds[client.value()] += static_cast<double>(ns) / 1e9;
             samples_.push_back(std::move(s));
           }
         }) {}
@@ -138,15 +147,15 @@ class DeviceTimeSampler {
   std::thread thread_;
 };
 
-// Tenant `name`'s device time over [a, b] of the samples, and everyone's.
+// Client `me`'s device time over [a, b] of the samples, and everyone's.
 std::pair<double, double> Between(const DeviceTimeSampler::Sample& a,
-                                  const DeviceTimeSampler::Sample& b, const std::string& name) {
+                                  const DeviceTimeSampler::Sample& b, int64_t me) {
   double mine = 0, all = 0;
-  for (const auto& [tenant, seconds] : b.device_seconds) {
-    auto before = a.device_seconds.find(tenant);
+  for (const auto& [client, seconds] : b.device_seconds) {
+    auto before = a.device_seconds.find(client);
     const double d = seconds - (before == a.device_seconds.end() ? 0 : before->second);
     all += d;
-    if (tenant == name) mine = d;
+    if (client == me) mine = d;
   }
   return {mine, all};
 }
@@ -192,6 +201,7 @@ absl::Status RunMultitenantClient(const MultitenantClientOptions& o) {
   }
   for (Future<>& f : in_flight) PW_RETURN_IF_ERROR(f.Await());
   std::ofstream out(o.out);
+  out << client->id().value() << "\n";  // Then the finishing times.
   pw::MutexLock lock(&mu);
   std::sort(done.begin(), done.end());
   for (int64_t t : done) out << t << "\n";
@@ -259,7 +269,9 @@ absl::StatusOr<std::vector<MultitenantBenchResult>> RunMultitenantBench(
       start = NowNs() + lead;
       const int64_t end = start + seconds;
       const int64_t join = o.late_join && k > 1 ? start + seconds / 2 : 0;
-      DeviceTimeSampler sampler(remote.get(), window, end + window);
+      // Samples at a fifth of a window, so windows (from a sample to the first one a window later)
+      // are close to a window long.
+      DeviceTimeSampler sampler(remote.get(), window / 5, end + window);
       absl::Status ran = RunClients(o, address, dir, compute, start, end, join, clients);
       std::vector<DeviceTimeSampler::Sample> samples = sampler.Take();
       PW_RETURN_IF_ERROR(ran);
@@ -281,16 +293,27 @@ absl::StatusOr<std::vector<MultitenantBenchResult>> RunMultitenantBench(
       if (span.size() < 3)
         return absl::InternalError(
             "multitenant bench: too few samples of the tenants' device time");
+      // Windows after the first, each from one sample to the first at least a window later (a
+      // sample the loaded machine took late would otherwise leave a short window behind it).
+      std::vector<std::pair<const DeviceTimeSampler::Sample*, const DeviceTimeSampler::Sample*>>
+          windows;
+      size_t first = 1;
+      while (first < span.size() && span[first]->at - span[0]->at < window) ++first;
+      for (size_t a = first, b = first + 1; b < span.size(); ++b) {
+        if (span[b]->at - span[a]->at < window) continue;
+        windows.emplace_back(span[a], span[b]);
+        a = b;
+      }
       for (const TenantProcess& c : clients) {
         MultitenantBenchResult::Share s;
         s.tenant = c.tenant;
         s.configured = c.share / total_share;
         s.calls = CountIn(c, from, end);
-        auto [mine, all] = Between(*span.front(), *span.back(), c.tenant);
+        auto [mine, all] = Between(*span.front(), *span.back(), c.client);
         s.achieved = all > 0 ? mine / all : 0;
         s.worst_window = s.achieved;
-        for (size_t i = 2; i < span.size(); ++i) {
-          auto [w_mine, w_all] = Between(*span[i - 1], *span[i], c.tenant);
+        for (const auto& [wa, wb] : windows) {
+          auto [w_mine, w_all] = Between(*wa, *wb, c.client);
           if (w_all <= 0) continue;
           const double got = w_mine / w_all;
           if (std::abs(got - s.configured) > std::abs(s.worst_window - s.configured))
@@ -306,10 +329,14 @@ absl::StatusOr<std::vector<MultitenantBenchResult>> RunMultitenantBench(
         const int64_t first = first_done != joiner.done.end() ? *first_done : join;
         auto a = std::find_if(samples.begin(), samples.end(),
                               [&](const auto& x) { return x.at >= first; });
-        if (a != samples.end() && a + 1 != samples.end()) {
+        auto b = a == samples.end()
+                     ? a
+                     : std::find_if(a, samples.end(),
+                                    [&](const auto& x) { return x.at >= a->at + window; });
+        if (b != samples.end()) {
           r.others_least_in_joiners_first_window = 1e9;
           for (size_t i = 0; i < clients.size(); ++i) {
-            auto [mine, all] = Between(*a, *(a + 1), clients[i].tenant);
+            auto [mine, all] = Between(*a, *b, clients[i].client);
             const double of_configured = all > 0 ? mine / all / r.shares[i].configured : 0;
             if (i + 1 == clients.size()) r.joiner_first_window = of_configured;
             else r.others_least_in_joiners_first_window =

@@ -7,8 +7,9 @@
 // client alone (measured in the same run), the utilization this implies (calls/s x compute
 // time: each call holds every device of the island), and each tenant's achieved share of
 // the device time beside its configured share, over the run and in its worst window. Device
-// time is the cluster's own account (the workers measure it; pw status's tenants'
-// device_seconds, sampled every window).
+// time is the cluster's own account: the workers measure each device's part of each client's
+// work as it ends (pw status's hosts' client_device_seconds), sampled five times a window;
+// a window runs from one sample to the first at least a window later.
 //
 // Without a cluster address it starts `pw up --islands 1 --hosts-per-island 1
 // --devices-per-host 8` (one 8-device island in one worker process, proportional-share
@@ -29,7 +30,9 @@ struct MultitenantBenchOptions {
   std::vector<double> compute_ms = {0.33};
   double seconds = 10;    // Per measurement.
   double window_ms = 100;  // For each tenant's worst window.
-  int in_flight = 16;      // Calls each client keeps in flight.
+  // Calls each client keeps in flight: enough that a tenant's queue at the scheduler does not
+  // run dry while its process waits for a CPU (tens of ms on a loaded 2-core machine).
+  int in_flight = 64;
   bool late_join = false;  // The last client starts halfway through.
   std::string pw_binary;   // This binary: clients are `pw bench multitenant-client` processes.
 };

@@ -247,11 +247,11 @@ int main(int argc, char** argv) {
   multitenant->add_option("--window-ms", mt.window_ms, "Windows for the worst share (default 100)")
       ->check(CLI::Range(1.0, 60000.0));
   multitenant->add_option("--in-flight", mt.in_flight, "Calls each client keeps in flight "
-                                                       "(default 16)")
+                                                       "(default 64)")
       ->check(CLI::Range(1, 1024));
   multitenant->add_flag("--late-join", mt.late_join, "The last client starts halfway through");
   multitenant->add_option("--cluster", mt.cluster,
-                          "A running cluster (default: one it starts: 1 island x 2 hosts x 4 "
+                          "A running cluster (default: one it starts: 1 island x 1 host x 8 "
                           "devices)");
   multitenant->add_flag("--json", json, "Print one JSON object to stdout");
   multitenant->add_option("--plot", plot, "Also draw the results to this PNG (matplotlib)");

@@ -129,17 +129,30 @@ void Dashboard::RecordLoop() {
   }
 }
 
+std::string StatusHistory::Add(const std::string& status, int64_t at_ms) {
+  if (latest_.at_ms >= 0 && at_ms - latest_.at_ms >= min_gap_ms_) {
+    earlier_ = std::move(latest_);
+    latest_ = Snapshot();
+  }
+  if (latest_.at_ms < 0) latest_ = {status, at_ms};
+  if (earlier_.at_ms < 0 || at_ms - earlier_.at_ms > max_age_ms_) return "null";
+  return absl::StrCat("{\"status\": ", earlier_.status, ", \"at_ms\": ", earlier_.at_ms, "}");
+}
+
 std::string Dashboard::StateJson() {
   absl::StatusOr<std::string> status = options_.status();
-  std::string timeline, error;
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  std::string timeline, error, previous = "null";
   {
     pw::MutexLock lock(&mu_);
     timeline = timeline_;
     error = timeline_error_;
+    if (status.ok()) previous = history_.Add(*status, now_ms);
   }
   if (!status.ok()) error = std::string(status.status().message());
-  return absl::StrCat("{\"status\": ", status.ok() ? *status : "null", ", \"timeline\": ",
-                      timeline, ", \"error\": ", json(error).dump(), "}");
+  return absl::StrCat("{\"status\": ", status.ok() ? *status : "null", ", \"at_ms\": ", now_ms,
+                      ", \"previous\": ", previous, ", \"timeline\": ", timeline,
+                      ", \"error\": ", json(error).dump(), "}");
 }
 
 int Dashboard::ServePage(mg_connection* conn, void*) {

@@ -5,7 +5,9 @@
 // from the binary; no CDN) polling one JSON endpoint.
 //
 //   GET /            the page
-//   GET /api/state   {"status": <pw status --json>, "timeline": {...}, "error": "..."}
+//   GET /api/state   {"status": <pw status --json>, "at_ms": when, "previous": {"status",
+//                    "at_ms"} or null (an earlier status, for rates on a page's first load),
+//                    "timeline": {...}, "error": "..."}
 //
 // The timeline comes from traces (pw/trace): every `period` the dashboard's client records the
 // cluster for `window`, so while a dashboard is open the cluster traces that fraction of the
@@ -40,6 +42,26 @@ struct Options {
   size_t max_spans = 4000;   // The timeline keeps the latest this many computations.
 };
 
+// The statuses /api/state serves, and the earlier one it gives beside the latest so that a page
+// has rates (utilization, link traffic) from its first load: the first status of a period at
+// least `min_gap` before the latest, if not older than `max_age`. Not thread-safe.
+class StatusHistory {
+ public:
+  StatusHistory(int64_t min_gap_ms = 500, int64_t max_age_ms = 30000)
+      : min_gap_ms_(min_gap_ms), max_age_ms_(max_age_ms) {}
+  // Records `status` (JSON) taken at `at_ms`; returns {"status", "at_ms"} of the earlier one, or
+  // "null".
+  std::string Add(const std::string& status, int64_t at_ms);
+
+ private:
+  struct Snapshot {
+    std::string status;
+    int64_t at_ms = -1;  // -1: none.
+  };
+  const int64_t min_gap_ms_, max_age_ms_;
+  Snapshot earlier_, latest_;
+};
+
 class Dashboard {
  public:
   static absl::StatusOr<std::unique_ptr<Dashboard>> Start(Options options);
@@ -66,6 +88,7 @@ class Dashboard {
   std::string timeline_error_ ABSL_GUARDED_BY(mu_);
   int64_t windows_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  StatusHistory history_ ABSL_GUARDED_BY(mu_);
   std::thread recorder_;
 };
 

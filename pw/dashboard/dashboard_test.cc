@@ -107,6 +107,19 @@ TEST(DashboardTest, ServesThePageAndTheClusterWithATimelineOfEveryTenant) {
   EXPECT_GE((*d)->windows(), 1);
 }
 
+TEST(DashboardTest, StatusHistoryGivesAnEarlierStatusAtLeastTheGapBefore) {
+  StatusHistory h(/*min_gap_ms=*/500, /*max_age_ms=*/30000);
+  EXPECT_EQ(h.Add("1", 1000), "null");  // Nothing earlier yet.
+  EXPECT_EQ(h.Add("2", 1400), "null");  // Within the gap of the first.
+  auto p = nlohmann::json::parse(h.Add("3", 1600));
+  EXPECT_EQ(p["status"], 1);  // The first of its period, not the one 200 ms before.
+  EXPECT_EQ(p["at_ms"], 1000);
+  EXPECT_EQ(nlohmann::json::parse(h.Add("4", 1700))["status"], 1);
+  EXPECT_EQ(nlohmann::json::parse(h.Add("5", 2200))["status"], 3);
+  EXPECT_EQ(h.Add("6", 100000), "null");  // The earlier one is too old for a rate.
+  EXPECT_EQ(nlohmann::json::parse(h.Add("7", 100600))["status"], 6);
+}
+
 TEST(DashboardTest, TheTimelineKeepsTheLatestSpansOfTheWindow) {
   trace::Chunk c;
   for (int i = 0; i < 5; ++i)
