@@ -49,12 +49,6 @@ void Controller::AddHostPrograms(const Plan& plan,
     for (const auto& [host, program] : hosts) out[host].push_back(program->id);
 }
 
-Controller::Program* Controller::FindProgramLocked(ClientId client, ProgramId id) const {
-  auto it = programs_.find(id);
-  if (it == programs_.end() || it->second->owner != client) return nullptr;
-  return it->second.get();
-}
-
 class Controller::Lowering final : public LoweringContext {
  public:
   Lowering(Controller* c, ClientId client) : c_(c), client_(client) {}
@@ -211,14 +205,9 @@ absl::Status Controller::Disconnect(ClientId client) {
   absl::flat_hash_map<HostId, std::vector<FunctionId>> unload;  // Where each was loaded.
   absl::flat_hash_map<HostId, std::vector<uint64_t>> host_programs;
   std::vector<WorkerInterface*> workers;
+  for (const auto& plan : programs_.DropClient(client)) AddHostPrograms(*plan, host_programs);
   {
     pw::MutexLock lock(&mu_);
-    absl::erase_if(programs_, [&](const auto& kv) {
-      if (kv.second->owner != client) return false;
-      for (const auto& [layout, cached] : kv.second->plans)
-        AddHostPrograms(*cached.plan, host_programs);
-      return true;
-    });
     absl::erase_if(functions_, [&](const auto& kv) {
       if (kv.second.owner != client) return false;
       for (HostId h : kv.second.loaded_on) unload[h].push_back(kv.first);
@@ -547,34 +536,15 @@ absl::StatusOr<ProgramId> Controller::RegisterProgram(ClientId client, const Pro
       return absl::InvalidArgumentError(absl::StrCat(prog, " argument ", i, " is never used"));
   }
   PW_ASSIGN_OR_RETURN(auto plan, BuildPlan(client, ir, args));
-  auto program = std::make_unique<Program>();
-  program->owner = client;
-  program->ir = ir;
-  program->plans.emplace(LayoutKey(args), CachedPlan{std::move(plan), 0});
-  pw::MutexLock lock(&mu_);
-  ProgramId id(next_program_++);
-  programs_.emplace(id, std::move(program));
-  return id;
+  return programs_.Add(client, ir, LayoutKey(args), std::move(plan));
 }
 
 absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::PlanFor(
     ClientId client, ProgramId id, const std::vector<Placement>& args) {
   const std::string key = LayoutKey(args);
-  std::shared_ptr<const Plan> cached;
-  ProgramIr ir;
-  {
-    pw::MutexLock lock(&mu_);
-    Program* p = FindProgramLocked(client, id);
-    if (p == nullptr) return NotRegistered(id);
-    auto it = p->plans.find(key);
-    if (it != p->plans.end()) {
-      it->second.used = ++p->uses;
-      cached = it->second.plan;
-    } else {
-      ir = p->ir;
-    }
-  }
-  if (cached != nullptr) {
+  std::optional<ProgramCache<Plan>::Found> found = programs_.Find(client, id, key);
+  if (!found.has_value()) return NotRegistered(id);
+  if (const std::shared_ptr<const Plan>& cached = found->plan; cached != nullptr) {
     // Lowered before: only check that its slices are still usable (not released, no device
     // removed since).
     for (SliceId slice : cached->slices) {
@@ -583,23 +553,13 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::PlanFor(
     }
     return cached;
   }
-  PW_ASSIGN_OR_RETURN(auto plan, BuildPlan(client, ir, args));
+  PW_ASSIGN_OR_RETURN(auto plan, BuildPlan(client, found->ir, args));
+  std::optional<std::shared_ptr<const Plan>> lru = programs_.Keep(client, id, key, plan);
+  if (!lru.has_value()) return NotRegistered(id);  // Its client left meanwhile.
+  // The least recently used layout's plan went, and the workers' copies go with it (runs that
+  // hold it keep it; a later run of that layout is lowered again).
   absl::flat_hash_map<HostId, std::vector<uint64_t>> evicted;
-  {
-    pw::MutexLock lock(&mu_);
-    Program* p = FindProgramLocked(client, id);
-    if (p == nullptr) return NotRegistered(id);  // Its client left meanwhile.
-    if (p->plans.size() >= kMaxPlansPerProgram && !p->plans.contains(key)) {
-      // The least recently used layout's plan goes, and the workers' copies with it (runs that
-      // hold it keep it; a later run of that layout is lowered again).
-      auto lru = std::min_element(
-          p->plans.begin(), p->plans.end(),
-          [](const auto& a, const auto& b) { return a.second.used < b.second.used; });
-      AddHostPrograms(*lru->second.plan, evicted);
-      p->plans.erase(lru);
-    }
-    p->plans.insert_or_assign(key, CachedPlan{plan, ++p->uses});
-  }
+  if (*lru != nullptr) AddHostPrograms(**lru, evicted);
   for (const auto& [host, programs] : evicted)
     if (WorkerInterface* w = Worker(host)) w->Unload({}, programs);
   return plan;
@@ -607,10 +567,9 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::PlanFor(
 
 absl::StatusOr<std::string> Controller::ExplainProgram(ClientId client, ProgramId id) {
   PW_RETURN_IF_ERROR(CheckClient(client));
-  pw::MutexLock lock(&mu_);
-  const Program* p = FindProgramLocked(client, id);
-  if (p == nullptr || p->plans.empty()) return NotRegistered(id);
-  return p->plans.begin()->second.plan->lowered.ToString();
+  std::shared_ptr<const Plan> plan = programs_.AnyPlan(client, id);
+  if (plan == nullptr) return NotRegistered(id);
+  return plan->lowered.ToString();
 }
 
 std::pair<Future<>, Future<>> Controller::HandToSchedulers(
@@ -1178,8 +1137,8 @@ Controller::Registry Controller::registry() const {
   pw::MutexLock lock(&mu_);
   Registry r;
   r.functions = functions_.size();
-  r.programs = programs_.size();
-  for (const auto& [id, p] : programs_) r.plans += p->plans.size();
+  r.programs = programs_.programs();
+  r.plans = programs_.plans();
   r.signatures = signatures_.size();
   r.runs = run_owner_.size();
   r.traces = traces_.size();

@@ -22,6 +22,7 @@
 #include "pw/cluster/cluster_spec.h"
 #include "pw/controller/client_registry.h"
 #include "pw/controller/output_ids.h"
+#include "pw/controller/program_cache.h"
 #include "pw/controller/share_table.h"
 #include "pw/object_store/buffer_table.h"
 #include "pw/program/lowering.h"
@@ -156,19 +157,6 @@ class Controller final : public ControllerInterface {
   struct Plan;
   // A program's plans are kept for its last kMaxPlansPerProgram argument layouts.
   static constexpr size_t kMaxPlansPerProgram = 16;
-  struct CachedPlan {
-    std::shared_ptr<const Plan> plan;
-    uint64_t used = 0;  // Program::uses when last used.
-  };
-  struct Program {
-    ClientId owner;
-    ProgramIr ir;
-    absl::flat_hash_map<std::string, CachedPlan> plans;  // By argument layout.
-    uint64_t uses = 0;
-  };
-  // The program if `client` registered it; else null.
-  Program* FindProgramLocked(ClientId client, ProgramId id) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Each host's host programs of `plan`, added to `out`.
   static void AddHostPrograms(const Plan& plan,
                               absl::flat_hash_map<HostId, std::vector<uint64_t>>& out);
@@ -231,14 +219,13 @@ class Controller final : public ControllerInterface {
   ShareTable shares_ ABSL_GUARDED_BY(shares_mu_);
 
   ClientRegistry clients_;
+  ProgramCache<Plan> programs_{kMaxPlansPerProgram};
   mutable pw::Mutex mu_;
   // Functions and programs of connected clients (ids are never reused).
   absl::flat_hash_map<FunctionId, Function> functions_ ABSL_GUARDED_BY(mu_);
   int64_t next_function_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::pair<FunctionId, int>, FunctionSignature> signatures_
       ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<ProgramId, std::unique_ptr<Program>> programs_ ABSL_GUARDED_BY(mu_);
-  int64_t next_program_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<HostId, WorkerInterface*> workers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<HostId, IslandId> host_island_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<IslandScheduler>> schedulers_ ABSL_GUARDED_BY(mu_);
