@@ -75,15 +75,11 @@ std::string LayoutKey(const std::vector<Placement>& args) {
 }  // namespace
 
 Controller::Controller(const ClusterSpec& spec, Options options)
-    : options_(options), rm_(spec), completions_("pw-ctrl"), timeouts_("pw-ctrl-timeout") {
-  pw::MutexLock lock(&mu_);
-  for (const auto& h : spec.hosts()) host_island_[h.id] = h.island;
-  for (const auto& i : spec.islands()) {
-    int devices = 0;
-    for (HostId h : i.hosts) devices += static_cast<int>(spec.host(h).devices.size());
-    schedulers_.push_back(NewScheduler(i.id, devices));
-  }
-}
+    : options_(options),
+      rm_(spec),
+      members_(spec, [this](IslandId island, int devices) { return NewScheduler(island, devices); }),
+      completions_("pw-ctrl"),
+      runs_([this] { return members_.Workers(); }, options_.on_run_done) {}
 
 std::unique_ptr<IslandScheduler> Controller::NewScheduler(IslandId island, int devices) {
   std::unique_ptr<SchedulingPolicy> policy;
@@ -98,19 +94,15 @@ std::unique_ptr<IslandScheduler> Controller::NewScheduler(IslandId island, int d
 
 Controller::~Controller() { WaitIdle(); }
 
-void Controller::WaitIdle() {
-  pw::MutexLock lock(&mu_);
-  mu_.Await([this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return runs_in_flight_ == 0; });
-}
+void Controller::WaitIdle() { runs_.WaitIdle(); }
 
 absl::Status Controller::AttachWorker(HostId host, IslandId island, WorkerInterface* worker) {
+  // Attached before the functions to load are read: LoadOnHosts (under mu_) either finds the
+  // worker and loads a function itself, or marks the host for the loop below.
+  members_.Attach(host, island, worker);
   std::vector<std::pair<FunctionId, FunctionDef>> fns;
   {
     pw::MutexLock lock(&mu_);
-    host_island_[host] = island;
-    workers_[host] = worker;
-    while (static_cast<int64_t>(schedulers_.size()) <= island.value())
-      schedulers_.push_back(NewScheduler(IslandId(static_cast<int64_t>(schedulers_.size())), 1));
     for (const auto& [id, f] : functions_)
       if (f.loaded_on.contains(host)) fns.emplace_back(id, f.def);
   }
@@ -119,28 +111,14 @@ absl::Status Controller::AttachWorker(HostId host, IslandId island, WorkerInterf
   return JoinFutures(loads).Await();
 }
 
-void Controller::DetachWorker(HostId host) {
-  pw::MutexLock lock(&mu_);
-  workers_.erase(host);
-}
+void Controller::DetachWorker(HostId host) { members_.Detach(host); }
 
-std::vector<WorkerInterface*> Controller::AllWorkers() const {
-  pw::MutexLock lock(&mu_);
-  std::vector<WorkerInterface*> workers;
-  for (const auto& [host, w] : workers_) workers.push_back(w);
-  return workers;
-}
+std::vector<WorkerInterface*> Controller::AllWorkers() const { return members_.Workers(); }
 
-WorkerInterface* Controller::Worker(HostId host) const {
-  pw::MutexLock lock(&mu_);
-  auto it = workers_.find(host);
-  return it == workers_.end() ? nullptr : it->second;
-}
+WorkerInterface* Controller::Worker(HostId host) const { return members_.Worker(host); }
 
 IslandScheduler* Controller::Scheduler(IslandId island) const {
-  pw::MutexLock lock(&mu_);
-  if (!island.valid() || island.value() >= static_cast<int64_t>(schedulers_.size())) return nullptr;
-  return schedulers_[island.value()].get();
+  return members_.Scheduler(island);
 }
 
 Future<> Controller::RemoveDevice(DeviceId device, const std::string& reason) {
@@ -178,19 +156,10 @@ absl::Status Controller::SetTenant(const TenantSettings& settings) {
 
 absl::Status Controller::Disconnect(ClientId client) {
   PW_RETURN_IF_ERROR(CheckClient(client));
-  {
-    // Runs still in flight are cancelled: what has not launched yet (on any island) fails
-    // instead of running. Told before the buffers go, so nothing waiting on freed memory runs.
-    pw::MutexLock cancel(&cancel_mu_);
-    std::vector<RunId> runs;
-    {
-      pw::MutexLock lock(&mu_);
-      for (const auto& [run, owner] : run_owner_)
-        if (owner.client == client) runs.push_back(run);
-    }
-    if (!runs.empty())
-      CancelOnWorkers(runs, absl::CancelledError(absl::StrCat(client.ToString(), " disconnected")));
-  }
+  // Runs still in flight are cancelled: what has not launched yet (on any island) fails
+  // instead of running. Told before the buffers go, so nothing waiting on freed memory runs.
+  runs_.CancelClient(client, absl::CancelledError(absl::StrCat(client.ToString(), " disconnected")),
+                     /*end_them=*/false);
   StopTrace(client, false).OnReady([](const absl::StatusOr<trace::Chunk>&) {});  // If tracing.
   rm_.ReleaseClient(client);
   output_ids_.Drop(client);
@@ -204,7 +173,6 @@ absl::Status Controller::Disconnect(ClientId client) {
   std::vector<FunctionId> freed;
   absl::flat_hash_map<HostId, std::vector<FunctionId>> unload;  // Where each was loaded.
   absl::flat_hash_map<HostId, std::vector<uint64_t>> host_programs;
-  std::vector<WorkerInterface*> workers;
   for (const auto& plan : programs_.DropClient(client)) AddHostPrograms(*plan, host_programs);
   {
     pw::MutexLock lock(&mu_);
@@ -220,8 +188,8 @@ absl::Status Controller::Disconnect(ClientId client) {
       else
         ++it;
     }
-    for (const auto& [h, w] : workers_) workers.push_back(w);
   }
+  const std::vector<WorkerInterface*> workers = members_.Workers();
   (void)clients_.Disconnect(client);  // Connected until here (CheckClient above).
   // The workers' copies go too (compiled executables, host programs and their plans), after
   // the runs' cancellations.
@@ -236,55 +204,12 @@ absl::Status Controller::Disconnect(ClientId client) {
   return absl::OkStatus();
 }
 
-void Controller::CancelOnWorkers(const std::vector<RunId>& runs, const absl::Status& why) {
-  cancelled_.insert(runs.begin(), runs.end());
-  for (WorkerInterface* w : AllWorkers()) w->CancelRuns(runs, why);
-}
-
-void Controller::RunEnd::Set(const absl::Status& s) {
-  std::optional<Promise<>> p;
-  {
-    pw::MutexLock lock(&mu);
-    p.swap(promise);
-  }
-  if (p.has_value()) p->Set(s);
-}
-
 absl::Status Controller::CancelRun(RunId run, const absl::Status& why) {
-  std::shared_ptr<RunEnd> end;
-  {
-    pw::MutexLock cancel(&cancel_mu_);
-    {
-      pw::MutexLock lock(&mu_);
-      auto it = run_owner_.find(run);
-      if (it == run_owner_.end())
-        return absl::NotFoundError(absl::StrCat(run.ToString(), " is not in flight"));
-      end = it->second.end;
-    }
-    CancelOnWorkers({run}, why);
-  }
-  end->Set(why);
-  return absl::OkStatus();
+  return runs_.Cancel(run, why);
 }
 
 std::vector<RunId> Controller::CancelClientRuns(ClientId client, const absl::Status& why) {
-  std::vector<RunId> runs;
-  std::vector<std::shared_ptr<RunEnd>> ends;
-  {
-    pw::MutexLock cancel(&cancel_mu_);
-    {
-      pw::MutexLock lock(&mu_);
-      for (const auto& [run, owner] : run_owner_) {
-        if (owner.client != client) continue;
-        runs.push_back(run);
-        ends.push_back(owner.end);
-      }
-    }
-    if (!runs.empty()) CancelOnWorkers(runs, why);
-  }
-  for (auto& end : ends) end->Set(why);
-  std::sort(runs.begin(), runs.end());
-  return runs;
+  return runs_.CancelClient(client, why, /*end_them=*/true);
 }
 
 size_t Controller::num_clients() const { return clients_.size(); }
@@ -348,11 +273,11 @@ absl::Status Controller::LoadOnHosts(FunctionId function, const std::vector<Host
     def = f.def;
     for (HostId h : hosts) {
       if (f.loaded_on.contains(h)) continue;
-      auto it = workers_.find(h);
-      if (it == workers_.end())
+      WorkerInterface* w = members_.Worker(h);
+      if (w == nullptr)
         f.loaded_on.insert(h);  // AttachWorker loads it.
-      else if (std::find(workers.begin(), workers.end(), it->second) == workers.end())
-        workers.push_back(it->second);
+      else if (std::find(workers.begin(), workers.end(), w) == workers.end())
+        workers.push_back(w);
     }
   }
   std::vector<Future<>> loads;  // In parallel; each RPC has its deadline.
@@ -427,11 +352,7 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
     }
   }
   auto plan = std::make_shared<Plan>();
-  absl::flat_hash_map<HostId, IslandId> host_island;
-  {
-    pw::MutexLock lock(&mu_);
-    host_island = host_island_;
-  }
+  absl::flat_hash_map<HostId, IslandId> host_island = members_.HostIslands();
   // Every host the plan touches must have joined (a host the resource manager knows may not have
   // attached its worker yet).
   for (const LoweredNode& n : lowered.nodes) {
@@ -648,29 +569,9 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
       !s.ok())
     return fail(s);
 
-  RunId run;
-  auto end = std::make_shared<RunEnd>();
-  Future<> run_done_f;
-  {
-    pw::MutexLock lock(&end->mu);
-    run_done_f = end->promise->future();
-  }
-  {
-    pw::MutexLock lock(&mu_);
-    run = RunId(next_run_++);
-    ++runs_in_flight_;
-    RunOwner& owner = run_owner_[run];
-    owner = {client, lp.name, end, std::nullopt, submitted};
-    if (timeout > absl::ZeroDuration()) {
-      // Scheduled under mu_, so FinishRun (which takes mu_ to erase the owner) sees its id.
-      owner.timeout = timeouts_.Schedule(absl::Now() + timeout, [this, run, timeout,
-                                                                 name = lp.name] {
-        (void)CancelRun(run, absl::DeadlineExceededError(absl::StrCat(
-                                 run.ToString(), " of program '", name, "' overran its timeout of ",
-                                 absl::FormatDuration(timeout), " and was cancelled")));
-      });
-    }
-  }
+  const RunManager::Started started = runs_.Start(client, lp.name, timeout);
+  const RunId run = started.run;
+  const Future<> run_done_f = started.done;
   // Allocate every buffer the run produces; outputs get client handles, all get a run pin.
   std::vector<BufferId> ids(lp.values.size());
   std::vector<BufferId> unpin;
@@ -812,8 +713,6 @@ absl::Status Controller::ChargeQuota(ClientId client, int64_t bytes, const std::
 
 void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin, const Plan& plan,
                            const std::vector<BufferId>& ids, const absl::Status& s) {
-  std::shared_ptr<RunEnd> end;
-  absl::Time submitted;
   Free(buffers_.Unpin(unpin));
   if (!s.ok()) {
     // A failed run's readers may not have run: then its intermediates are still on their hosts.
@@ -823,33 +722,7 @@ void Controller::FinishRun(RunId run, const std::vector<BufferId>& unpin, const 
         intermediates.push_back({ids[v], ClientId(), plan.lowered.values[v].placement, {}});
     Free(intermediates);
   }
-  {
-    // Workers keep records of cancelled and failed runs (so late work and collective inputs of
-    // them are dropped); now they can go.
-    // The run stops being its client's under cancel_mu_, so a Disconnect cannot cancel it after
-    // this (its record would never be forgotten).
-    pw::MutexLock cancel(&cancel_mu_);
-    {
-      pw::MutexLock lock(&mu_);
-      auto it = run_owner_.find(run);
-      end = it->second.end;
-      submitted = it->second.submitted;
-      if (it->second.timeout.has_value()) timeouts_.Cancel(*it->second.timeout);
-      run_owner_.erase(it);
-    }
-    if (cancelled_.erase(run) > 0 || !s.ok())
-      for (WorkerInterface* w : AllWorkers()) w->ForgetRuns({run});
-  }
-  {
-    // Counted before the client can see the run done, so a Status() after it includes the run.
-    pw::MutexLock lock(&mu_);
-    ++runs_completed_;
-  }
-  if (options_.on_run_done) options_.on_run_done(absl::Now() - submitted, s);
-  end->Set(s);  // Unless a cancellation has set it first.
-  // In flight until here: WaitIdle (and so the destructor) waits for Set's callbacks too.
-  pw::MutexLock lock(&mu_);
-  --runs_in_flight_;
+  runs_.Finish(run, s);
 }
 
 void Controller::Free(const std::vector<LogicalBuffer>& freed) {
@@ -1140,7 +1013,7 @@ Controller::Registry Controller::registry() const {
   r.programs = programs_.programs();
   r.plans = programs_.plans();
   r.signatures = signatures_.size();
-  r.runs = run_owner_.size();
+  r.runs = runs_.size();
   r.traces = traces_.size();
   r.clients = clients_.size();
   r.tenants = clients_.Tenants().size();
@@ -1149,29 +1022,17 @@ Controller::Registry Controller::registry() const {
 
 absl::StatusOr<ClusterStatus> Controller::Status() {
   ClusterStatus s;
-  struct Asked {
-    HostId host;
-    IslandId island;
-    WorkerInterface* worker;
-  };
-  std::vector<Asked> workers;
-  {
-    pw::MutexLock lock(&mu_);
-    for (const auto& [h, w] : workers_) workers.push_back({h, host_island_.at(h), w});
-    s.runs_in_flight = static_cast<size_t>(runs_in_flight_);
-    s.runs_completed = runs_completed_;
-    for (const auto& sched : schedulers_) s.scheduler_queue_depth.push_back(sched->queue_depth());
-    for (const auto& [run, owner] : run_owner_)
-      s.running.push_back({run, owner.client, owner.program});
-  }
-  std::sort(s.running.begin(), s.running.end(),
-            [](const auto& a, const auto& b) { return a.run < b.run; });
-  if (s.running.size() > ClusterStatus::kMaxRunningListed)
-    s.running.resize(ClusterStatus::kMaxRunningListed);
+  const std::vector<Membership::Member> workers = members_.Members();
+  for (IslandScheduler* sched : members_.Schedulers())
+    s.scheduler_queue_depth.push_back(sched->queue_depth());
+  RunManager::Counts runs = runs_.Snapshot(ClusterStatus::kMaxRunningListed);
+  s.runs_in_flight = static_cast<size_t>(runs.in_flight);
+  s.runs_completed = runs.completed;
+  s.running = std::move(runs.running);
   std::vector<Future<HostStatus>> asked;  // In parallel; each answers within its deadline.
-  for (const Asked& a : workers) asked.push_back(a.worker->Status());
+  for (const Membership::Member& a : workers) asked.push_back(a.worker->Status());
   for (size_t i = 0; i < workers.size(); ++i) {
-    const Asked& a = workers[i];
+    const Membership::Member& a = workers[i];
     absl::StatusOr<HostStatus> h = asked[i].Await();
     if (h.ok()) {
       s.hosts.push_back(*std::move(h));
@@ -1194,8 +1055,7 @@ void Controller::AddTenants(ClusterStatus& s) const {
   absl::flat_hash_map<int64_t, IslandScheduler::TenantLoad> loads;  // Over every island.
   int64_t total_ns = 0;
   {
-    pw::MutexLock lock(&mu_);
-    for (const auto& sched : schedulers_) {
+    for (IslandScheduler* sched : members_.Schedulers()) {
       for (const IslandScheduler::TenantLoad& l : sched->TenantLoads()) {
         IslandScheduler::TenantLoad& sum = loads[l.tenant->id()];
         sum.queued += l.queued;

@@ -17,12 +17,13 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "pw/base/mutex.h"
-#include "pw/base/timer.h"
 #include "pw/base/work_queue.h"
 #include "pw/cluster/cluster_spec.h"
 #include "pw/controller/client_registry.h"
+#include "pw/controller/membership.h"
 #include "pw/controller/output_ids.h"
 #include "pw/controller/program_cache.h"
+#include "pw/controller/run_manager.h"
 #include "pw/controller/share_table.h"
 #include "pw/object_store/buffer_table.h"
 #include "pw/program/lowering.h"
@@ -201,9 +202,6 @@ class Controller final : public ControllerInterface {
   absl::Status ChargeQuota(ClientId client, int64_t bytes, const std::string& what);
   void FinishRun(RunId run, const std::vector<BufferId>& unpin, const Plan& plan,
                  const std::vector<BufferId>& ids, const absl::Status& s);
-  // Tells the workers to cancel `runs` (their client's end is the caller's to set).
-  void CancelOnWorkers(const std::vector<RunId>& runs, const absl::Status& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(cancel_mu_);
   std::vector<WorkerInterface*> AllWorkers() const;
   // Assembles buffer `id` (pinned by the caller) into host memory once `ready`.
   Future<HostArray> FetchPinned(BufferId id, std::shared_ptr<const Placement> placement,
@@ -226,39 +224,18 @@ class Controller final : public ControllerInterface {
   int64_t next_function_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::pair<FunctionId, int>, FunctionSignature> signatures_
       ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<HostId, WorkerInterface*> workers_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<HostId, IslandId> host_island_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<IslandScheduler>> schedulers_ ABSL_GUARDED_BY(mu_);
-  int64_t next_run_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t runs_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  // What the run's client waits on: set once, by the run's end or, earlier, its cancellation.
-  struct RunEnd {
-    void Set(const absl::Status& s);
-    pw::Mutex mu;
-    std::optional<Promise<>> promise ABSL_GUARDED_BY(mu) = Promise<>();
-  };
-  struct RunOwner {
-    ClientId client;
-    std::string program;
-    std::shared_ptr<RunEnd> end;
-    std::optional<Timer::Id> timeout;
-    absl::Time submitted;
-  };
-  absl::flat_hash_map<RunId, RunOwner> run_owner_ ABSL_GUARDED_BY(mu_);  // Runs in flight.
+  // Hosts, their workers and the islands' schedulers (its own lock; after the members the
+  // schedulers' threads use, so they stop first).
+  Membership members_;
   // Clients tracing, with their trace's start (trace::Now()).
   absl::flat_hash_map<ClientId, int64_t> traces_ ABSL_GUARDED_BY(mu_);
-  int64_t runs_completed_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Held while handing one run's subgraphs to their islands' schedulers, so that runs spanning
   // islands reach every scheduler in the same relative order.
   pw::Mutex submit_mu_;
   int64_t next_seq_ ABSL_GUARDED_BY(submit_mu_) = 0;
-  // Held while telling workers to cancel or forget runs, so a run's ForgetRuns never overtakes
-  // its CancelRuns. Runs cancelled (their client disconnected) that are still in flight:
-  pw::Mutex cancel_mu_ ABSL_ACQUIRED_BEFORE(mu_);
-  absl::flat_hash_set<RunId> cancelled_ ABSL_GUARDED_BY(cancel_mu_);
   WorkQueue completions_;  // Run completion and buffer freeing; drained before the rest.
-  Timer timeouts_;         // Run timeouts; last, so stopped first.
+  RunManager runs_;        // Runs in flight (its timeouts' thread last, so stopped first).
 };
 
 }  // namespace pw

@@ -41,6 +41,103 @@ class MockWorker : public WorkerInterface {
   HostId host_;
 };
 
+// The controller's membership: hosts' islands from the spec, workers as they attach and
+// detach, a scheduler per island (one made when a host of a new island joins).
+TEST(MembershipTest, WorkersComeAndGoAndEachIslandHasAScheduler) {
+  std::vector<std::pair<IslandId, int>> made;
+  Membership m(*ClusterSpec::Uniform(2, 1, 2), [&](IslandId island, int devices) {
+    made.emplace_back(island, devices);
+    return std::make_unique<IslandScheduler>(island, std::make_unique<FifoPolicy>(),
+                                             [](HostId) -> WorkerInterface* { return nullptr; },
+                                             IslandScheduler::Options{});
+  });
+  EXPECT_EQ(made, (std::vector<std::pair<IslandId, int>>{{IslandId(0), 2}, {IslandId(1), 2}}));
+  EXPECT_EQ(m.HostIslands().at(HostId(1)), IslandId(1));
+  EXPECT_EQ(m.Worker(HostId(0)), nullptr);  // Known, not joined.
+  NiceMock<MockWorker> w0(HostId(0)), w2(HostId(2));
+  m.Attach(HostId(0), IslandId(0), &w0);
+  m.Attach(HostId(2), IslandId(3), &w2);  // A host of an island the spec did not have.
+  EXPECT_EQ(m.Worker(HostId(0)), &w0);
+  ASSERT_EQ(m.Schedulers().size(), 4u);
+  EXPECT_NE(m.Scheduler(IslandId(3)), nullptr);
+  EXPECT_EQ(m.Scheduler(IslandId(4)), nullptr);
+  EXPECT_EQ(m.Members().size(), 2u);
+  m.Detach(HostId(0));
+  EXPECT_EQ(m.Worker(HostId(0)), nullptr);
+  EXPECT_EQ(m.Workers(), std::vector<WorkerInterface*>{&w2});
+  EXPECT_EQ(m.HostIslands().at(HostId(0)), IslandId(0));  // Its island stays known.
+}
+
+// The controller's runs in flight: a cancelled run ends at once with the reason, and the workers
+// forget it only once it has finished (a run that succeeded uncancelled is never told to them).
+TEST(RunManagerTest, ACancelledRunEndsAtOnceAndWorkersForgetItWhenItFinishes) {
+  NiceMock<MockWorker> w(HostId(0));
+  std::vector<absl::Status> done;
+  RunManager runs([&] { return std::vector<WorkerInterface*>{&w}; },
+                  [&](absl::Duration, const absl::Status& s) { done.push_back(s); });
+  const RunManager::Started a = runs.Start(ClientId(1), "step", absl::ZeroDuration());
+  const RunManager::Started b = runs.Start(ClientId(1), "step", absl::ZeroDuration());
+  EXPECT_NE(a.run, b.run);
+  EXPECT_CALL(w, CancelRuns(std::vector<RunId>{a.run}, _));
+  ASSERT_TRUE(runs.Cancel(a.run, absl::CancelledError("stopped by the test")).ok());
+  ASSERT_TRUE(a.done.IsReady());
+  EXPECT_THAT(a.done.Await().message(), HasSubstr("stopped by the test"));
+  EXPECT_FALSE(b.done.IsReady());
+  EXPECT_EQ(runs.Snapshot(10).in_flight, 2);
+
+  EXPECT_CALL(w, ForgetRuns(std::vector<RunId>{a.run}));
+  runs.Finish(a.run, absl::OkStatus());  // Its end stays the cancellation.
+  EXPECT_EQ(a.done.Await().code(), absl::StatusCode::kCancelled);
+  EXPECT_CALL(w, ForgetRuns(std::vector<RunId>{b.run})).Times(0);
+  runs.Finish(b.run, absl::OkStatus());
+  EXPECT_TRUE(b.done.Await().ok());
+  EXPECT_EQ(done.size(), 2u);
+  const RunManager::Counts counts = runs.Snapshot(10);
+  EXPECT_EQ(counts.in_flight, 0);
+  EXPECT_EQ(counts.completed, 2);
+  EXPECT_TRUE(counts.running.empty());
+  const absl::Status again = runs.Cancel(a.run, absl::CancelledError("late"));
+  EXPECT_EQ(again.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(again.message(), HasSubstr("not in flight"));
+}
+
+// A client's runs are cancelled together (ended or left to the workers to fail), others' not;
+// a run past its timeout ends naming itself, its program and the timeout.
+TEST(RunManagerTest, AClientsRunsAreCancelledTogetherAndATimeoutNamesTheRun) {
+  NiceMock<MockWorker> w(HostId(0));
+  RunManager runs([&] { return std::vector<WorkerInterface*>{&w}; }, nullptr);
+  const RunManager::Started a1 = runs.Start(ClientId(1), "train", absl::ZeroDuration());
+  const RunManager::Started other = runs.Start(ClientId(2), "serve", absl::ZeroDuration());
+  const RunManager::Started a2 = runs.Start(ClientId(1), "train", absl::ZeroDuration());
+  const RunManager::Counts listed = runs.Snapshot(2);
+  ASSERT_EQ(listed.running.size(), 2u);  // Oldest first, at most as many as asked.
+  EXPECT_EQ(listed.running[0].run, a1.run);
+  EXPECT_EQ(listed.running[1].program, "serve");
+
+  EXPECT_CALL(w, CancelRuns(testing::UnorderedElementsAre(a1.run, a2.run), _)).Times(2);
+  const std::vector<RunId> cancelled =
+      runs.CancelClient(ClientId(1), absl::CancelledError("disconnected"), /*end_them=*/false);
+  EXPECT_EQ(cancelled, (std::vector<RunId>{a1.run, a2.run}));
+  EXPECT_FALSE(a1.done.IsReady());  // Left to the workers to fail.
+  EXPECT_EQ(runs.CancelClient(ClientId(1), absl::CancelledError("again"), /*end_them=*/true),
+            cancelled);
+  EXPECT_EQ(a1.done.Await().code(), absl::StatusCode::kCancelled);
+  EXPECT_FALSE(other.done.IsReady());
+  runs.Finish(a1.run, absl::CancelledError("failed on the workers"));
+  runs.Finish(a2.run, absl::CancelledError("failed on the workers"));
+
+  const RunManager::Started slow = runs.Start(ClientId(2), "decode", absl::Milliseconds(1));
+  EXPECT_CALL(w, CancelRuns(std::vector<RunId>{slow.run}, _));
+  const absl::Status timed_out = slow.done.Await();  // Its timeout ends it.
+  EXPECT_EQ(timed_out.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(timed_out.message(), HasSubstr(slow.run.ToString() + " of program 'decode'"));
+  EXPECT_THAT(timed_out.message(), HasSubstr("overran its timeout of 1ms"));
+  runs.Finish(slow.run, timed_out);
+  runs.Finish(other.run, absl::OkStatus());
+  EXPECT_TRUE(other.done.Await().ok());
+  EXPECT_EQ(runs.size(), 0u);
+}
+
 StableHloFunctionDef Spmd(int partitions) {
   const ArraySpec vec3{DType::kF32, Shape({3})};
   return StableHloFunctionDef{"psum", "module", {vec3}, {vec3}, partitions};

@@ -1,0 +1,59 @@
+// Membership: the controller's view of the cluster's members (issue 24's "controller as
+// parts"): each host's island and, once it has joined, its worker; one IslandScheduler per
+// island, made for the spec's islands at start and for an island when its first host joins.
+// Workers come and go (AttachWorker/DetachWorker); schedulers live as long as the membership.
+//
+// Thread-safe: one lock of its own, never held while calling out (the scheduler factory runs
+// under it, and only constructs).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "pw/base/ids.h"
+#include "pw/base/mutex.h"
+#include "pw/cluster/cluster_spec.h"
+#include "pw/scheduler/island_scheduler.h"
+#include "pw/transport/worker_interface.h"
+
+namespace pw {
+
+class Membership {
+ public:
+  // Makes island `island`'s scheduler over `devices` devices.
+  using SchedulerFactory =
+      std::function<std::unique_ptr<IslandScheduler>(IslandId island, int devices)>;
+  Membership(const ClusterSpec& spec, SchedulerFactory make_scheduler);
+
+  // `host` of `island` serves through `worker` (replacing any earlier worker of the host).
+  void Attach(HostId host, IslandId island, WorkerInterface* worker);
+  // `host`'s worker is gone (its island stays known).
+  void Detach(HostId host);
+
+  // The host's worker, or null if none is attached.
+  WorkerInterface* Worker(HostId host) const;
+  std::vector<WorkerInterface*> Workers() const;
+  struct Member {
+    HostId host;
+    IslandId island;
+    WorkerInterface* worker;
+  };
+  std::vector<Member> Members() const;  // Hosts with a worker attached.
+  // Every known host's island (joined or in the spec).
+  absl::flat_hash_map<HostId, IslandId> HostIslands() const;
+
+  // The island's scheduler, or null for an island never seen.
+  IslandScheduler* Scheduler(IslandId island) const;
+  std::vector<IslandScheduler*> Schedulers() const;  // By island id.
+
+ private:
+  const SchedulerFactory make_scheduler_;
+  mutable pw::Mutex mu_;
+  absl::flat_hash_map<HostId, IslandId> host_island_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<HostId, WorkerInterface*> workers_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<IslandScheduler>> schedulers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pw
