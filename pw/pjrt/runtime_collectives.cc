@@ -185,7 +185,8 @@ absl::Status CheckBytes(absl::string_view kind, size_t got, size_t want) {
 
 // ---- Handlers.
 
-ffi::Error AllReduce(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+ffi::Error AllReduce(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
+                     ffi::Result<ffi::AnyBuffer> y,
                      int64_t op_id, int64_t reduction) {
   absl::StatusOr<Reduction> r = ReductionOf(reduction);
   if (!r.ok()) return ToFfi(r.status());
@@ -210,7 +211,8 @@ ffi::Error AllReduce(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuf
   }));
 }
 
-ffi::Error AllGather(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+ffi::Error AllGather(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
+                     ffi::Result<ffi::AnyBuffer> y,
                      int64_t op_id) {
   CollectiveLaunch* launch = LaunchOf(data);
   const size_t bytes = x.size_bytes(), n = launch == nullptr ? 0 : launch->size();
@@ -227,7 +229,8 @@ ffi::Error AllGather(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuf
                              y->untyped_data(), n * bytes, combine));
 }
 
-ffi::Error ReduceScatter(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+ffi::Error ReduceScatter(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
+                     ffi::Result<ffi::AnyBuffer> y,
                          int64_t op_id, int64_t reduction) {
   absl::StatusOr<Reduction> r = ReductionOf(reduction);
   if (!r.ok()) return ToFfi(r.status());
@@ -250,7 +253,8 @@ ffi::Error ReduceScatter(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::An
                              y->untyped_data(), y->size_bytes(), combine));
 }
 
-ffi::Error AllToAll(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+ffi::Error AllToAll(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
+                     ffi::Result<ffi::AnyBuffer> y,
                     int64_t op_id) {
   CollectiveLaunch* launch = LaunchOf(data);
   const size_t n = launch == nullptr ? 1 : launch->size();
@@ -272,7 +276,8 @@ ffi::Error AllToAll(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuff
                              y->untyped_data(), bytes, combine));
 }
 
-ffi::Error Ppermute(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> y,
+ffi::Error Ppermute(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
+                     ffi::Result<ffi::AnyBuffer> y,
                     int64_t op_id, ffi::Span<const int64_t> pairs) {
   CollectiveLaunch* launch = LaunchOf(data);
   const int64_t n = launch == nullptr ? 0 : launch->size();
@@ -296,6 +301,15 @@ ffi::Error Ppermute(LaunchData* data, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuff
                              y->untyped_data(), bytes, combine));
 }
 
+// pw_after: y = x, once `after` is written (orders a loop holding collectives after the
+// collectives before it).
+ffi::Error After(ffi::AnyBuffer x, ffi::AnyBuffer /*after*/, ffi::Result<ffi::AnyBuffer> y) {
+  if (absl::Status s = CheckBytes("after", y->size_bytes(), x.size_bytes()); !s.ok())
+    return ToFfi(s);
+  if (x.size_bytes() > 0) std::memcpy(y->untyped_data(), x.untyped_data(), x.size_bytes());
+  return ffi::Error::Success();
+}
+
 ffi::Error AxisIndex(LaunchData* data, ffi::Result<ffi::AnyBuffer> y) {
   CollectiveLaunch* launch = LaunchOf(data);
   if (launch == nullptr)
@@ -312,6 +326,7 @@ XLA_FFI_DEFINE_HANDLER(kAllReduce, AllReduce,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::UserData<LaunchData>>()
                            .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()  // after: orders the collectives.
                            .Ret<ffi::AnyBuffer>()
                            .Attr<int64_t>("op_id")
                            .Attr<int64_t>("reduction"));
@@ -319,12 +334,14 @@ XLA_FFI_DEFINE_HANDLER(kAllGather, AllGather,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::UserData<LaunchData>>()
                            .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()  // after: orders the collectives.
                            .Ret<ffi::AnyBuffer>()
                            .Attr<int64_t>("op_id"));
 XLA_FFI_DEFINE_HANDLER(kReduceScatter, ReduceScatter,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::UserData<LaunchData>>()
                            .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()  // after: orders the collectives.
                            .Ret<ffi::AnyBuffer>()
                            .Attr<int64_t>("op_id")
                            .Attr<int64_t>("reduction"));
@@ -332,15 +349,22 @@ XLA_FFI_DEFINE_HANDLER(kAllToAll, AllToAll,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::UserData<LaunchData>>()
                            .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()  // after: orders the collectives.
                            .Ret<ffi::AnyBuffer>()
                            .Attr<int64_t>("op_id"));
 XLA_FFI_DEFINE_HANDLER(kPpermute, Ppermute,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::UserData<LaunchData>>()
                            .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()  // after: orders the collectives.
                            .Ret<ffi::AnyBuffer>()
                            .Attr<int64_t>("op_id")
                            .Attr<ffi::Span<const int64_t>>("pairs"));
+XLA_FFI_DEFINE_HANDLER(kAfter, After,
+                       ffi::Ffi::Bind()
+                           .Arg<ffi::AnyBuffer>()
+                           .Arg<ffi::AnyBuffer>()
+                           .Ret<ffi::AnyBuffer>());
 XLA_FFI_DEFINE_HANDLER(kAxisIndex, AxisIndex,
                        ffi::Ffi::Bind().Ctx<ffi::UserData<LaunchData>>().Ret<ffi::AnyBuffer>());
 
@@ -385,7 +409,8 @@ absl::Status RegisterRuntimeCollectives(const PjrtPlugin& plugin, absl::string_v
   const std::pair<absl::string_view, XLA_FFI_Handler*> handlers[] = {
       {"pw_all_reduce", kAllReduce},       {"pw_all_gather", kAllGather},
       {"pw_reduce_scatter", kReduceScatter}, {"pw_all_to_all", kAllToAll},
-      {"pw_ppermute", kPpermute},          {"pw_axis_index", kAxisIndex}};
+      {"pw_ppermute", kPpermute},          {"pw_axis_index", kAxisIndex},
+      {"pw_after", kAfter}};
   for (const auto& [name, handler] : handlers) {
     FfiRegisterHandlerArgs args{sizeof(FfiRegisterHandlerArgs), name.data(), name.size(),
                                 reinterpret_cast<void*>(handler), platform.data(),

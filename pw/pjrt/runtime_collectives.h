@@ -15,6 +15,14 @@
 //   pw_all_to_all      x[n, c]  -> y[n, c]   y[i] = x_i[rank]
 //   pw_ppermute        x[...]   -> y[...]    y = x of the rank that sends to this one, else 0
 //   pw_axis_index      ()       -> s32[]     this shard's rank
+//   pw_after           x[...]   -> y[...]    y = x (no rendezvous)
+// Every call but pw_axis_index takes a second operand, `after`, that it does not read: the
+// previous collective's output (an empty array for the first). XLA's CPU runtime runs
+// independent side-effecting custom calls in whatever order they become ready, which differs
+// between shards, and a shard blocked in one rendezvous cannot start the next: shards waiting in
+// different collectives deadlocked. Through `after`, a module's collectives run in one order
+// (the trace's) on every shard; a loop or branch holding collectives takes one of its operands
+// through pw_after, so it starts after the collectives before it.
 //
 // Each launched shard passes a CollectiveLaunch as FFI user data of its PJRT execute context;
 // the handlers find it there (never in thread-local state), so any plugin thread may run them.

@@ -33,7 +33,7 @@ _INLINED = {"pjit": "jaxpr", "jit": "jaxpr", "closed_call": "call_jaxpr", "core_
 
 # The custom-call targets, registered by every worker (pw/pjrt/runtime_collectives.cc).
 TARGETS = ("pw_all_reduce", "pw_all_gather", "pw_reduce_scatter", "pw_all_to_all", "pw_ppermute",
-           "pw_axis_index")
+           "pw_axis_index", "pw_after")
 
 
 class UnsupportedCollective(ValueError):
@@ -90,6 +90,11 @@ class _Interpreter:
     def __init__(self, axis: str, n: int):
         self.axis, self.n = axis, n
         self.next_op = 0
+        # The last collective's output in the trace being built: the next one takes it as its
+        # `after` operand, so every shard runs the collectives in the trace's order (XLA runs
+        # independent side-effecting calls in any order; shards in different rendezvous would
+        # wait for each other forever).
+        self.last = None
 
     # ---- evaluation
 
@@ -133,8 +138,33 @@ class _Interpreter:
                 return outs if eqn.primitive.multiple_results else outs[0]
         subs = list(_sub_jaxprs(params))
         if subs:  # while, cond, scan, ...: the same primitive over rewritten sub-jaxprs.
-            return eqn.primitive.bind(*args, **self._rewrite_params(params))
+            ops_before = self.next_op
+            rewritten = self._rewrite_params(params)
+            if self.next_op == ops_before:
+                return eqn.primitive.bind(*args, **rewritten)
+            # It holds collectives: it starts after those before it, and those after it follow.
+            args = self._ordered_after_last(args)
+            outs = eqn.primitive.bind(*args, **rewritten)
+            first = outs[0] if eqn.primitive.multiple_results and outs else outs
+            if eqn.primitive.multiple_results and not outs:
+                first = None
+            if first is not None:
+                self.last = first
+            return outs
         return eqn.primitive.bind(*args, **params)
+
+    def _ordered_after_last(self, args):
+        """`args` with its first array taken through pw_after the last collective (if any)."""
+        import jax
+        if self.last is None:
+            return args
+        args = list(args)
+        for i, a in enumerate(args):
+            if isinstance(a, jax.Array):  # A traced value (not a literal).
+                out = jax.ShapeDtypeStruct(a.shape, a.dtype)
+                args[i] = jax.ffi.ffi_call("pw_after", out, has_side_effect=True)(a, self.last)
+                break
+        return args
 
     def _rewrite_params(self, params):
         from jax.extend import core as jcore
@@ -154,7 +184,11 @@ class _Interpreter:
         closed = isinstance(sub, jcore.ClosedJaxpr)
         jaxpr, consts = (sub.jaxpr, sub.consts) if closed else (sub, ())
         avals = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in jaxpr.invars]
-        new = jax.make_jaxpr(lambda *a: self.eval(jaxpr, consts, a))(*avals)
+        outer, self.last = self.last, None  # A chain of its own inside (its tracers stay there).
+        try:
+            new = jax.make_jaxpr(lambda *a: self.eval(jaxpr, consts, a))(*avals)
+        finally:
+            self.last = outer
         if closed:
             return new
         if new.consts:
@@ -180,8 +214,14 @@ class _Interpreter:
 
     def _call(self, target, out_shape, dtype, *args, **attrs):
         import jax
+        import jax.numpy as jnp
         out = jax.ShapeDtypeStruct(tuple(out_shape), dtype)
-        return jax.ffi.ffi_call(target, out, has_side_effect=True)(*args, **attrs)
+        if target == "pw_axis_index":  # No rendezvous: nothing to order.
+            return jax.ffi.ffi_call(target, out, has_side_effect=True)(*args, **attrs)
+        after = self.last if self.last is not None else jnp.zeros((0,), jnp.int8)
+        y = jax.ffi.ffi_call(target, out, has_side_effect=True)(*args, after, **attrs)
+        self.last = y
+        return y
 
     def _collective(self, name, params, x):
         import jax.numpy as jnp

@@ -1,0 +1,229 @@
+"""Trains the byte-level Transformer LM of model.py in three parallel layouts of the same model,
+the same global batch and the same number of devices, and checks each against plain JAX on one
+device:
+
+- spmd:              data-parallel over a slice of `stages` devices on one island (pw.pmap; each
+                     device takes its share of the batch, the gradients are averaged inside the
+                     compiled step with jax.lax.pmean);
+- pipeline:          GPipe: `stages` stages, each on its own one-device slice of one island,
+                     `--microbatches` microbatches; one @pw.program per step runs every
+                     microbatch forward through the stages, then backward (each stage recomputes
+                     its forward inside its backward, as GPipe does), sums each stage's gradients
+                     on its own device and applies them there;
+- pipeline_2islands: the same pipeline with the first half of its stages on island 0 and the
+                     rest on island 1, so activations and gradients cross DCN.
+
+    .venv/bin/python examples/lm/train.py [--layouts spmd,pipeline,pipeline_2islands]
+        [--steps 5] [--batch 16] [--microbatches 4] [--stages 4]
+
+Each layout prints its loss per step and tokens/s (steps after the first, which compiles), then
+the relative difference of its last loss and its parameters from the one-device run's (the check:
+within 1e-5). The cluster is the one at PW_CLUSTER (e.g. `pw up --islands 2 --hosts-per-island 2
+--devices-per-host 2`), else an embedded one of that shape.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import model as lm  # noqa: E402
+
+import pathways as pw  # noqa: E402
+
+LAYOUTS = ("spmd", "pipeline", "pipeline_2islands")
+TOLERANCE = 1e-5
+LEARNING_RATE = 0.1
+
+
+def relative_difference(ours, theirs) -> float:
+    ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+    return float(np.linalg.norm(ours - theirs) / max(np.linalg.norm(theirs), 1e-30))
+
+
+def flat(params) -> np.ndarray:
+    """Every parameter in one vector, in the model's order whatever its split into stages."""
+    embed = [p["embed"] for p in params if "embed" in p]
+    blocks = [b for p in params for b in p["blocks"]]
+    head = [p["head"] for p in params if "head" in p]
+    leaves = jax.tree.leaves([embed, blocks, head])
+    return np.concatenate([np.asarray(x, np.float64).ravel() for x in leaves])
+
+
+def one_device(c, args, data):
+    """The reference: the whole model on one device, the whole batch."""
+    params = lm.init_params(c, args.seed, 1)
+
+    @jax.jit
+    def step(params, tokens, targets):
+        value, grads = jax.value_and_grad(lambda p: lm.loss(c, p, tokens, targets))(params)
+        return lm.sgd(params, grads, LEARNING_RATE), value
+
+    losses = []
+    for tokens, targets in data:
+        params, value = step(params, tokens, targets)
+        losses.append(float(value))
+    return params, losses
+
+
+def spmd(c, args, vds):
+    """Data-parallel over one slice: one compiled step per call, a pmean of the gradients."""
+    n = args.stages
+    devices = vds.add_slice(devices=n)
+
+    def dp_step(params, tokens, targets):
+        value, grads = jax.value_and_grad(lambda p: lm.loss(c, p, tokens, targets))(params)
+        grads, value = jax.lax.pmean((grads, value), "batch")
+        return lm.sgd(params, grads, LEARNING_RATE), value
+
+    step_fn = pw.pmap(dp_step, devices=devices, axis_name="batch", in_axes=(None, 0, 0),
+                      out_axes=None)
+
+    @pw.program
+    def train_step(params, tokens, targets):
+        return step_fn(params, tokens, targets)
+
+    def run(params, tokens, targets):
+        shape = (n, tokens.shape[0] // n) + tokens.shape[1:]
+        return train_step(params, tokens.reshape(shape), targets.reshape(shape))
+
+    return run, lm.init_params(c, args.seed, 1), [devices]
+
+
+def pipeline(c, args, vds, islands):
+    """GPipe over `stages` one-device slices; `islands`: each stage's island."""
+    s_count, m_count = args.stages, args.microbatches
+    slices = [vds.add_slice(devices=1, island=islands[i]) for i in range(s_count)]
+
+    def fwd(i):
+        return lambda p, x: lm.stage_forward(c, p, x)
+
+    def last_grad(p, x, targets):  # The last stage: loss, its gradients and the input's.
+        value, (dp, dx) = jax.value_and_grad(
+            lambda p, x: lm.cross_entropy(lm.stage_forward(c, p, x), targets), argnums=(0, 1))(p, x)
+        return value, dp, dx
+
+    def middle_grad(p, x, dy):  # Recomputes the stage's forward, then back.
+        _, vjp = jax.vjp(lambda p, x: lm.stage_forward(c, p, x), p, x)
+        return vjp(dy)
+
+    def first_grad(p, tokens, dy):  # Tokens are not differentiated.
+        _, vjp = jax.vjp(lambda p: lm.stage_forward(c, p, tokens), p)
+        return vjp(dy)[0]
+
+    add = lambda a, b: jax.tree.map(jnp.add, a, b)
+    update = lambda p, g: lm.sgd(p, jax.tree.map(lambda x: x / m_count, g), LEARNING_RATE)
+    f = [pw.jit(fwd(i), slices[i]) for i in range(s_count - 1)]
+    grad = [pw.jit(first_grad, slices[0])] + [pw.jit(middle_grad, slices[i])
+                                               for i in range(1, s_count - 1)]
+    if s_count == 1:
+        raise ValueError("a pipeline needs at least 2 stages")
+    grad.append(pw.jit(last_grad, slices[-1]))
+    adds = [pw.jit(add, s) for s in slices]
+    updates = [pw.jit(update, s) for s in slices]
+
+    @pw.program
+    def train_step(params, tokens, targets):
+        inputs = []  # inputs[m][i]: stage i's input for microbatch m.
+        for m in range(m_count):  # Every microbatch forward...
+            xs = [tokens[m]]
+            for i in range(s_count - 1):
+                xs.append(f[i](params[i], xs[-1]))
+            inputs.append(xs)
+        sums, losses = [None] * s_count, []
+        for m in range(m_count):  # ...then backward, last stage first.
+            value, g, dy = grad[-1](params[-1], inputs[m][-1], targets[m])
+            losses.append(value)
+            per_stage = {s_count - 1: g}
+            for i in range(s_count - 2, 0, -1):
+                per_stage[i], dy = grad[i](params[i], inputs[m][i], dy)
+            per_stage[0] = grad[0](params[0], inputs[m][0], dy)
+            for i, g in per_stage.items():
+                sums[i] = g if sums[i] is None else adds[i](sums[i], g)
+        return [updates[i](params[i], sums[i]) for i in range(s_count)], losses
+
+    def run(params, tokens, targets):
+        mb = tokens.shape[0] // m_count
+        split = lambda a: [a[m * mb:(m + 1) * mb] for m in range(m_count)]
+        new, losses = train_step(params, split(tokens), split(targets))
+        return new, losses
+
+    return run, lm.init_params(c, args.seed, s_count), slices
+
+
+def train(layout, c, args, data, vds):
+    if layout == "spmd":
+        run, params, slices = spmd(c, args, vds)
+    else:
+        half = args.stages // 2
+        islands = ([0] * args.stages if layout == "pipeline"
+                   else [0] * half + [1] * (args.stages - half))
+        run, params, slices = pipeline(c, args, vds, islands)
+    print(f"{layout}: devices {[s.devices[0] if s.num_devices == 1 else s.devices for s in slices]}"
+          f" on islands {sorted({i for s in slices for i in s.islands})}", flush=True)
+    losses, times = [], []
+    for step, (tokens, targets) in enumerate(data):
+        t0 = time.perf_counter()
+        params, value = run(params, tokens, targets)
+        value = float(np.mean([float(v) for v in value])) if isinstance(value, list) else float(value)
+        times.append(time.perf_counter() - t0)
+        losses.append(value)
+        print(f"  step {step + 1:3d}  loss {value:.6f}  {times[-1] * 1e3:8.1f} ms", flush=True)
+    tokens_per_step = args.batch * c.seq
+    timed = times[1:] or times
+    for s in slices:
+        s.release()
+    return params, losses, tokens_per_step * len(timed) / sum(timed)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
+    parser.add_argument("--microbatches", type=int, default=4)
+    parser.add_argument("--stages", type=int, default=4, help="pipeline stages = devices")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="one JSON object on stdout at the end")
+    args = parser.parse_args()
+    layouts = [l for l in args.layouts.split(",") if l]
+    for l in layouts:
+        if l not in LAYOUTS:
+            parser.error(f"--layouts: unknown layout {l!r} (known: {', '.join(LAYOUTS)})")
+    if args.batch % args.microbatches or args.batch % args.stages:
+        parser.error(f"--batch {args.batch} must divide by --microbatches and --stages")
+    c = lm.Config()
+    corpus = lm.load_corpus()
+    stream = lm.batches(corpus, args.batch, c.seq, args.seed)
+    data = [next(stream) for _ in range(args.steps)]
+    print(f"corpus: {len(corpus)} bytes from {lm.CORPUS_DIR}; model: {c}", flush=True)
+    ref_params, ref_losses = one_device(c, args, data)
+    print(f"one device: loss {ref_losses[0]:.6f} -> {ref_losses[-1]:.6f}", flush=True)
+    vds = pw.make_virtual_device_set()
+    results, ok = [], True
+    for layout in layouts:
+        params, losses, rate = train(layout, c, args, data, vds)
+        loss_diff = abs(losses[-1] - ref_losses[-1]) / abs(ref_losses[-1])
+        param_diff = relative_difference(flat(params), flat(ref_params))
+        good = loss_diff <= TOLERANCE and param_diff <= TOLERANCE
+        ok = ok and good
+        print(f"{layout}: {rate:.0f} tokens/s; after {args.steps} steps loss {losses[-1]:.6f} vs "
+              f"one device {ref_losses[-1]:.6f} (relative difference {loss_diff:.1e}), "
+              f"parameters {param_diff:.1e}: {'OK' if good else 'MISMATCH'}", flush=True)
+        results.append({"layout": layout, "tokens_per_second": rate,
+                        "loss_rel_diff_vs_one_device": loss_diff,
+                        "params_rel_diff_vs_one_device": param_diff, "losses": losses})
+    if args.json:
+        print(json.dumps({"results": results, "one_device_losses": ref_losses}))
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
