@@ -16,10 +16,18 @@ device:
     .venv/bin/python examples/lm/train.py [--layouts spmd,pipeline,pipeline_2islands]
         [--steps 5] [--batch 16] [--microbatches 4] [--stages 4]
 
-Each layout prints its loss per step and tokens/s (steps after the first, which compiles), then
-the relative difference of its last loss and its parameters from the one-device run's (the check:
-within 1e-5). The cluster is the one at PW_CLUSTER (e.g. `pw up --islands 2 --hosts-per-island 2
---devices-per-host 2`), else an embedded one of that shape.
+Each layout prints its loss per step, then the relative difference of its last loss and its
+parameters from the one-device run's (the check: within 1e-5), then runs `--timed-steps` more
+steps back to back (each step's parameters feed the next; one wait at the end) and reports
+tokens/s, the fraction of its devices' time they were idle during those steps (for the pipelines,
+the bubble and the dispatch gaps: GPipe's bubble alone is (S-1)/(M+S-1)), and the DCN bytes
+received per step (from the cluster's status). The cluster is the one at PW_CLUSTER (e.g. `pw up
+--islands 2 --hosts-per-island 2 --devices-per-host 2`), else an embedded one of that shape.
+
+With --json (`pw bench lm --json`), one JSON object on stdout: {"results": [{"layout",
+"tokens_per_second", "bubble_fraction", "dcn_bytes_per_step", "loss_rel_diff_vs_one_device",
+"params_rel_diff_vs_one_device", "gpipe_bubble_fraction", "losses"}, ...], "one_device_losses"};
+progress goes to stderr.
 """
 from __future__ import annotations
 
@@ -158,7 +166,15 @@ def pipeline(c, args, vds, islands):
     return run, lm.init_params(c, args.seed, s_count), slices
 
 
-def train(layout, c, args, data, vds):
+def counters(devices) -> tuple[float, int]:
+    """The busy seconds of `devices` summed, and the DCN bytes received over the cluster."""
+    s = pw.status()
+    busy = {d["device"]: d["busy_seconds"] for h in s["hosts"] for d in h["devices"]}
+    return (sum(busy[d] for d in devices),
+            sum(int(h.get("dcn_bytes_received", 0)) for h in s["hosts"]))
+
+
+def train(layout, c, args, data, vds, log):
     if layout == "spmd":
         run, params, slices = spmd(c, args, vds)
     else:
@@ -166,24 +182,35 @@ def train(layout, c, args, data, vds):
         islands = ([0] * args.stages if layout == "pipeline"
                    else [0] * half + [1] * (args.stages - half))
         run, params, slices = pipeline(c, args, vds, islands)
-    print(f"{layout}: devices {[s.devices[0] if s.num_devices == 1 else s.devices for s in slices]}"
-          f" on islands {sorted({i for s in slices for i in s.islands})}", flush=True)
-    losses, times = [], []
+    log(f"{layout}: devices {[s.devices[0] if s.num_devices == 1 else s.devices for s in slices]}"
+        f" on islands {sorted({i for s in slices for i in s.islands})}")
+    mean = lambda v: float(np.mean([float(x) for x in v])) if isinstance(v, list) else float(v)
+    losses = []
     for step, (tokens, targets) in enumerate(data):
         t0 = time.perf_counter()
         params, value = run(params, tokens, targets)
-        value = float(np.mean([float(v) for v in value])) if isinstance(value, list) else float(value)
-        times.append(time.perf_counter() - t0)
-        losses.append(value)
-        print(f"  step {step + 1:3d}  loss {value:.6f}  {times[-1] * 1e3:8.1f} ms", flush=True)
-    tokens_per_step = args.batch * c.seq
-    timed = times[1:] or times
+        losses.append(mean(value))
+        log(f"  step {step + 1:3d}  loss {losses[-1]:.6f}  "
+            f"{(time.perf_counter() - t0) * 1e3:8.1f} ms")
+    checked = params
+    devices = [d for s in slices for d in s.devices]
+    busy0, dcn0 = counters(devices)
+    t0 = time.perf_counter()
+    for step in range(args.timed_steps):  # Back to back: one wait, at the end.
+        tokens, targets = data[step % len(data)]
+        params, value = run(params, tokens, targets)
+    mean(value)
+    wall = time.perf_counter() - t0
+    busy1, dcn1 = counters(devices)
     for s in slices:
         s.release()
-    return params, losses, tokens_per_step * len(timed) / sum(timed)
+    timing = {"tokens_per_second": args.timed_steps * args.batch * c.seq / wall,
+              "bubble_fraction": max(0.0, 1.0 - (busy1 - busy0) / (len(devices) * wall)),
+              "dcn_bytes_per_step": (dcn1 - dcn0) / args.timed_steps}
+    return checked, losses, timing
 
 
-def main() -> int:
+def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
     parser.add_argument("--steps", type=int, default=5)
@@ -191,35 +218,46 @@ def main() -> int:
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--stages", type=int, default=4, help="pipeline stages = devices")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timed-steps", type=int, default=20,
+                        help="steps after the checked ones, timed back to back")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout at the end")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    out = sys.stderr if args.json else sys.stdout
+    log = lambda line: print(line, file=out, flush=True)
     layouts = [l for l in args.layouts.split(",") if l]
     for l in layouts:
         if l not in LAYOUTS:
             parser.error(f"--layouts: unknown layout {l!r} (known: {', '.join(LAYOUTS)})")
     if args.batch % args.microbatches or args.batch % args.stages:
         parser.error(f"--batch {args.batch} must divide by --microbatches and --stages")
+    if args.steps < 1 or args.timed_steps < 1 or args.stages < 2:
+        parser.error("--steps and --timed-steps must be at least 1, --stages at least 2")
     c = lm.Config()
     corpus = lm.load_corpus()
     stream = lm.batches(corpus, args.batch, c.seq, args.seed)
     data = [next(stream) for _ in range(args.steps)]
-    print(f"corpus: {len(corpus)} bytes from {lm.CORPUS_DIR}; model: {c}", flush=True)
+    log(f"corpus: {len(corpus)} bytes from {lm.CORPUS_DIR}; model: {c}")
     ref_params, ref_losses = one_device(c, args, data)
-    print(f"one device: loss {ref_losses[0]:.6f} -> {ref_losses[-1]:.6f}", flush=True)
+    log(f"one device: loss {ref_losses[0]:.6f} -> {ref_losses[-1]:.6f}")
     vds = pw.make_virtual_device_set()
     results, ok = [], True
     for layout in layouts:
-        params, losses, rate = train(layout, c, args, data, vds)
+        params, losses, timing = train(layout, c, args, data, vds, log)
         loss_diff = abs(losses[-1] - ref_losses[-1]) / abs(ref_losses[-1])
         param_diff = relative_difference(flat(params), flat(ref_params))
         good = loss_diff <= TOLERANCE and param_diff <= TOLERANCE
         ok = ok and good
-        print(f"{layout}: {rate:.0f} tokens/s; after {args.steps} steps loss {losses[-1]:.6f} vs "
-              f"one device {ref_losses[-1]:.6f} (relative difference {loss_diff:.1e}), "
-              f"parameters {param_diff:.1e}: {'OK' if good else 'MISMATCH'}", flush=True)
-        results.append({"layout": layout, "tokens_per_second": rate,
-                        "loss_rel_diff_vs_one_device": loss_diff,
-                        "params_rel_diff_vs_one_device": param_diff, "losses": losses})
+        gpipe = ((args.stages - 1) / (args.microbatches + args.stages - 1)
+                 if layout != "spmd" else 0.0)
+        log(f"{layout}: after {args.steps} steps loss {losses[-1]:.6f} vs one device "
+            f"{ref_losses[-1]:.6f} (relative difference {loss_diff:.1e}), parameters "
+            f"{param_diff:.1e}: {'OK' if good else 'MISMATCH'}; {args.timed_steps} more steps: "
+            f"{timing['tokens_per_second']:.0f} tokens/s, devices idle "
+            f"{timing['bubble_fraction']:.2f} of the time (GPipe's bubble: {gpipe:.2f}), "
+            f"{timing['dcn_bytes_per_step']:.0f} DCN bytes/step")
+        results.append({"layout": layout, **timing, "loss_rel_diff_vs_one_device": loss_diff,
+                        "params_rel_diff_vs_one_device": param_diff,
+                        "gpipe_bubble_fraction": gpipe, "losses": losses})
     if args.json:
         print(json.dumps({"results": results, "one_device_losses": ref_losses}))
     return 0 if ok else 1

@@ -17,6 +17,7 @@
 //   pw bench transfer [--json] [--sizes B,B,...] [--min-seconds S] [--cluster ADDRESS]
 //   pw bench xla-overhead [--json] [--min-seconds S] [--chain N] [--sizes N,N,...]
 //   pw bench collectives [--json] [--baseline] [--processes P,P,...] [--sizes B,B,...]
+//   pw bench lm [--json] [--cluster ADDRESS] [--steps N] [--timed-steps N] [--layouts L,...]
 //   pw bench mpmd [--json] [--cluster ADDRESS | --no-cluster] [--no-jax] [--min-seconds S]
 //                 (without --cluster or $PW_CLUSTER it starts its own cluster with pw up)
 //   pw kernels
@@ -278,6 +279,11 @@ int main(int argc, char** argv) {
               "else one it starts with pw up) and in JAX, same run (Python)");
   mpmd->allow_extras();
   mpmd->prefix_command();
+  auto* lm = bench->add_subcommand(
+      "lm", "The Transformer LM of examples/lm: SPMD, a pipeline, the pipeline over two islands; "
+            "tokens/s, idle fraction, DCN bytes, loss vs one device (Python)");
+  lm->allow_extras();
+  lm->prefix_command();
 
   auto* kernels = app.add_subcommand("kernels", "List the native host kernels");
   pw::cli::ClusterCommands cluster_commands(&app);
@@ -420,6 +426,7 @@ int main(int argc, char** argv) {
     if (!error) args.insert(args.begin(), {"--pw", self.string()});
     return ExecPythonModule("pathways.mpmd_bench", args);
   }
+  if (lm->parsed()) return ExecPythonModule("pathways.lm_bench", lm->remaining());
   if (kernels->parsed()) {
     std::printf("%s\n", absl::StrJoin(pw::NativeKernelNames(), "\n").c_str());
     return 0;

@@ -728,3 +728,21 @@ def test_dashboard_shows_the_cluster_and_two_tenants_in_headless_chromium(cluste
         for t in tenants:
             t.kill()
             t.wait()
+
+
+def test_lm_bench_on_pw_up_reports_every_layout(cluster):
+    # `pw bench lm --json` on the README's cluster: the three layouts agree with one device, the
+    # SPMD step's all-reduces cross worker processes, and only the two-island pipeline moves
+    # activations and gradients over DCN.
+    env, address, _ = cluster
+    r = subprocess.run([str(PW), "bench", "lm", "--json", "--cluster", address,
+                        "--timed-steps", "3"], capture_output=True, text=True, timeout=600,
+                       env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = {x["layout"]: x for x in json.loads(r.stdout)["results"]}
+    assert set(rows) == {"spmd", "pipeline", "pipeline_2islands"}
+    for x in rows.values():
+        assert x["loss_rel_diff_vs_one_device"] <= 1e-5, x
+        assert x["tokens_per_second"] > 0 and 0.0 <= x["bubble_fraction"] < 1.0
+    assert rows["pipeline"]["dcn_bytes_per_step"] == 0
+    assert rows["pipeline_2islands"]["dcn_bytes_per_step"] > 0

@@ -199,7 +199,8 @@ def test_bad_calls_raise_with_the_status_message():
 
 def test_lm_trains_in_three_layouts_that_match_one_device():
     env = dict(os.environ, PW_ISLANDS="2", PW_HOSTS_PER_ISLAND="2", PW_DEVICES_PER_HOST="2")
-    out = subprocess.run([sys.executable, str(ROOT / "examples" / "lm" / "train.py"), "--json"],
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "lm" / "train.py"), "--json",
+                          "--timed-steps", "3"],
                          capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stdout + out.stderr
     results = json.loads(out.stdout.splitlines()[-1])["results"]
