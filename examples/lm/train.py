@@ -110,9 +110,6 @@ def pipeline(c, args, vds, islands):
     s_count, m_count = args.stages, args.microbatches
     slices = [vds.add_slice(devices=1, island=islands[i]) for i in range(s_count)]
 
-    def fwd(i):
-        return lambda p, x: lm.stage_forward(c, p, x)
-
     def last_grad(p, x, targets):  # The last stage: loss, its gradients and the input's.
         value, (dp, dx) = jax.value_and_grad(
             lambda p, x: lm.cross_entropy(lm.stage_forward(c, p, x), targets), argnums=(0, 1))(p, x)
@@ -128,11 +125,9 @@ def pipeline(c, args, vds, islands):
 
     add = lambda a, b: jax.tree.map(jnp.add, a, b)
     update = lambda p, g: lm.sgd(p, jax.tree.map(lambda x: x / m_count, g), LEARNING_RATE)
-    f = [pw.jit(fwd(i), slices[i]) for i in range(s_count - 1)]
+    f = [pw.jit(lambda p, x: lm.stage_forward(c, p, x), slices[i]) for i in range(s_count - 1)]
     grad = [pw.jit(first_grad, slices[0])] + [pw.jit(middle_grad, slices[i])
                                                for i in range(1, s_count - 1)]
-    if s_count == 1:
-        raise ValueError("a pipeline needs at least 2 stages")
     grad.append(pw.jit(last_grad, slices[-1]))
     adds = [pw.jit(add, s) for s in slices]
     updates = [pw.jit(update, s) for s in slices]
@@ -160,8 +155,7 @@ def pipeline(c, args, vds, islands):
     def run(params, tokens, targets):
         mb = tokens.shape[0] // m_count
         split = lambda a: [a[m * mb:(m + 1) * mb] for m in range(m_count)]
-        new, losses = train_step(params, split(tokens), split(targets))
-        return new, losses
+        return train_step(params, split(tokens), split(targets))
 
     return run, lm.init_params(c, args.seed, s_count), slices
 

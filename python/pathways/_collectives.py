@@ -145,11 +145,9 @@ class _Interpreter:
             # It holds collectives: it starts after those before it, and those after it follow.
             args = self._ordered_after_last(args)
             outs = eqn.primitive.bind(*args, **rewritten)
-            first = outs[0] if eqn.primitive.multiple_results and outs else outs
-            if eqn.primitive.multiple_results and not outs:
-                first = None
-            if first is not None:
-                self.last = first
+            results = outs if eqn.primitive.multiple_results else [outs]
+            if results:
+                self.last = results[0]
             return outs
         return eqn.primitive.bind(*args, **params)
 
