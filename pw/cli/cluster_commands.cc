@@ -24,7 +24,7 @@
 #include "pw/server/status_json.h"
 #include "pw/trace/trace_json.h"
 #include "pw/rpc/remote_controller.h"
-#include "pw/rpc/shm_arena.h"
+#include "pw/dataplane/shm_arena.h"
 #include "pw/server/cpu_binding.h"
 #include "pw/server/local_cluster.h"
 
@@ -578,11 +578,13 @@ int ClusterCommands::Status() {
   }
   const nlohmann::json j = nlohmann::json::parse(json);
   const int64_t ici = j["ici_bytes_received"], dcn = j["dcn_bytes_received"];
+  const int64_t ici_wire = j["ici_wire_bytes_received"], dcn_wire = j["dcn_wire_bytes_received"];
   std::printf("cluster %s: %lld clients, %lld runs in flight, %lld completed, %lld buffers\n",
               address.c_str(), (long long)st->clients(), (long long)st->runs_in_flight(),
               (long long)st->runs_completed(), (long long)st->logical_buffers());
-  std::printf("transfers received: ICI %s, DCN %s; scheduler queues:", Bytes(ici).c_str(),
-              Bytes(dcn).c_str());
+  std::printf("transfers received: ICI %s (%s on the wire), DCN %s (%s on the wire); scheduler "
+              "queues:", Bytes(ici).c_str(), Bytes(ici_wire).c_str(), Bytes(dcn).c_str(),
+              Bytes(dcn_wire).c_str());
   for (int64_t q : st->scheduler_queue_depth()) std::printf(" %lld", (long long)q);
   if (st->running_size() > 0) {
     std::printf("\nrunning:");
@@ -630,7 +632,7 @@ int ClusterCommands::Controller() {
   server::ControllerServer::Options o;
   o.listen = listen_;
   o.channel.token = Token(token_);
-  auto tls = rpc::LoadTls({tls_cert_, tls_key_, tls_ca_, tls_server_name_}, /*server=*/true);
+  auto tls = dataplane::LoadTls({tls_cert_, tls_key_, tls_ca_, tls_server_name_}, /*server=*/true);
   if (!tls.ok()) return Fail(tls.status());
   o.channel.tls = *tls;
   o.insecure = insecure_;
@@ -683,7 +685,7 @@ int ClusterCommands::Worker() {
   }
   // Before this process makes any segment: those of a crashed worker, or of the image this one
   // replaced when it restarted in place, hold shared memory until unlinked.
-  rpc::RemoveStaleSegments(/*this_process=*/true);
+  dataplane::RemoveStaleSegments(/*this_process=*/true);
   server::WorkerServer* running = nullptr;
   pw::Mutex mu;
   OnStopSignal([&] {
@@ -698,7 +700,7 @@ int ClusterCommands::Worker() {
   o.metrics_listen = MetricsListen(listen_, metrics_port_);
   o.bulk_port = bulk_port_;
   o.channel.token = Token(cluster_token_, "PW_CLUSTER_TOKEN");
-  auto tls = rpc::LoadTls({tls_cert_, tls_key_, tls_ca_, tls_server_name_}, /*server=*/true);
+  auto tls = dataplane::LoadTls({tls_cert_, tls_key_, tls_ca_, tls_server_name_}, /*server=*/true);
   if (!tls.ok()) return Fail(tls.status());
   o.channel.tls = *tls;
   o.insecure = insecure_;

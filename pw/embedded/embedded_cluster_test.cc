@@ -206,8 +206,23 @@ TEST_P(ClusterTest, ReshardsBetweenShardings) {
   auto out = p.Call({F32({1, 2, 3, 4})});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(Values((*out)[0]), (std::vector<float>{1, 2, 3, 4}));
-  EXPECT_EQ(ReceivedBytes(controller()).value().dcn, 2 * 16)
-      << "each replica receives the whole f32[4] over DCN";
+  const LinkBytes after_gather = ReceivedBytes(controller()).value();
+  EXPECT_EQ(after_gather.dcn, 2 * 16) << "each replica receives the whole f32[4] over DCN";
+  // Over the wire, each replica fetched both halves (8 bytes each); in process nothing moved.
+  EXPECT_EQ(after_gather.dcn_wire, grpc() ? 2 * 16 : 0);
+
+  // Back: each half is cut from one replica, fetched whole over the wire (16 bytes for 8).
+  Program back = *c->Trace("unshard", {g}, [&](std::vector<Value> v) {
+    return std::vector<Value>{split(rep(v[0]))};
+  });
+  out = back.Call({F32({1, 2, 3, 4})});
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(Values((*out)[0]), (std::vector<float>{1, 2, 3, 4}));
+  const LinkBytes after_split = ReceivedBytes(controller()).value();
+  EXPECT_EQ(after_split.dcn - after_gather.dcn, 2 * 8);
+  EXPECT_EQ(after_split.dcn_wire - after_gather.dcn_wire, grpc() ? 2 * 16 : 0);
+  EXPECT_EQ(after_split.ici, 0);
+  EXPECT_EQ(after_split.ici_wire, 0);
 }
 
 // Two clients submit programs whose collectives span the same devices in different orders

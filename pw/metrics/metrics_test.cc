@@ -32,6 +32,8 @@ HostStatus SomeHost() {
   h.buffer_bytes = 640;
   h.ici_bytes_received = 100;
   h.dcn_bytes_received = 200;
+  h.ici_wire_bytes_received = 30;
+  h.dcn_wire_bytes_received = 40;
   h.dispatch_queue_depth = 2;
   h.functions = 4;
   DeviceStatus d;
@@ -52,6 +54,8 @@ TEST(MetricsTest, AHostsStatusReadsAsLabelledGaugesAndCounters) {
   EXPECT_THAT(text, HasSubstr("# TYPE pw_host_received_bytes_total counter"));
   EXPECT_THAT(text, HasSubstr("pw_host_received_bytes_total{host=\"3\",island=\"1\",link=\"ici\"} 100"));
   EXPECT_THAT(text, HasSubstr("pw_host_received_bytes_total{host=\"3\",island=\"1\",link=\"dcn\"} 200"));
+  EXPECT_THAT(text, HasSubstr("pw_host_wire_bytes_total{host=\"3\",island=\"1\",link=\"ici\"} 30"));
+  EXPECT_THAT(text, HasSubstr("pw_host_wire_bytes_total{host=\"3\",island=\"1\",link=\"dcn\"} 40"));
   EXPECT_THAT(text, HasSubstr("pw_device_computations_total{host=\"3\",island=\"1\",device=\"6\"} 42"));
   EXPECT_THAT(text, HasSubstr("pw_device_memory_in_use_bytes{host=\"3\",island=\"1\",device=\"6\"} 4096"));
   EXPECT_THAT(text, HasSubstr("pw_device_memory_waiters{host=\"3\",island=\"1\",device=\"6\"} 1"));

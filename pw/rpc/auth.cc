@@ -17,13 +17,6 @@ namespace {
 constexpr absl::string_view kBearer = "Bearer ";
 }  // namespace
 
-bool SecretEquals(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size() || b.empty()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 void AddToken(grpc::ClientContext* ctx, const std::string& token) {
   if (!token.empty()) ctx->AddMetadata("authorization", absl::StrCat(kBearer, token));
 }
@@ -177,11 +170,6 @@ absl::StatusOr<Serving> StartServer(const std::string& listen, const ChannelOpti
   if (s.server == nullptr || s.port == 0)
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
   return s;
-}
-
-std::string NewSecret() {
-  std::random_device rd;
-  return absl::StrFormat("%08x%08x%08x%08x", rd(), rd(), rd(), rd());
 }
 
 }  // namespace pw::rpc

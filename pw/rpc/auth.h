@@ -19,7 +19,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "grpcpp/grpcpp.h"
-#include "pw/rpc/tls.h"
+#include "pw/base/secret.h"
+#include "pw/dataplane/tls.h"
 
 namespace pw::rpc {
 
@@ -28,7 +29,7 @@ inline constexpr int64_t kDefaultMaxMessageBytes = int64_t{1} << 30;
 struct ChannelOptions {
   std::string token;  // Sent with every call (client or cluster token); empty: none.
   int64_t max_message_bytes = kDefaultMaxMessageBytes;
-  std::shared_ptr<const Tls> tls;  // Null: plaintext.
+  std::shared_ptr<const dataplane::Tls> tls;  // Null: plaintext.
 };
 
 // Adds the token (if any) to an outgoing call.
@@ -59,12 +60,5 @@ struct Serving {
 // otherwise a certificate a caller presents is verified (the controller's clients need none).
 absl::StatusOr<Serving> StartServer(const std::string& listen, const ChannelOptions& o,
                                     grpc::Service* service, bool require_peer_certificate);
-
-// Whether `got` equals the non-empty `secret`, compared without an early exit, so the time
-// taken does not reveal a matching prefix.
-bool SecretEquals(absl::string_view got, absl::string_view secret);
-
-// A random secret (hex, 128 bits): client keys, cluster tokens.
-std::string NewSecret();
 
 }  // namespace pw::rpc

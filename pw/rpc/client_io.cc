@@ -38,7 +38,7 @@ std::string Where(const ShardTransfer& t) {
 
 }  // namespace
 
-absl::StatusOr<std::pair<std::shared_ptr<BulkClient>, int>> ClientIo::To(
+absl::StatusOr<std::pair<std::shared_ptr<dataplane::BulkClient>, int>> ClientIo::To(
     const std::string& address) {
   const size_t colon = address.rfind(':');
   int port = 0;
@@ -48,9 +48,9 @@ absl::StatusOr<std::pair<std::shared_ptr<BulkClient>, int>> ClientIo::To(
         absl::StrCat("client I/O: '", address, "' is not a worker's host:port"));
   const std::string host = HostOf(address);
   pw::MutexLock lock(&mu_);
-  std::shared_ptr<BulkClient>& c = clients_[host];
+  std::shared_ptr<dataplane::BulkClient>& c = clients_[host];
   // Clients say each transfer's key, never a token.
-  if (c == nullptr) c = std::make_shared<BulkClient>(host, "");
+  if (c == nullptr) c = std::make_shared<dataplane::BulkClient>(host, "");
   return std::make_pair(c, port);
 }
 
@@ -137,7 +137,7 @@ void ClientIo::Read(const ArraySpec& spec, const Sharding& sharding,
     a->status.Update(s);
   };
   for (const ShardTransfer& t : shards) {
-    absl::StatusOr<std::pair<std::shared_ptr<BulkClient>, int>> to = To(t.address);
+    absl::StatusOr<std::pair<std::shared_ptr<dataplane::BulkClient>, int>> to = To(t.address);
     if (to.ok() && (t.rank < 0 || t.rank >= sharding.num_devices()))
       to = absl::InvalidArgumentError(absl::StrCat("client I/O: a shard of rank ", t.rank));
     if (!to.ok()) {

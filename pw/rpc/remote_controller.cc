@@ -21,7 +21,7 @@ absl::StatusOr<std::unique_ptr<RemoteController>> RemoteController::Dial(
     const std::string& address, const ChannelOptions& options, absl::Duration timeout) {
   ChannelOptions o = options;
   if (o.tls == nullptr) {
-    PW_ASSIGN_OR_RETURN(o.tls, TlsFromEnvironment());
+    PW_ASSIGN_OR_RETURN(o.tls, dataplane::TlsFromEnvironment());
   }
   std::unique_ptr<RemoteController> c(new RemoteController(address, o));
   if (!c->core_->channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
-#include "pw/rpc/shared_memory.h"
+#include "pw/dataplane/shm_segment.h"
 #include "pw/rpc/wire.h"
 
 namespace pw::rpc {
@@ -108,9 +108,9 @@ class RemoteWorker::Stream final : public grpc::ClientBidiReactor<v1::Command, v
 
 namespace {
 // The bulk stream's TLS for `options` (null: plaintext). Its files were checked when loaded.
-std::shared_ptr<const TlsContext> BulkTls(const ChannelOptions& options) {
+std::shared_ptr<const dataplane::TlsContext> BulkTls(const ChannelOptions& options) {
   if (options.tls == nullptr) return nullptr;
-  auto ctx = TlsContext::Create(*options.tls, /*server=*/false);
+  auto ctx = dataplane::TlsContext::Create(*options.tls, /*server=*/false);
   return ctx.ok() ? *std::move(ctx) : nullptr;
 }
 }  // namespace
@@ -120,9 +120,9 @@ RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOption
     : host_(host),
       address_(std::move(address)),
       options_(options),
-      arena_(same_machine ? std::make_shared<ShmArena>() : nullptr),
+      arena_(same_machine ? std::make_shared<dataplane::ShmArena>() : nullptr),
       bulk_(same_machine ? nullptr
-                         : std::make_shared<BulkClient>(HostOf(address_), options.token,
+                         : std::make_shared<dataplane::BulkClient>(HostOf(address_), options.token,
                                                         BulkTls(options))),
       channel_(MakeChannel(address_, options)),
       stub_(v1::Worker::NewStub(channel_)) {}
@@ -479,7 +479,7 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
   // `arena`: this reader's reusable segments for a peer on this machine (null otherwise).
   // `bulk`: the bulk reader for a peer on another machine (null otherwise).
   FetchCall(v1::Worker::Stub* stub, const std::string& token, BufferId id, DeviceId device,
-            std::shared_ptr<ShmArena> arena, std::shared_ptr<BulkClient> bulk, std::string where,
+            std::shared_ptr<dataplane::ShmArena> arena, std::shared_ptr<dataplane::BulkClient> bulk, std::string where,
             Promise<DeviceBufferRef> promise, std::shared_ptr<RemoteWorker::Fetches> fetches)
       : device_(device),
         where_(std::move(where)),
@@ -613,7 +613,7 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
     }
     if (!chunk_.shm_name().empty()) {
       if (offset_ != 0) return absl::DataLossError("shard stream: segment after data");
-      PW_RETURN_IF_ERROR(ReadSharedMemory(chunk_.shm_name(), buffer_->mutable_data(), size));
+      PW_RETURN_IF_ERROR(dataplane::ReadSharedMemory(chunk_.shm_name(), buffer_->mutable_data(), size));
       offset_ = size;
       used_fresh_segment_ = true;
       return absl::OkStatus();
@@ -635,11 +635,11 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
   std::shared_ptr<HostDeviceBuffer> buffer_;
   size_t offset_ = 0;
   absl::Status error_;  // Set by OnReadDone (gRPC serializes reactions).
-  const std::shared_ptr<ShmArena> arena_;
-  std::shared_ptr<ShmSegment> segment_;  // Taken from arena_ for this fetch, if any.
+  const std::shared_ptr<dataplane::ShmArena> arena_;
+  std::shared_ptr<dataplane::ShmSegment> segment_;  // Taken from arena_ for this fetch, if any.
   bool used_fresh_segment_ = false;
   bool writer_cannot_open_ = false;
-  const std::shared_ptr<BulkClient> bulk_;
+  const std::shared_ptr<dataplane::BulkClient> bulk_;
   bool bulk_started_ = false;  // On gRPC's reactions only.
   const std::shared_ptr<RemoteWorker::Fetches> fetches_;
   pw::Mutex mu_;

@@ -20,8 +20,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "pw/base/mutex.h"
 #include "pw/rpc/auth.h"
-#include "pw/rpc/bulk_client.h"
-#include "pw/rpc/shm_arena.h"
+#include "pw/dataplane/bulk_client.h"
+#include "pw/dataplane/shm_arena.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
 #include "pw/trace/trace.h"
 #include "pw/transport/worker_interface.h"
@@ -42,6 +42,7 @@ class RemoteWorker final : public WorkerInterface {
   DispatchAck Dispatch(HostWork work) override;
   Future<> PutShard(BufferId id, DeviceId device, HostArray shard) override;
   Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) override;
+  bool remote() const override { return true; }
   // The worker's bulk stream serves the client, under a new key (NewSecret) per transfer.
   UploadAck ExpectUpload(BufferId id, DeviceId device, const ArraySpec& spec) override;
   Future<ShardTransfer> OfferShard(BufferId id, DeviceId device) override;
@@ -122,9 +123,9 @@ class RemoteWorker final : public WorkerInterface {
   const std::string address_;
   const ChannelOptions options_;
   // Reusable segments for fetching from a worker on this machine (null: another machine).
-  const std::shared_ptr<ShmArena> arena_;
+  const std::shared_ptr<dataplane::ShmArena> arena_;
   // Reads large shards from a worker on another machine (null: this machine).
-  const std::shared_ptr<BulkClient> bulk_;
+  const std::shared_ptr<dataplane::BulkClient> bulk_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<::pathways::v1::Worker::Stub> stub_;
 

@@ -613,6 +613,8 @@ void ToProto(const HostStatus& h, v1::HostStatus* out) {
   out->set_buffer_bytes(h.buffer_bytes);
   out->set_ici_bytes_received(h.ici_bytes_received);
   out->set_dcn_bytes_received(h.dcn_bytes_received);
+  out->set_ici_wire_bytes_received(h.ici_wire_bytes_received);
+  out->set_dcn_wire_bytes_received(h.dcn_wire_bytes_received);
   out->set_dispatch_queue_depth(static_cast<int64_t>(h.dispatch_queue_depth));
   out->set_cancelled_shards(h.cancelled_shards);
   out->set_functions(static_cast<int64_t>(h.functions));
@@ -637,6 +639,8 @@ absl::StatusOr<HostStatus> FromProto(const v1::HostStatus& p) {
   h.buffer_bytes = p.buffer_bytes();
   h.ici_bytes_received = p.ici_bytes_received();
   h.dcn_bytes_received = p.dcn_bytes_received();
+  h.ici_wire_bytes_received = p.ici_wire_bytes_received();
+  h.dcn_wire_bytes_received = p.dcn_wire_bytes_received();
   PW_ASSIGN_OR_RETURN(h.dispatch_queue_depth,
                       Count(p.dispatch_queue_depth(), "host status dispatch_queue_depth"));
   PW_ASSIGN_OR_RETURN(h.cancelled_shards,

@@ -189,6 +189,8 @@ TEST(WireTest, HostAndClusterStatusRoundTrip) {
   h.functions = 11;
   h.executables = 12;
   h.programs = 13;
+  h.ici_wire_bytes_received = 30;
+  h.dcn_wire_bytes_received = 40;
   h.plans = 14;
   const HostStatus back = RoundTrip<v1::HostStatus>(h);
   EXPECT_EQ(back.cancelled_shards, 7u);
@@ -202,6 +204,8 @@ TEST(WireTest, HostAndClusterStatusRoundTrip) {
   EXPECT_EQ(back.buffer_bytes, 640);
   EXPECT_EQ(back.ici_bytes_received, 100);
   EXPECT_EQ(back.dcn_bytes_received, 200);
+  EXPECT_EQ(back.ici_wire_bytes_received, 30);
+  EXPECT_EQ(back.dcn_wire_bytes_received, 40);
   EXPECT_EQ(back.dispatch_queue_depth, 3u);
   ASSERT_EQ(back.devices.size(), 1u);
   const DeviceStatus& d = back.devices[0];

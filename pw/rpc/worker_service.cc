@@ -8,14 +8,14 @@
 #include "pw/base/heap.h"
 #include "pw/base/status_macros.h"
 #include "pw/rpc/reactors.h"
-#include "pw/rpc/shared_memory.h"
+#include "pw/dataplane/shm_segment.h"
 #include "pw/rpc/wire.h"
 
 namespace pw::rpc {
 namespace v1 = ::pathways::v1;
 
 WorkerService::WorkerService(WorkerInterface* worker, std::string token,
-                             CollectiveReceiver receive_collective, BulkServer* bulk,
+                             CollectiveReceiver receive_collective, dataplane::BulkServer* bulk,
                              HostsReceiver on_hosts, PutLater put_later)
     : worker_(worker),
       token_(std::move(token)),
@@ -258,7 +258,7 @@ class WorkerService::CommandStream final
         if (!bad.ok()) return fail(bad, upload);
         const BufferId buffer(t.buffer());
         const DeviceId device(t.device());
-        BulkServer* bulk = service_->bulk_;
+        dataplane::BulkServer* bulk = service_->bulk_;
         if (!upload) {
           worker->FetchShard(buffer, device)
               .OnReady([sink = sink_, seq, bulk, t](const absl::StatusOr<DeviceBufferRef>& b) {
@@ -348,7 +348,7 @@ class WorkerService::CommandStream final
           what, ": this worker has no bulk stream for clients (pw worker --bulk-port)"));
     if (t.buffer() < 0 || t.device() < 0)
       return absl::InvalidArgumentError(absl::StrCat(what, ": negative buffer or device id"));
-    if (t.key().size() < BulkServer::kMinKeyBytes || t.key().size() > bulk::kMaxTokenBytes)
+    if (t.key().size() < dataplane::BulkServer::kMinKeyBytes || t.key().size() > dataplane::bulk::kMaxTokenBytes)
       return absl::InvalidArgumentError(absl::StrCat(what, ": a key of ", t.key().size(), " bytes"));
     if (t.timeout_ms() < 0)
       return absl::InvalidArgumentError(absl::StrCat(what, ": a negative timeout"));
@@ -375,7 +375,7 @@ class WorkerService::CommandStream final
   }
   // Offers shard `b` to a client as transfer `t` says (from host memory: a device's shard is
   // copied out first), then answers command `seq`: DONE with the port, or why it was refused.
-  static void OfferToClient(const std::shared_ptr<Sink>& sink, uint64_t seq, BulkServer* bulk,
+  static void OfferToClient(const std::shared_ptr<Sink>& sink, uint64_t seq, dataplane::BulkServer* bulk,
                             const v1::ClientTransferRequest& t, const DeviceBufferRef& b) {
     auto offer = [sink, seq, bulk, t](std::shared_ptr<const void> keep, const char* data,
                                       size_t size) {
@@ -475,7 +475,7 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
       state_->writing = false;
     }
     if (!ok) {
-      if (!shm_name_.empty()) UnlinkSharedMemory(shm_name_);  // Never delivered.
+      if (!shm_name_.empty()) dataplane::UnlinkSharedMemory(shm_name_);  // Never delivered.
       return End(absl::CancelledError("fetch shard: the reader went away"));
     }
     if (ticket_ != 0) {  // The bytes go on the bulk stream: the offer's end ends this.
@@ -585,7 +585,7 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
         chunk_.set_in_dest(true);
       } else {
         if (!shm_dest_.empty()) chunk_.set_dest_error(in_dest.ToString());
-        absl::StatusOr<std::string> name = WriteSharedMemory(data_, total);
+        absl::StatusOr<std::string> name = dataplane::WriteSharedMemory(data_, total);
         if (!name.ok()) return End(name.status());
         chunk_.set_shm_name(*name);
         shm_name_ = *name;
@@ -595,7 +595,7 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
       {
         pw::MutexLock lock(&state_->mu);
         if (state_->finished || state_->ending) {
-          if (!shm_name_.empty()) UnlinkSharedMemory(shm_name_);
+          if (!shm_name_.empty()) dataplane::UnlinkSharedMemory(shm_name_);
           return;
         }
         state_->writing = true;
@@ -659,8 +659,8 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
   bool shared_memory_ = false;
   std::string shm_name_;  // The segment sent, if any.
   std::string shm_dest_;  // The reader's segment to write into, if any.
-  ShmWriterCache* arena_writer_ = nullptr;
-  BulkServer* bulk_ = nullptr;  // Set: the reader takes large shards from the bulk stream.
+  dataplane::ShmWriterCache* arena_writer_ = nullptr;
+  dataplane::BulkServer* bulk_ = nullptr;  // Set: the reader takes large shards from the bulk stream.
   uint64_t ticket_ = 0;         // The bulk offer made, if any.
   v1::ShardChunk chunk_;
 };

@@ -20,9 +20,9 @@
 #include "pw/base/mutex.h"
 #include "pw/executor/collectives.h"
 #include "pw/rpc/auth.h"
-#include "pw/rpc/bulk_server.h"
+#include "pw/dataplane/bulk_server.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
-#include "pw/rpc/shm_arena.h"
+#include "pw/dataplane/shm_arena.h"
 #include "pw/trace/trace.h"
 #include "pw/transport/worker_interface.h"
 
@@ -44,7 +44,7 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   // `on_hosts` takes each host table the controller pushes (the process's peer directory).
   using HostsReceiver = std::function<void(const ::pathways::v1::HostTable&)>;
   WorkerService(WorkerInterface* worker, std::string cluster_token,
-                CollectiveReceiver receive_collective, BulkServer* bulk = nullptr,
+                CollectiveReceiver receive_collective, dataplane::BulkServer* bulk = nullptr,
                 HostsReceiver on_hosts = nullptr, PutLater put_later = nullptr);
   // Hands a peer's contribution (from RPC or shared memory) to `collectives`.
   static absl::Status Deliver(Collectives* collectives,
@@ -105,10 +105,10 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   WorkerInterface* const worker_;
   const std::string token_;
   const CollectiveReceiver receive_collective_;
-  BulkServer* const bulk_;
+  dataplane::BulkServer* const bulk_;
   const HostsReceiver on_hosts_;
   const PutLater put_later_;
-  ShmWriterCache arena_writer_;  // Readers' arena segments that shard streams write into.
+  dataplane::ShmWriterCache arena_writer_;  // Readers' arena segments that shard streams write into.
   trace::ClockOffset controller_clock_;
   pw::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<const HostProgram>> programs_ ABSL_GUARDED_BY(mu_);

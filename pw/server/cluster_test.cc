@@ -18,7 +18,7 @@
 #include "pw/client/client.h"
 #include "pw/examples/figure2.h"
 #include "pw/rpc/remote_controller.h"
-#include "pw/rpc/tls_testing.h"
+#include "pw/dataplane/tls_testing.h"
 #include "pw/rpc/wire.h"
 #include "pw/server/controller_server.h"
 #include "pw/server/local_cluster.h"
@@ -170,7 +170,7 @@ class GrpcClusterTest : public ::testing::Test {
 
   ClusterSpec spec_;
   std::string token_;
-  std::shared_ptr<const rpc::Tls> tls_;  // The cluster's, if it serves TLS.
+  std::shared_ptr<const dataplane::Tls> tls_;  // The cluster's, if it serves TLS.
   std::unique_ptr<ControllerServer> controller_;
   std::vector<std::unique_ptr<WorkerServer>> workers_;
   std::vector<int> pids_;
@@ -220,6 +220,9 @@ TEST_F(GrpcClusterTest, CollectiveInputsFromOtherProcessesAreCountedPerLink) {
   // Every host receives one f32 from its island's other host and two from the other island's.
   EXPECT_EQ(after.ici - before.ici, 4 * 4);
   EXPECT_EQ(after.dcn - before.dcn, 4 * 2 * 4);
+  // Each input crossed from another process: on the wire as counted.
+  EXPECT_EQ(after.ici_wire - before.ici_wire, 4 * 4);
+  EXPECT_EQ(after.dcn_wire - before.dcn_wire, 4 * 2 * 4);
 }
 
 TEST_F(GrpcClusterTest, ProtocolVersionMismatchIsRefused) {
@@ -410,7 +413,7 @@ TEST_F(GrpcClusterTest, ClientTransfersNeedTheirKeysAndEndIfTheClientNeverComes)
   rpc::ClientIo io;
   HostArray wrong_key{spec, std::vector<uint8_t>(spec.size_bytes(), 1)};
   std::vector<ShardTransfer> guessed = put->shards;
-  guessed[0].key = rpc::NewSecret();
+  guessed[0].key = NewSecret();
   absl::Status s = io.Send(wrong_key, Sharding::Split({1}, 1, 0), guessed);
   EXPECT_TRUE(absl::IsUnauthenticated(s)) << s;
   // A short upload fails the array with the sizes named; what waits on it ends.
@@ -444,8 +447,8 @@ TEST_F(GrpcClusterTest, ClientTransfersNeedTheirKeysAndEndIfTheClientNeverComes)
 // programs and large shards on the bulk stream over TLS; plaintext callers and holders of another
 // CA's certificate are refused; listening off loopback without TLS needs --insecure.
 TEST_F(GrpcClusterTest, ServesOverTlsAndRefusesPlaintextAndStrangers) {
-  auto tls = rpc::MakeTestCerts("cluster", "localhost 127.0.0.1");
-  auto stranger = rpc::MakeTestCerts("stranger", "localhost 127.0.0.1");
+  auto tls = dataplane::MakeTestCerts("cluster", "localhost 127.0.0.1");
+  auto stranger = dataplane::MakeTestCerts("stranger", "localhost 127.0.0.1");
   ASSERT_TRUE(tls && stranger) << "scripts/tls-certs.sh failed";
   ControllerServer::Options o = Patient();
   o.channel.tls = tls;
@@ -486,7 +489,7 @@ TEST_F(GrpcClusterTest, ServesOverTlsAndRefusesPlaintextAndStrangers) {
     EXPECT_FALSE(imposter.FetchShard(large->id, device).Await().ok());
   }
   // A client that trusts the CA but presents no certificate of its own may use the controller.
-  auto ca_only = std::make_shared<rpc::Tls>(rpc::Tls{.ca_pem = tls->ca_pem});
+  auto ca_only = std::make_shared<dataplane::Tls>(dataplane::Tls{.ca_pem = tls->ca_pem});
   auto client = rpc::RemoteController::Dial(controller_->address(), {.token = token_, .tls = ca_only});
   ASSERT_TRUE(client.ok()) << client.status();
   EXPECT_TRUE((*client)->Connect("ca-only").ok());
@@ -500,9 +503,9 @@ TEST_F(GrpcClusterTest, ServesOverTlsAndRefusesPlaintextAndStrangers) {
 
 // --tls-server-name: certificates that name the cluster, not its addresses (pods).
 TEST_F(GrpcClusterTest, TlsWithOneNameForTheCluster) {
-  auto named = rpc::MakeTestCerts("one-name", "pathways-cluster");
+  auto named = dataplane::MakeTestCerts("one-name", "pathways-cluster");
   ASSERT_TRUE(named != nullptr);
-  auto tls = std::make_shared<rpc::Tls>(*named);
+  auto tls = std::make_shared<dataplane::Tls>(*named);
   tls->server_name = "pathways-cluster";
   ControllerServer::Options o = Patient();
   o.channel.tls = tls;

@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
                                                                           Options options) {
   PW_RETURN_IF_ERROR(rpc::CheckListenAddress(options.listen, options.channel.token,
                                              options.channel.tls != nullptr, options.insecure));
-  if (options.cluster_token.empty()) options.cluster_token = rpc::NewSecret();
+  if (options.cluster_token.empty()) options.cluster_token = NewSecret();
   // The controller's live heap is about 1.5 MiB; tcmalloc's default thread caches (32 MiB in all)
   // grew its heap from 9 to 26 MiB over a 5-minute chaos run (pw/base/heap.h).
   LimitThreadCaches(kControllerThreadCacheBytes);

@@ -25,7 +25,7 @@
 #include "pw/base/status_macros.h"
 #include "pw/rpc/auth.h"
 #include "pw/rpc/remote_controller.h"
-#include "pw/rpc/shm_arena.h"
+#include "pw/dataplane/shm_arena.h"
 #include "pw/server/cpu_binding.h"
 
 namespace pw::server {
@@ -171,7 +171,7 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
   LocalClusterState s;
   s.state_dir = dir;
   // Checked here, so a bad file fails pw up naming it; the processes get absolute paths.
-  PW_RETURN_IF_ERROR(rpc::LoadTls(o.tls, /*server=*/true).status());
+  PW_RETURN_IF_ERROR(dataplane::LoadTls(o.tls, /*server=*/true).status());
   auto absolute = [](const std::string& p) {
     return p.empty() ? p : std::filesystem::absolute(p).string();
   };
@@ -194,7 +194,7 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
   };
   if (!o.token.empty()) setenv("PW_TOKEN", o.token.c_str(), 1);
   // The processes' shared secret, in their environment only (not on command lines).
-  s.cluster_token = rpc::NewSecret();
+  s.cluster_token = NewSecret();
   setenv("PW_CLUSTER_TOKEN", s.cluster_token.c_str(), 1);
   absl::Cleanup forget_token = [] { unsetenv("PW_CLUSTER_TOKEN"); };  // On every return.
   auto fail = [&](absl::Status error) -> absl::Status {
@@ -269,7 +269,7 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
 
 rpc::ChannelOptions ChannelTo(const LocalClusterState& s, std::string token) {
   rpc::ChannelOptions o{.token = std::move(token)};
-  if (auto tls = rpc::LoadTls(s.tls, /*server=*/false); tls.ok()) o.tls = *tls;
+  if (auto tls = dataplane::LoadTls(s.tls, /*server=*/false); tls.ok()) o.tls = *tls;
   return o;
 }
 
@@ -310,7 +310,7 @@ absl::Status StopLocalCluster(const LocalClusterState& s, absl::Duration grace) 
   const absl::Time reaped = absl::Now() + absl::Seconds(2);
   for (int pid : stuck)
     while (kill(pid, 0) == 0 && absl::Now() < reaped) absl::SleepFor(absl::Milliseconds(10));
-  rpc::RemoveStaleSegments();
+  dataplane::RemoveStaleSegments();
   std::remove((s.state_dir + "/cluster.json").c_str());
   if (!stuck.empty())
     return absl::DeadlineExceededError(absl::StrCat("killed processes ", absl::StrJoin(stuck, ","),

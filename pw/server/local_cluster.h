@@ -23,7 +23,7 @@ struct LocalClusterState {
   std::vector<std::string> worker_cpus;
   std::string cluster_token;  // The processes' (pw down presents it to shut the controller down).
   std::string state_dir;
-  rpc::TlsFiles tls;  // The processes' certificate files (absolute paths), if they serve TLS.
+  dataplane::TlsFiles tls;  // The processes' certificate files (absolute paths), if they serve TLS.
 };
 
 // A channel to the cluster `s` with `token`, over its TLS if it serves TLS (files that can no
@@ -44,7 +44,7 @@ struct LaunchOptions {
   double scheduling_window_ms = 2;
   int64_t overrun_grace_ms = -1;
   // Certificate files every process serves and dials with (pw up --tls-cert/--tls-key/--tls-ca).
-  rpc::TlsFiles tls;
+  dataplane::TlsFiles tls;
   // Give each host's worker its own share of the CPUs this process may use (SplitCpus).
   bool bind_cpus = true;
   absl::Duration ready_timeout = absl::Seconds(60);

@@ -22,6 +22,8 @@ nlohmann::json HostJson(const v1::HostStatus& hs) {
   h["buffer_bytes"] = hs.buffer_bytes();
   h["ici_bytes_received"] = hs.ici_bytes_received();
   h["dcn_bytes_received"] = hs.dcn_bytes_received();
+  h["ici_wire_bytes_received"] = hs.ici_wire_bytes_received();
+  h["dcn_wire_bytes_received"] = hs.dcn_wire_bytes_received();
   h["dispatch_queue_depth"] = hs.dispatch_queue_depth();
   h["cancelled_shards"] = hs.cancelled_shards();
   h["functions"] = hs.functions();
@@ -70,13 +72,15 @@ std::string StatusJson(const v1::ClusterStatus& st, const std::string& address) 
                             {"memory_bytes", t.memory_bytes()}, {"clients", t.clients()},
                             {"queued", t.queued()}, {"achieved_share", t.achieved_share()},
                             {"device_seconds", t.device_seconds()}});
-  int64_t ici = 0, dcn = 0;
+  int64_t ici = 0, dcn = 0, ici_wire = 0, dcn_wire = 0;
   j["hosts"] = nlohmann::json::array();
   auto add = [&](nlohmann::json h, const v1::HostStatus* hs) {
     if (hs != nullptr) {
       h.update(HostJson(*hs));
       ici += hs->ici_bytes_received();
       dcn += hs->dcn_bytes_received();
+      ici_wire += hs->ici_wire_bytes_received();
+      dcn_wire += hs->dcn_wire_bytes_received();
     }
     j["hosts"].push_back(std::move(h));
   };
@@ -97,6 +101,8 @@ std::string StatusJson(const v1::ClusterStatus& st, const std::string& address) 
   }
   j["ici_bytes_received"] = ici;
   j["dcn_bytes_received"] = dcn;
+  j["ici_wire_bytes_received"] = ici_wire;
+  j["dcn_wire_bytes_received"] = dcn_wire;
   return j.dump(2);
 }
 

@@ -38,7 +38,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   PW_RETURN_IF_ERROR(rpc::CheckListenAddress(options.listen, options.channel.token,
                                              options.channel.tls != nullptr, options.insecure));
   std::unique_ptr<WorkerServer> s(new WorkerServer(std::move(options)));
-  rpc::RemoveStaleSegments();  // Segments of killed workers on this machine.
+  dataplane::RemoveStaleSegments();  // Segments of killed workers on this machine.
   auto channel = rpc::MakeChannel(s->options_.controller, s->options_.channel);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(10))))
     return absl::UnavailableError(
@@ -65,22 +65,22 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
       host, hs.island, devices, &s->collectives_, [p = s.get()](HostId h) { return p->Peer(h); },
       std::make_shared<pjrt::PjrtBackend>(s->options_.pjrt_plugin, hs.devices));
   // Peers on this machine send collective inputs through shared memory.
-  PW_ASSIGN_OR_RETURN(s->mailbox_, rpc::ShmMailbox::Create([p = s.get()](absl::string_view m) {
+  PW_ASSIGN_OR_RETURN(s->mailbox_, dataplane::ShmMailbox::Create([p = s.get()](absl::string_view m) {
                         v1::CollectiveContribution c;
                         if (c.ParseFromArray(m.data(), static_cast<int>(m.size())))
                           (void)p->ReceiveCollective(c);
                       }));
   // Large shards for readers on other machines, on the interface that gRPC listens on, with the
   // same TLS.
-  std::shared_ptr<const rpc::TlsContext> bulk_tls;
+  std::shared_ptr<const dataplane::TlsContext> bulk_tls;
   if (s->options_.channel.tls != nullptr) {
-    PW_ASSIGN_OR_RETURN(bulk_tls, rpc::TlsContext::Create(*s->options_.channel.tls, true));
+    PW_ASSIGN_OR_RETURN(bulk_tls, dataplane::TlsContext::Create(*s->options_.channel.tls, true));
   }
   // Clients' transfers waiting for their clients hold at most what this host's devices can.
-  rpc::BulkServer::ClientLimits client_limits;
+  dataplane::BulkServer::ClientLimits client_limits;
   client_limits.max_client_bytes = 0;
   for (const DeviceSpec& d : devices) client_limits.max_client_bytes += d.memory_bytes;
-  PW_ASSIGN_OR_RETURN(s->bulk_, rpc::BulkServer::Start(rpc::HostOf(s->options_.listen),
+  PW_ASSIGN_OR_RETURN(s->bulk_, dataplane::BulkServer::Start(rpc::HostOf(s->options_.listen),
                                                        s->options_.bulk_port,
                                                        s->options_.channel.token,
                                                        std::move(bulk_tls), client_limits));
@@ -262,9 +262,9 @@ rpc::RemoteWorker* WorkerServer::RemotePeer(HostId host) {
     const bool same_machine = listed.machine() == machine_;
     auto stub = std::make_unique<rpc::RemoteWorker>(host, listed.address(), options_.channel,
                                                     same_machine);
-    std::shared_ptr<rpc::ShmMailbox> mailbox;
+    std::shared_ptr<dataplane::ShmMailbox> mailbox;
     if (same_machine && !listed.data_address().empty()) {
-      auto m = rpc::ShmMailbox::Open(listed.data_address());
+      auto m = dataplane::ShmMailbox::Open(listed.data_address());
       if (m.ok()) mailbox = *std::move(m);  // Otherwise collectives go by RPC.
     }
     pw::MutexLock lock(&mu_);
@@ -292,7 +292,7 @@ void WorkerServer::ForgetPeer(HostId host, rpc::RemoteWorker* stale) {
 void WorkerServer::SendTo(HostId h, const v1::CollectiveContribution& c,
                           std::function<void(const absl::Status&)> on_error) {
   rpc::RemoteWorker* peer = RemotePeer(h);  // Also opens the mailbox of a peer on this machine.
-  std::shared_ptr<rpc::ShmMailbox> mailbox;
+  std::shared_ptr<dataplane::ShmMailbox> mailbox;
   {
     pw::MutexLock lock(&mu_);
     auto it = mailboxes_.find(h);
@@ -375,7 +375,7 @@ absl::Status WorkerServer::ReceiveCollective(const v1::CollectiveContribution& c
   int64_t bytes = 0;
   for (const std::string& in : c.inputs()) bytes += static_cast<int64_t>(in.size());
   const bool same_island = c.from_island() == spec_.host(options_.host).island.value();
-  worker_->CountReceived(same_island ? LinkClass::kIci : LinkClass::kDcn, bytes);
+  worker_->CountReceived(same_island ? LinkClass::kIci : LinkClass::kDcn, bytes, bytes);
   return rpc::WorkerService::Deliver(&collectives_, c);
 }
 

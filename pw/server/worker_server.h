@@ -26,7 +26,7 @@
 #include "pw/rpc/auth.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
 #include "pw/rpc/remote_worker.h"
-#include "pw/rpc/shm_mailbox.h"
+#include "pw/dataplane/shm_mailbox.h"
 #include "pw/rpc/worker_service.h"
 #include "pw/worker/worker.h"
 
@@ -67,7 +67,7 @@ class WorkerServer final : public CollectivePeers {
   const std::string& address() const { return address_; }
   HostId host() const { return options_.host; }
   // Serves large shards to peers on other machines.
-  const rpc::BulkServer& bulk() const { return *bulk_; }
+  const dataplane::BulkServer& bulk() const { return *bulk_; }
   // Blocks until Stop(), the controller has been unreachable too long, or it no longer counts
   // this worker as live (it declared the host failed, or it restarted): then this worker's state
   // is stale, and it must start afresh as a new process (its cluster manager restarts it).
@@ -125,7 +125,7 @@ class WorkerServer final : public CollectivePeers {
   std::unique_ptr<::pathways::v1::Controller::Stub> controller_;
   Collectives collectives_;
   std::unique_ptr<Worker> worker_;
-  std::unique_ptr<rpc::BulkServer> bulk_;  // Before service_, which uses it.
+  std::unique_ptr<dataplane::BulkServer> bulk_;  // Before service_, which uses it.
   std::unique_ptr<rpc::WorkerService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<metrics::MetricsServer> metrics_;  // Reads worker_.
@@ -135,8 +135,8 @@ class WorkerServer final : public CollectivePeers {
   mutable pw::Mutex mu_;
   absl::flat_hash_map<HostId, rpc::RemoteWorker*> peers_ ABSL_GUARDED_BY(mu_);
   // Peers on this machine: their shared-memory mailboxes (collective inputs).
-  absl::flat_hash_map<HostId, std::shared_ptr<rpc::ShmMailbox>> mailboxes_ ABSL_GUARDED_BY(mu_);
-  std::unique_ptr<rpc::ShmMailbox> mailbox_;  // Ours.
+  absl::flat_hash_map<HostId, std::shared_ptr<dataplane::ShmMailbox>> mailboxes_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<dataplane::ShmMailbox> mailbox_;  // Ours.
   std::vector<std::unique_ptr<rpc::RemoteWorker>> stubs_ ABSL_GUARDED_BY(mu_);  // Never freed early.
   absl::flat_hash_map<HostId, ::pathways::v1::HostAddress> hosts_ ABSL_GUARDED_BY(mu_);
   int64_t hosts_version_ ABSL_GUARDED_BY(mu_) = 0;

@@ -21,6 +21,8 @@ absl::StatusOr<LinkBytes> ReceivedBytes(ControllerInterface& controller) {
   for (const HostStatus& h : s.hosts) {
     b.ici += h.ici_bytes_received;
     b.dcn += h.dcn_bytes_received;
+    b.ici_wire += h.ici_wire_bytes_received;
+    b.dcn_wire += h.dcn_wire_bytes_received;
   }
   return b;
 }

@@ -201,8 +201,10 @@ absl::StatusOr<ClusterStatus> StatusOfEveryHost(ControllerInterface& controller)
 // Bytes the cluster's workers have received over each link class, summed over hosts (an error
 // as StatusOfEveryHost's when a host cannot be asked).
 struct LinkBytes {
-  int64_t ici = 0;
+  int64_t ici = 0;  // Logical: what transfers wrote into their shards, collectives' inputs.
   int64_t dcn = 0;
+  int64_t ici_wire = 0;  // Of those, the bytes that crossed the wire (HostStatus).
+  int64_t dcn_wire = 0;
 };
 absl::StatusOr<LinkBytes> ReceivedBytes(ControllerInterface& controller);
 

@@ -112,7 +112,7 @@ struct DispatchAck {
 };
 
 // Client I/O beside the controller: one shard a client sends or reads itself, on a worker's
-// data plane (its bulk stream, pw/rpc/bulk_server.h), under a one-use key.
+// data plane (its bulk stream, pw/dataplane/bulk_server.h), under a one-use key.
 struct ShardTransfer {
   int rank = 0;         // The shard's index in the array's sharding.
   std::string address;  // host:port of the worker's bulk stream.
@@ -161,6 +161,11 @@ struct HostStatus {
   std::vector<std::pair<ClientId, int64_t>> client_device_ns;
   // Non-empty when the host's status could not be had (the counts above are then empty).
   std::string error;
+  // Of the bytes received (above), those that crossed the wire: whole source shards fetched
+  // from remote workers (WorkerInterface::remote), collective inputs from other processes; none
+  // in process.
+  int64_t ici_wire_bytes_received = 0;
+  int64_t dcn_wire_bytes_received = 0;
 };
 
 }  // namespace pw

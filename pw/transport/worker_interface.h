@@ -20,6 +20,9 @@ class WorkerInterface {
  public:
   virtual ~WorkerInterface() = default;
   virtual HostId host() const = 0;
+  // Whether this worker is reached through a wire transport (another process, or a gRPC service):
+  // shards fetched from it move over the data plane (counted as wire bytes, HostStatus).
+  virtual bool remote() const { return false; }
   // Makes a function known to this host; it is compiled per slice shape on first use.
   virtual Future<> LoadFunction(FunctionId id, const FunctionDef& def) = 0;
   // Queues host-side work; work of successive calls reaches each device in call order.

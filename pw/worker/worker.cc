@@ -239,8 +239,10 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
     }
     std::vector<Future<DeviceBufferRef>> fetched;
     std::vector<Future<>> deps;
+    std::vector<bool> crossed;  // Per source: its bytes come from another process.
     for (const Source& s : sources) {
       WorkerInterface* peer = t.src_hosts[s.rank] == host_ ? this : peers_(t.src_hosts[s.rank]);
+      crossed.push_back(peer != nullptr && peer->remote());
       Future<DeviceBufferRef> f =
           peer == nullptr ? Future<DeviceBufferRef>::Ready(absl::UnavailableError(absl::StrCat(
                                 t.src_hosts[s.rank].ToString(), " is unreachable")))
@@ -263,7 +265,7 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
     std::vector<int> src_ranks;
     for (const Source& s : sources) src_ranks.push_back(s.rank);
     JoinFutures(deps).OnReady([this, run = work.run, t, src_ranks, fetched = std::move(fetched),
-                               dst_box, shard_spec, device_id, esize, where, out = std::move(out),
+                               crossed = std::move(crossed), dst_box, shard_spec, device_id, esize, where, out = std::move(out),
                                shard_done, tr](const absl::Status& s) mutable {
       if (!s.ok()) {
         out.Set(Annotate(s, where));
@@ -271,7 +273,7 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
         return;
       }
       data_plane_.Post([this, run, t = std::move(t), src_ranks = std::move(src_ranks),
-                        fetched = std::move(fetched), dst_box, shard_spec, device_id, esize, where,
+                        fetched = std::move(fetched), crossed = std::move(crossed), dst_box, shard_spec, device_id, esize, where,
                         out = std::move(out), shard_done, tr]() mutable {
         std::optional<trace::Span> span;
         if (tr != nullptr) {
@@ -289,9 +291,10 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
           return;
         }
         auto dst = HostDeviceBuffer::Create(shard_spec, device_id);
-        int64_t copied = 0;
+        int64_t copied = 0, wire = 0;
         for (size_t i = 0; i < fetched.size(); ++i) {
           const DeviceBufferRef& src = *fetched[i].Await();
+          if (crossed[i]) wire += src->size_bytes();
           const Box src_box = t.src_sharding.ShardBox(t.global.shape, src_ranks[i]);
           const HostDeviceBuffer* host_src = src->AsHost();
           std::vector<uint8_t> staged;
@@ -309,7 +312,7 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
           copied += CopyBoxIntersection(data, src_box, dst->mutable_data(), dst_box, esize) *
                     static_cast<int64_t>(esize);
         }
-        CountReceived(t.link, copied);
+        CountReceived(t.link, copied, wire);
         if (span.has_value()) span->Arg("bytes", copied);
         out.Set(DeviceBufferRef(std::move(dst)));
         shard_done->Done();
@@ -459,6 +462,8 @@ Future<HostStatus> Worker::Status() const {
   s.buffer_bytes = store_.bytes();
   s.ici_bytes_received = ici_bytes_.load();
   s.dcn_bytes_received = dcn_bytes_.load();
+  s.ici_wire_bytes_received = ici_wire_bytes_.load();
+  s.dcn_wire_bytes_received = dcn_wire_bytes_.load();
   s.dispatch_queue_depth = dispatch_.depth();
   s.cancelled_shards = static_cast<size_t>(cancelled_shards_.load());
   pw::MutexLock lock(&fn_mu_);

@@ -87,10 +87,13 @@ class Worker final : public WorkerInterface {
   Future<HostStatus> Status() const override;
   // This host's device `id`, or nullptr.
   Device* FindDevice(DeviceId id) const;
-  // Counts bytes received over `link` in the ICI or DCN totals of Status(): transfer nodes'
-  // copies, and (from pw/server) collective inputs from other processes.
-  void CountReceived(LinkClass link, int64_t bytes) {
-    (link == LinkClass::kDcn ? dcn_bytes_ : ici_bytes_) += bytes;
+  // Counts bytes received over `link` in the ICI or DCN totals of Status(): `logical`, the bytes
+  // a transfer node wrote into its shards (or a collective's inputs); `wire`, the bytes that
+  // crossed from another process for them (whole source shards fetched from remote peers; none
+  // in process). From pw/server: collective inputs from other processes, both.
+  void CountReceived(LinkClass link, int64_t logical, int64_t wire) {
+    (link == LinkClass::kDcn ? dcn_bytes_ : ici_bytes_) += logical;
+    (link == LinkClass::kDcn ? dcn_wire_bytes_ : ici_wire_bytes_) += wire;
   }
 
  private:
@@ -189,6 +192,8 @@ class Worker final : public WorkerInterface {
   std::atomic<int64_t> cancelled_shards_{0};
   std::atomic<int64_t> ici_bytes_{0};
   std::atomic<int64_t> dcn_bytes_{0};
+  std::atomic<int64_t> ici_wire_bytes_{0};
+  std::atomic<int64_t> dcn_wire_bytes_{0};
   WorkQueue data_plane_;
   // Plans by host program and range. Used on the dispatch thread only.
   struct PlanKey {

@@ -149,7 +149,7 @@ def stale_segments():
     """/dev/shm segments of this runtime whose creating process is gone."""
     n = 0
     for name in os.listdir("/dev/shm"):
-        m = re.match(r"pw-(?:arena-|mbox-)?(\d+)-", name)
+        m = re.match(r"pw-(?:arena|xfer|mbox)-(\d+)-", name)
         if m and not alive(int(m.group(1))):
             n += 1
     return n

@@ -13,12 +13,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pw/base/future.h"
-#include "pw/rpc/bulk_client.h"
-#include "pw/rpc/bulk_server.h"
-#include "pw/rpc/bulk_wire.h"
-#include "pw/rpc/tls_testing.h"
+#include "pw/dataplane/bulk_client.h"
+#include "pw/dataplane/bulk_server.h"
+#include "pw/dataplane/bulk_wire.h"
+#include "pw/dataplane/tls_testing.h"
 
-namespace pw::rpc {
+namespace pw::dataplane {
 namespace {
 
 constexpr char kToken[] = "cluster-token";
@@ -385,9 +385,9 @@ TEST(BulkTest, ConnectionsThatNeverSayHelloCannotCrowdOutPeers) {
   for (int fd : silent) close(fd);
 }
 }  // namespace
-}  // namespace pw::rpc
+}  // namespace pw::dataplane
 
-namespace pw::rpc {
+namespace pw::dataplane {
 namespace {
 
 constexpr char kKey[] = "0123456789abcdef0123456789abcdef";
@@ -614,4 +614,4 @@ TEST(BulkClientTransferTest, WaitingTransfersAreWithdrawnWithTheirOwnerAndTheirB
 }
 
 }  // namespace
-}  // namespace pw::rpc
+}  // namespace pw::dataplane

@@ -6,8 +6,8 @@
 // and the reader copies it out and returns the segment to its pool. When no segment fits, the
 // old path (a fresh segment per transfer) is used and the pool grows to the size seen.
 //
-// Thread-safe. Segment names are "/pw-arena-<pid>-<salt>-<n>", never reused; the reader unlinks
-// its segments when the pool goes away, and RemoveStaleSegments() removes those of dead processes.
+// Thread-safe. Segments are ShmSegments of kind kArena (shm_segment.h: naming and cleanup); the
+// reader unlinks its segments when the pool goes away.
 #pragma once
 
 #include <cstddef>
@@ -19,26 +19,9 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "pw/base/mutex.h"
+#include "pw/dataplane/shm_segment.h"
 
-namespace pw::rpc {
-
-// One mapped segment (unmapped when the last reference goes).
-class ShmSegment {
- public:
-  ~ShmSegment();
-  const std::string& name() const { return name_; }
-  char* data() const { return data_; }
-  size_t capacity() const { return capacity_; }
-
- private:
-  friend class ShmArena;
-  friend class ShmWriterCache;
-  ShmSegment(std::string name, char* data, size_t capacity)
-      : name_(std::move(name)), data_(data), capacity_(capacity) {}
-  const std::string name_;
-  char* const data_;
-  const size_t capacity_;
-};
+namespace pw::dataplane {
 
 class ShmArena {
  public:
@@ -88,10 +71,4 @@ class ShmWriterCache {
       ABSL_GUARDED_BY(mu_);
 };
 
-// Unlinks pathways segments (arenas, mailboxes, one-transfer segments) whose creating process
-// is gone (e.g. killed with SIGKILL), and with `this_process` this pid's own: those of the image
-// this process replaced with exec (call it only before this process has made any). Returns how
-// many.
-int RemoveStaleSegments(bool this_process = false);
-
-}  // namespace pw::rpc
+}  // namespace pw::dataplane

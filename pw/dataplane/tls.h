@@ -17,11 +17,11 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "pw/rpc/bulk_wire.h"
+#include "pw/dataplane/bulk_wire.h"
 
 struct ssl_ctx_st;  // OpenSSL's SSL_CTX.
 
-namespace pw::rpc {
+namespace pw::dataplane {
 
 // PEM contents. A server needs all three; a client at least `ca_pem`.
 struct Tls {
@@ -71,4 +71,4 @@ class TlsContext {
   const std::string server_name_;
 };
 
-}  // namespace pw::rpc
+}  // namespace pw::dataplane

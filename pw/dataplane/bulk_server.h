@@ -36,10 +36,10 @@
 #include "absl/types/span.h"
 #include "absl/time/time.h"
 #include "pw/base/mutex.h"
-#include "pw/rpc/bulk_wire.h"
-#include "pw/rpc/tls.h"
+#include "pw/dataplane/bulk_wire.h"
+#include "pw/dataplane/tls.h"
 
-namespace pw::rpc {
+namespace pw::dataplane {
 
 // Limits on clients' transfers (BulkServer's class comment).
 struct BulkClientLimits {
@@ -168,4 +168,4 @@ class BulkServer {
   std::list<Connection> connections_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace pw::rpc
+}  // namespace pw::dataplane

@@ -1,4 +1,4 @@
-#include "pw/rpc/bulk_client.h"
+#include "pw/dataplane/bulk_client.h"
 
 #include <netdb.h>
 #include <sys/socket.h>
@@ -16,9 +16,9 @@
 #include "absl/time/clock.h"
 #include "pw/base/mutex.h"
 #include "pw/base/status_macros.h"
-#include "pw/rpc/bulk_wire.h"
+#include "pw/dataplane/bulk_wire.h"
 
-namespace pw::rpc {
+namespace pw::dataplane {
 namespace {
 
 constexpr int kConnectSeconds = 10;   // To connect and have the hello answered.
@@ -331,4 +331,4 @@ void BulkClient::WriteTransfer(int port, std::string key, const void* src, size_
 
 int BulkClient::threads() const { return state_->threads(); }
 
-}  // namespace pw::rpc
+}  // namespace pw::dataplane

@@ -1,4 +1,4 @@
-#include "pw/rpc/shm_arena.h"
+#include "pw/dataplane/shm_arena.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
-namespace pw::rpc {
+namespace pw::dataplane {
 namespace {
 
 TEST(ShmArenaTest, WriterFillsAReadersSegmentWhichIsReused) {
@@ -91,26 +91,5 @@ TEST(ShmArenaTest, ClosingFreesTheSegmentsFreeNowAndThoseGivenBackLater) {
   EXPECT_TRUE(absl::IsFailedPrecondition(arena.Grow(1 << 20)));
 }
 
-TEST(ShmArenaTest, StaleSegmentsOfDeadProcessesAreRemoved) {
-  // A pid that cannot be alive (above the kernel's maximum), and ours.
-  const std::string dead = "/pw-mbox-2147483640-test", live = absl::StrCat("/pw-arena-", getpid(), "-test");
-  for (const std::string& n : {dead, live}) {
-    const int fd = shm_open(n.c_str(), O_CREAT | O_RDWR, 0600);
-    ASSERT_GE(fd, 0) << n;
-    close(fd);
-  }
-  // Another test process starting a worker at the same time may remove it first: the count is
-  // not checked, only that it is gone.
-  RemoveStaleSegments();
-  EXPECT_LT(shm_open(dead.c_str(), O_RDONLY, 0), 0) << "the dead process's segment is still there";
-  const int fd = shm_open(live.c_str(), O_RDONLY, 0);
-  EXPECT_GE(fd, 0) << "a live process's segment was removed";
-  if (fd >= 0) close(fd);
-  // A process that replaced its image (a worker restarting in place) removes its own old ones.
-  RemoveStaleSegments(/*this_process=*/true);
-  EXPECT_LT(shm_open(live.c_str(), O_RDONLY, 0), 0) << "this pid's old segment is still there";
-  shm_unlink(live.c_str());
-}
-
 }  // namespace
-}  // namespace pw::rpc
+}  // namespace pw::dataplane

@@ -1,39 +1,13 @@
-#include "pw/rpc/shm_arena.h"
+#include "pw/dataplane/shm_arena.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <signal.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
-#include <cerrno>
 #include <cstring>
-#include <random>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
 
-namespace pw::rpc {
-namespace {
-
-constexpr absl::string_view kPrefix = "/pw-arena-";
-
-absl::Status Errno(absl::string_view what, const std::string& name) {
-  return absl::InternalError(
-      absl::StrCat("shared memory ", name, ": ", what, ": ", std::strerror(errno)));
-}
-
-}  // namespace
-
-ShmSegment::~ShmSegment() {
-  if (data_ != nullptr) munmap(data_, capacity_);
-}
+namespace pw::dataplane {
 
 ShmArena::ShmArena(size_t max_segments, size_t max_bytes)
     : max_segments_(max_segments), max_bytes_(max_bytes) {}
@@ -111,37 +85,21 @@ absl::Status ShmArena::Grow(size_t size) {
     if (over_limit()) return absl::ResourceExhaustedError("shared-memory arena is full");
     bytes_ += capacity;  // Reserved; given back below on failure.
   }
-  static std::atomic<uint64_t> counter{0};
-  static const uint32_t salt = std::random_device()();
-  const std::string name = absl::StrFormat("%s%d-%08x-%d", kPrefix, getpid(), salt, counter++);
-  auto undo = [&](absl::Status s) {
+  absl::StatusOr<std::shared_ptr<ShmSegment>> segment = ShmSegment::Create(ShmKind::kArena, capacity);
+  if (!segment.ok()) {
     pw::MutexLock lock(&mu_);
     bytes_ -= capacity;
-    return s;
-  };
-  const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) return undo(Errno("shm_open", name));
-  void* p = MAP_FAILED;
-  if (ftruncate(fd, static_cast<off_t>(capacity)) == 0)
-    p = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
-  const absl::Status error = p == MAP_FAILED ? Errno("ftruncate/mmap", name) : absl::OkStatus();
-  close(fd);
-  if (!error.ok()) {
-    shm_unlink(name.c_str());
-    return undo(error);
+    return segment.status();
   }
-  std::shared_ptr<ShmSegment> segment(new ShmSegment(name, static_cast<char*>(p), capacity));
   pw::MutexLock lock(&mu_);
-  names_.push_back(name);
-  free_.push_back(std::move(segment));
+  names_.push_back((*segment)->name());
+  free_.push_back(*std::move(segment));
   return absl::OkStatus();
 }
 
 ShmWriterCache::ShmWriterCache(size_t max_mappings) : max_mappings_(max_mappings) {}
 
 absl::Status ShmWriterCache::Write(const std::string& name, const void* data, size_t size) {
-  if (!absl::StartsWith(name, kPrefix) || name.find('/', 1) != std::string::npos)
-    return absl::InvalidArgumentError(absl::StrCat("not a pathways arena segment: ", name));
   std::shared_ptr<ShmSegment> segment;
   {
     pw::MutexLock lock(&mu_);
@@ -151,18 +109,9 @@ absl::Status ShmWriterCache::Write(const std::string& name, const void* data, si
     }
   }
   if (segment == nullptr) {
-    const int fd = shm_open(name.c_str(), O_RDWR, 0);
-    if (fd < 0) {
-      return errno == ENOENT ? absl::NotFoundError(absl::StrCat("shared memory ", name, " is gone"))
-                             : Errno("shm_open", name);
-    }
-    struct stat st;
-    void* p = MAP_FAILED;
-    if (fstat(fd, &st) == 0 && st.st_size > 0)
-      p = mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
-    if (p == MAP_FAILED) return Errno("fstat/mmap", name);
-    segment.reset(new ShmSegment(name, static_cast<char*>(p), static_cast<size_t>(st.st_size)));
+    absl::StatusOr<std::shared_ptr<ShmSegment>> opened = ShmSegment::Open(ShmKind::kArena, name);
+    if (!opened.ok()) return opened.status();
+    segment = *std::move(opened);
     pw::MutexLock lock(&mu_);
     if (!by_name_.contains(name)) {
       lru_.push_front(segment);
@@ -180,22 +129,4 @@ absl::Status ShmWriterCache::Write(const std::string& name, const void* data, si
   return absl::OkStatus();
 }
 
-int RemoveStaleSegments(bool this_process) {
-  DIR* dir = opendir("/dev/shm");
-  if (dir == nullptr) return 0;
-  int removed = 0;
-  while (dirent* e = readdir(dir)) {
-    // Arena segments, mailboxes and one-transfer segments: "pw-[arena-|mbox-]<pid>-...".
-    absl::string_view n = e->d_name;
-    if (!absl::ConsumePrefix(&n, "pw-")) continue;
-    if (!absl::ConsumePrefix(&n, "arena-")) absl::ConsumePrefix(&n, "mbox-");
-    int pid = 0;
-    if (!absl::SimpleAtoi(n.substr(0, n.find('-')), &pid) || pid <= 0) continue;
-    const bool gone = (this_process && pid == getpid()) || (kill(pid, 0) != 0 && errno == ESRCH);
-    if (gone && shm_unlink(absl::StrCat("/", e->d_name).c_str()) == 0) ++removed;
-  }
-  closedir(dir);
-  return removed;
-}
-
-}  // namespace pw::rpc
+}  // namespace pw::dataplane

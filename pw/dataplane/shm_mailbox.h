@@ -19,8 +19,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "pw/dataplane/shm_segment.h"
 
-namespace pw::rpc {
+namespace pw::dataplane {
 
 class ShmMailbox {
  public:
@@ -35,7 +36,7 @@ class ShmMailbox {
   // The owner unlinks the segment and stops its thread.
   ~ShmMailbox();
 
-  const std::string& name() const { return name_; }
+  const std::string& name() const { return segment_->name(); }
   // Appends one message; ResourceExhausted if it does not fit now (the caller uses another path).
   absl::Status Send(absl::string_view message);
 
@@ -57,11 +58,10 @@ class ShmMailbox {
   // Hands on what is in the ring; the caller holds `delivering_`.
   bool Drain();
 
-  std::string name_;
+  std::shared_ptr<ShmSegment> segment_;  // Of kind kMailbox (shm_segment.h).
   bool owner_ = false;
   Header* header_ = nullptr;
   char* ring_ = nullptr;
-  size_t mapped_ = 0;
   OnMessage on_message_;
   std::atomic<bool> delivering_{false};  // Held by the thread handing messages on.
   std::vector<char> message_;            // Its buffer.
@@ -69,4 +69,4 @@ class ShmMailbox {
   std::thread receiver_;
 };
 
-}  // namespace pw::rpc
+}  // namespace pw::dataplane

@@ -1,23 +1,19 @@
-#include "pw/rpc/shm_mailbox.h"
+#include "pw/dataplane/shm_mailbox.h"
 
-#include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "pw/base/spin_wait.h"
+#include "pw/base/status_macros.h"
 
-namespace pw::rpc {
+namespace pw::dataplane {
 
 // Layout at the start of the segment; the ring follows. Offsets grow forever (mod capacity).
 struct ShmMailbox::Header {
@@ -38,10 +34,6 @@ long Futex(std::atomic<uint32_t>* word, int op, uint32_t value) {
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, nullptr, nullptr, 0);
 }
 
-absl::Status Errno(absl::string_view what, const std::string& name) {
-  return absl::InternalError(absl::StrCat("mailbox ", name, ": ", what, ": ", std::strerror(errno)));
-}
-
 void CopyIn(char* ring, uint32_t cap, uint64_t at, const void* src, size_t n) {
   const size_t off = at & (cap - 1), first = std::min<size_t>(n, cap - off);
   std::memcpy(ring + off, src, first);
@@ -59,44 +51,24 @@ absl::StatusOr<std::unique_ptr<ShmMailbox>> ShmMailbox::Create(OnMessage on_mess
   if (capacity == 0 || (capacity & (capacity - 1)) != 0 || capacity > (size_t{1} << 30))
     return absl::InvalidArgumentError("mailbox capacity must be a power of two up to 1 GiB");
   std::unique_ptr<ShmMailbox> m(new ShmMailbox());
-  m->name_ = absl::StrFormat("/pw-mbox-%d-%08x", getpid(), std::random_device()());
-  int fd = shm_open(m->name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-  if (fd < 0) return Errno("shm_open", m->name_);
+  PW_ASSIGN_OR_RETURN(m->segment_, ShmSegment::Create(ShmKind::kMailbox, sizeof(Header) + capacity));
   m->owner_ = true;
-  m->mapped_ = sizeof(Header) + capacity;
-  if (ftruncate(fd, static_cast<off_t>(m->mapped_)) != 0) {
-    close(fd);
-    return Errno("ftruncate", m->name_);
-  }
-  void* p = mmap(nullptr, m->mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) return Errno("mmap", m->name_);
-  m->header_ = new (p) Header{kMagic, static_cast<uint32_t>(capacity), {0}, {0}, {0}, {0}, {0}};
-  m->ring_ = static_cast<char*>(p) + sizeof(Header);
+  m->header_ = new (m->segment_->data())
+      Header{kMagic, static_cast<uint32_t>(capacity), {0}, {0}, {0}, {0}, {0}};
+  m->ring_ = m->segment_->data() + sizeof(Header);
   m->on_message_ = std::move(on_message);
   m->receiver_ = std::thread([raw = m.get()] { raw->ReceiveLoop(); });
   return m;
 }
 
 absl::StatusOr<std::unique_ptr<ShmMailbox>> ShmMailbox::Open(const std::string& name) {
-  if (name.rfind("/pw-mbox-", 0) != 0)
-    return absl::InvalidArgumentError(absl::StrCat("not a pathways mailbox: ", name));
   std::unique_ptr<ShmMailbox> m(new ShmMailbox());
-  m->name_ = name;
-  int fd = shm_open(name.c_str(), O_RDWR, 0);
-  if (fd < 0) return Errno("shm_open", name);
-  struct stat st;
-  if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) < sizeof(Header)) {
-    close(fd);
+  PW_ASSIGN_OR_RETURN(m->segment_, ShmSegment::Open(ShmKind::kMailbox, name));
+  if (m->segment_->capacity() < sizeof(Header))
     return absl::DataLossError(absl::StrCat("mailbox ", name, " is too small"));
-  }
-  m->mapped_ = static_cast<size_t>(st.st_size);
-  void* p = mmap(nullptr, m->mapped_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) return Errno("mmap", name);
-  m->header_ = static_cast<Header*>(p);
-  m->ring_ = static_cast<char*>(p) + sizeof(Header);
-  if (m->header_->magic != kMagic || sizeof(Header) + m->header_->capacity != m->mapped_)
+  m->header_ = reinterpret_cast<Header*>(m->segment_->data());
+  m->ring_ = m->segment_->data() + sizeof(Header);
+  if (m->header_->magic != kMagic || sizeof(Header) + m->header_->capacity != m->segment_->capacity())
     return absl::DataLossError(absl::StrCat("mailbox ", name, " has a bad header"));
   return m;
 }
@@ -104,9 +76,8 @@ absl::StatusOr<std::unique_ptr<ShmMailbox>> ShmMailbox::Open(const std::string& 
 ShmMailbox::~ShmMailbox() {
   if (owner_) {
     StopReceiver();
-    shm_unlink(name_.c_str());
+    segment_->Unlink();
   }
-  if (header_ != nullptr) munmap(header_, mapped_);
 }
 
 void ShmMailbox::StopReceiver() {
@@ -209,4 +180,4 @@ void ShmMailbox::ReceiveLoop() {
   }
 }
 
-}  // namespace pw::rpc
+}  // namespace pw::dataplane

@@ -1,4 +1,4 @@
-#include "pw/rpc/bulk_server.h"
+#include "pw/dataplane/bulk_server.h"
 
 #include <netdb.h>
 #include <sys/socket.h>
@@ -14,10 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "pw/base/status_macros.h"
-#include "pw/rpc/auth.h"
-#include "pw/rpc/bulk_wire.h"
+#include "pw/base/secret.h"
+#include "pw/dataplane/bulk_wire.h"
 
-namespace pw::rpc {
+namespace pw::dataplane {
 namespace {
 
 constexpr int kHelloSeconds = 10;     // A whole hello must arrive in this time.
@@ -466,4 +466,4 @@ void BulkServer::ServePeer(bulk::Conn& fd) {
   }
 }
 
-}  // namespace pw::rpc
+}  // namespace pw::dataplane

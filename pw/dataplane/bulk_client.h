@@ -15,9 +15,9 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
-#include "pw/rpc/tls.h"
+#include "pw/dataplane/tls.h"
 
-namespace pw::rpc {
+namespace pw::dataplane {
 
 class BulkClient {
  public:
@@ -56,4 +56,4 @@ class BulkClient {
   const std::shared_ptr<State> state_;
 };
 
-}  // namespace pw::rpc
+}  // namespace pw::dataplane

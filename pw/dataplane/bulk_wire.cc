@@ -1,4 +1,4 @@
-#include "pw/rpc/bulk_wire.h"
+#include "pw/dataplane/bulk_wire.h"
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -18,7 +18,7 @@
 #include "absl/time/clock.h"
 #include "pw/base/status_macros.h"
 
-namespace pw::rpc::bulk {
+namespace pw::dataplane::bulk {
 
 static_assert(std::endian::native == std::endian::little, "the bulk wire is little-endian");
 
@@ -149,4 +149,4 @@ void Configure(int fd, int timeout_seconds) {
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
 }
 
-}  // namespace pw::rpc::bulk
+}  // namespace pw::dataplane::bulk

@@ -1,4 +1,4 @@
-#include "pw/rpc/shm_mailbox.h"
+#include "pw/dataplane/shm_mailbox.h"
 
 #include <atomic>
 #include <chrono>
@@ -10,7 +10,7 @@
 #include "pw/base/mutex.h"
 #include "gtest/gtest.h"
 
-namespace pw::rpc {
+namespace pw::dataplane {
 namespace {
 
 struct Received {
@@ -114,4 +114,4 @@ TEST(ShmMailboxTest, RefusesWhatDoesNotFitAndBadNames) {
 }
 
 }  // namespace
-}  // namespace pw::rpc
+}  // namespace pw::dataplane

@@ -8,9 +8,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "pw/rpc/tls.h"
+#include "pw/dataplane/tls.h"
 
-namespace pw::rpc {
+namespace pw::dataplane {
 
 // The files of certificate set `name` (under the test's temporary directory).
 inline TlsFiles TestTlsFiles(const std::string& name) {
@@ -29,4 +29,4 @@ inline std::shared_ptr<const Tls> MakeTestCerts(const std::string& name,
   return tls.ok() ? *tls : nullptr;
 }
 
-}  // namespace pw::rpc
+}  // namespace pw::dataplane

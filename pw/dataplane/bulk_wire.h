@@ -32,7 +32,7 @@
 
 struct ssl_st;  // OpenSSL's SSL.
 
-namespace pw::rpc::bulk {
+namespace pw::dataplane::bulk {
 
 // One connection's byte stream: the socket itself, or TLS over it (made by TlsContext). Does not
 // own the socket. Thread-compatible.
@@ -76,4 +76,4 @@ absl::Status RecvStatus(Conn& c, absl::Status* got);
 // Sets the socket's send and receive timeouts (0: none), TCP_NODELAY and SO_KEEPALIVE.
 void Configure(int fd, int timeout_seconds);
 
-}  // namespace pw::rpc::bulk
+}  // namespace pw::dataplane::bulk

@@ -1,4 +1,4 @@
-#include "pw/rpc/tls.h"
+#include "pw/dataplane/tls.h"
 
 #include <arpa/inet.h>
 #include <openssl/err.h>
@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
 
-namespace pw::rpc {
+namespace pw::dataplane {
 namespace {
 
 absl::StatusOr<std::string> ReadPem(const std::string& path, absl::string_view flag) {
@@ -176,4 +176,4 @@ absl::StatusOr<std::unique_ptr<bulk::Conn>> TlsContext::Connect(int fd,
   return conn;
 }
 
-}  // namespace pw::rpc
+}  // namespace pw::dataplane
