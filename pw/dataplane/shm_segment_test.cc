@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -65,6 +66,26 @@ TEST(ShmSegmentTest, OneTransferSegmentIsReadOnceAndGone) {
   ASSERT_TRUE(name.ok());
   UnlinkSharedMemory(*name);
   EXPECT_TRUE(absl::IsNotFound(ReadSharedMemory(*name, got.data(), got.size())));
+}
+
+// A segment that cannot be made (here: far more bytes than the address space) is an error
+// naming it, and leaves nothing behind in /dev/shm.
+TEST(ShmSegmentTest, ASegmentThatCannotBeMadeLeavesNothing) {
+  const auto ours = [] {
+    int n = 0;
+    const std::string prefix = absl::StrCat("pw-xfer-", getpid(), "-");
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+      n += e.path().filename().string().rfind(prefix, 0) == 0;
+    return n;
+  };
+  const int before = ours();
+  auto made = ShmSegment::Create(ShmKind::kTransfer, size_t{1} << 62);
+  ASSERT_FALSE(made.ok());
+  EXPECT_THAT(made.status().message(), HasSubstr(absl::StrCat("/pw-xfer-", getpid(), "-")));
+  EXPECT_EQ(ours(), before);
+  std::string bytes(16, 'x');
+  EXPECT_FALSE(WriteSharedMemory(bytes.data(), size_t{1} << 62).ok());
+  EXPECT_EQ(ours(), before);
 }
 
 TEST(ShmSegmentTest, StaleSegmentsOfDeadProcessesAreRemoved) {

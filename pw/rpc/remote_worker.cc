@@ -499,10 +499,14 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
     }
     req_.set_buffer(id.value());
     req_.set_device(device.value());
-    req_.set_shared_memory(arena_ != nullptr);
-    req_.set_bulk(bulk_ != nullptr);
-    if (arena_ != nullptr && (segment_ = arena_->Take()) != nullptr)
-      req_.set_shm_dest(segment_->name());
+    if (arena_ != nullptr) {
+      v1::SharedMemoryMedium* shm = req_.mutable_shared_memory();
+      if ((segment_ = arena_->Take()) != nullptr) shm->set_dest(segment_->name());
+    } else if (bulk_ != nullptr) {
+      req_.mutable_bulk();
+    } else {
+      req_.mutable_chunks();
+    }
     stub->async()->FetchShard(&ctx_, &req_, this);
     // Held for a bulk read (a hold must be added before StartCall): released when the read
     // ends, or when the stream ends without one.
@@ -578,29 +582,54 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
       buffer_ = HostDeviceBuffer::Create(spec, device_);
     }
     const size_t size = static_cast<size_t>(buffer_->size_bytes());
-    if (chunk_.bulk_ticket() != 0) {
-      if (bulk_ == nullptr || bulk_started_)
-        return absl::DataLossError(
-            bulk_ == nullptr ? "shard stream: a bulk ticket that this reader did not ask for"
-                             : "shard stream: a second bulk ticket");
-      if (offset_ != 0) return absl::DataLossError("shard stream: a bulk ticket after data");
-      if (chunk_.bulk_port() <= 0 || chunk_.bulk_port() > 65535)
-        return absl::DataLossError(
-            absl::StrCat("shard stream: a bulk ticket on port ", chunk_.bulk_port()));
-      offset_ = size;  // The bulk read fills the buffer; any data chunk now is too much.
-      bulk_started_ = true;  // The hold is BulkDone's to release.
-      bulk_->Read(chunk_.bulk_port(), chunk_.bulk_ticket(), buffer_->mutable_data(), size,
-                  [this](const absl::Status& s) { BulkDone(s); });
-      return absl::OkStatus();
+    switch (chunk_.location_case()) {
+      case v1::ShardChunk::kBulk:
+        return TakeBulk(chunk_.bulk(), size);
+      case v1::ShardChunk::kSharedMemory:
+        return TakeSharedMemory(chunk_.shared_memory(), size);
+      case v1::ShardChunk::kData:
+        break;
+      case v1::ShardChunk::LOCATION_NOT_SET:
+        return absl::DataLossError("shard stream: a chunk that names no location");
     }
-    if (chunk_.in_dest()) {
-      if (offset_ != 0 || segment_ == nullptr || segment_->capacity() < size)
+    if (chunk_.data().size() > size - offset_)
+      return absl::DataLossError(absl::StrCat("shard stream: more than ", size, " bytes"));
+    std::memcpy(static_cast<char*>(buffer_->mutable_data()) + offset_, chunk_.data().data(),
+                chunk_.data().size());
+    offset_ += chunk_.data().size();
+    return absl::OkStatus();
+  }
+
+  // The shard's bytes are on the bulk stream: read them beside the call.
+  absl::Status TakeBulk(const v1::BulkTicket& bulk, size_t size) {
+    if (bulk_ == nullptr || bulk_started_)
+      return absl::DataLossError(bulk_ == nullptr
+                                     ? "shard stream: a bulk ticket that this reader did not ask for"
+                                     : "shard stream: a second bulk ticket");
+    if (offset_ != 0) return absl::DataLossError("shard stream: a bulk ticket after data");
+    if (bulk.ticket() == 0 || bulk.port() <= 0 || bulk.port() > 65535)
+      return absl::DataLossError(absl::StrCat("shard stream: bulk ticket ", bulk.ticket(),
+                                              " on port ", bulk.port()));
+    offset_ = size;  // The bulk read fills the buffer; any data chunk now is too much.
+    bulk_started_ = true;  // The hold is BulkDone's to release.
+    bulk_->Read(bulk.port(), bulk.ticket(), buffer_->mutable_data(), size,
+                [this](const absl::Status& s) { BulkDone(s); });
+    return absl::OkStatus();
+  }
+
+  // The shard is in our pool's segment, or (when the writer could not use it) a fresh one.
+  absl::Status TakeSharedMemory(const v1::ShmLocation& shm, size_t size) {
+    if (arena_ == nullptr)
+      return absl::DataLossError("shard stream: shared memory that this reader did not ask for");
+    if (offset_ != 0) return absl::DataLossError("shard stream: shared memory after data");
+    if (shm.segment().empty()) {
+      if (segment_ == nullptr || segment_->capacity() < size)
         return absl::DataLossError("shard stream: the shard is said to be in a segment it cannot be in");
       std::memcpy(buffer_->mutable_data(), segment_->data(), size);
       offset_ = size;
       return absl::OkStatus();
     }
-    if (!chunk_.dest_error().empty() && segment_ != nullptr) {
+    if (!shm.dest_error().empty() && segment_ != nullptr) {
       // The writer could not use our segment (gone from its view, or too small): a too-small one
       // goes back to the pool; one it cannot open is dropped.
       if (segment_->capacity() >= size) {
@@ -611,18 +640,9 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
       }
       segment_ = nullptr;
     }
-    if (!chunk_.shm_name().empty()) {
-      if (offset_ != 0) return absl::DataLossError("shard stream: segment after data");
-      PW_RETURN_IF_ERROR(dataplane::ReadSharedMemory(chunk_.shm_name(), buffer_->mutable_data(), size));
-      offset_ = size;
-      used_fresh_segment_ = true;
-      return absl::OkStatus();
-    }
-    if (chunk_.data().size() > size - offset_)
-      return absl::DataLossError(absl::StrCat("shard stream: more than ", size, " bytes"));
-    std::memcpy(static_cast<char*>(buffer_->mutable_data()) + offset_, chunk_.data().data(),
-                chunk_.data().size());
-    offset_ += chunk_.data().size();
+    PW_RETURN_IF_ERROR(dataplane::ReadSharedMemory(shm.segment(), buffer_->mutable_data(), size));
+    offset_ = size;
+    used_fresh_segment_ = true;
     return absl::OkStatus();
   }
 

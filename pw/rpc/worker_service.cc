@@ -451,9 +451,9 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
       End(s);
       return;
     }
-    shared_memory_ = req.shared_memory();
-    shm_dest_ = req.shm_dest();
-    if (req.bulk() && !shared_memory_) bulk_ = service->bulk_;
+    shared_memory_ = req.medium_case() == v1::ShardRequest::kSharedMemory;
+    shm_dest_ = req.shared_memory().dest();
+    if (req.medium_case() == v1::ShardRequest::kBulk) bulk_ = service->bulk_;
     arena_writer_ = &service->arena_writer_;
     if (req.buffer() < 0 || req.device() < 0) {
       End(absl::InvalidArgumentError("fetch shard: negative buffer or device id"));
@@ -581,13 +581,12 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
       const absl::Status in_dest = shm_dest_.empty()
                                        ? absl::NotFoundError("no segment offered")
                                        : arena_writer_->Write(shm_dest_, data_, total);
-      if (in_dest.ok()) {
-        chunk_.set_in_dest(true);
-      } else {
-        if (!shm_dest_.empty()) chunk_.set_dest_error(in_dest.ToString());
+      v1::ShmLocation* where = chunk_.mutable_shared_memory();  // No segment named: in dest.
+      if (!in_dest.ok()) {
+        if (!shm_dest_.empty()) where->set_dest_error(in_dest.ToString());
         absl::StatusOr<std::string> name = dataplane::WriteSharedMemory(data_, total);
         if (!name.ok()) return End(name.status());
-        chunk_.set_shm_name(*name);
+        where->set_segment(*name);
         shm_name_ = *name;
       }
       offset_ = total;
@@ -642,8 +641,8 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
                            });
     chunk_.Clear();
     ToProto(spec_, chunk_.mutable_spec());
-    chunk_.set_bulk_ticket(ticket_);
-    chunk_.set_bulk_port(bulk_->port());
+    chunk_.mutable_bulk()->set_ticket(ticket_);
+    chunk_.mutable_bulk()->set_port(bulk_->port());
     offset_ = static_cast<size_t>(spec_.size_bytes());
     ++chunks_;
     StartWrite(&chunk_);
