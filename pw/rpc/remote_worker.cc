@@ -120,10 +120,9 @@ RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOption
     : host_(host),
       address_(std::move(address)),
       options_(options),
-      arena_(same_machine ? std::make_shared<dataplane::ShmArena>() : nullptr),
-      bulk_(same_machine ? nullptr
-                         : std::make_shared<dataplane::BulkClient>(HostOf(address_), options.token,
-                                                        BulkTls(options))),
+      data_plane_(same_machine ? dataplane::PeerChannel::SharedMemory()
+                               : dataplane::PeerChannel::Bulk(HostOf(address_), options.token,
+                                                              BulkTls(options))),
       channel_(MakeChannel(address_, options)),
       stub_(v1::Worker::NewStub(channel_)) {}
 
@@ -158,7 +157,7 @@ void RemoteWorker::Fail(const std::string& reason) {
     for (grpc::ClientContext* call : fetches_->calls) call->TryCancel();  // OnDone runs later.
   }
   // This stub may be kept (work in flight holds it), but its shared memory is of no more use.
-  if (arena_ != nullptr) arena_->Close();
+  data_plane_->Close();
   const absl::Status error = Where(absl::UnavailableError(reason));
   for (auto& [seq, p] : pending) FailPending(p, error);
 }
@@ -471,21 +470,18 @@ absl::StatusOr<trace::Chunk> RemoteWorker::Trace(bool start) {
 // ---------------------------------------------------------------- the data plane's write side
 
 namespace {
-// Reads one shard into a host-memory buffer: from its chunks, a shared-memory segment, or (a
-// large shard from another machine) the bulk stream, whose read runs beside the call; the fetch
-// completes once both have ended.
+// Reads one shard into a host-memory buffer: from its chunks, or from where a chunk says its
+// bytes are on the peer's data plane (pw/dataplane: shared memory, or the bulk stream, whose
+// read runs beside the call); the fetch completes once both have ended.
 class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
  public:
-  // `arena`: this reader's reusable segments for a peer on this machine (null otherwise).
-  // `bulk`: the bulk reader for a peer on another machine (null otherwise).
   FetchCall(v1::Worker::Stub* stub, const std::string& token, BufferId id, DeviceId device,
-            std::shared_ptr<dataplane::ShmArena> arena, std::shared_ptr<dataplane::BulkClient> bulk, std::string where,
+            std::shared_ptr<dataplane::PeerChannel> channel, std::string where,
             Promise<DeviceBufferRef> promise, std::shared_ptr<RemoteWorker::Fetches> fetches)
       : device_(device),
         where_(std::move(where)),
         promise_(std::move(promise)),
-        arena_(std::move(arena)),
-        bulk_(std::move(bulk)),
+        fetch_(dataplane::PeerChannel::Begin(std::move(channel))),
         fetches_(std::move(fetches)) {
     AddToken(&ctx_, token);
     {
@@ -499,18 +495,15 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
     }
     req_.set_buffer(id.value());
     req_.set_device(device.value());
-    if (arena_ != nullptr) {
-      v1::SharedMemoryMedium* shm = req_.mutable_shared_memory();
-      if ((segment_ = arena_->Take()) != nullptr) shm->set_dest(segment_->name());
-    } else if (bulk_ != nullptr) {
-      req_.mutable_bulk();
+    if (fetch_->medium() == dataplane::Medium::kSharedMemory) {
+      req_.mutable_shared_memory()->set_dest(fetch_->offered());
     } else {
-      req_.mutable_chunks();
+      req_.mutable_bulk();
     }
     stub->async()->FetchShard(&ctx_, &req_, this);
-    // Held for a bulk read (a hold must be added before StartCall): released when the read
-    // ends, or when the stream ends without one.
-    if (bulk_ != nullptr) AddHold();
+    // Held for a read from the data plane (a hold must be added before StartCall): released
+    // when the read ends, or when the stream ends without one.
+    AddHold();
     StartRead(&chunk_);
     StartCall();  // From here on the call may end (and delete this) on another thread.
   }
@@ -523,13 +516,13 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
     }
     StartRead(&chunk_);
   }
-  // After the stream's end and the bulk read's (whose hold delays this). The bulk read's error
+  // After the stream's end and the data plane's read (whose hold delays this). The read's error
   // comes before the stream's, which is then only its cancellation.
   void OnDone(const grpc::Status& s) override {
     absl::Status status = error_;
     if (status.ok()) {
       pw::MutexLock lock(&mu_);
-      status = bulk_status_;
+      status = read_status_;
     }
     if (status.ok()) status = FromGrpc(s);
     Complete(status);
@@ -537,15 +530,15 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
 
  private:
   void ReleaseUnusedHold() {
-    if (bulk_ != nullptr && !bulk_started_) {
-      bulk_started_ = true;  // Released once.
+    if (!located_) {
+      located_ = true;  // Released once.
       RemoveHold();
     }
   }
-  void BulkDone(const absl::Status& s) {
+  void ReadDone(const absl::Status& s) {
     {
       pw::MutexLock lock(&mu_);
-      bulk_status_ = s;
+      read_status_ = s;
     }
     if (!s.ok()) ctx_.TryCancel();  // Else the call ends once the server saw the bytes read.
     RemoveHold();
@@ -563,11 +556,8 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
     }
     if (status.ok() && (buffer_ == nullptr || offset_ != static_cast<size_t>(buffer_->size_bytes())))
       status = absl::DataLossError(absl::StrCat("shard stream ended after ", offset_, " bytes"));
-    if (segment_ != nullptr) arena_->Give(std::move(segment_));
-    // The shard came in a fresh segment: next time one of the pool's can take it.
-    if (status.ok() && used_fresh_segment_ && !writer_cannot_open_)
-      arena_->Grow(offset_).IgnoreError();
     if (status.ok()) {
+      fetch_->Succeeded(offset_);
       promise_.Set(DeviceBufferRef(std::move(buffer_)));
     } else {
       promise_.Set(Annotate(status, where_));
@@ -582,67 +572,31 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
       buffer_ = HostDeviceBuffer::Create(spec, device_);
     }
     const size_t size = static_cast<size_t>(buffer_->size_bytes());
+    dataplane::ShardLocation location;
     switch (chunk_.location_case()) {
-      case v1::ShardChunk::kBulk:
-        return TakeBulk(chunk_.bulk(), size);
-      case v1::ShardChunk::kSharedMemory:
-        return TakeSharedMemory(chunk_.shared_memory(), size);
       case v1::ShardChunk::kData:
+        if (chunk_.data().size() > size - offset_)
+          return absl::DataLossError(absl::StrCat("shard stream: more than ", size, " bytes"));
+        std::memcpy(static_cast<char*>(buffer_->mutable_data()) + offset_, chunk_.data().data(),
+                    chunk_.data().size());
+        offset_ += chunk_.data().size();
+        return absl::OkStatus();
+      case v1::ShardChunk::kSharedMemory:
+        location = dataplane::InSharedMemory{chunk_.shared_memory().segment(),
+                                             chunk_.shared_memory().dest_error()};
+        break;
+      case v1::ShardChunk::kBulk:
+        location = dataplane::OnBulkStream{chunk_.bulk().ticket(), chunk_.bulk().port()};
         break;
       case v1::ShardChunk::LOCATION_NOT_SET:
         return absl::DataLossError("shard stream: a chunk that names no location");
     }
-    if (chunk_.data().size() > size - offset_)
-      return absl::DataLossError(absl::StrCat("shard stream: more than ", size, " bytes"));
-    std::memcpy(static_cast<char*>(buffer_->mutable_data()) + offset_, chunk_.data().data(),
-                chunk_.data().size());
-    offset_ += chunk_.data().size();
-    return absl::OkStatus();
-  }
-
-  // The shard's bytes are on the bulk stream: read them beside the call.
-  absl::Status TakeBulk(const v1::BulkTicket& bulk, size_t size) {
-    if (bulk_ == nullptr || bulk_started_)
-      return absl::DataLossError(bulk_ == nullptr
-                                     ? "shard stream: a bulk ticket that this reader did not ask for"
-                                     : "shard stream: a second bulk ticket");
-    if (offset_ != 0) return absl::DataLossError("shard stream: a bulk ticket after data");
-    if (bulk.ticket() == 0 || bulk.port() <= 0 || bulk.port() > 65535)
-      return absl::DataLossError(absl::StrCat("shard stream: bulk ticket ", bulk.ticket(),
-                                              " on port ", bulk.port()));
-    offset_ = size;  // The bulk read fills the buffer; any data chunk now is too much.
-    bulk_started_ = true;  // The hold is BulkDone's to release.
-    bulk_->Read(bulk.port(), bulk.ticket(), buffer_->mutable_data(), size,
-                [this](const absl::Status& s) { BulkDone(s); });
-    return absl::OkStatus();
-  }
-
-  // The shard is in our pool's segment, or (when the writer could not use it) a fresh one.
-  absl::Status TakeSharedMemory(const v1::ShmLocation& shm, size_t size) {
-    if (arena_ == nullptr)
-      return absl::DataLossError("shard stream: shared memory that this reader did not ask for");
-    if (offset_ != 0) return absl::DataLossError("shard stream: shared memory after data");
-    if (shm.segment().empty()) {
-      if (segment_ == nullptr || segment_->capacity() < size)
-        return absl::DataLossError("shard stream: the shard is said to be in a segment it cannot be in");
-      std::memcpy(buffer_->mutable_data(), segment_->data(), size);
-      offset_ = size;
-      return absl::OkStatus();
-    }
-    if (!shm.dest_error().empty() && segment_ != nullptr) {
-      // The writer could not use our segment (gone from its view, or too small): a too-small one
-      // goes back to the pool; one it cannot open is dropped.
-      if (segment_->capacity() >= size) {
-        arena_->Discard(segment_);
-        writer_cannot_open_ = true;  // Growing the pool would not help this reader.
-      } else {
-        arena_->Give(segment_);
-      }
-      segment_ = nullptr;
-    }
-    PW_RETURN_IF_ERROR(dataplane::ReadSharedMemory(shm.segment(), buffer_->mutable_data(), size));
-    offset_ = size;
-    used_fresh_segment_ = true;
+    if (offset_ != 0 || located_)
+      return absl::DataLossError("shard stream: a location after data or another location");
+    offset_ = size;   // The read fills the buffer; any data chunk now is too much.
+    located_ = true;  // The hold is ReadDone's to release.
+    fetch_->Read(location, buffer_->mutable_data(), size,
+                 [this](const absl::Status& s) { ReadDone(s); });
     return absl::OkStatus();
   }
 
@@ -655,15 +609,11 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
   std::shared_ptr<HostDeviceBuffer> buffer_;
   size_t offset_ = 0;
   absl::Status error_;  // Set by OnReadDone (gRPC serializes reactions).
-  const std::shared_ptr<dataplane::ShmArena> arena_;
-  std::shared_ptr<dataplane::ShmSegment> segment_;  // Taken from arena_ for this fetch, if any.
-  bool used_fresh_segment_ = false;
-  bool writer_cannot_open_ = false;
-  const std::shared_ptr<dataplane::BulkClient> bulk_;
-  bool bulk_started_ = false;  // On gRPC's reactions only.
+  const std::unique_ptr<dataplane::PeerChannel::Fetch> fetch_;
+  bool located_ = false;  // On gRPC's reactions only.
   const std::shared_ptr<RemoteWorker::Fetches> fetches_;
   pw::Mutex mu_;
-  absl::Status bulk_status_ ABSL_GUARDED_BY(mu_);  // Written on a bulk reader's thread.
+  absl::Status read_status_ ABSL_GUARDED_BY(mu_);  // Written on a bulk reader's thread.
 };
 }  // namespace
 
@@ -710,7 +660,7 @@ Future<ShardTransfer> RemoteWorker::OfferShard(BufferId id, DeviceId device) {
 }
 
 void RemoteWorker::FetchLarge(BufferId id, DeviceId device, Promise<DeviceBufferRef> p) {
-  new FetchCall(stub_.get(), options_.token, id, device, arena_, bulk_, FetchWhere(id, device),
+  new FetchCall(stub_.get(), options_.token, id, device, data_plane_, FetchWhere(id, device),
                 std::move(p), fetches_);
 }
 

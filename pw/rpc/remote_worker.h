@@ -20,8 +20,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "pw/base/mutex.h"
 #include "pw/rpc/auth.h"
-#include "pw/dataplane/bulk_client.h"
-#include "pw/dataplane/shm_arena.h"
+#include "pw/dataplane/peer_channel.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
 #include "pw/trace/trace.h"
 #include "pw/transport/worker_interface.h"
@@ -122,10 +121,8 @@ class RemoteWorker final : public WorkerInterface {
   const HostId host_;
   const std::string address_;
   const ChannelOptions options_;
-  // Reusable segments for fetching from a worker on this machine (null: another machine).
-  const std::shared_ptr<dataplane::ShmArena> arena_;
-  // Reads large shards from a worker on another machine (null: this machine).
-  const std::shared_ptr<dataplane::BulkClient> bulk_;
+  // Large shards from this worker: shared memory on this machine, else its bulk stream.
+  const std::shared_ptr<dataplane::PeerChannel> data_plane_;
   const std::shared_ptr<grpc::Channel> channel_;
   const std::unique_ptr<::pathways::v1::Worker::Stub> stub_;
 

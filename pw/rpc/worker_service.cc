@@ -8,6 +8,7 @@
 #include "pw/base/heap.h"
 #include "pw/base/status_macros.h"
 #include "pw/rpc/reactors.h"
+#include "pw/dataplane/peer_channel.h"
 #include "pw/dataplane/shm_segment.h"
 #include "pw/rpc/wire.h"
 
@@ -578,17 +579,12 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
       // One chunk naming where the shard is: the reader's segment, or a fresh one.
       chunk_.Clear();
       ToProto(spec_, chunk_.mutable_spec());
-      const absl::Status in_dest = shm_dest_.empty()
-                                       ? absl::NotFoundError("no segment offered")
-                                       : arena_writer_->Write(shm_dest_, data_, total);
-      v1::ShmLocation* where = chunk_.mutable_shared_memory();  // No segment named: in dest.
-      if (!in_dest.ok()) {
-        if (!shm_dest_.empty()) where->set_dest_error(in_dest.ToString());
-        absl::StatusOr<std::string> name = dataplane::WriteSharedMemory(data_, total);
-        if (!name.ok()) return End(name.status());
-        where->set_segment(*name);
-        shm_name_ = *name;
-      }
+      absl::StatusOr<dataplane::InSharedMemory> where =
+          dataplane::PlaceInSharedMemory(*arena_writer_, shm_dest_, data_, total);
+      if (!where.ok()) return End(where.status());
+      chunk_.mutable_shared_memory()->set_segment(where->segment);
+      chunk_.mutable_shared_memory()->set_dest_error(where->dest_error);
+      shm_name_ = where->segment;
       offset_ = total;
       ++chunks_;
       {
