@@ -746,3 +746,19 @@ def test_lm_bench_on_pw_up_reports_every_layout(cluster):
         assert x["tokens_per_second"] > 0 and 0.0 <= x["bubble_fraction"] < 1.0
     assert rows["pipeline"]["dcn_bytes_per_step"] == 0
     assert rows["pipeline_2islands"]["dcn_bytes_per_step"] > 0
+
+
+def test_lm_is_served_by_another_process_while_it_trains_on_pw_up(cluster):
+    # examples/lm/serve.py on pw up: the server is a process of its own (tenant "serve") that
+    # imports the trainer's published weights; its last answer is checked against plain JAX.
+    env, address, _ = cluster
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "lm" / "serve.py"), "--json",
+                        "--steps", "12"], capture_output=True, text=True, timeout=600,
+                       env=dict(env, PW_CLUSTER=address))
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["ok"] and out["requests"] > 0, out
+    t0 = time.monotonic()  # Trainer and server both gone (their sessions end as they exit).
+    while status(env)["clients"] > 0 and time.monotonic() - t0 < 30:
+        time.sleep(0.05)
+    assert status(env)["clients"] == 0

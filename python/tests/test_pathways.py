@@ -210,6 +210,20 @@ def test_lm_trains_in_three_layouts_that_match_one_device():
         assert r["losses"][-1] < r["losses"][0] and r["tokens_per_second"] > 0
 
 
+def test_lm_is_served_from_its_live_weights_while_it_trains():
+    # examples/lm/serve.py on the embedded cluster of the README's shape: a server client (tenant
+    # "serve") answers prompts while the trainer runs, and its answer with the final weights is
+    # the reference model's greedy generation with the trainer's final parameters.
+    env = dict(os.environ, PW_ISLANDS="2", PW_HOSTS_PER_ISLAND="2", PW_DEVICES_PER_HOST="2")
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "lm" / "serve.py"), "--json",
+                          "--steps", "12"], capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    r = json.loads(out.stdout.splitlines()[-1])
+    assert r["ok"] and r["logit_gap"] <= 1e-4 and len(r["final_text"]) > 0, r
+    assert r["requests"] > 0 and 0 < r["latency_ms_p50"] <= r["latency_ms_p99"], r
+    assert r["train_tokens_per_second_alone"] > 0 and r["train_tokens_per_second_serving"] > 0
+
+
 def test_mlp_data_parallel_matches_single_device_training():
     env = dict(os.environ, PW_ISLANDS="2", PW_HOSTS_PER_ISLAND="2", PW_DEVICES_PER_HOST="2")
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "mlp_dp.py"), "--steps", "12"],
