@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # make demo: the paper's Figure 2 program, then the data-parallel MLP (examples/mlp_dp.py) with
-# its gradient all-reduce spanning two worker processes, on a local multi-process cluster of
-# 2 islands x 2 hosts x 2 devices that this script starts (`pw up`) and stops (`pw down`).
+# its gradient all-reduce spanning two worker processes, then the Transformer LM served from its
+# live weights by another process while it trains (examples/lm/serve.py), on a local
+# multi-process cluster of 2 islands x 2 hosts x 2 devices that this script starts (`pw up`) and
+# stops (`pw down`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PW=${BUILD_DIR:-build}/bin/pw
@@ -21,3 +23,5 @@ echo "== the paper's Figure 2 on it" >&2
 "$PW" example figure2
 echo "== a data-parallel MLP on a 4-device slice spanning both hosts of an island" >&2
 .venv/bin/python examples/mlp_dp.py "$@"
+echo "== a Transformer LM trained on island 0, served by another process (tenant 'serve') on island 1" >&2
+.venv/bin/python examples/lm/serve.py --steps 40
