@@ -86,12 +86,6 @@ absl::StatusOr<std::shared_ptr<const Tenant>> ClientRegistry::TenantOf(ClientId 
   return it->second.tenant;
 }
 
-std::string ClientRegistry::NameOf(ClientId client) const {
-  pw::MutexLock lock(&mu_);
-  auto it = clients_.find(client);
-  return it == clients_.end() ? "" : it->second.name;
-}
-
 absl::StatusOr<ClientRegistry::Quota> ClientRegistry::QuotaOf(ClientId client) const {
   pw::MutexLock lock(&mu_);
   auto it = clients_.find(client);

@@ -41,8 +41,6 @@ class ClientRegistry {
   // Unauthenticated naming the client if it is not connected.
   absl::Status Check(ClientId client) const;
   absl::StatusOr<std::shared_ptr<const Tenant>> TenantOf(ClientId client) const;
-  // The client's name ("" if not connected).
-  std::string NameOf(ClientId client) const;
   // The client's tenant's id and memory quota (0: none), for charging its arrays.
   struct Quota {
     int64_t tenant = -1;

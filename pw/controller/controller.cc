@@ -594,7 +594,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   unpin.insert(unpin.end(), pinned.begin(), pinned.end());
 
   if (span.active()) {
-    span.Arg("run", run.value()).Arg("program", lp.name).Arg("tenant", clients_.NameOf(client));
+    span.Arg("run", run.value()).Arg("program", lp.name).Arg("tenant", (*tenant)->name());
     span.Arg("nodes", static_cast<int64_t>(lp.nodes.size()));
     if (options.trace_flow != 0) span.FlowIn(options.trace_flow);
     for (const auto& [island, hosts] : plan.islands)
