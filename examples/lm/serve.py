@@ -115,6 +115,7 @@ class Server:
 
     def __init__(self, args, c, unravel):
         self._lock = threading.Lock()  # One request at a time.
+        self._closed = None  # close()'s result once closed.
         if os.environ.get("PW_CLUSTER"):
             self._proc = subprocess.Popen(
                 [sys.executable, os.path.abspath(__file__), "--serve", "--seed", str(args.seed),
@@ -147,12 +148,16 @@ class Server:
         return answer
 
     def close(self):
-        if self._proc is not None:
-            self._proc.stdin.close()
-            return self._proc.wait(timeout=120)
-        self._requests.put(None)
-        self._thread.join(timeout=120)
-        return 0
+        """Ends the server (once; later calls return the same)."""
+        if self._closed is None:
+            if self._proc is not None:
+                self._proc.stdin.close()
+                self._closed = self._proc.wait(timeout=120)
+            else:
+                self._requests.put(None)
+                self._thread.join(timeout=120)
+                self._closed = 0
+        return self._closed
 
 
 def check(c, unravel, flat, window, new_tokens) -> float:
@@ -206,22 +211,37 @@ def main(argv=None) -> int:
         a step still queued would wait for every step before it."""
         t0 = time.perf_counter()
         pending = []  # Steps' parameters not yet published, oldest first.
+
+        def publish(array, token):
+            token = array.share() if token is None else array.share(token=token)
+            # Held until the token names another array: a share does not keep its array alive,
+            # and a token naming a released array would fail the server's import.
+            published[0] = array
+            return token
         for _ in range(n):
             tokens, targets = next(stream)
             flat, loss = step(flat, tokens.reshape(shape), targets.reshape(shape))
             pending.append(flat)
             ready = [i for i, p in enumerate(pending) if p.is_ready()]
             if token is None or ready:
-                newest = pending[ready[-1]] if ready else flat
-                token = newest.share() if token is None else newest.share(token=token)
+                token = publish(pending[ready[-1]] if ready else flat, token)
                 del pending[:ready[-1] + 1 if ready else len(pending)]
         loss = float(loss)
-        token = flat.share(token=token)  # The last step's, now ready.
+        token = publish(flat, token)  # The last step's, now ready.
         return flat, token, loss, n * args.batch * c.seq / (time.perf_counter() - t0)
 
+    published = [None]  # The array the token names.
     server = Server(args, c, unravel)
     log(f"trainer on devices {trainer.devices} (island {trainer.islands}); the server on "
         f"island 1 as tenant 'serve', share {args.serve_share}")
+    try:
+        return run(args, c, unravel, flat, train, server, log)
+    finally:
+        server.close()
+
+
+def run(args, c, unravel, flat, train, server, log) -> int:
+    """Training alone, then while serving; the final answer checked."""
     flat, token, loss, _ = train(1, flat, None)  # Compiles, and makes the token.
     server.ask(token, "warm up")  # Compiles the server's function.
     flat, token, loss, alone = train(args.steps, flat, token)
@@ -240,11 +260,13 @@ def main(argv=None) -> int:
                 i += 1
         except Exception as e:  # noqa: BLE001 - reported below.
             failed.append(e)
-    thread = threading.Thread(target=requester)
+    thread = threading.Thread(target=requester, daemon=True)
     thread.start()
-    flat, token, loss, serving = train(args.steps, flat, token)
-    stop.set()
-    thread.join(timeout=300)
+    try:
+        flat, token, loss, serving = train(args.steps, flat, token)
+    finally:
+        stop.set()
+        thread.join(timeout=300)
     if failed:
         raise failed[0]
     p50, p99 = (np.percentile(latencies, [50, 99]) if latencies else (float("nan"),) * 2)
@@ -255,9 +277,12 @@ def main(argv=None) -> int:
     final = server.ask(token, prompts[0])
     window = np.asarray(final["window"], np.int32)
     gap = check(c, unravel, np.asarray(flat), window, args.new_tokens)
-    ok = gap <= TIE and server.close() == 0 and len(latencies) > 0
+    prompt_kept = bool(np.array_equal(window[:PROMPT], encode(prompts[0], c)[:PROMPT]))
+    closed = server.close() == 0
+    ok = gap <= TIE and prompt_kept and closed and len(latencies) > 0
     log(f"served with the final weights: {prompts[0]!r} -> {final['text']!r}; each byte the "
-        f"reference's argmax (largest logit gap {gap:.1e}, ties within {TIE:.0e}): "
+        f"reference's argmax (largest logit gap {gap:.1e}, ties within {TIE:.0e})"
+        f"{'' if prompt_kept else ', but the prompt came back changed'}: "
         f"{'OK' if ok else 'MISMATCH'}")
     if args.json:
         print(json.dumps({"train_tokens_per_second_alone": alone,

@@ -45,11 +45,15 @@ std::string PeerChannel::Fetch::offered() const {
 
 void PeerChannel::Fetch::Read(const ShardLocation& where, void* dst, size_t size,
                               absl::AnyInvocable<void(const absl::Status&)> done) {
-  if (read_) return done(absl::DataLossError("shard stream: a second location"));
+  const auto* shm = std::get_if<InSharedMemory>(&where);
+  if (read_ || (shm != nullptr && channel_->arena_ == nullptr)) {
+    // A segment named but refused is withdrawn (its writer let it go).
+    if (shm != nullptr) UnlinkSharedMemory(shm->segment);
+    return done(absl::DataLossError(read_ ? "shard stream: a second location"
+                                          : "shard stream: shared memory that this reader did not ask for"));
+  }
   read_ = true;
-  if (const auto* shm = std::get_if<InSharedMemory>(&where)) {
-    if (channel_->arena_ == nullptr)
-      return done(absl::DataLossError("shard stream: shared memory that this reader did not ask for"));
+  if (shm != nullptr) {
     return done(ReadSharedMemory(*shm, dst, size));
   }
   const OnBulkStream& bulk = std::get<OnBulkStream>(where);

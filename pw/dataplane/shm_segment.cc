@@ -81,9 +81,11 @@ absl::StatusOr<std::shared_ptr<ShmSegment>> ShmSegment::Open(ShmKind kind,
   const int fd = shm_open(name.c_str(), O_RDWR, 0);
   if (fd < 0) return Errno("shm_open", name);
   struct stat st;
-  absl::StatusOr<char*> data = fstat(fd, &st) == 0
-                                   ? Map(fd, static_cast<size_t>(st.st_size), false, name)
-                                   : Errno("fstat", name);
+  // A one-transfer segment is read whole at once: its pages are populated with the mapping.
+  absl::StatusOr<char*> data =
+      fstat(fd, &st) == 0
+          ? Map(fd, static_cast<size_t>(st.st_size), kind == ShmKind::kTransfer, name)
+          : Errno("fstat", name);
   close(fd);
   if (!data.ok()) return data.status();
   return std::shared_ptr<ShmSegment>(new ShmSegment(name, *data, static_cast<size_t>(st.st_size)));
@@ -104,7 +106,12 @@ absl::StatusOr<std::string> WriteSharedMemory(const void* data, size_t size) {
 
 absl::Status ReadSharedMemory(const std::string& name, void* dst, size_t size) {
   absl::StatusOr<std::shared_ptr<ShmSegment>> s = ShmSegment::Open(ShmKind::kTransfer, name);
-  if (!s.ok()) return s.status();
+  if (!s.ok()) {
+    // A segment that exists but cannot be mapped is not left behind (the writer let it go).
+    if (!absl::IsInvalidArgument(s.status()) && !absl::IsNotFound(s.status()))
+      shm_unlink(name.c_str());
+    return s.status();
+  }
   (*s)->Unlink();  // The mapping keeps it alive until we are done.
   if ((*s)->capacity() != size)
     return absl::DataLossError(absl::StrCat("shared memory ", name, " holds ", (*s)->capacity(),

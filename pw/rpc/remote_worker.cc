@@ -591,8 +591,10 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
       case v1::ShardChunk::LOCATION_NOT_SET:
         return absl::DataLossError("shard stream: a chunk that names no location");
     }
-    if (offset_ != 0 || located_)
+    if (offset_ != 0 || located_) {
+      if (chunk_.has_shared_memory()) dataplane::UnlinkSharedMemory(chunk_.shared_memory().segment());
       return absl::DataLossError("shard stream: a location after data or another location");
+    }
     offset_ = size;   // The read fills the buffer; any data chunk now is too much.
     located_ = true;  // The hold is ReadDone's to release.
     fetch_->Read(location, buffer_->mutable_data(), size,
