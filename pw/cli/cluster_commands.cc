@@ -12,8 +12,8 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,12 +21,12 @@
 #include "pw/cli/plot.h"
 #include "pw/client/client.h"
 #include "pw/dashboard/dashboard.h"
-#include "pw/server/status_json.h"
-#include "pw/trace/trace_json.h"
-#include "pw/rpc/remote_controller.h"
 #include "pw/dataplane/shm_arena.h"
+#include "pw/rpc/remote_controller.h"
 #include "pw/server/cpu_binding.h"
 #include "pw/server/local_cluster.h"
+#include "pw/server/status_json.h"
+#include "pw/trace/trace_json.h"
 
 namespace pw::cli {
 namespace {
@@ -582,9 +582,10 @@ int ClusterCommands::Status() {
   std::printf("cluster %s: %lld clients, %lld runs in flight, %lld completed, %lld buffers\n",
               address.c_str(), (long long)st->clients(), (long long)st->runs_in_flight(),
               (long long)st->runs_completed(), (long long)st->logical_buffers());
-  std::printf("transfers received: ICI %s (%s on the wire), DCN %s (%s on the wire); scheduler "
-              "queues:", Bytes(ici).c_str(), Bytes(ici_wire).c_str(), Bytes(dcn).c_str(),
-              Bytes(dcn_wire).c_str());
+  std::printf(
+      "transfers received: ICI %s (%s on the wire), DCN %s (%s on the wire); scheduler "
+      "queues:",
+      Bytes(ici).c_str(), Bytes(ici_wire).c_str(), Bytes(dcn).c_str(), Bytes(dcn_wire).c_str());
   for (int64_t q : st->scheduler_queue_depth()) std::printf(" %lld", (long long)q);
   if (st->running_size() > 0) {
     std::printf("\nrunning:");

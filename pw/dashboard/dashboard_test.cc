@@ -107,9 +107,8 @@ TEST(DashboardTest, ServesThePageAndTheClusterWithATimelineOfEveryTenant) {
   // failing: the controller's spans said "alice", the island scheduler's "alice:1", and which
   // came first in a window decided the label).
   const auto tenant_of = [&](const std::string& client) {
-    return std::count_if(names.begin(), names.end(), [&](const std::string& n) {
-      return absl::StartsWith(n, client + ":");
-    });
+    return std::count_if(names.begin(), names.end(),
+                         [&](const std::string& n) { return absl::StartsWith(n, client + ":"); });
   };
   EXPECT_EQ(tenant_of("alice"), 1) << state["timeline"]["tenants"];
   EXPECT_EQ(tenant_of("bob"), 1) << state["timeline"]["tenants"];

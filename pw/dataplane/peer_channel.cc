@@ -46,19 +46,22 @@ std::string PeerChannel::Fetch::offered() const {
 void PeerChannel::Fetch::Read(const ShardLocation& where, void* dst, size_t size,
                               absl::AnyInvocable<void(const absl::Status&)> done) {
   const auto* shm = std::get_if<InSharedMemory>(&where);
-  if (read_ || (shm != nullptr && channel_->arena_ == nullptr)) {
-    // A segment named but refused is withdrawn (its writer let it go).
-    if (shm != nullptr) UnlinkSharedMemory(shm->segment);
-    return done(absl::DataLossError(read_ ? "shard stream: a second location"
-                                          : "shard stream: shared memory that this reader did not ask for"));
+  absl::Status refused;
+  if (read_) {
+    refused = absl::DataLossError("shard stream: a second location");
+  } else if (shm != nullptr && channel_->arena_ == nullptr) {
+    refused = absl::DataLossError("shard stream: shared memory that this reader did not ask for");
+  }
+  if (!refused.ok()) {
+    if (shm != nullptr) UnlinkSharedMemory(shm->segment);  // Its writer let it go.
+    return done(refused);
   }
   read_ = true;
-  if (shm != nullptr) {
-    return done(ReadSharedMemory(*shm, dst, size));
-  }
+  if (shm != nullptr) return done(ReadSharedMemory(*shm, dst, size));
   const OnBulkStream& bulk = std::get<OnBulkStream>(where);
   if (channel_->bulk_ == nullptr)
-    return done(absl::DataLossError("shard stream: a bulk ticket that this reader did not ask for"));
+    return done(
+        absl::DataLossError("shard stream: a bulk ticket that this reader did not ask for"));
   if (bulk.ticket == 0 || bulk.port <= 0 || bulk.port > 65535)
     return done(absl::DataLossError(
         absl::StrCat("shard stream: bulk ticket ", bulk.ticket, " on port ", bulk.port)));
@@ -70,7 +73,8 @@ absl::Status PeerChannel::Fetch::ReadSharedMemory(const InSharedMemory& where, v
   ShmArena& arena = *channel_->arena_;
   if (where.segment.empty()) {
     if (segment_ == nullptr || segment_->capacity() < size)
-      return absl::DataLossError("shard stream: the shard is said to be in a segment it cannot be in");
+      return absl::DataLossError(
+          "shard stream: the shard is said to be in a segment it cannot be in");
     if (size > 0) std::memcpy(dst, segment_->data(), size);
     return absl::OkStatus();
   }

@@ -85,7 +85,8 @@ absl::Status ShmArena::Grow(size_t size) {
     if (over_limit()) return absl::ResourceExhaustedError("shared-memory arena is full");
     bytes_ += capacity;  // Reserved; given back below on failure.
   }
-  absl::StatusOr<std::shared_ptr<ShmSegment>> segment = ShmSegment::Create(ShmKind::kArena, capacity);
+  absl::StatusOr<std::shared_ptr<ShmSegment>> segment =
+      ShmSegment::Create(ShmKind::kArena, capacity);
   if (!segment.ok()) {
     pw::MutexLock lock(&mu_);
     bytes_ -= capacity;

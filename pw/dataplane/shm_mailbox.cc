@@ -51,7 +51,8 @@ absl::StatusOr<std::unique_ptr<ShmMailbox>> ShmMailbox::Create(OnMessage on_mess
   if (capacity == 0 || (capacity & (capacity - 1)) != 0 || capacity > (size_t{1} << 30))
     return absl::InvalidArgumentError("mailbox capacity must be a power of two up to 1 GiB");
   std::unique_ptr<ShmMailbox> m(new ShmMailbox());
-  PW_ASSIGN_OR_RETURN(m->segment_, ShmSegment::Create(ShmKind::kMailbox, sizeof(Header) + capacity));
+  PW_ASSIGN_OR_RETURN(m->segment_,
+                      ShmSegment::Create(ShmKind::kMailbox, sizeof(Header) + capacity));
   m->owner_ = true;
   m->header_ = new (m->segment_->data())
       Header{kMagic, static_cast<uint32_t>(capacity), {0}, {0}, {0}, {0}, {0}};
@@ -68,7 +69,8 @@ absl::StatusOr<std::unique_ptr<ShmMailbox>> ShmMailbox::Open(const std::string& 
     return absl::DataLossError(absl::StrCat("mailbox ", name, " is too small"));
   m->header_ = reinterpret_cast<Header*>(m->segment_->data());
   m->ring_ = m->segment_->data() + sizeof(Header);
-  if (m->header_->magic != kMagic || sizeof(Header) + m->header_->capacity != m->segment_->capacity())
+  if (m->header_->magic != kMagic ||
+      sizeof(Header) + m->header_->capacity != m->segment_->capacity())
     return absl::DataLossError(absl::StrCat("mailbox ", name, " has a bad header"));
   return m;
 }

@@ -41,7 +41,8 @@ std::string NewName(ShmKind kind) {
 
 absl::Status Errno(absl::string_view what, const std::string& name) {
   const int e = errno;
-  const std::string message = absl::StrCat("shared memory ", name, ": ", what, ": ", std::strerror(e));
+  const std::string message =
+      absl::StrCat("shared memory ", name, ": ", what, ": ", std::strerror(e));
   return e == ENOENT ? absl::NotFoundError(message) : absl::InternalError(message);
 }
 
@@ -82,10 +83,10 @@ absl::StatusOr<std::shared_ptr<ShmSegment>> ShmSegment::Open(ShmKind kind,
   if (fd < 0) return Errno("shm_open", name);
   struct stat st;
   // A one-transfer segment is read whole at once: its pages are populated with the mapping.
-  absl::StatusOr<char*> data =
-      fstat(fd, &st) == 0
-          ? Map(fd, static_cast<size_t>(st.st_size), kind == ShmKind::kTransfer, name)
-          : Errno("fstat", name);
+  const bool populate = kind == ShmKind::kTransfer;
+  absl::StatusOr<char*> data = fstat(fd, &st) == 0
+                                   ? Map(fd, static_cast<size_t>(st.st_size), populate, name)
+                                   : Errno("fstat", name);
   close(fd);
   if (!data.ok()) return data.status();
   return std::shared_ptr<ShmSegment>(new ShmSegment(name, *data, static_cast<size_t>(st.st_size)));

@@ -33,7 +33,8 @@ TEST(ShmSegmentTest, CreatedSegmentIsOpenedByNameOfItsKindOnly) {
   auto wrong = ShmSegment::Open(ShmKind::kMailbox, (*made)->name());
   EXPECT_TRUE(absl::IsInvalidArgument(wrong.status()));
   EXPECT_THAT(wrong.status().message(), HasSubstr((*made)->name()));
-  EXPECT_TRUE(absl::IsInvalidArgument(ShmSegment::Open(ShmKind::kArena, "/pw-arena-1/../x").status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(ShmSegment::Open(ShmKind::kArena, "/pw-arena-1/../x").status()));
 
   (*made)->Unlink();
   EXPECT_TRUE(absl::IsNotFound(ShmSegment::Open(ShmKind::kArena, (*made)->name()).status()));
@@ -55,7 +56,8 @@ TEST(ShmSegmentTest, OneTransferSegmentIsReadOnceAndGone) {
   ASSERT_TRUE(name.ok());
   absl::Status wrong = ReadSharedMemory(*name, got.data(), 3);
   EXPECT_TRUE(absl::IsDataLoss(wrong));
-  EXPECT_THAT(wrong.message(), HasSubstr(absl::StrCat("holds ", data.size(), " bytes, expected 3")));
+  EXPECT_THAT(wrong.message(),
+              HasSubstr(absl::StrCat("holds ", data.size(), " bytes, expected 3")));
   EXPECT_TRUE(absl::IsNotFound(ShmSegment::Open(ShmKind::kTransfer, *name).status()));
 
   // Empty shards travel too; a segment nobody reads can be withdrawn.

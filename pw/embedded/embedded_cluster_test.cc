@@ -212,9 +212,8 @@ TEST_P(ClusterTest, ReshardsBetweenShardings) {
   EXPECT_EQ(after_gather.dcn_wire, grpc() ? 2 * 16 : 0);
 
   // Back: each half is cut from one replica, fetched whole over the wire (16 bytes for 8).
-  Program back = *c->Trace("unshard", {g}, [&](std::vector<Value> v) {
-    return std::vector<Value>{split(rep(v[0]))};
-  });
+  Program back = *c->Trace(
+      "unshard", {g}, [&](std::vector<Value> v) { return std::vector<Value>{split(rep(v[0]))}; });
   out = back.Call({F32({1, 2, 3, 4})});
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(Values((*out)[0]), (std::vector<float>{1, 2, 3, 4}));

@@ -73,9 +73,10 @@ Families HostFamilies(const HostStatus& s) {
   b.Add("pw_host_received_bytes_total", "", kCounter, dcn, static_cast<double>(s.dcn_bytes_received));
   b.Add("pw_host_wire_bytes_total",
         "Of the bytes received, those that crossed from another process (whole source shards "
-        "of transfers, collective inputs), by link class.", kCounter, ici,
-        static_cast<double>(s.ici_wire_bytes_received));
-  b.Add("pw_host_wire_bytes_total", "", kCounter, dcn, static_cast<double>(s.dcn_wire_bytes_received));
+        "of transfers, collective inputs), by link class.",
+        kCounter, ici, static_cast<double>(s.ici_wire_bytes_received));
+  b.Add("pw_host_wire_bytes_total", "", kCounter, dcn,
+        static_cast<double>(s.dcn_wire_bytes_received));
   b.Add("pw_host_dispatch_queue_depth", "Host programs waiting on the host's dispatch thread.",
         kGauge, host, static_cast<double>(s.dispatch_queue_depth));
   b.Add("pw_host_cancelled_shards_total", "Shards of cancelled runs that were not run.", kCounter,

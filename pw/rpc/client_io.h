@@ -1,7 +1,7 @@
 // ClientIo: a wire client's side of client I/O beside the controller (ControllerInterface::
 // BeginPut, LocateArray): an array's shards go between this process and the workers' bulk
-// streams (pw/dataplane/bulk_server.h) under the one-use keys the controller handed out, not through
-// the controller.
+// streams (pw/dataplane/bulk_server.h) under the one-use keys the controller handed out, not
+// through the controller.
 //
 // Up to dataplane::BulkClient::kMaxThreads transfers run at once per worker machine. Thread-safe.
 #pragma once
@@ -34,10 +34,12 @@ class ClientIo {
 
  private:
   // The bulk client for `address` ("host:port"; "[v6]:port") and its port.
-  absl::StatusOr<std::pair<std::shared_ptr<dataplane::BulkClient>, int>> To(const std::string& address);
+  absl::StatusOr<std::pair<std::shared_ptr<dataplane::BulkClient>, int>> To(
+      const std::string& address);
 
   pw::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<dataplane::BulkClient>> clients_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::shared_ptr<dataplane::BulkClient>> clients_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pw::rpc

@@ -1,5 +1,4 @@
 #include "pw/rpc/remote_worker.h"
-#include "pw/rpc/reactors.h"
 
 #include <cstring>
 #include <deque>
@@ -8,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
 #include "pw/dataplane/shm_segment.h"
+#include "pw/rpc/reactors.h"
 #include "pw/rpc/wire.h"
 
 namespace pw::rpc {
@@ -592,7 +592,8 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
         return absl::DataLossError("shard stream: a chunk that names no location");
     }
     if (offset_ != 0 || located_) {
-      if (chunk_.has_shared_memory()) dataplane::UnlinkSharedMemory(chunk_.shared_memory().segment());
+      if (chunk_.has_shared_memory())
+        dataplane::UnlinkSharedMemory(chunk_.shared_memory().segment());
       return absl::DataLossError("shard stream: a location after data or another location");
     }
     offset_ = size;   // The read fills the buffer; any data chunk now is too much.

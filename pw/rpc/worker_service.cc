@@ -7,9 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "pw/base/heap.h"
 #include "pw/base/status_macros.h"
-#include "pw/rpc/reactors.h"
 #include "pw/dataplane/peer_channel.h"
 #include "pw/dataplane/shm_segment.h"
+#include "pw/rpc/reactors.h"
 #include "pw/rpc/wire.h"
 
 namespace pw::rpc {
@@ -349,7 +349,8 @@ class WorkerService::CommandStream final
           what, ": this worker has no bulk stream for clients (pw worker --bulk-port)"));
     if (t.buffer() < 0 || t.device() < 0)
       return absl::InvalidArgumentError(absl::StrCat(what, ": negative buffer or device id"));
-    if (t.key().size() < dataplane::BulkServer::kMinKeyBytes || t.key().size() > dataplane::bulk::kMaxTokenBytes)
+    if (t.key().size() < dataplane::BulkServer::kMinKeyBytes ||
+        t.key().size() > dataplane::bulk::kMaxTokenBytes)
       return absl::InvalidArgumentError(absl::StrCat(what, ": a key of ", t.key().size(), " bytes"));
     if (t.timeout_ms() < 0)
       return absl::InvalidArgumentError(absl::StrCat(what, ": a negative timeout"));
@@ -376,8 +377,9 @@ class WorkerService::CommandStream final
   }
   // Offers shard `b` to a client as transfer `t` says (from host memory: a device's shard is
   // copied out first), then answers command `seq`: DONE with the port, or why it was refused.
-  static void OfferToClient(const std::shared_ptr<Sink>& sink, uint64_t seq, dataplane::BulkServer* bulk,
-                            const v1::ClientTransferRequest& t, const DeviceBufferRef& b) {
+  static void OfferToClient(const std::shared_ptr<Sink>& sink, uint64_t seq,
+                            dataplane::BulkServer* bulk, const v1::ClientTransferRequest& t,
+                            const DeviceBufferRef& b) {
     auto offer = [sink, seq, bulk, t](std::shared_ptr<const void> keep, const char* data,
                                       size_t size) {
       const absl::Status s = bulk->OfferToClient(
@@ -655,7 +657,8 @@ class WorkerService::ShardStream final : public grpc::ServerWriteReactor<v1::Sha
   std::string shm_name_;  // The segment sent, if any.
   std::string shm_dest_;  // The reader's segment to write into, if any.
   dataplane::ShmWriterCache* arena_writer_ = nullptr;
-  dataplane::BulkServer* bulk_ = nullptr;  // Set: the reader takes large shards from the bulk stream.
+  // Set: the reader takes large shards from the bulk stream.
+  dataplane::BulkServer* bulk_ = nullptr;
   uint64_t ticket_ = 0;         // The bulk offer made, if any.
   v1::ShardChunk chunk_;
 };

@@ -18,11 +18,11 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "pw/base/mutex.h"
+#include "pw/dataplane/bulk_server.h"
+#include "pw/dataplane/shm_arena.h"
 #include "pw/executor/collectives.h"
 #include "pw/rpc/auth.h"
-#include "pw/dataplane/bulk_server.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
-#include "pw/dataplane/shm_arena.h"
 #include "pw/trace/trace.h"
 #include "pw/transport/worker_interface.h"
 
@@ -108,7 +108,8 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   dataplane::BulkServer* const bulk_;
   const HostsReceiver on_hosts_;
   const PutLater put_later_;
-  dataplane::ShmWriterCache arena_writer_;  // Readers' arena segments that shard streams write into.
+  // Readers' arena segments that shard streams write into.
+  dataplane::ShmWriterCache arena_writer_;
   trace::ClockOffset controller_clock_;
   pw::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<const HostProgram>> programs_ ABSL_GUARDED_BY(mu_);

@@ -23,9 +23,9 @@
 #include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 #include "pw/base/status_macros.h"
+#include "pw/dataplane/shm_arena.h"
 #include "pw/rpc/auth.h"
 #include "pw/rpc/remote_controller.h"
-#include "pw/dataplane/shm_arena.h"
 #include "pw/server/cpu_binding.h"
 
 namespace pw::server {

@@ -65,7 +65,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
       host, hs.island, devices, &s->collectives_, [p = s.get()](HostId h) { return p->Peer(h); },
       std::make_shared<pjrt::PjrtBackend>(s->options_.pjrt_plugin, hs.devices));
   // Peers on this machine send collective inputs through shared memory.
-  PW_ASSIGN_OR_RETURN(s->mailbox_, dataplane::ShmMailbox::Create([p = s.get()](absl::string_view m) {
+  PW_ASSIGN_OR_RETURN(s->mailbox_,
+                      dataplane::ShmMailbox::Create([p = s.get()](absl::string_view m) {
                         v1::CollectiveContribution c;
                         if (c.ParseFromArray(m.data(), static_cast<int>(m.size())))
                           (void)p->ReceiveCollective(c);
@@ -80,10 +81,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   dataplane::BulkServer::ClientLimits client_limits;
   client_limits.max_client_bytes = 0;
   for (const DeviceSpec& d : devices) client_limits.max_client_bytes += d.memory_bytes;
-  PW_ASSIGN_OR_RETURN(s->bulk_, dataplane::BulkServer::Start(rpc::HostOf(s->options_.listen),
-                                                       s->options_.bulk_port,
-                                                       s->options_.channel.token,
-                                                       std::move(bulk_tls), client_limits));
+  PW_ASSIGN_OR_RETURN(s->bulk_, dataplane::BulkServer::Start(
+                                    rpc::HostOf(s->options_.listen), s->options_.bulk_port,
+                                    s->options_.channel.token, std::move(bulk_tls), client_limits));
   s->service_ = std::make_unique<rpc::WorkerService>(
       s->worker_.get(), s->options_.channel.token,
       [p = s.get()](const v1::CollectiveContribution& c) { return p->ReceiveCollective(c); },

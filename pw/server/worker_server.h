@@ -20,13 +20,13 @@
 #include "grpcpp/grpcpp.h"
 #include "pw/base/mutex.h"
 #include "pw/cluster/cluster_spec.h"
+#include "pw/dataplane/shm_mailbox.h"
 #include "pw/executor/collectives.h"
 #include "pw/metrics/metrics.h"
 #include "pw/pjrt/pjrt_backend.h"
 #include "pw/rpc/auth.h"
 #include "pw/rpc/proto/pathways.grpc.pb.h"
 #include "pw/rpc/remote_worker.h"
-#include "pw/dataplane/shm_mailbox.h"
 #include "pw/rpc/worker_service.h"
 #include "pw/worker/worker.h"
 
@@ -135,7 +135,8 @@ class WorkerServer final : public CollectivePeers {
   mutable pw::Mutex mu_;
   absl::flat_hash_map<HostId, rpc::RemoteWorker*> peers_ ABSL_GUARDED_BY(mu_);
   // Peers on this machine: their shared-memory mailboxes (collective inputs).
-  absl::flat_hash_map<HostId, std::shared_ptr<dataplane::ShmMailbox>> mailboxes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<HostId, std::shared_ptr<dataplane::ShmMailbox>> mailboxes_
+      ABSL_GUARDED_BY(mu_);
   std::unique_ptr<dataplane::ShmMailbox> mailbox_;  // Ours.
   std::vector<std::unique_ptr<rpc::RemoteWorker>> stubs_ ABSL_GUARDED_BY(mu_);  // Never freed early.
   absl::flat_hash_map<HostId, ::pathways::v1::HostAddress> hosts_ ABSL_GUARDED_BY(mu_);

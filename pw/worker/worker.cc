@@ -265,16 +265,18 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
     std::vector<int> src_ranks;
     for (const Source& s : sources) src_ranks.push_back(s.rank);
     JoinFutures(deps).OnReady([this, run = work.run, t, src_ranks, fetched = std::move(fetched),
-                               crossed = std::move(crossed), dst_box, shard_spec, device_id, esize, where, out = std::move(out),
-                               shard_done, tr](const absl::Status& s) mutable {
+                               crossed = std::move(crossed), dst_box, shard_spec, device_id, esize,
+                               where, out = std::move(out), shard_done,
+                               tr](const absl::Status& s) mutable {
       if (!s.ok()) {
         out.Set(Annotate(s, where));
         shard_done->Done(Annotate(s, where));
         return;
       }
       data_plane_.Post([this, run, t = std::move(t), src_ranks = std::move(src_ranks),
-                        fetched = std::move(fetched), crossed = std::move(crossed), dst_box, shard_spec, device_id, esize, where,
-                        out = std::move(out), shard_done, tr]() mutable {
+                        fetched = std::move(fetched), crossed = std::move(crossed), dst_box,
+                        shard_spec, device_id, esize, where, out = std::move(out), shard_done,
+                        tr]() mutable {
         std::optional<trace::Span> span;
         if (tr != nullptr) {
           span.emplace(trace::TransfersTrack(host_), "transfer", tr->name, tr->client);
