@@ -87,8 +87,11 @@ absl::Status RunClients(const MultitenantBenchOptions& o, const std::string& add
     if (waitpid(c.pid, &status, 0) != c.pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       std::ifstream log(absl::StrCat(dir, "/", c.tenant, ".log"));
       std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+      const std::string how = WIFSIGNALED(status)
+                                  ? absl::StrCat("killed by signal ", WTERMSIG(status))
+                                  : absl::StrCat("exit status ", WEXITSTATUS(status));
       result.Update(absl::InternalError(absl::StrCat("multitenant bench: client ", c.tenant,
-                                                     " failed: ", text)));
+                                                     " failed (", how, "): ", text)));
       continue;
     }
     std::ifstream in(c.out);
@@ -179,9 +182,14 @@ absl::Status RunMultitenantClient(const MultitenantClientOptions& o) {
     PW_RETURN_IF_ERROR(out[0].Ready().Await());
   }
   absl::SleepFor(absl::FromUnixNanos(o.start_unix_ns) - absl::Now());
-  pw::Mutex mu;
-  std::vector<int64_t> done;
-  absl::Status failed;
+  // Finishing times, recorded by callbacks on the client's threads. Shared with them: a callback
+  // can outlive this function when it returns early; and each call's entry in `in_flight` is
+  // ready only once its time is recorded (a future's waiter can wake before its callbacks ran).
+  struct FinishTimes {
+    pw::Mutex mu;
+    std::vector<int64_t> at ABSL_GUARDED_BY(mu);
+  };
+  auto times = std::make_shared<FinishTimes>();
   std::deque<Future<>> in_flight;
   while (NowNs() < o.end_unix_ns) {
     if (static_cast<int>(in_flight.size()) >= o.in_flight) {
@@ -190,21 +198,23 @@ absl::Status RunMultitenantClient(const MultitenantClientOptions& o) {
       continue;
     }
     PW_ASSIGN_OR_RETURN(std::vector<Array> out, step.Call({x}));
-    Future<> ready = out[0].Ready();
-    ready.OnReady([&mu, &done](const absl::Status& s) {
-      if (!s.ok()) return;
-      const int64_t t = NowNs();
-      pw::MutexLock lock(&mu);
-      done.push_back(t);
+    Promise<> recorded;
+    in_flight.push_back(recorded.future());
+    out[0].Ready().OnReady([times, recorded = std::move(recorded)](const absl::Status& s) mutable {
+      if (s.ok()) {
+        const int64_t t = NowNs();
+        pw::MutexLock lock(&times->mu);
+        times->at.push_back(t);
+      }
+      recorded.Set(s);
     });
-    in_flight.push_back(std::move(ready));
   }
   for (Future<>& f : in_flight) PW_RETURN_IF_ERROR(f.Await());
   std::ofstream out(o.out);
   out << client->id().value() << "\n";  // Then the finishing times.
-  pw::MutexLock lock(&mu);
-  std::sort(done.begin(), done.end());
-  for (int64_t t : done) out << t << "\n";
+  pw::MutexLock lock(&times->mu);
+  std::sort(times->at.begin(), times->at.end());
+  for (int64_t t : times->at) out << t << "\n";
   if (!out) return absl::InternalError(absl::StrCat("cannot write ", o.out));
   return absl::OkStatus();
 }
