@@ -14,6 +14,7 @@ DEB_PACKAGES=(
   clang-14 libclang-rt-14-dev  # libFuzzer targets (make fuzz; a short run in make test).
   libssl-dev openssl  # TLS: the bulk stream (OpenSSL), scripts/tls-certs.sh.
   prometheus-cpp-dev  # Metrics endpoints (pw/metrics).
+  libzstd-dev  # Checkpoints: stock Orbax writes zstd-compressed zarr chunks (pw/checkpoint).
   chromium  # The dashboard's test loads its page headless (pw/dashboard).
 )
 

@@ -186,6 +186,9 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   up_->add_option("--run-timeout-ms", run_timeout_ms_, kRunTimeoutHelp);
   up_->add_option("--overrun-grace-ms", overrun_grace_ms_, kOverrunGraceHelp);
   up_->add_option("--max-client-bytes", max_client_bytes_, kMaxClientBytesHelp);
+  up_->add_option("--checkpoint-root", checkpoint_root_,
+                  "The directory clients' checkpoints are written under (pw.checkpoint; default "
+                  "<state dir>/checkpoints)");
   AddSchedulingFlags(up_);
   AddTlsFlags(up_, /*insecure=*/false);  // pw up's processes listen on loopback.
 
@@ -271,6 +274,9 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
                           "The most nodes a program may have; a larger one is refused (default "
                           "1048576)");
   controller_->add_option("--max-client-bytes", max_client_bytes_, kMaxClientBytesHelp);
+  controller_->add_option("--checkpoint-root", checkpoint_root_,
+                          "The directory (on a filesystem every worker shares) clients' "
+                          "checkpoints are written under; none: checkpoints are refused");
   controller_->add_option("--metrics-port", metrics_port_, kMetricsPortHelp);
   AddSchedulingFlags(controller_);
   AddTlsFlags(controller_, /*insecure=*/true);
@@ -324,6 +330,7 @@ int ClusterCommands::Up(const char* argv0) {
   o.collective_timeout_ms = collective_timeout_ms_;
   o.run_timeout_ms = run_timeout_ms_;
   o.max_client_bytes = max_client_bytes_;
+  o.checkpoint_root = checkpoint_root_;
   o.scheduling = scheduling_;
   o.scheduling_window_ms = scheduling_window_ms_;
   o.overrun_grace_ms = overrun_grace_ms_;
@@ -648,6 +655,7 @@ int ClusterCommands::Controller() {
   o.default_run_timeout = absl::Milliseconds(run_timeout_ms_);
   o.max_program_nodes = max_program_nodes_;
   o.max_client_bytes = max_client_bytes_;
+  o.checkpoint_root = checkpoint_root_;
   o.scheduling = {scheduling_, absl::Microseconds(std::llround(scheduling_window_ms_ * 1000))};
   o.metrics_listen = MetricsListen(listen_, metrics_port_);
   o.clients.session_grace = absl::Milliseconds(session_grace_ms_);

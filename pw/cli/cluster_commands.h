@@ -76,6 +76,7 @@ class ClusterCommands {
   int64_t collective_timeout_ms_ = 0;
   int64_t run_timeout_ms_ = 0;
   int64_t max_client_bytes_ = 0;
+  std::string checkpoint_root_;
   std::string scheduling_ = "share";
   double scheduling_window_ms_ = 2;
   // pw tenant.

@@ -54,6 +54,23 @@ absl::StatusOr<std::string> Array::Share(const ShareOptions& options) const {
   return h_->controller->ShareArray(h_->client, h_->info.id, options);
 }
 
+Future<> Array::Save(const std::string& path) const {
+  // As ToHostAsync: after the run is accepted, the handle held until the save ends.
+  auto save = [path](std::shared_ptr<Handle> h) {
+    Future<> saved = h->controller->SaveArray(h->client, h->info.id, path);
+    saved.OnReady([h](const absl::Status&) {});
+    return saved;
+  };
+  if (!h_->run.valid()) return save(h_);
+  Promise<> p;
+  Future<> f = p.future();
+  h_->run.OnReady([h = h_, p = std::move(p), save](const absl::StatusOr<RunInfo>& r) mutable {
+    if (!r.ok()) return p.Set(r.status());
+    save(h).OnReady([p = std::move(p)](const absl::Status& s) mutable { p.Set(s); });
+  });
+  return f;
+}
+
 // ---- Slices
 
 absl::Status Slice::Release() const {
@@ -187,6 +204,18 @@ absl::StatusOr<Array> Client::Import(const std::string& token) {
 }
 
 absl::Status Client::Revoke(const std::string& token) { return controller_->RevokeShare(id_, token); }
+
+absl::StatusOr<Array> Client::Load(SliceId slice, const Sharding& sharding,
+                                   const ArraySpec& spec, const std::string& path) {
+  PW_ASSIGN_OR_RETURN(ArrayInfo info, controller_->LoadArray(id_, slice, sharding, spec, path));
+  return Adopt(info);
+}
+
+absl::StatusOr<std::string> Client::CommitCheckpoint(
+    const std::string& path, const std::vector<std::pair<std::string, std::string>>& files,
+    const std::string& final_path) {
+  return controller_->CommitCheckpoint(id_, path, files, final_path);
+}
 
 absl::StatusOr<Array> Client::Put(HostArray value, SliceId slice, const Sharding& sharding) {
   PW_ASSIGN_OR_RETURN(ArrayInfo info, controller_->PutArray(id_, slice, sharding, std::move(value)));

@@ -51,6 +51,9 @@ class Array {
   // A token another client can import the array with (Client::Import), or `options.token`
   // re-pointed at it (ControllerInterface::ShareArray).
   absl::StatusOr<std::string> Share(const ShareOptions& options = {}) const;
+  // Written by the workers as the zarr array in directory `path` of the cluster's checkpoint
+  // root, once computed (ControllerInterface::SaveArray); ready once written.
+  Future<> Save(const std::string& path) const;
 
  private:
   friend class Client;
@@ -235,6 +238,14 @@ class Client {
   absl::StatusOr<Array> Import(const std::string& token);
   // Ends a share this client made: clients that imported through it lose those arrays.
   absl::Status Revoke(const std::string& token);
+  // Checkpoints (ControllerInterface::LoadArray, CommitCheckpoint): an array of `spec` sharded
+  // as `sharding` on `slice`, read by the workers from the zarr array at `path` (any chunk shape,
+  // so another sharding's); and the commit of a checkpoint written into `path`.
+  absl::StatusOr<Array> Load(SliceId slice, const Sharding& sharding, const ArraySpec& spec,
+                             const std::string& path);
+  absl::StatusOr<std::string> CommitCheckpoint(
+      const std::string& path, const std::vector<std::pair<std::string, std::string>>& files,
+      const std::string& final_path);
   absl::StatusOr<Program> Trace(const std::string& name, const std::vector<ArraySpec>& args,
                                 const std::function<std::vector<Value>(std::vector<Value>)>& fn);
 

@@ -56,6 +56,11 @@ class Controller final : public ControllerInterface {
       absl::Duration window = absl::Milliseconds(2);
     };
     Scheduling scheduling;
+    // The directory checkpoints are written under and read from (SaveArray, LoadArray,
+    // CommitCheckpoint); clients name paths within it. Empty: any absolute path (an embedded
+    // cluster, which runs as its one user; a process cluster without one refuses checkpoints);
+    // pw up's default is <state dir>/checkpoints.
+    std::string checkpoint_root;
     // Called as each run finishes (on the controller's completion thread; must not block):
     // the time from its submission, and its outcome. Metrics observe runs through it.
     std::function<void(absl::Duration, const absl::Status&)> on_run_done;
@@ -129,6 +134,13 @@ class Controller final : public ControllerInterface {
                              const ArraySpec& spec) override;
   Future<LocatedArray> LocateArray(ClientId client, BufferId id, bool inline_only) override;
   absl::Status ReleaseArray(ClientId client, BufferId id) override;
+  Future<> SaveArray(ClientId client, BufferId id, const std::string& path) override;
+  absl::StatusOr<ArrayInfo> LoadArray(ClientId client, SliceId slice, const Sharding& sharding,
+                                      const ArraySpec& spec, const std::string& path) override;
+  absl::StatusOr<std::string> CommitCheckpoint(
+      ClientId client, const std::string& path,
+      const std::vector<std::pair<std::string, std::string>>& files,
+      const std::string& final_path) override;
   absl::StatusOr<std::string> ShareArray(ClientId client, BufferId id,
                                          const ShareOptions& options) override;
   absl::StatusOr<ArrayInfo> ImportArray(ClientId client, const std::string& token) override;
@@ -181,6 +193,8 @@ class Controller final : public ControllerInterface {
   absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(ClientId client, const ProgramIr& ir,
                                                         const std::vector<Placement>& args);
   WorkerInterface* Worker(HostId host) const;
+  // A client's checkpoint `path` as an absolute path within the checkpoint root, or why not.
+  absl::StatusOr<std::string> CheckpointPath(const std::string& path) const;
   // A new array of `spec` on `slice_id` for `client` (a put's checks and quota), not yet ready:
   // its ready future is `ready`'s.
   absl::StatusOr<ArrayInfo> NewPutArray(ClientId client, SliceId slice_id, const Sharding& sharding,

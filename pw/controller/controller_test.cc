@@ -28,6 +28,9 @@ class MockWorker : public WorkerInterface {
   MOCK_METHOD(Future<DeviceBufferRef>, FetchShard, (BufferId, DeviceId), (override));
   MOCK_METHOD(UploadAck, ExpectUpload, (BufferId, DeviceId, const ArraySpec&), (override));
   MOCK_METHOD(Future<ShardTransfer>, OfferShard, (BufferId, DeviceId), (override));
+  MOCK_METHOD(Future<>, SaveShard, (BufferId, DeviceId, const ShardFile&), (override));
+  MOCK_METHOD(Future<>, LoadShard, (BufferId, DeviceId, const ArraySpec&, const ShardFile&),
+              (override));
   MOCK_METHOD(void, DeleteBuffers, (const std::vector<BufferId>&), (override));
   MOCK_METHOD(void, Unload, (const std::vector<FunctionId>&, const std::vector<uint64_t>&),
               (override));

@@ -4,14 +4,17 @@
 
 #include <atomic>
 #include <deque>
+#include <filesystem>
 #include <optional>
 #include <random>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pw/base/heap.h"
+#include "pw/base/status_matchers.h"
 #include "pw/client/client.h"
 #include "pw/examples/figure2.h"
 #include "pw/rpc/remote_controller.h"
@@ -21,6 +24,8 @@
 
 namespace pw {
 namespace {
+
+using ::testing::HasSubstr;
 
 constexpr absl::Duration kDeadlockTimeout = absl::Seconds(60);
 
@@ -76,6 +81,7 @@ class ClusterTest : public ::testing::TestWithParam<Transport> {
     if (!grpc()) {
       EmbeddedCluster::Options eo;
       eo.controller.max_client_bytes = client_quota_;
+      eo.controller.checkpoint_root = checkpoint_root_;
       embedded_ = *EmbeddedCluster::Create(spec, eo);
       controller_ = &embedded_->controller();
       api_ = controller_;
@@ -85,6 +91,7 @@ class ClusterTest : public ::testing::TestWithParam<Transport> {
     server::ControllerServer::Options o;
     o.failure_timeout = kDeadlockTimeout;
     o.max_client_bytes = client_quota_;
+    o.checkpoint_root = checkpoint_root_;
     o.clients.max_runs_in_flight = runs_in_flight_limit_;
     auto server = server::ControllerServer::Start(spec, o);
     ASSERT_TRUE(server.ok()) << server.status();
@@ -114,6 +121,7 @@ class ClusterTest : public ::testing::TestWithParam<Transport> {
   // What clients talk to: the controller itself, or its gRPC stub.
   ControllerInterface* api() { return api_; }
   int64_t client_quota_ = 0;  // Controller::Options::max_client_bytes for Start.
+  std::string checkpoint_root_;  // Controller::Options::checkpoint_root for Start.
   int64_t runs_in_flight_limit_ = rpc::ClientLimits{}.max_runs_in_flight;  // Over the wire.
   // The controller (in this process either way): status, device removal.
   Controller& controller() { return *controller_; }
@@ -222,6 +230,59 @@ TEST_P(ClusterTest, ReshardsBetweenShardings) {
   EXPECT_EQ(after_split.dcn_wire - after_gather.dcn_wire, grpc() ? 2 * 16 : 0);
   EXPECT_EQ(after_split.ici, 0);
   EXPECT_EQ(after_split.ici_wire, 0);
+}
+
+// Checkpoints (pw/checkpoint): the workers write each distinct shard as a zarr chunk (a
+// replicated array once), the controller commits by renaming, and a load reads any sharding back.
+TEST_P(ClusterTest, CheckpointsAreWrittenByWorkersCommittedAndLoadedInAnotherSharding) {
+  char tmpl[] = "/tmp/pw-checkpoint-test.XXXXXX";
+  checkpoint_root_ = mkdtemp(tmpl);
+  absl::Cleanup remove = [&] { std::filesystem::remove_all(checkpoint_root_); };
+  Start(1, 2, 2);
+  auto c = Connect("c");
+  Slice four = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 4});
+  Slice two = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  const ArraySpec g{DType::kF32, Shape({4, 2})};
+  Array w = *c->Put(*HostArray::Of<float>(DType::kF32, Shape({4, 2}), {0, 1, 2, 3, 4, 5, 6, 7}),
+                    four.info().id, Sharding::Split({4}, 2, 0));
+  Array b = *c->Put(F32({8, 9, 10}), two.info().id, Sharding::Replicated({2}, 1));
+  ASSERT_TRUE(w.Save("ck.tmp/w").Await().ok());
+  ASSERT_TRUE(b.Save(checkpoint_root_ + "/ck.tmp/b").Await().ok());  // Absolute, within the root.
+  const std::string tmp = checkpoint_root_ + "/ck.tmp";
+  for (const char* chunk : {"0.0", "1.0", "2.0", "3.0"})
+    EXPECT_EQ(std::filesystem::file_size(tmp + "/w/" + chunk), 8u) << chunk;
+  EXPECT_EQ(std::filesystem::file_size(tmp + "/b/0"), 12u);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(tmp + "/b"), {}), 2)
+      << "one chunk and .zarray: the replicas wrote once";
+
+  auto committed = c->CommitCheckpoint("ck.tmp", {{"_METADATA", "{}"}}, "run/ck");
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(*committed, checkpoint_root_ + "/run/ck");
+  EXPECT_FALSE(std::filesystem::exists(tmp));
+  EXPECT_TRUE(std::filesystem::exists(*committed + "/_METADATA"));
+  std::filesystem::create_directories(tmp);
+  EXPECT_THAT(c->CommitCheckpoint("ck.tmp", {}, "run/ck").status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("a checkpoint exists at")));
+
+  // Halves on two devices (each from two chunks), and the replicated one on four.
+  Array w2 = *c->Load(two.info().id, Sharding::Split({2}, 2, 0), g, "run/ck/w");
+  EXPECT_EQ(w2.ToHost()->values<float>(), (std::vector<float>{0, 1, 2, 3, 4, 5, 6, 7}));
+  Array b4 = *c->Load(four.info().id, Sharding::Replicated({4}, 1),
+                      {DType::kF32, Shape({3})}, "run/ck/b");
+  EXPECT_EQ(Values(b4), (std::vector<float>{8, 9, 10}));
+
+  EXPECT_THAT(c->Load(two.info().id, Sharding::Split({2}, 1, 0), {DType::kF32, Shape({8})},
+                      "run/ck/w").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("is f32[4,2], not f32[8]")));
+  EXPECT_THAT(c->Load(two.info().id, Sharding::Split({2}, 2, 0), g, "run/none").status(),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("run/none/.zarray")));
+  EXPECT_THAT(w.Save("../x").Await(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("has a \"..\"")));
+  EXPECT_THAT(w.Save("/etc/x").Await(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("is not within the cluster's checkpoint root")));
+  EXPECT_THAT(c->CommitCheckpoint("run", {{"a/b", ""}}, "x").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("file name \"a/b\"")));
 }
 
 // Two clients submit programs whose collectives span the same devices in different orders

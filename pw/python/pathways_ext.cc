@@ -171,6 +171,19 @@ NB_MODULE(_pathways, m) {
   // The PJRT plugin this process's workers load ($PW_PJRT_PLUGIN, else the pinned CPU plugin).
   m.def("pjrt_plugin_path", [] { return pjrt::DefaultCpuPluginPath(); });
 
+  // An operation in flight (a checkpoint's write): wait() blocks without the GIL and raises its
+  // error; done() says whether it has ended.
+  nb::class_<Future<>>(m, "Pending")
+      .def("done", [](const Future<>& f) { return f.IsReady(); })
+      .def("wait", [](const Future<>& f) {
+        absl::Status s;
+        {
+          nb::gil_scoped_release release;
+          s = f.Await();
+        }
+        Check(s);
+      });
+
   nb::class_<Slice>(m, "Slice")
       .def_prop_ro("num_devices", &Slice::num_devices)
       .def_prop_ro("id", [](const Slice& s) { return s.info().id.value(); })
@@ -243,6 +256,10 @@ NB_MODULE(_pathways, m) {
             return Unwrap(std::move(t));
           },
           nb::arg("writable") = false, nb::arg("token") = "")
+      .def("save", [](const Array& a, const std::string& path) {
+        nb::gil_scoped_release release;
+        return a.Save(path);
+      })
       .def("is_ready", [](const Array& a) { return a.Ready().IsReady(); })
       .def("wait", [](const Array& a) {  // Raises the producing run's error, if any.
         absl::Status s;
@@ -384,6 +401,25 @@ NB_MODULE(_pathways, m) {
             return Unwrap(c.Put(h, slice.info().id, sharding));
           },
           nb::keep_alive<0, 1>())
+      .def(
+          "load",
+          [](Client& c, const Slice& slice, const std::string& dtype,
+             const std::vector<int64_t>& shape, const std::vector<int64_t>& mesh_shape,
+             const std::vector<int>& dim_to_axis, const std::string& path) {
+            const ArraySpec spec = SpecOf(dtype, shape);
+            nb::gil_scoped_release release;
+            return Unwrap(c.Load(slice.info().id, Sharding(mesh_shape, dim_to_axis), spec, path));
+          },
+          nb::keep_alive<0, 1>())
+      .def("commit_checkpoint",
+           [](Client& c, const std::string& path,
+              const std::vector<std::pair<std::string, nb::bytes>>& files,
+              const std::string& final_path) {
+             std::vector<std::pair<std::string, std::string>> f;
+             for (const auto& [name, b] : files) f.emplace_back(name, std::string(b.c_str(), b.size()));
+             nb::gil_scoped_release release;
+             return Unwrap(c.CommitCheckpoint(path, f, final_path));
+           })
       .def(
           "import_array",
           [](Client& c, const std::string& token) {

@@ -296,6 +296,42 @@ grpc::ServerUnaryReactor* ControllerService::ArrayReady(grpc::CallbackServerCont
   return reactor;
 }
 
+grpc::ServerUnaryReactor* ControllerService::SaveArray(grpc::CallbackServerContext* ctx,
+                                                       const v1::SaveArrayRequest* req,
+                                                       v1::Empty*) {
+  PW_AUTHORIZE(ctx, req->client());
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  controller_->SaveArray(ClientId(req->client()), BufferId(req->buffer()), req->path())
+      .OnReady([reactor](const absl::Status& s) { reactor->Finish(ToGrpc(s)); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* ControllerService::LoadArray(grpc::CallbackServerContext* ctx,
+                                                       const v1::LoadArrayRequest* req,
+                                                       v1::ArrayInfo* resp) {
+  PW_AUTHORIZE(ctx, req->client());
+  absl::StatusOr<Sharding> sharding = FromProto(req->sharding());
+  if (!sharding.ok()) return Reply(ctx, Annotate(sharding.status(), "LoadArray sharding"));
+  absl::StatusOr<ArraySpec> spec = FromProto(req->spec());
+  if (!spec.ok()) return Reply(ctx, Annotate(spec.status(), "LoadArray spec"));
+  absl::StatusOr<ArrayInfo> info = controller_->LoadArray(
+      ClientId(req->client()), SliceId(req->slice()), *sharding, *spec, req->path());
+  if (info.ok()) ToProto(*info, resp);
+  return Reply(ctx, info.status());
+}
+
+grpc::ServerUnaryReactor* ControllerService::CommitCheckpoint(
+    grpc::CallbackServerContext* ctx, const v1::CommitCheckpointRequest* req,
+    v1::CheckpointPath* resp) {
+  PW_AUTHORIZE(ctx, req->client());
+  std::vector<std::pair<std::string, std::string>> files;
+  for (const v1::CheckpointFile& f : req->files()) files.emplace_back(f.name(), f.contents());
+  absl::StatusOr<std::string> path = controller_->CommitCheckpoint(
+      ClientId(req->client()), req->path(), files, req->final_path());
+  if (path.ok()) resp->set_path(*path);
+  return Reply(ctx, path.status());
+}
+
 grpc::ServerUnaryReactor* ControllerService::ShareArray(grpc::CallbackServerContext* ctx,
                                                         const v1::ShareArrayRequest* req,
                                                         v1::ShareToken* resp) {

@@ -82,6 +82,9 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   PW_UNARY(ArrayReady, ArrayRequest, Empty);
   PW_UNARY(BeginPut, BeginPutRequest, DirectPut);
   PW_UNARY(LocateArray, LocateArrayRequest, LocatedArray);
+  PW_UNARY(SaveArray, SaveArrayRequest, Empty);
+  PW_UNARY(LoadArray, LoadArrayRequest, ArrayInfo);
+  PW_UNARY(CommitCheckpoint, CommitCheckpointRequest, CheckpointPath);
   PW_UNARY(ShareArray, ShareArrayRequest, ShareToken);
   PW_UNARY(ImportArray, ShareRequest, ArrayInfo);
   PW_UNARY(RevokeShare, ShareRequest, Empty);

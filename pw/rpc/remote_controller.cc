@@ -250,6 +250,39 @@ absl::StatusOr<BufferId> RemoteController::ReserveBufferIds(ClientId client, int
   return BufferId(resp.first());
 }
 
+absl::StatusOr<ArrayInfo> RemoteController::LoadArray(ClientId client, SliceId slice,
+                                                      const Sharding& sharding,
+                                                      const ArraySpec& spec,
+                                                      const std::string& path) {
+  v1::LoadArrayRequest req;
+  req.set_client(client.value());
+  req.set_slice(slice.value());
+  ToProto(sharding, req.mutable_sharding());
+  ToProto(spec, req.mutable_spec());
+  req.set_path(path);
+  v1::ArrayInfo resp;
+  PW_CALL(LoadArray, client, req, resp);
+  return FromProto(resp);
+}
+
+absl::StatusOr<std::string> RemoteController::CommitCheckpoint(
+    ClientId client, const std::string& path,
+    const std::vector<std::pair<std::string, std::string>>& files,
+    const std::string& final_path) {
+  v1::CommitCheckpointRequest req;
+  req.set_client(client.value());
+  req.set_path(path);
+  req.set_final_path(final_path);
+  for (const auto& [name, contents] : files) {
+    v1::CheckpointFile* f = req.add_files();
+    f->set_name(name);
+    f->set_contents(contents);
+  }
+  v1::CheckpointPath resp;
+  PW_CALL(CommitCheckpoint, client, req, resp);
+  return resp.path();
+}
+
 absl::StatusOr<std::string> RemoteController::ShareArray(ClientId client, BufferId id,
                                                          const ShareOptions& options) {
   v1::ShareArrayRequest req;
@@ -407,6 +440,25 @@ Future<LocatedArray> RemoteController::LocateArray(ClientId client, BufferId id,
         out.shards = *FromProto(call->resp.shards());
         promise->Set(std::move(out));
       });
+  return result;
+}
+
+Future<> RemoteController::SaveArray(ClientId client, BufferId id, const std::string& path) {
+  auto call = std::make_shared<AsyncCall<v1::SaveArrayRequest, v1::Empty>>();
+  core_->Prepare(&call->ctx, client);
+  call->req.set_client(client.value());
+  call->req.set_buffer(id.value());
+  call->req.set_path(path);
+  auto promise = std::make_shared<Promise<>>();
+  Future<> result = promise->future();
+  if (!core_->BeginRead(client, id))
+    return Future<>::Ready(absl::NotFoundError(
+        absl::StrCat(id.ToString(), " was released by ", client.ToString())));
+  core_->stub->async()->SaveArray(&call->ctx, &call->req, &call->resp,
+                                  [core = core_, call, promise, client, id](grpc::Status s) {
+                                    core->EndRead(core, client, id);
+                                    promise->Set(s.ok() ? absl::OkStatus() : core->Where(s));
+                                  });
   return result;
 }
 

@@ -49,6 +49,14 @@ class RemoteController final : public ControllerInterface {
   absl::Status Disconnect(ClientId client) override;
   absl::StatusOr<SliceInfo> AllocateSlice(ClientId client, const SliceRequest& request) override;
   absl::Status ReleaseSlice(ClientId client, SliceId slice) override;
+  // SaveArray's call waits for the workers' writes (no deadline but the client's).
+  Future<> SaveArray(ClientId client, BufferId id, const std::string& path) override;
+  absl::StatusOr<ArrayInfo> LoadArray(ClientId client, SliceId slice, const Sharding& sharding,
+                                      const ArraySpec& spec, const std::string& path) override;
+  absl::StatusOr<std::string> CommitCheckpoint(
+      ClientId client, const std::string& path,
+      const std::vector<std::pair<std::string, std::string>>& files,
+      const std::string& final_path) override;
   absl::StatusOr<std::string> ShareArray(ClientId client, BufferId id,
                                          const ShareOptions& options) override;
   absl::StatusOr<ArrayInfo> ImportArray(ClientId client, const std::string& token) override;

@@ -662,6 +662,32 @@ Future<ShardTransfer> RemoteWorker::OfferShard(BufferId id, DeviceId device) {
   return f;
 }
 
+Future<> RemoteWorker::SaveShard(BufferId id, DeviceId device, const ShardFile& file) {
+  Pending p;
+  Future<> done = p.done.future();
+  v1::Command c;
+  v1::SaveShardRequest* r = c.mutable_save_shard();
+  r->set_buffer(id.value());
+  r->set_device(device.value());
+  ToProto(file, r->mutable_file());
+  Send(std::move(c), std::move(p));
+  return done;
+}
+
+Future<> RemoteWorker::LoadShard(BufferId id, DeviceId device, const ArraySpec& spec,
+                                 const ShardFile& file) {
+  Pending p;
+  Future<> done = p.done.future();
+  v1::Command c;
+  v1::LoadShardRequest* r = c.mutable_load_shard();
+  r->set_buffer(id.value());
+  r->set_device(device.value());
+  ToProto(spec, r->mutable_spec());
+  ToProto(file, r->mutable_file());
+  Send(std::move(c), std::move(p));
+  return done;
+}
+
 void RemoteWorker::FetchLarge(BufferId id, DeviceId device, Promise<DeviceBufferRef> p) {
   new FetchCall(stub_.get(), options_.token, id, device, data_plane_, FetchWhere(id, device),
                 std::move(p), fetches_);

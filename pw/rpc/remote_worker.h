@@ -45,6 +45,9 @@ class RemoteWorker final : public WorkerInterface {
   // The worker's bulk stream serves the client, under a new key (NewSecret) per transfer.
   UploadAck ExpectUpload(BufferId id, DeviceId device, const ArraySpec& spec) override;
   Future<ShardTransfer> OfferShard(BufferId id, DeviceId device) override;
+  Future<> SaveShard(BufferId id, DeviceId device, const ShardFile& file) override;
+  Future<> LoadShard(BufferId id, DeviceId device, const ArraySpec& spec,
+                     const ShardFile& file) override;
   void DeleteBuffers(const std::vector<BufferId>& ids) override;
   void Unload(const std::vector<FunctionId>& functions,
               const std::vector<uint64_t>& host_programs) override;

@@ -204,6 +204,36 @@ absl::StatusOr<ArraySpec> FromProto(const v1::ArraySpec& p) {
   return s;
 }
 
+void ToProto(const ShardFile& f, v1::ShardFile* out) {
+  out->set_dir(f.dir);
+  ToProto(f.global, out->mutable_global());
+  out->mutable_chunks()->Assign(f.chunks.dims().begin(), f.chunks.dims().end());
+  out->mutable_box_start()->Assign(f.box.start.begin(), f.box.start.end());
+  out->mutable_box_limit()->Assign(f.box.limit.begin(), f.box.limit.end());
+}
+
+absl::StatusOr<ShardFile> FromProto(const v1::ShardFile& p) {
+  ShardFile f;
+  f.dir = p.dir();
+  if (f.dir.empty()) return Invalid("shard file", "no directory");
+  PW_ASSIGN_OR_RETURN(f.global, FromProto(p.global()));
+  const int rank = f.global.shape.rank();
+  if (p.chunks_size() != rank && p.chunks_size() != 0)
+    return Invalid("shard file", "chunks differ in rank from the array");
+  for (int64_t c : p.chunks())
+    if (c <= 0) return Invalid("shard file", "a chunk extent is not positive");
+  f.chunks = Shape(std::vector<int64_t>(p.chunks().begin(), p.chunks().end()));
+  if (p.box_start_size() != rank || p.box_limit_size() != rank)
+    return Invalid("shard file", "the region differs in rank from the array");
+  f.box.start.assign(p.box_start().begin(), p.box_start().end());
+  f.box.limit.assign(p.box_limit().begin(), p.box_limit().end());
+  for (int d = 0; d < rank; ++d)
+    if (f.box.start[d] < 0 || f.box.start[d] > f.box.limit[d] ||
+        f.box.limit[d] > f.global.shape.dim(d))
+      return Invalid("shard file", "the region is outside the array");
+  return f;
+}
+
 void ToProto(const Sharding& s, v1::Sharding* out) {
   out->mutable_mesh_shape()->Assign(s.mesh_shape().begin(), s.mesh_shape().end());
   out->mutable_dim_to_axis()->Assign(s.dim_to_axis().begin(), s.dim_to_axis().end());

@@ -21,7 +21,7 @@ namespace pw::rpc {
 namespace v1 = ::pathways::v1;
 
 // Bumped on every incompatible change to proto/pathways.proto.
-inline constexpr int32_t kProtocolVersion = 6;
+inline constexpr int32_t kProtocolVersion = 7;
 
 // Status <-> gRPC status (the codes are numerically identical).
 // A status message longer than this is cut in ToGrpc: it travels in a header, and a peer drops
@@ -35,6 +35,9 @@ absl::Status FromProto(const v1::StatusProto& p);
 
 void ToProto(const ArraySpec& s, v1::ArraySpec* out);
 absl::StatusOr<ArraySpec> FromProto(const v1::ArraySpec& p);
+// A checkpoint shard's file; FromProto checks ranks, extents and the region's bounds.
+void ToProto(const ShardFile& f, v1::ShardFile* out);
+absl::StatusOr<ShardFile> FromProto(const v1::ShardFile& p);
 void ToProto(const Sharding& s, v1::Sharding* out);
 absl::StatusOr<Sharding> FromProto(const v1::Sharding& p);
 void ToProto(const HostArray& a, v1::HostArray* out);

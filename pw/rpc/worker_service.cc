@@ -293,6 +293,31 @@ class WorkerService::CommandStream final
         });
         return;
       }
+      case v1::Command::kSaveShard:
+      case v1::Command::kLoadShard: {
+        const bool save = c.has_save_shard();
+        const char* what = save ? "save shard" : "load shard";
+        const int64_t buffer = save ? c.save_shard().buffer() : c.load_shard().buffer();
+        const int64_t device = save ? c.save_shard().device() : c.load_shard().device();
+        if (buffer < 0 || device < 0)
+          return fail(absl::InvalidArgumentError(
+                          absl::StrCat(what, ": negative buffer or device id")), false);
+        absl::StatusOr<ShardFile> file =
+            FromProto(save ? c.save_shard().file() : c.load_shard().file());
+        if (!file.ok()) return fail(Annotate(file.status(), what), false);
+        Future<> done;
+        if (save) {
+          done = worker->SaveShard(BufferId(buffer), DeviceId(device), *file);
+        } else {
+          absl::StatusOr<ArraySpec> spec = FromProto(c.load_shard().spec());
+          if (!spec.ok()) return fail(Annotate(spec.status(), what), false);
+          done = worker->LoadShard(BufferId(buffer), DeviceId(device), *spec, *file);
+        }
+        done.OnReady([sink = sink_, seq](const absl::Status& s) {
+          Send(sink, seq, v1::CommandEvent::DONE, s);
+        });
+        return;
+      }
       case v1::Command::kDeleteBuffers: {
         std::vector<BufferId> ids;
         for (int64_t b : c.delete_buffers().buffers()) ids.push_back(BufferId(b));

@@ -32,6 +32,10 @@ class FakeWorker final : public WorkerInterface {
   Future<DeviceBufferRef> FetchShard(BufferId, DeviceId) override { return {}; }
   UploadAck ExpectUpload(BufferId, DeviceId, const ArraySpec&) override { return {}; }
   Future<ShardTransfer> OfferShard(BufferId, DeviceId) override { return {}; }
+  Future<> SaveShard(BufferId, DeviceId, const ShardFile&) override { return {}; }
+  Future<> LoadShard(BufferId, DeviceId, const ArraySpec&, const ShardFile&) override {
+    return {};
+  }
   void DeleteBuffers(const std::vector<BufferId>&) override {}
   void Unload(const std::vector<FunctionId>&, const std::vector<uint64_t>&) override {}
   void CancelRuns(const std::vector<RunId>&, const absl::Status&) override {}

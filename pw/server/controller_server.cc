@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
                                 .max_program_nodes = s->options_.max_program_nodes,
                                 .max_client_bytes = s->options_.max_client_bytes,
                                 .scheduling = s->options_.scheduling,
+                                .checkpoint_root = s->options_.checkpoint_root,
                                 .on_run_done = [runs](absl::Duration d, const absl::Status& st) {
                                   runs->Observe(d, st);
                                 },

@@ -43,6 +43,7 @@ class ControllerServer final : public rpc::ClusterMembership {
     absl::Duration default_run_timeout = absl::ZeroDuration();
     int64_t max_program_nodes = Controller::Options().max_program_nodes;  // Controller::Options.
     int64_t max_client_bytes = 0;  // Controller::Options: each client's quota of array bytes.
+    std::string checkpoint_root;   // Controller::Options (pw controller --checkpoint-root).
     Controller::Options::Scheduling scheduling;  // The islands' gang scheduling policy, window.
     // Where to serve Prometheus metrics ("host:port", port 0: a free one); empty: nowhere.
     std::string metrics_listen;

@@ -201,12 +201,18 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
     (void)StopLocalCluster(s, absl::Seconds(2));
     return Annotate(error, absl::StrCat("pw up (logs in ", dir, ")"));
   };
+  const std::string checkpoint_root = std::filesystem::absolute(
+      o.checkpoint_root.empty() ? dir + "/checkpoints" : o.checkpoint_root).lexically_normal();
+  if (std::error_code ec; !std::filesystem::create_directories(checkpoint_root, ec) && ec)
+    return fail(absl::InternalError(
+        absl::StrCat("cannot make the checkpoint root ", checkpoint_root, ": ", ec.message())));
   std::vector<std::string> controller_argv = {
       o.pw_binary, "controller", "--config", spec_path, "--listen", "127.0.0.1:0",
       "--address-file", address_file, "--failure-timeout-ms", absl::StrCat(o.failure_timeout_ms),
       "--run-timeout-ms", absl::StrCat(o.run_timeout_ms), "--max-client-bytes",
       absl::StrCat(o.max_client_bytes), "--metrics-port", "0", "--scheduling", o.scheduling,
-      "--scheduling-window-ms", absl::StrCat(o.scheduling_window_ms)};
+      "--scheduling-window-ms", absl::StrCat(o.scheduling_window_ms), "--checkpoint-root",
+      checkpoint_root};
   controller_argv.insert(controller_argv.end(), tls_flags.begin(), tls_flags.end());
   PW_ASSIGN_OR_RETURN(s.controller_pid, SpawnDetached(controller_argv, dir + "/controller.log"));
   const absl::Time deadline = absl::Now() + o.ready_timeout;

@@ -40,6 +40,8 @@ struct LaunchOptions {
   // -1: their default).
   int64_t run_timeout_ms = 0;
   int64_t max_client_bytes = 0;  // The controller's --max-client-bytes (0: no quota).
+  // The controller's --checkpoint-root (made if missing); empty: <state dir>/checkpoints.
+  std::string checkpoint_root;
   std::string scheduling = "share";  // The controller's --scheduling and --scheduling-window-ms.
   double scheduling_window_ms = 2;
   int64_t overrun_grace_ms = -1;

@@ -167,6 +167,26 @@ class ControllerInterface {
   virtual Future<LocatedArray> LocateArray(ClientId client, BufferId id, bool inline_only) = 0;
   virtual absl::Status ReleaseArray(ClientId client, BufferId id) = 0;
 
+  // Checkpoints in Orbax's on-disk layout (zarr v2 per array; pw/checkpoint), written and read by
+  // the workers, not through the controller or the client. A `path` is relative to the cluster's
+  // checkpoint root (Controller::Options::checkpoint_root), or absolute within it; ".." is
+  // refused. SaveArray writes array `id` as the zarr array in directory `path` (made here, with
+  // its .zarray; one chunk per shard): each distinct shard by one worker holding it; ready once
+  // every shard is written. LoadArray makes an array of `spec` sharded as `sharding` on `slice`
+  // (a handle now, as PutArray), each shard read by its worker from the zarr array at `path`
+  // (any chunk shape, raw or zstd: another sharding's checkpoint, or stock Orbax's); ready once
+  // read. CommitCheckpoint writes `files` (names without "/": Orbax's metadata) into directory
+  // `path` and renames it to `final_path` at once (a directory there already is an error), and
+  // answers `final_path` as an absolute path.
+  virtual Future<> SaveArray(ClientId client, BufferId id, const std::string& path) = 0;
+  virtual absl::StatusOr<ArrayInfo> LoadArray(ClientId client, SliceId slice,
+                                              const Sharding& sharding, const ArraySpec& spec,
+                                              const std::string& path) = 0;
+  virtual absl::StatusOr<std::string> CommitCheckpoint(
+      ClientId client, const std::string& path,
+      const std::vector<std::pair<std::string, std::string>>& files,
+      const std::string& final_path) = 0;
+
   // Arrays shared between clients. ShareArray returns a capability token for an array `client`
   // holds (or re-points one, ShareOptions::token). Any client with the token imports the array
   // the token names now (a handle of its own: the buffer lives while any client holds one,

@@ -125,6 +125,15 @@ struct UploadAck {
   Future<> stored;
 };
 
+// A shard's place in a checkpoint (pw/checkpoint): the zarr array in directory `dir` (Orbax's
+// layout), of `global` in chunks of `chunks`, and the shard's region `box` of it.
+struct ShardFile {
+  std::string dir;
+  ArraySpec global;
+  Shape chunks;  // WorkerInterface::SaveShard's; LoadShard reads the array's own.
+  Box box;
+};
+
 struct DeviceStatus {
   DeviceId id;
   HostId host;

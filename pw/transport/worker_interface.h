@@ -41,6 +41,15 @@ class WorkerInterface {
   virtual UploadAck ExpectUpload(BufferId id, DeviceId device, const ArraySpec& spec) = 0;
   virtual Future<ShardTransfer> OfferShard(BufferId id, DeviceId device) = 0;
   virtual void DeleteBuffers(const std::vector<BufferId>& ids) = 0;
+  // Checkpoints, written and read by the workers (pw/checkpoint). SaveShard: the shard, once
+  // ready, is written as the chunk of `file` at its region (the array's directory exists). An
+  // error names the host, the shard and the file. LoadShard: the shard of `spec` (the region's)
+  // exists from now on for work queued after this call, and is ready once read from the chunks
+  // of `file`'s array that overlap its region (any chunk shape; raw or zstd); an array that is
+  // not `file.global` fails it. The paths are the controller's to check.
+  virtual Future<> SaveShard(BufferId id, DeviceId device, const ShardFile& file) = 0;
+  virtual Future<> LoadShard(BufferId id, DeviceId device, const ArraySpec& spec,
+                             const ShardFile& file) = 0;
   // Forgets what a disconnected client left on this host: its functions (definitions and
   // compiled executables) and its host programs (HostProgram::id; bodies and plans). Work for
   // them dispatched later fails as never loaded. Ordered with Dispatch like DeleteBuffers.

@@ -8,9 +8,40 @@
 #include "absl/strings/str_cat.h"
 #include "pw/trace/trace.h"
 #include "pw/base/status_macros.h"
+#include "pw/checkpoint/zarr.h"
 #include "pw/pjrt/shard_executable.h"
 
 namespace pw {
+namespace {
+
+// Writes shard `b` as the chunk of `file` at its region (a device's buffer copied to host first).
+absl::Status WriteShardChunk(const ShardFile& file, const DeviceBuffer& b) {
+  const checkpoint::ZarrArray z{file.global, file.chunks};
+  if (const HostDeviceBuffer* h = b.AsHost(); h != nullptr)
+    return checkpoint::WriteChunk(file.dir, z, file.box, h->data());
+  std::vector<char> host(static_cast<size_t>(b.spec().size_bytes()));
+  PW_RETURN_IF_ERROR(b.CopyToHost(host.data()).Await());
+  return checkpoint::WriteChunk(file.dir, z, file.box, host.data());
+}
+
+// Shard `spec` on `device`: region `file.box` of the array in `file.dir`, which must be
+// `file.global`.
+absl::StatusOr<DeviceBufferRef> ReadShardChunks(const ShardFile& file, const ArraySpec& spec,
+                                                DeviceId device) {
+  PW_ASSIGN_OR_RETURN(checkpoint::ZarrArray z, checkpoint::ReadZarray(file.dir));
+  if (!(z.spec == file.global))
+    return absl::InvalidArgumentError(absl::StrCat("the checkpoint holds ", z.spec.ToString(),
+                                                   ", not ", file.global.ToString()));
+  if (file.box.start.size() != file.box.limit.size() ||
+      file.box.num_elements() != spec.num_elements())
+    return absl::InvalidArgumentError(
+        absl::StrCat("the shard's region does not hold ", spec.ToString()));
+  std::shared_ptr<HostDeviceBuffer> buffer = HostDeviceBuffer::Create(spec, device);
+  PW_RETURN_IF_ERROR(checkpoint::ReadRegion(file.dir, z, file.box, buffer->mutable_data()));
+  return DeviceBufferRef(std::move(buffer));
+}
+
+}  // namespace
 
 std::string Worker::NodeWhere(const HostWork& work, const NodeWork& node, DeviceId device) {
   return absl::StrCat(work.run.ToString(), " program '", work.program->program, "' node '", node.name,
@@ -33,6 +64,7 @@ Worker::Worker(HostId host, IslandId island, const std::vector<DeviceSpec>& devi
       collectives_(collectives),
       peers_(std::move(peers)),
       pjrt_(std::move(pjrt)),
+      io_(absl::StrCat("pw-io", host.value())),
       data_plane_(absl::StrCat("pw-data", host.value())),
       compile_(absl::StrCat("pw-compile", host.value())),
       dispatch_(absl::StrCat("pw-disp", host.value())) {
@@ -377,6 +409,36 @@ UploadAck Worker::ExpectUpload(BufferId, DeviceId, const ArraySpec&) {
 Future<ShardTransfer> Worker::OfferShard(BufferId, DeviceId) {
   return Future<ShardTransfer>::Ready(absl::UnimplementedError(absl::StrCat(
       host_.ToString(), " runs in process: its clients fetch arrays through the controller")));
+}
+
+Future<> Worker::SaveShard(BufferId id, DeviceId device, const ShardFile& file) {
+  const std::string where = absl::StrCat("saving ", id.ToString(), " on ", device.ToString(),
+                                         " of ", host_.ToString(), " to ", file.dir);
+  Promise<> saved;
+  Future<> result = saved.future();
+  FetchShard(id, device)
+      .OnReady([this, file, where, saved = std::move(saved)](
+                   const absl::StatusOr<DeviceBufferRef>& b) mutable {
+        if (!b.ok()) return saved.Set(Annotate(b.status(), where));
+        io_.Post([file, where, b = *b, saved = std::move(saved)]() mutable {
+          saved.Set(Annotate(WriteShardChunk(file, *b), where));
+        });
+      });
+  return result;
+}
+
+Future<> Worker::LoadShard(BufferId id, DeviceId device, const ArraySpec& spec,
+                           const ShardFile& file) {
+  Promise<DeviceBufferRef> loaded;
+  Future<> stored = PutShardLater(id, device, spec, loaded.future());
+  if (stored.IsReady()) return stored;  // Refused (no such device, an id in use, too large).
+  const std::string where = absl::StrCat("loading ", id.ToString(), " on ", device.ToString(),
+                                         " of ", host_.ToString(), " from ", file.dir);
+  io_.Post([file, spec, device, where, loaded = std::move(loaded)]() mutable {
+    absl::StatusOr<DeviceBufferRef> b = ReadShardChunks(file, spec, device);
+    loaded.Set(b.ok() ? std::move(b) : Annotate(b.status(), where));
+  });
+  return stored;
 }
 
 Future<DeviceBufferRef> Worker::FetchShard(BufferId id, DeviceId device) {

@@ -58,6 +58,10 @@ class Worker final : public WorkerInterface {
   // In process: Unimplemented (a client here puts and fetches through the controller).
   UploadAck ExpectUpload(BufferId id, DeviceId device, const ArraySpec& spec) override;
   Future<ShardTransfer> OfferShard(BufferId id, DeviceId device) override;
+  // On the host's I/O thread (pw-io<host>), so neither dispatch nor transfers wait for a disk.
+  Future<> SaveShard(BufferId id, DeviceId device, const ShardFile& file) override;
+  Future<> LoadShard(BufferId id, DeviceId device, const ArraySpec& spec,
+                     const ShardFile& file) override;
   // A shard whose buffer comes later (a client's upload into it, pw/rpc/worker_service.h): the
   // shard exists now for work queued after this call, and is ready once `buffer` is (and device
   // memory is reserved); `buffer` failing, or not of `spec` on `device`, fails it. A shard
@@ -180,6 +184,9 @@ class Worker final : public WorkerInterface {
   // compile error stays, as compiling the same module for the same devices fails the same way.
   using ExecutableKey = std::tuple<FunctionId, int, std::vector<DeviceId>>;
   absl::flat_hash_map<ExecutableKey, Loaded> executables_ ABSL_GUARDED_BY(fn_mu_);
+  // Checkpoint reads and writes (SaveShard, LoadShard). Before the store: a shard's callback
+  // that posts here as the store goes finds it.
+  WorkQueue io_;
   // After the PJRT client and executables: shards (possibly PJRT buffers) are destroyed first.
   ObjectStore store_;
   mutable pw::Mutex cancel_mu_;

@@ -32,10 +32,11 @@ import numpy as np
 from . import _layout, _pathways, errors
 from ._array import Array, Device, Sharding
 from ._functions import Jitted, Pmapped, _Program
+from . import checkpoint
 
 __all__ = ["connect", "make_virtual_device_set", "pmap", "jit", "program", "device_put", "status",
-           "revoke", "serve_metrics", "trace", "Client", "Array", "Device", "Sharding", "VirtualDeviceSet",
-           "Slice"]
+           "revoke", "serve_metrics", "trace", "checkpoint", "Client", "Array", "Device", "Sharding",
+           "VirtualDeviceSet", "Slice"]
 
 _lock = threading.Lock()
 

@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -161,6 +162,62 @@ def test_overlapping_slices_from_two_clients_and_async_calls_never_deadlock(clus
         assert "ok overlap single 100" in finish(c)
     assert "ok overlap async 100" in finish(check(address, "overlap", "async", "100", env=env))
     assert "ok overlap threads 100" in finish(check(address, "overlap", "threads", "100", env=env))
+
+
+def test_checkpoints_on_pw_up_are_written_by_workers_and_a_lost_worker_leaves_no_partial_one(
+        cluster):
+    # pw.checkpoint on the README's pw up shape: paths within the cluster's checkpoint root
+    # (<state dir>/checkpoints); the workers of island 0 write, stock tensorstore reads, island 1
+    # restores. Then host 1 is killed and a save of an array it holds part of fails naming it:
+    # the earlier checkpoint is intact and nothing of the failed one is visible.
+    env, address, state = cluster
+    root = os.path.join(env["PW_STATE_DIR"], "checkpoints")
+    code = textwrap.dedent("""
+        import sys, numpy as np, tensorstore as ts, pathways as pw
+        ds = pw.make_virtual_device_set()
+        s0 = ds.add_slice(devices=4, island=0)  # Hosts 0 and 1.
+        s1 = ds.add_slice(devices=2, island=1)
+        w = np.arange(32, dtype=np.float32).reshape(8, 4)
+        tree = {"w": pw.device_put(w, s0), "b": pw.device_put(w[0] * 2, s0)}
+        path = pw.checkpoint.save(tree, "run/step1").wait()
+        print(path, flush=True)
+        got = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": path + "/w"}})
+        assert (got.result().read().result() == w).all()
+        like = {"w": pw.device_put(np.zeros_like(w), s1), "b": pw.device_put(np.zeros(4, np.float32), s1)}
+        back = pw.checkpoint.restore("run/step1", like)
+        assert (np.asarray(back["w"]) == w).all() and (np.asarray(back["b"]) == w[0] * 2).all()
+        print("restored", flush=True)
+        sys.stdin.readline()  # The test kills host 1's worker now.
+        try:
+            pw.checkpoint.save(tree, "run/step2").wait()
+            print("saved")
+        except pw.errors.Error as e:
+            print("failed:", str(e).splitlines()[0])
+        back = pw.checkpoint.restore("run/step1", like)
+        print("intact", (np.asarray(back["w"]) == w).all(), flush=True)
+        try:
+            pw.checkpoint.save(tree, "/etc/x").wait()
+        except pw.errors.InvalidArgument as e:
+            print("refused:", e)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=dict(env, PW_CLUSTER=address))
+    assert p.stdout.readline().strip() == os.path.join(root, "run", "step1")
+    assert p.stdout.readline().strip() == "restored"
+    assert sorted(os.listdir(os.path.join(root, "run", "step1", "w"))) == [
+        ".zarray", "0.0", "1.0", "2.0", "3.0"]
+    os.kill(state["worker_pids"][1], signal.SIGKILL)
+    p.stdin.write("\n")
+    p.stdin.flush()
+    out, err = p.communicate(timeout=180)
+    assert p.returncode == 0, out + err
+    lines = out.splitlines()
+    assert lines[0].startswith("failed:") and "host:1" in lines[0], out
+    assert lines[1] == "intact True", out
+    assert "is not within the cluster's checkpoint root" in lines[2], out
+    assert sorted(os.listdir(os.path.join(root, "run")))[0] == "step1"
+    assert not os.path.exists(os.path.join(root, "run", "step2"))
 
 
 def test_a_collective_whose_peer_process_is_killed_fails_naming_the_host(cluster):

@@ -1,0 +1,257 @@
+#include "pw/checkpoint/zarr.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <zstd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+#include "pw/base/status_macros.h"
+
+namespace pw::checkpoint {
+namespace {
+
+struct DtypeName {
+  DType dtype;
+  const char* name;
+};
+constexpr DtypeName kDtypes[] = {
+    {DType::kPred, "|b1"}, {DType::kS8, "|i1"},  {DType::kU8, "|u1"},   {DType::kS16, "<i2"},
+    {DType::kU16, "<u2"},  {DType::kS32, "<i4"}, {DType::kU32, "<u4"},  {DType::kS64, "<i8"},
+    {DType::kU64, "<u8"},  {DType::kF16, "<f2"}, {DType::kBF16, "bfloat16"},
+    {DType::kF32, "<f4"},  {DType::kF64, "<f8"}, {DType::kC64, "<c8"},
+};
+
+absl::Status Errno(absl::string_view what, const std::string& path) {
+  return absl::ErrnoToStatus(errno, absl::StrCat(what, " ", path));
+}
+
+// The whole file at `path`, refused past `max` bytes.
+absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open", path);
+  std::string out;
+  char buf[1 << 16];
+  while (true) {
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      absl::Status s = Errno("cannot read", path);
+      close(fd);
+      return s;
+    }
+    if (n == 0) break;
+    if (static_cast<int64_t>(out.size()) + n > max) {
+      close(fd);
+      return absl::DataLossError(absl::StrCat(path, " is larger than ", max, " bytes"));
+    }
+    out.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  return out;
+}
+
+// Writes `size` bytes to `path` through a temporary file in the same directory, renamed over it.
+absl::Status WriteFileAtomically(const std::string& path, const void* data, size_t size) {
+  const std::string tmp = absl::StrCat(path, ".tmp-", getpid());
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd < 0) return Errno("cannot create", tmp);
+  const char* p = static_cast<const char*>(data);
+  for (size_t left = size; left > 0;) {
+    const ssize_t n = write(fd, p, left);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      absl::Status s = Errno("cannot write", tmp);
+      close(fd);
+      unlink(tmp.c_str());
+      return s;
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  if (close(fd) != 0 || rename(tmp.c_str(), path.c_str()) != 0) {
+    absl::Status s = Errno("cannot write", path);
+    unlink(tmp.c_str());
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ZarrDtype(DType dtype) {
+  for (const DtypeName& d : kDtypes)
+    if (d.dtype == dtype) return std::string(d.name);
+  return absl::InvalidArgumentError(absl::StrCat("no zarr dtype for ", DTypeName(dtype)));
+}
+
+absl::StatusOr<DType> DTypeOfZarr(absl::string_view name) {
+  for (const DtypeName& d : kDtypes) {
+    absl::string_view n = d.name;
+    if (name == n) return d.dtype;
+    // One-byte types with any byte order ("<u1", "u1"); a little-endian type without its "<".
+    if (n[0] == '|' && (name == absl::StrCat("<", n.substr(1)) || name == n.substr(1)))
+      return d.dtype;
+    if (n[0] == '<' && name == n.substr(1)) return d.dtype;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "zarr dtype \"", name, "\" is not supported (little-endian numbers, bool, bfloat16)"));
+}
+
+int64_t ZarrArray::chunk_bytes() const {
+  return chunks.num_elements() * static_cast<int64_t>(DTypeSize(spec.dtype));
+}
+
+std::string ZarrArray::ChunkKey(absl::Span<const int64_t> start) const {
+  if (start.empty()) return "0";
+  std::vector<int64_t> index(start.size());
+  for (size_t d = 0; d < start.size(); ++d) index[d] = start[d] / chunks.dim(static_cast<int>(d));
+  return absl::StrJoin(index, ".");
+}
+
+std::string ZarrArray::ToJson() const {
+  nlohmann::json j;
+  j["chunks"] = std::vector<int64_t>(chunks.dims().begin(), chunks.dims().end());
+  j["compressor"] = nullptr;
+  j["dimension_separator"] = ".";
+  j["dtype"] = *ZarrDtype(spec.dtype);
+  j["fill_value"] = nullptr;
+  j["filters"] = nullptr;
+  j["order"] = "C";
+  j["shape"] = std::vector<int64_t>(spec.shape.dims().begin(), spec.shape.dims().end());
+  j["zarr_format"] = 2;
+  return j.dump();
+}
+
+absl::StatusOr<ZarrArray> ZarrArray::Parse(absl::string_view json, absl::string_view where) {
+  auto bad = [&](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat(where, ": ", why));
+  };
+  nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return bad("not a JSON object");
+  if (j.value("zarr_format", 0) != 2) return bad("not zarr_format 2");
+  auto dims = [&](const char* key) -> absl::StatusOr<Shape> {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_array()) return bad(absl::StrCat("no \"", key, "\" list"));
+    std::vector<int64_t> v;
+    for (const auto& x : *it) {
+      if (!x.is_number_integer() || x.get<int64_t>() < 0)
+        return bad(absl::StrCat("\"", key, "\" holds a non-integer or a negative"));
+      v.push_back(x.get<int64_t>());
+    }
+    return Shape(std::move(v));
+  };
+  ZarrArray z;
+  PW_ASSIGN_OR_RETURN(z.spec.shape, dims("shape"));
+  PW_ASSIGN_OR_RETURN(z.chunks, dims("chunks"));
+  if (z.chunks.rank() != z.spec.shape.rank()) return bad("chunks and shape differ in rank");
+  for (int64_t c : z.chunks.dims())
+    if (c <= 0) return bad("a chunk extent is not positive");
+  if (!j.contains("dtype") || !j["dtype"].is_string()) return bad("no dtype");
+  absl::StatusOr<DType> dtype = DTypeOfZarr(j["dtype"].get<std::string>());
+  if (!dtype.ok()) return bad(dtype.status().message());
+  z.spec.dtype = *dtype;
+  if (absl::Status s = z.spec.Validate(); !s.ok()) return bad(s.message());
+  if (j.value("order", "C") != "C") return bad("order is not \"C\"");
+  if (j.value("dimension_separator", ".") != ".") return bad("dimension_separator is not \".\"");
+  if (j.contains("filters") && !j["filters"].is_null()) return bad("filters are not supported");
+  if (j.contains("compressor") && !j["compressor"].is_null()) {
+    const auto& c = j["compressor"];
+    if (!c.is_object() || c.value("id", "") != "zstd")
+      return bad("compressor is neither null nor zstd");
+    z.zstd = true;
+  }
+  if (z.chunks.num_elements() > kMaxChunkBytes / std::max<int64_t>(1, DTypeSize(z.spec.dtype)))
+    return bad(absl::StrCat("a chunk is larger than ", kMaxChunkBytes, " bytes"));
+  return z;
+}
+
+absl::StatusOr<ZarrArray> ReadZarray(const std::string& dir) {
+  const std::string path = dir + "/.zarray";
+  PW_ASSIGN_OR_RETURN(std::string text, ReadFile(path, kMaxZarrayBytes));
+  return ZarrArray::Parse(text, path);
+}
+
+absl::Status WriteZarray(const std::string& dir, const ZarrArray& z) {
+  const std::string text = z.ToJson();
+  return WriteFileAtomically(dir + "/.zarray", text.data(), text.size());
+}
+
+absl::Status WriteChunk(const std::string& dir, const ZarrArray& z, const Box& box,
+                        const void* data) {
+  const int rank = z.spec.shape.rank();
+  if (static_cast<int>(box.start.size()) != rank || static_cast<int>(box.limit.size()) != rank)
+    return absl::InvalidArgumentError("chunk region's rank differs from the array's");
+  Box chunk{box.start, box.start};
+  bool whole = true;
+  for (int d = 0; d < rank; ++d) {
+    const int64_t c = z.chunks.dim(d);
+    if (box.start[d] % c != 0 || box.limit[d] > z.spec.shape.dim(d) ||
+        box.limit[d] != std::min(box.start[d] + c, z.spec.shape.dim(d)))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "region is not a chunk of ", z.spec.ToString(), " in chunks of ", z.chunks.ToString()));
+    chunk.limit[d] = box.start[d] + c;
+    whole = whole && box.limit[d] == chunk.limit[d];
+  }
+  const std::string path = absl::StrCat(dir, "/", z.ChunkKey(box.start));
+  if (whole) return WriteFileAtomically(path, data, static_cast<size_t>(z.chunk_bytes()));
+  std::vector<char> padded(static_cast<size_t>(z.chunk_bytes()), 0);
+  CopyBoxIntersection(data, box, padded.data(), chunk, DTypeSize(z.spec.dtype));
+  return WriteFileAtomically(path, padded.data(), padded.size());
+}
+
+absl::Status ReadRegion(const std::string& dir, const ZarrArray& z, const Box& box, void* dst) {
+  const int rank = z.spec.shape.rank();
+  if (static_cast<int>(box.start.size()) != rank || static_cast<int>(box.limit.size()) != rank)
+    return absl::InvalidArgumentError("region's rank differs from the array's");
+  for (int d = 0; d < rank; ++d)
+    if (box.start[d] < 0 || box.start[d] > box.limit[d] || box.limit[d] > z.spec.shape.dim(d))
+      return absl::InvalidArgumentError(
+          absl::StrCat("region is outside ", z.spec.ToString(), " of ", dir));
+  const size_t element = DTypeSize(z.spec.dtype);
+  const int64_t bytes = z.chunk_bytes();
+  std::vector<char> chunk(static_cast<size_t>(bytes));
+  // The chunks overlapping `box`, by their corners, odometer order.
+  std::vector<int64_t> first(rank), last(rank);
+  for (int d = 0; d < rank; ++d) {
+    const int64_t c = z.chunks.dim(d);
+    if (box.start[d] == box.limit[d]) return absl::OkStatus();  // Empty.
+    first[d] = box.start[d] / c * c;
+    last[d] = (box.limit[d] - 1) / c * c;
+  }
+  std::vector<int64_t> at = first;
+  while (true) {
+    const std::string path = absl::StrCat(dir, "/", z.ChunkKey(at));
+    PW_ASSIGN_OR_RETURN(std::string file, ReadFile(path, z.zstd ? kMaxChunkBytes : bytes));
+    if (z.zstd) {
+      const size_t n = ZSTD_decompress(chunk.data(), chunk.size(), file.data(), file.size());
+      if (ZSTD_isError(n))
+        return absl::DataLossError(absl::StrCat(path, ": zstd: ", ZSTD_getErrorName(n)));
+      if (static_cast<int64_t>(n) != bytes)
+        return absl::DataLossError(absl::StrCat(path, " holds ", n, " bytes, not ", bytes));
+    } else {
+      if (static_cast<int64_t>(file.size()) != bytes)
+        return absl::DataLossError(absl::StrCat(path, " holds ", file.size(), " bytes, not ", bytes));
+      std::memcpy(chunk.data(), file.data(), file.size());
+    }
+    Box src{at, at};
+    for (int d = 0; d < rank; ++d) src.limit[d] = at[d] + z.chunks.dim(d);
+    CopyBoxIntersection(chunk.data(), src, dst, box, element);
+    int d = rank - 1;
+    for (; d >= 0; --d) {
+      if (at[d] < last[d]) {
+        at[d] += z.chunks.dim(d);
+        break;
+      }
+      at[d] = first[d];
+    }
+    if (d < 0) return absl::OkStatus();
+  }
+}
+
+}  // namespace pw::checkpoint

@@ -1,0 +1,170 @@
+"""pw.checkpoint: checkpoints of pytrees of pw.Arrays, written and read by the workers.
+
+The on-disk layout is Orbax's without OCDBT (`use_ocdbt=False, use_zarr3=False`), so stock
+`orbax-checkpoint` and `tensorstore` read what this writes, and `restore` reads what stock Orbax
+wrote: a directory per checkpoint holding `_METADATA` (the tree), `_CHECKPOINT_METADATA`,
+`commit_success.txt`, and per leaf a zarr v2 array named by its key path joined with "."
+(`params.w`): `.zarray` and one chunk file per distinct shard, which the worker holding the shard
+writes (one replica of a replicated one). Nothing goes through the client or the controller but
+metadata; the commit is atomic (written under a temporary name, then renamed by the controller).
+
+Paths: on a `pw up` cluster, relative to its checkpoint root (`pw up --checkpoint-root`, default
+<state dir>/checkpoints) or absolute within it; on an embedded cluster, any path (relative to the
+working directory).
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import threading
+import time
+
+import jax
+
+from . import _layout
+from ._array import Array
+
+__all__ = ["save", "restore", "Save"]
+
+_ORBAX_HANDLER = "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
+_last_save: Save | None = None
+_last_lock = threading.Lock()
+
+
+def _key_name(k) -> tuple[str, int]:
+    """A key path entry's name and Orbax's key type (1: sequence, 2: dict)."""
+    if isinstance(k, jax.tree_util.SequenceKey):
+        return str(k.idx), 1
+    if isinstance(k, jax.tree_util.FlattenedIndexKey):
+        return str(k.key), 1
+    if isinstance(k, jax.tree_util.DictKey):
+        return str(k.key), 2
+    if isinstance(k, jax.tree_util.GetAttrKey):
+        return k.name, 2
+    raise TypeError(f"pw.checkpoint: a key of type {type(k).__name__} ({k})")
+
+
+def _leaves(tree, what: str):
+    """[(names, key types, leaf)] in tree order, and the tree's structure."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    out = []
+    for path, leaf in flat:
+        keys = [_key_name(k) for k in path]
+        names = tuple(n for n, _ in keys)
+        if not isinstance(leaf, Array):
+            raise TypeError(f"pw.checkpoint.{what}: leaf {'.'.join(names) or '(root)'} is a "
+                            f"{type(leaf).__name__}, not a pw.Array (pw.device_put it first)")
+        if any("/" in n or n in ("", ".", "..") for n in names):
+            raise ValueError(f"pw.checkpoint.{what}: key path {names} cannot name a directory")
+        out.append((names, [t for _, t in keys], leaf))
+    if not out:
+        raise ValueError(f"pw.checkpoint.{what}: the tree has no arrays")
+    return out, treedef
+
+
+def _resolve(path: str, conn) -> str:
+    """A path the cluster takes: on an embedded cluster, relative to the working directory."""
+    from . import _pathways
+    path = os.fspath(path)
+    if isinstance(conn.cluster, _pathways.EmbeddedCluster):
+        return os.path.abspath(path)
+    return path.rstrip("/")
+
+
+def _metadata(leaves) -> dict:
+    tree = {}
+    for names, types, leaf in leaves:
+        shard = leaf.sharding.shard_shape(leaf.shape)
+        tree[str(names)] = {
+            "key_metadata": [{"key": n, "key_type": t} for n, t in zip(names, types)],
+            "value_metadata": {"value_type": "jax.Array", "skip_deserialize": False,
+                               "write_shape": list(shard)},
+        }
+    return {"tree_metadata": tree, "use_ocdbt": False, "use_zarr3": False,
+            "store_array_data_equal_to_fill_value": True, "custom_metadata": None}
+
+
+class Save:
+    """A checkpoint being written: `wait()` returns its absolute path once committed (raising
+    the first error: a shard that could not be written, a commit refused), `done()` says
+    whether it has ended. Training goes on meanwhile; the arrays are held until written."""
+
+    def __init__(self, leaves, conn, path: str, after: Save | None):
+        self._error = None
+        self._path = None
+        self._done = threading.Event()
+        started = time.time_ns()
+        # Written under a name of its own, renamed when whole: a reader never sees part of it.
+        tmp = f"{path}.orbax-checkpoint-tmp-{secrets.token_hex(4)}"
+        # Every shard's write starts now (the arrays' runs go first, in the workers' order).
+        writes = [leaf._live().save(f"{tmp}/{'.'.join(names)}") for names, _, leaf in leaves]
+        files = [("_METADATA", json.dumps(_metadata(leaves)).encode())]
+
+        def commit():
+            try:
+                if after is not None:
+                    after._done.wait()
+                for w in writes:
+                    w.wait()
+                files.append(("_CHECKPOINT_METADATA", json.dumps({
+                    "item_handlers": _ORBAX_HANDLER, "metrics": {}, "performance_metrics": {},
+                    "init_timestamp_nsecs": started, "commit_timestamp_nsecs": time.time_ns(),
+                    "custom_metadata": {}}).encode()))
+                files.append(("commit_success.txt",
+                              f"Checkpoint commit was successful to {path}".encode()))
+                self._path = conn.client.commit_checkpoint(tmp, files, path)
+            except BaseException as e:  # Raised by wait().
+                self._error = e
+            finally:
+                self._done.set()
+
+        threading.Thread(target=commit, name="pw-checkpoint", daemon=True).start()
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> str:
+        if not self._done.wait(timeout):
+            raise TimeoutError("pw.checkpoint: the save has not finished")
+        if self._error is not None:
+            raise self._error
+        return self._path
+
+
+def save(tree, path: str) -> Save:
+    """Writes a pytree of pw.Arrays as a checkpoint at `path`, asynchronously: returns a `Save`
+    at once (the workers write each array once computed; `wait()` for the committed path). A
+    second save's commit comes after the first's. A checkpoint already at `path` is an error."""
+    global _last_save
+    leaves, _ = _leaves(tree, "save")
+    conn = leaves[0][2]._conn
+    if any(leaf._conn is not conn for _, _, leaf in leaves):
+        raise ValueError("pw.checkpoint.save: the arrays belong to different clients")
+    with _last_lock:
+        s = Save(leaves, conn, _resolve(path, conn), _last_save)
+        _last_save = s
+    return s
+
+
+def restore(path: str, like):
+    """Reads the checkpoint at `path` into arrays laid out as `like`'s (a pytree of pw.Arrays
+    of the same structure, shapes and dtypes: each leaf's slice and sharding are the restored
+    array's, so a checkpoint of one sharding restores onto another). The workers read their
+    shards; returns at once with arrays that are ready once read. Reads stock Orbax checkpoints
+    too (zarr v2, raw or zstd chunks)."""
+    leaves, treedef = _leaves(like, "restore")
+    conn = leaves[0][2]._conn
+    root = _resolve(path, conn)
+    out = []
+    for names, _, leaf in leaves:
+        h = leaf._live()
+        handle, _ = conn.slices.get(h.slice_id, (None, None))
+        if handle is None or leaf._conn is not conn:
+            raise ValueError(f"pw.checkpoint.restore: leaf {'.'.join(names)} is not on a slice "
+                             "of this client's")
+        mesh, d2a = h.sharding
+        dtype, shape = h.spec
+        out.append(Array(conn.client.load(handle, dtype, list(shape), list(mesh), list(d2a),
+                                          f"{root}/{'.'.join(names)}"), conn))
+    return jax.tree_util.tree_unflatten(treedef, out)
