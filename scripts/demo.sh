@@ -25,3 +25,5 @@ echo "== a data-parallel MLP on a 4-device slice spanning both hosts of an islan
 .venv/bin/python examples/mlp_dp.py "$@"
 echo "== a Transformer LM trained on island 0, served by another process (tenant 'serve') on island 1" >&2
 .venv/bin/python examples/lm/serve.py --steps 40
+echo "== the LM again: a checkpoint every 4 steps (written by the workers), host 1's worker killed after step 6, the last checkpoint restored onto the devices that remain" >&2
+.venv/bin/python examples/lm/recover.py

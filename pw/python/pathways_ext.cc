@@ -131,6 +131,16 @@ NB_MODULE(_pathways, m) {
             return Unwrap(cluster.ServeMetrics(listen));
           },
           nb::keep_alive<0, 1>())
+      // Takes a device out of service, as a lost host's are (its work fails with `reason`).
+      .def("remove_device",
+           [](EmbeddedCluster& cluster, int64_t device, const std::string& reason) {
+             absl::Status s;
+             {
+               nb::gil_scoped_release release;
+               s = cluster.RemoveDevice(DeviceId(device), reason).Await();
+             }
+             Check(s);
+           })
       // pw status --json's object, as a JSON string (pathways.status()).
       .def("status_json", [](EmbeddedCluster& cluster) {
         absl::StatusOr<ClusterStatus> st;

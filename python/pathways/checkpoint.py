@@ -147,24 +147,43 @@ def save(tree, path: str) -> Save:
     return s
 
 
-def restore(path: str, like):
-    """Reads the checkpoint at `path` into arrays laid out as `like`'s (a pytree of pw.Arrays
-    of the same structure, shapes and dtypes: each leaf's slice and sharding are the restored
-    array's, so a checkpoint of one sharding restores onto another). The workers read their
-    shards; returns at once with arrays that are ready once read. Reads stock Orbax checkpoints
-    too (zarr v2, raw or zstd chunks)."""
-    leaves, treedef = _leaves(like, "restore")
-    conn = leaves[0][2]._conn
+def restore(path: str, like, *, devices=None, sharding=None):
+    """Reads the checkpoint at `path` into arrays laid out as `like` says: a pytree of the
+    checkpoint's structure whose leaves are pw.Arrays (each restored onto its leaf's slice and
+    sharding, so a checkpoint of one sharding restores onto another), or, with `devices` (a
+    Slice), anything with .shape and .dtype (numpy arrays, jax.ShapeDtypeStruct, the arrays of
+    a slice that was lost), each restored onto `devices` laid out by `sharding` (a PartitionSpec
+    over the slice's mesh axes; default: replicated). The workers read their shards; returns at
+    once with arrays that are ready once read. Reads stock Orbax checkpoints too (zarr v2, raw or
+    zstd chunks)."""
+    if devices is None:
+        leaves, treedef = _leaves(like, "restore")
+        conn = leaves[0][2]._conn
+    else:
+        flat, treedef = jax.tree_util.tree_flatten_with_path(like)
+        leaves = [(tuple(_key_name(k)[0] for k in p), None, leaf) for p, leaf in flat]
+        conn = devices._conn
     root = _resolve(path, conn)
     out = []
     for names, _, leaf in leaves:
+        where = f"{root}/{'.'.join(names)}"
+        if devices is not None:
+            shape = tuple(int(d) for d in leaf.shape)
+            dtype = _layout.checked_dtype(leaf.dtype)
+            mesh = list(devices.mesh_shape)
+            d2a = _layout.dim_to_axis(sharding if sharding is not None else
+                                      jax.sharding.PartitionSpec(), len(shape),
+                                      devices.axis_names, "pw.checkpoint.restore")
+            out.append(Array(conn.client.load(devices._handle, dtype, list(shape), mesh, d2a,
+                                              where), conn))
+            continue
         h = leaf._live()
         handle, _ = conn.slices.get(h.slice_id, (None, None))
         if handle is None or leaf._conn is not conn:
             raise ValueError(f"pw.checkpoint.restore: leaf {'.'.join(names)} is not on a slice "
-                             "of this client's")
+                             "of this client's (pass devices= to restore onto a slice)")
         mesh, d2a = h.sharding
         dtype, shape = h.spec
         out.append(Array(conn.client.load(handle, dtype, list(shape), list(mesh), list(d2a),
-                                          f"{root}/{'.'.join(names)}"), conn))
+                                          where), conn))
     return jax.tree_util.tree_unflatten(treedef, out)

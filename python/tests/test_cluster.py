@@ -820,3 +820,18 @@ def test_lm_is_served_by_another_process_while_it_trains_on_pw_up(cluster):
     while status(env)["clients"] > 0 and time.monotonic() - t0 < 30:
         time.sleep(0.05)
     assert status(env)["clients"] == 0
+
+
+def test_lm_recovers_from_a_killed_worker_on_pw_up(cluster):
+    # examples/lm/recover.py on pw up: host 1's worker process is killed after step 6; the
+    # trainer (same process) restores step 4's checkpoint, written by the workers, onto the
+    # devices that remain and ends with plain JAX's loss.
+    env, address, state = cluster
+    r = subprocess.run([sys.executable, str(ROOT / "examples" / "lm" / "recover.py"), "--json"],
+                       capture_output=True, text=True, timeout=600,
+                       env=dict(env, PW_CLUSTER=address))
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert "host:1" in out["error"] and out["loss_rel_diff_vs_one_device"] <= 1e-5, out
+    assert not alive(state["worker_pids"][1])
+    assert os.listdir(os.path.join(env["PW_STATE_DIR"], "checkpoints", "lm-recover"))

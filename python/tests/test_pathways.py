@@ -224,6 +224,22 @@ def test_lm_is_served_from_its_live_weights_while_it_trains():
     assert r["train_tokens_per_second_alone"] > 0 and r["train_tokens_per_second_serving"] > 0
 
 
+def test_lm_recovers_from_a_lost_host_from_its_last_checkpoint():
+    # examples/lm/recover.py on the embedded cluster of the README's shape: host 1's devices are
+    # removed mid-training; the next step fails naming the host, the trainer restores the last
+    # checkpoint onto two devices that remain, and its last loss matches plain JAX's
+    # uninterrupted run.
+    env = dict(os.environ, PW_ISLANDS="2", PW_HOSTS_PER_ISLAND="2", PW_DEVICES_PER_HOST="2")
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "lm" / "recover.py"), "--json"],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    r = json.loads(out.stdout.splitlines()[-1])
+    assert "host:1" in r["error"], r
+    assert r["loss_rel_diff_vs_one_device"] <= 1e-5 and r["recovery_seconds"] > 0, r
+    assert not set(r["devices_after"]) & {2, 3}, r  # Host 1's devices.
+    assert "restored step 4's checkpoint" in out.stderr, out.stderr
+
+
 def test_mlp_data_parallel_matches_single_device_training():
     env = dict(os.environ, PW_ISLANDS="2", PW_HOSTS_PER_ISLAND="2", PW_DEVICES_PER_HOST="2")
     out = subprocess.run([sys.executable, str(ROOT / "examples" / "mlp_dp.py"), "--steps", "12"],
