@@ -186,6 +186,9 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   up_->add_option("--run-timeout-ms", run_timeout_ms_, kRunTimeoutHelp);
   up_->add_option("--overrun-grace-ms", overrun_grace_ms_, kOverrunGraceHelp);
   up_->add_option("--max-client-bytes", max_client_bytes_, kMaxClientBytesHelp);
+  up_->add_flag("--restart-workers", restart_workers_,
+                "Restart a worker whose process exits (it rejoins as its host; at most 5 times a "
+                "minute per host). Under Kubernetes or Slurm the cluster manager does this");
   up_->add_option("--checkpoint-root", checkpoint_root_,
                   "The directory clients' checkpoints are written under (pw.checkpoint; default "
                   "<state dir>/checkpoints)");
@@ -297,12 +300,18 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   worker_->add_option("--overrun-grace-ms", overrun_grace_ms_, kOverrunGraceHelp);
   worker_->add_option("--metrics-port", metrics_port_, kMetricsPortHelp);
   AddTlsFlags(worker_, /*insecure=*/true);
+
+  supervise_ = app->add_subcommand("supervise", "Restart a pw up cluster's workers that exit "
+                                                "(pw up --restart-workers starts it)");
+  supervise_->group("");  // Hidden.
+  supervise_->add_option("--state-dir", supervise_state_dir_, "pw up's state directory")
+      ->required();
 }
 
 bool ClusterCommands::parsed() const {
   return up_->parsed() || status_->parsed() || down_->parsed() || cancel_->parsed() ||
          trace_->parsed() || dashboard_->parsed() || controller_->parsed() || worker_->parsed() ||
-         tenant_->parsed();
+         supervise_->parsed() || tenant_->parsed();
 }
 
 int ClusterCommands::Run(const char* argv0) {
@@ -314,6 +323,7 @@ int ClusterCommands::Run(const char* argv0) {
   if (dashboard_->parsed()) return Dashboard();
   if (controller_->parsed()) return Controller();
   if (worker_->parsed()) return Worker();
+  if (supervise_->parsed()) return Supervise();
   if (tenant_->parsed()) return Tenant();
   return 1;
 }
@@ -331,6 +341,7 @@ int ClusterCommands::Up(const char* argv0) {
   o.run_timeout_ms = run_timeout_ms_;
   o.max_client_bytes = max_client_bytes_;
   o.checkpoint_root = checkpoint_root_;
+  o.restart_workers = restart_workers_;
   o.scheduling = scheduling_;
   o.scheduling_window_ms = scheduling_window_ms_;
   o.overrun_grace_ms = overrun_grace_ms_;
@@ -681,6 +692,11 @@ int ClusterCommands::Controller() {
   }
   server->reset();
   return 0;
+}
+
+int ClusterCommands::Supervise() {
+  absl::Status s = server::SuperviseWorkers(supervise_state_dir_);
+  return s.ok() ? 0 : Fail(s);
 }
 
 int ClusterCommands::Worker() {

@@ -34,6 +34,7 @@ class ClusterCommands {
   int Dashboard();
   int Controller();
   int Worker();
+  int Supervise();
   int Tenant();
   // --scheduling, --scheduling-window-ms.
   void AddSchedulingFlags(CLI::App* command);
@@ -41,6 +42,9 @@ class ClusterCommands {
   void AddTlsFlags(CLI::App* command, bool insecure);
 
   CLI::App *up_, *status_, *down_, *cancel_, *trace_, *dashboard_, *controller_, *worker_;
+  CLI::App* supervise_;
+  std::string supervise_state_dir_;
+  bool restart_workers_ = false;
   CLI::App *tenant_, *tenant_set_, *tenant_list_;
   // pw dashboard.
   int dashboard_port_ = 0;

@@ -67,6 +67,8 @@ absl::Status SaveState(const LocalClusterState& s) {
   nlohmann::json j = {{"address", s.address},
                       {"controller_pid", s.controller_pid},
                       {"worker_pids", s.worker_pids},
+                      {"worker_argv", s.worker_argv},
+                      {"supervisor_pid", s.supervisor_pid},
                       {"worker_cpus", s.worker_cpus},
                       {"cluster_token", s.cluster_token},
                       {"tls_cert", s.tls.cert},
@@ -126,6 +128,8 @@ absl::StatusOr<LocalClusterState> LoadState() {
     s.address = j.value("address", "");
     s.controller_pid = j.value("controller_pid", 0);
     s.worker_pids = j.value("worker_pids", std::vector<int>{});
+    s.worker_argv = j.value("worker_argv", std::vector<std::vector<std::string>>{});
+    s.supervisor_pid = j.value("supervisor_pid", 0);
     s.worker_cpus = j.value("worker_cpus", std::vector<std::string>{});
     s.cluster_token = j.value("cluster_token", "");
     s.tls = {j.value("tls_cert", ""), j.value("tls_key", ""), j.value("tls_ca", ""),
@@ -251,6 +255,13 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
         SpawnDetached(argv, absl::StrCat(dir, "/worker-", h.id.value(), ".log"));
     if (!pid.ok()) return fail(pid.status());
     s.worker_pids.push_back(*pid);
+    s.worker_argv.push_back(std::move(argv));
+  }
+  if (o.restart_workers) {  // With the cluster token in its environment, for the workers.
+    absl::StatusOr<int> pid = SpawnDetached({o.pw_binary, "supervise", "--state-dir", dir},
+                                            dir + "/supervisor.log");
+    if (!pid.ok()) return fail(pid.status());
+    s.supervisor_pid = *pid;
   }
   PW_RETURN_IF_ERROR(SaveState(s));
   std::move(forget_token).Invoke();
@@ -287,10 +298,30 @@ bool IsClusterProcess(int pid, const LocalClusterState& s) {
   std::vector<std::string> args = absl::StrSplit(*cmdline, '\0');
   auto has = [&](absl::string_view a) { return std::find(args.begin(), args.end(), a) != args.end(); };
   if (pid == s.controller_pid) return has("controller") && has(s.state_dir + "/controller.address");
+  if (pid == s.supervisor_pid) return has("supervise") && has(s.state_dir);
   return has("worker") && has(s.address);
 }
 
-absl::Status StopLocalCluster(const LocalClusterState& s, absl::Duration grace) {
+absl::Status StopLocalCluster(const LocalClusterState& state, absl::Duration grace) {
+  LocalClusterState s = state;
+  // The supervisor first, so it restarts nothing; then the workers it started meanwhile.
+  if (IsClusterProcess(s.supervisor_pid, s)) {
+    kill(s.supervisor_pid, SIGTERM);
+    const absl::Time gone = absl::Now() + absl::Seconds(2);
+    while (ProcessAlive(s.supervisor_pid) && absl::Now() < gone)
+      absl::SleepFor(absl::Milliseconds(10));
+    if (ProcessAlive(s.supervisor_pid)) kill(s.supervisor_pid, SIGKILL);
+    if (absl::StatusOr<std::string> text = ReadFile(s.state_dir + "/cluster.json"); text.ok()) {
+      nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+      if (j.is_object() && j.value("address", "") == s.address && j.contains("worker_pids") &&
+          j["worker_pids"].is_array()) {
+        try {
+          s.worker_pids = j["worker_pids"].get<std::vector<int>>();
+        } catch (const nlohmann::json::exception&) {
+        }
+      }
+    }
+  }
   // Only processes that are still this cluster's are signalled (a pid may have been reused).
   std::vector<int> pids;
   for (int pid : s.worker_pids)
@@ -323,6 +354,61 @@ absl::Status StopLocalCluster(const LocalClusterState& s, absl::Duration grace) 
                                                     " that did not stop within ",
                                                     absl::FormatDuration(grace)));
   return absl::OkStatus();
+}
+
+absl::Status SuperviseWorkers(const std::string& state_dir, absl::Duration poll) {
+  setenv("PW_STATE_DIR", state_dir.c_str(), 1);  // LoadState's.
+  // pw up records this process in the state once it has started it.
+  for (const absl::Time until = absl::Now() + absl::Seconds(30);;) {
+    absl::StatusOr<LocalClusterState> s = LoadState();
+    if (s.ok() && s->supervisor_pid == getpid()) break;
+    if (absl::Now() > until)
+      return absl::DeadlineExceededError("the cluster's state never named this supervisor");
+    absl::SleepFor(poll);
+  }
+  std::vector<std::vector<absl::Time>> restarts;   // Per host: when, within the window.
+  std::vector<bool> given_up;
+  while (true) {
+    while (waitpid(-1, nullptr, WNOHANG) > 0) {  // Workers this process started, once gone.
+    }
+    absl::StatusOr<LocalClusterState> s = LoadState();
+    if (!s.ok() || s->supervisor_pid != getpid() || !ProcessAlive(s->controller_pid))
+      return absl::OkStatus();  // pw down, another supervisor, or the controller is gone.
+    restarts.resize(s->worker_pids.size());
+    given_up.resize(s->worker_pids.size());
+    bool changed = false;
+    for (size_t i = 0; i < s->worker_pids.size() && i < s->worker_argv.size(); ++i) {
+      if (given_up[i] || IsClusterProcess(s->worker_pids[i], *s)) continue;
+      const absl::Time now = absl::Now();
+      auto& r = restarts[i];
+      r.erase(std::remove_if(r.begin(), r.end(), [&](absl::Time t) { return now - t > kRestartWindow; }),
+              r.end());
+      if (static_cast<int>(r.size()) >= kMaxRestarts) {
+        given_up[i] = true;
+        std::fprintf(stderr, "pw supervise: worker %zu exited %d times within %s: left down\n", i,
+                     kMaxRestarts, absl::FormatDuration(kRestartWindow).c_str());
+        continue;
+      }
+      const std::vector<std::string>& argv = s->worker_argv[i];
+      const auto host = std::find(argv.begin(), argv.end(), "--host");
+      const std::string log = absl::StrCat(state_dir, "/worker-",
+                                           host + 1 < argv.end() ? *(host + 1) : absl::StrCat(i),
+                                           ".log");
+      absl::StatusOr<int> pid = SpawnDetached(argv, log);
+      if (!pid.ok()) {
+        std::fprintf(stderr, "pw supervise: cannot restart worker %zu: %s\n", i,
+                     pid.status().ToString().c_str());
+        continue;
+      }
+      std::fprintf(stderr, "pw supervise: worker %zu (pid %d) exited; restarted as pid %d\n", i,
+                   s->worker_pids[i], *pid);
+      r.push_back(now);
+      s->worker_pids[i] = *pid;
+      changed = true;
+    }
+    if (changed) PW_RETURN_IF_ERROR(SaveState(*s));
+    absl::SleepFor(poll);
+  }
 }
 
 std::string ClusterAddress(const std::string& flag) {

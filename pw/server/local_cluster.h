@@ -19,6 +19,9 @@ struct LocalClusterState {
   std::string address;  // The controller's.
   int controller_pid = 0;
   std::vector<int> worker_pids;
+  // How each worker was started (its argv), for the supervisor to start it again.
+  std::vector<std::vector<std::string>> worker_argv;
+  int supervisor_pid = 0;  // pw up --restart-workers: the process that restarts them; 0: none.
   // Each worker's CPU list (pw worker --cpus); "" if unbound.
   std::vector<std::string> worker_cpus;
   std::string cluster_token;  // The processes' (pw down presents it to shut the controller down).
@@ -50,6 +53,8 @@ struct LaunchOptions {
   // Give each host's worker its own share of the CPUs this process may use (SplitCpus).
   bool bind_cpus = true;
   absl::Duration ready_timeout = absl::Seconds(60);
+  // Start a supervisor (`pw supervise`) that restarts workers that exit (pw up --restart-workers).
+  bool restart_workers = false;
 };
 
 // $PW_STATE_DIR, or $HOME/.local/state/pathways; created if missing.
@@ -64,14 +69,25 @@ absl::StatusOr<LocalClusterState> LaunchLocalCluster(const ClusterSpec& spec,
 // removes the shared-memory segments of processes that are gone, and forgets the state.
 absl::Status StopLocalCluster(const LocalClusterState& state, absl::Duration grace = absl::Seconds(5));
 
+// The supervisor of a cluster started with LaunchOptions::restart_workers (`pw supervise`):
+// every `poll`, a worker of the state in `state_dir` whose process is gone is started again with
+// its argv (it rejoins the cluster as its host) and the state records its new pid; at most
+// kMaxRestarts per host within kRestartWindow (then that host is left down, logged). Returns
+// when the cluster is gone (its controller exited, or pw down removed the state) or the state
+// names another supervisor (it waits up to 30 s for the state to name it first). Logs to stderr.
+inline constexpr int kMaxRestarts = 5;
+inline constexpr absl::Duration kRestartWindow = absl::Minutes(1);
+absl::Status SuperviseWorkers(const std::string& state_dir,
+                              absl::Duration poll = absl::Milliseconds(100));
+
 // The cluster a client command should use: `flag`, else $PW_CLUSTER, else the most recent
 // `pw up` cluster. Empty (no error) when there is none: use an embedded cluster.
 std::string ClusterAddress(const std::string& flag);
 
 // Whether process `pid` is alive (not a zombie).
 bool ProcessAlive(int pid);
-// Whether `pid` is alive and still the controller or a worker of cluster `s` (by its command
-// line), not another process that reused the pid.
+// Whether `pid` is alive and still the controller, a worker or the supervisor of cluster `s` (by
+// its command line), not another process that reused the pid.
 bool IsClusterProcess(int pid, const LocalClusterState& s);
 // Starts `argv` in a new session with stdout/stderr appended to `log`; returns its pid.
 absl::StatusOr<int> SpawnDetached(const std::vector<std::string>& argv, const std::string& log);

@@ -131,6 +131,46 @@ def test_killed_worker_leaves_and_rejoins(cluster):
         new.wait(timeout=30)
 
 
+def test_restart_workers_brings_a_killed_worker_back_and_pw_down_stops_it(tmp_path):
+    # pw up --restart-workers: a supervisor process restarts a killed worker, which rejoins as
+    # its host (a psum over both hosts of the island runs again); pw down stops the supervisor
+    # first, then every worker, the restarted one included.
+    env = dict(os.environ, PW_STATE_DIR=str(tmp_path))
+    env.pop("PW_CLUSTER", None)
+    address = pw("up", "--detach", "--restart-workers", "--islands", "1", "--hosts-per-island",
+                 "2", "--devices-per-host", "2", "--failure-timeout-ms", "60000",
+                 env=env).stdout.strip().splitlines()[-1]
+    state = json.loads((tmp_path / "cluster.json").read_text())
+    victim = now = state["worker_pids"][1]
+    try:
+        assert alive(state["supervisor_pid"])
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30:
+            now = json.loads((tmp_path / "cluster.json").read_text())["worker_pids"][1]
+            if now != victim and status(env)["hosts"][1]["alive"]:
+                break
+            time.sleep(0.05)
+        print(f"worker restarted and rejoined after {time.monotonic() - t0:.2f}s")
+        assert now != victim and alive(now) and status(env)["hosts"][1]["alive"]
+        assert f"restarted as pid {now}" in (tmp_path / "supervisor.log").read_text()
+        code = ("import numpy as np, jax, pathways as pw\n"
+                "s = pw.make_virtual_device_set().add_slice(devices=4)\n"
+                "f = pw.pmap(lambda x: jax.lax.psum(x, 'i'), devices=s, axis_name='i')\n"
+                "print(np.asarray(f(np.arange(4, dtype=np.float32))).tolist())\n")
+        r = subprocess.run([sys.executable, "-c", code], env=dict(env, PW_CLUSTER=address),
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == "[6.0, 6.0, 6.0, 6.0]"
+    finally:
+        pw("down", env=env, check=False)
+    pids = [state["supervisor_pid"], state["controller_pid"], now, *state["worker_pids"]]
+    t0 = time.monotonic()
+    while any(alive(p) for p in pids) and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+    assert not any(alive(p) for p in pids), [p for p in pids if alive(p)]
+
+
 CHECK = ROOT / "python" / "tests" / "collectives_check.py"
 
 
