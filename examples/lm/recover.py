@@ -119,7 +119,8 @@ def main(argv=None) -> int:
     vds = pw.make_virtual_device_set()
     embedded = isinstance(pw._default_connection().cluster, pw._pathways.EmbeddedCluster)
     if args.dir is None:
-        args.dir = tempfile.mkdtemp(prefix="lm-recover.") if embedded else f"lm-recover/{os.getpid()}"
+        args.dir = (tempfile.mkdtemp(prefix="lm-recover.") if embedded
+                    else f"lm-recover/{os.getpid()}")
         if embedded:
             atexit.register(shutil.rmtree, args.dir, ignore_errors=True)
     devices = vds.add_slice(devices=args.devices, island=0)

@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -54,6 +55,31 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max) {
   }
   close(fd);
   return out;
+}
+
+// Reads exactly `size` bytes of `path` into `dst` (a file of another size is DataLoss).
+absl::Status ReadExactly(const std::string& path, void* dst, int64_t size) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open", path);
+  char* p = static_cast<char*>(dst);
+  int64_t got = 0;
+  absl::Status s;
+  while (s.ok()) {
+    // One byte past `size`, to see a longer file.
+    char extra;
+    const ssize_t n = got < size ? read(fd, p + got, static_cast<size_t>(size - got))
+                                 : read(fd, &extra, 1);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) s = Errno("cannot read", path);
+    if (n <= 0) break;
+    got += n;
+    if (got > size)
+      s = absl::DataLossError(absl::StrCat(path, " holds more than ", size, " bytes"));
+  }
+  close(fd);
+  if (s.ok() && got != size)
+    s = absl::DataLossError(absl::StrCat(path, " holds ", got, " bytes, not ", size));
+  return s;
 }
 
 // Writes `size` bytes to `path` through a temporary file in the same directory, renamed over it.
@@ -215,7 +241,7 @@ absl::Status ReadRegion(const std::string& dir, const ZarrArray& z, const Box& b
           absl::StrCat("region is outside ", z.spec.ToString(), " of ", dir));
   const size_t element = DTypeSize(z.spec.dtype);
   const int64_t bytes = z.chunk_bytes();
-  std::vector<char> chunk(static_cast<size_t>(bytes));
+  std::unique_ptr<char[]> chunk;  // A chunk's bytes, when the region is not one whole chunk.
   // The chunks overlapping `box`, by their corners, odometer order.
   std::vector<int64_t> first(rank), last(rank);
   for (int d = 0; d < rank; ++d) {
@@ -227,21 +253,23 @@ absl::Status ReadRegion(const std::string& dir, const ZarrArray& z, const Box& b
   std::vector<int64_t> at = first;
   while (true) {
     const std::string path = absl::StrCat(dir, "/", z.ChunkKey(at));
-    PW_ASSIGN_OR_RETURN(std::string file, ReadFile(path, z.zstd ? kMaxChunkBytes : bytes));
+    Box src{at, at};
+    for (int d = 0; d < rank; ++d) src.limit[d] = at[d] + z.chunks.dim(d);
+    if ((z.zstd || src != box) && chunk == nullptr) chunk.reset(new char[bytes]);
     if (z.zstd) {
-      const size_t n = ZSTD_decompress(chunk.data(), chunk.size(), file.data(), file.size());
+      PW_ASSIGN_OR_RETURN(std::string file, ReadFile(path, kMaxChunkBytes));
+      const size_t n = ZSTD_decompress(chunk.get(), static_cast<size_t>(bytes), file.data(),
+                                       file.size());
       if (ZSTD_isError(n))
         return absl::DataLossError(absl::StrCat(path, ": zstd: ", ZSTD_getErrorName(n)));
       if (static_cast<int64_t>(n) != bytes)
         return absl::DataLossError(absl::StrCat(path, " holds ", n, " bytes, not ", bytes));
+    } else if (src == box) {  // The region is this chunk (a shard read back as written).
+      return ReadExactly(path, dst, bytes);
     } else {
-      if (static_cast<int64_t>(file.size()) != bytes)
-        return absl::DataLossError(absl::StrCat(path, " holds ", file.size(), " bytes, not ", bytes));
-      std::memcpy(chunk.data(), file.data(), file.size());
+      PW_RETURN_IF_ERROR(ReadExactly(path, chunk.get(), bytes));
     }
-    Box src{at, at};
-    for (int d = 0; d < rank; ++d) src.limit[d] = at[d] + z.chunks.dim(d);
-    CopyBoxIntersection(chunk.data(), src, dst, box, element);
+    CopyBoxIntersection(chunk.get(), src, dst, box, element);
     int d = rank - 1;
     for (; d >= 0; --d) {
       if (at[d] < last[d]) {

@@ -105,6 +105,10 @@ TEST_F(ZarrTest, ChunksWrittenPerShardReadBackInAnyRegion) {
   ASSERT_TRUE(ReadRegion(dir_, *z2, Box{{2, 1}, {6, 3}}, part.data()).ok());
   EXPECT_EQ(part, (std::vector<float>{9, 10, 13, 14, 17, 18, 21, 22}));
   EXPECT_TRUE(std::filesystem::exists(dir_ + "/1.1"));
+  // One whole chunk (read straight into the destination).
+  std::vector<float> one(6);
+  ASSERT_TRUE(ReadRegion(dir_, *z2, Box{{3, 2}, {6, 4}}, one.data()).ok());
+  EXPECT_EQ(one, (std::vector<float>{14, 15, 18, 19, 22, 23}));
 }
 
 TEST_F(ZarrTest, EdgeChunksArePaddedAndAScalarIsChunkZero) {
@@ -150,6 +154,11 @@ TEST_F(ZarrTest, ZstdChunksAreReadAndDamagedOrMissingOnesNamed) {
   Write("0", "short");
   EXPECT_THAT(ReadRegion(dir_, z, Box{{0}, {2}}, back.data()).message(),
               HasSubstr("holds 5 bytes, not 8"));
+  Write("0", "twelve bytes");
+  EXPECT_THAT(ReadRegion(dir_, z, Box{{0}, {2}}, back.data()).message(),
+              HasSubstr("holds more than 8 bytes"));
+  EXPECT_THAT(ReadRegion(dir_, z, Box{{0}, {1}}, back.data()).message(),
+              HasSubstr("holds more than 8 bytes"));
 }
 
 }  // namespace

@@ -88,18 +88,19 @@ Future<> Controller::SaveArray(ClientId client, BufferId id, const std::string& 
   std::vector<Future<>> written;
   for (const auto& [rank, box] : DistinctShards(*pl)) {
     WorkerInterface* w = Worker(pl->hosts[rank]);
-    written.push_back(w == nullptr
-                          ? Future<>::Ready(absl::UnavailableError(
-                                absl::StrCat(pl->hosts[rank].ToString(), " has no worker")))
-                          : w->SaveShard(id, pl->devices[rank], ShardFile{*dir, z.spec, z.chunks, box}));
+    const ShardFile file{*dir, z.spec, z.chunks, box};
+    written.push_back(w == nullptr ? Future<>::Ready(absl::UnavailableError(absl::StrCat(
+                                         pl->hosts[rank].ToString(), " has no worker")))
+                                   : w->SaveShard(id, pl->devices[rank], file));
   }
   Promise<> saved;
   Future<> result = saved.future();
   // Pinned until written: releasing the handle meanwhile cannot free the shards.
-  JoinFutures(written).OnReady([this, id, saved = std::move(saved)](const absl::Status& s) mutable {
-    Free(buffers_.Unpin({id}));
-    saved.Set(s);
-  });
+  JoinFutures(written).OnReady(
+      [this, id, saved = std::move(saved)](const absl::Status& s) mutable {
+        Free(buffers_.Unpin({id}));
+        saved.Set(s);
+      });
   return result;
 }
 
@@ -136,8 +137,8 @@ absl::StatusOr<std::string> Controller::CommitCheckpoint(
   PW_ASSIGN_OR_RETURN(const std::string dir, CheckpointPath(path));
   PW_ASSIGN_OR_RETURN(const std::string final_dir, CheckpointPath(final_path));
   if (files.size() > kMaxCommitFiles)
-    return absl::InvalidArgumentError(
-        absl::StrCat("a checkpoint commit of ", files.size(), " files (at most ", kMaxCommitFiles, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("a checkpoint commit of ", files.size(),
+                                                   " files (at most ", kMaxCommitFiles, ")"));
   size_t bytes = 0;
   for (const auto& [name, contents] : files) {
     if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
@@ -153,7 +154,8 @@ absl::StatusOr<std::string> Controller::CommitCheckpoint(
     return absl::NotFoundError(absl::StrCat("no checkpoint being written at ", dir));
   for (const auto& [name, contents] : files) {
     const std::string file = absl::StrCat(dir, "/", name);
-    const int fd = open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    const int fd =
+        open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
     bool ok = fd >= 0;
     for (size_t at = 0; ok && at < contents.size();) {
       const ssize_t n = write(fd, contents.data() + at, contents.size() - at);

@@ -426,7 +426,8 @@ NB_MODULE(_pathways, m) {
               const std::vector<std::pair<std::string, nb::bytes>>& files,
               const std::string& final_path) {
              std::vector<std::pair<std::string, std::string>> f;
-             for (const auto& [name, b] : files) f.emplace_back(name, std::string(b.c_str(), b.size()));
+             for (const auto& [name, b] : files)
+               f.emplace_back(name, std::string(b.c_str(), b.size()));
              nb::gil_scoped_release release;
              return Unwrap(c.CommitCheckpoint(path, f, final_path));
            })

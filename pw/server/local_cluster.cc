@@ -381,7 +381,8 @@ absl::Status SuperviseWorkers(const std::string& state_dir, absl::Duration poll)
       if (given_up[i] || IsClusterProcess(s->worker_pids[i], *s)) continue;
       const absl::Time now = absl::Now();
       auto& r = restarts[i];
-      r.erase(std::remove_if(r.begin(), r.end(), [&](absl::Time t) { return now - t > kRestartWindow; }),
+      r.erase(std::remove_if(r.begin(), r.end(),
+                             [&](absl::Time t) { return now - t > kRestartWindow; }),
               r.end());
       if (static_cast<int>(r.size()) >= kMaxRestarts) {
         given_up[i] = true;

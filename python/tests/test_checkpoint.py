@@ -46,7 +46,8 @@ def test_round_trip_is_bit_exact_and_restores_onto_another_sharding(ds, tmp_path
     assert back["params"]["w"].sharding.shard_shape((8, 6)) == (2, 6)
     # Another sharding (halves on two devices: each from two chunks; and replicated).
     like = {"params": {"w": pw.device_put(np.zeros_like(w), two),
-                       "e": pw.device_put(np.zeros_like(e), two, sharding=jax.sharding.PartitionSpec())},
+                       "e": pw.device_put(np.zeros_like(e), two,
+                                          sharding=jax.sharding.PartitionSpec())},
             "steps": [pw.device_put(np.zeros_like(steps), two)]}
     back = pw.checkpoint.restore(path, like=like)
     np.testing.assert_array_equal(np.asarray(back["params"]["w"]), w)
@@ -62,8 +63,8 @@ def test_saves_commit_in_order_and_an_existing_checkpoint_is_not_overwritten(ds,
     second = pw.checkpoint.save({"a": a + 1}, tmp_path / "2")
     second.wait()
     assert first.done()  # The second's commit came after the first's.
-    times = [json.loads((tmp_path / n / "_CHECKPOINT_METADATA").read_text())["commit_timestamp_nsecs"]
-             for n in ("1", "2")]
+    times = [json.loads((tmp_path / n / "_CHECKPOINT_METADATA").read_text())
+             ["commit_timestamp_nsecs"] for n in ("1", "2")]
     assert times[0] <= times[1]
     again = pw.checkpoint.save({"a": a}, tmp_path / "1")
     with pytest.raises(pw.errors.AlreadyExists, match="a checkpoint exists at"):

@@ -223,7 +223,8 @@ def test_checkpoints_on_pw_up_are_written_by_workers_and_a_lost_worker_leaves_no
         print(path, flush=True)
         got = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": path + "/w"}})
         assert (got.result().read().result() == w).all()
-        like = {"w": pw.device_put(np.zeros_like(w), s1), "b": pw.device_put(np.zeros(4, np.float32), s1)}
+        like = {"w": pw.device_put(np.zeros_like(w), s1),
+                "b": pw.device_put(np.zeros(4, np.float32), s1)}
         back = pw.checkpoint.restore("run/step1", like)
         assert (np.asarray(back["w"]) == w).all() and (np.asarray(back["b"]) == w[0] * 2).all()
         print("restored", flush=True)
