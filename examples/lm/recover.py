@@ -167,8 +167,9 @@ def main(argv=None) -> int:
             recovered = time.perf_counter() - killed_at
             log(f"  recovered: {recovered:.2f} s from the loss of host:{victim} to this step")
         step += 1
-        log(f"  step {step:3d}  loss {losses[step - 1]:.6f}  "
-            f"{(time.perf_counter() - t0) * 1e3:7.1f} ms")
+        took = time.perf_counter() - t0
+        log(f"  step {step:3d}  loss {losses[step - 1]:.6f}  {took * 1e3:7.1f} ms  "
+            f"{args.batch * c.seq / took:8.0f} tokens/s")
         if step % args.every == 0 and step < args.steps:
             saves.append((step, pw.checkpoint.save(params, f"{args.dir}/step_{step}")))
         if step == args.kill_at and killed_at is None:

@@ -176,8 +176,12 @@ absl::StatusOr<ZarrArray> ZarrArray::Parse(absl::string_view json, absl::string_
   PW_ASSIGN_OR_RETURN(z.spec.shape, dims("shape"));
   PW_ASSIGN_OR_RETURN(z.chunks, dims("chunks"));
   if (z.chunks.rank() != z.spec.shape.rank()) return bad("chunks and shape differ in rank");
-  for (int64_t c : z.chunks.dims())
-    if (c <= 0) return bad("a chunk extent is not positive");
+  for (int d = 0; d < z.chunks.rank(); ++d) {
+    if (z.chunks.dim(d) <= 0) return bad("a chunk extent is not positive");
+    // Larger than the array is never needed, and would make a reader allocate for nothing.
+    if (z.chunks.dim(d) > std::max<int64_t>(z.spec.shape.dim(d), 1))
+      return bad("a chunk is larger than the array");
+  }
   if (!j.contains("dtype") || !j["dtype"].is_string()) return bad("no dtype");
   absl::StatusOr<DType> dtype = DTypeOfZarr(j["dtype"].get<std::string>());
   if (!dtype.ok()) return bad(dtype.status().message());

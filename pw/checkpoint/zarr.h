@@ -19,7 +19,7 @@
 namespace pw::checkpoint {
 
 // Limits, checked where metadata is read: a `.zarray` larger than this is refused, and so is a
-// chunk (decompressed) larger than kMaxChunkBytes.
+// chunk (decompressed) larger than kMaxChunkBytes or, in any dimension, than the array.
 inline constexpr size_t kMaxZarrayBytes = 64 << 10;
 inline constexpr int64_t kMaxChunkBytes = int64_t{4} << 30;
 

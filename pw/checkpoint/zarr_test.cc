@@ -76,9 +76,12 @@ TEST_F(ZarrTest, BadMetadataIsRefusedNamingTheFileAndWhy) {
                         "compressor":{"id":"blosc"}})")
                   .message(),
               HasSubstr("neither null nor zstd"));
-  EXPECT_THAT(parse(R"({"zarr_format":2,"shape":[2],"chunks":[4294967296],"dtype":"<f4"})")
+  EXPECT_THAT(parse(R"({"zarr_format":2,"shape":[2],"chunks":[3],"dtype":"<f4"})").message(),
+              HasSubstr("a chunk is larger than the array"));
+  EXPECT_THAT(parse(R"({"zarr_format":2,"shape":[4294967296],"chunks":[4294967296],
+                        "dtype":"<f4"})")
                   .message(),
-              HasSubstr("a chunk is larger than"));
+              HasSubstr("a chunk is larger than 4294967296 bytes"));
 }
 
 TEST_F(ZarrTest, ChunksWrittenPerShardReadBackInAnyRegion) {
