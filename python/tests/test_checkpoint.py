@@ -34,7 +34,7 @@ def test_round_trip_is_bit_exact_and_restores_onto_another_sharding(ds, tmp_path
             "steps": [pw.device_put(steps, four)]}
     path = pw.checkpoint.save(tree, tmp_path / "ck").wait()
     assert path == str(tmp_path / "ck")
-    assert sorted(os.listdir(path)) == ["_CHECKPOINT_METADATA", "_METADATA",
+    assert sorted(os.listdir(path)) == ["_CHECKPOINT_METADATA", "_METADATA", "_sharding",
                                         "commit_success.txt", "params.e", "params.w", "steps.0"]
     assert sorted(os.listdir(f"{path}/params.w")) == [".zarray", "0.0", "1.0", "2.0", "3.0"]
     assert [p for p in os.listdir(tmp_path) if "tmp" in p] == []  # Renamed, nothing left.
@@ -71,12 +71,30 @@ def test_saves_commit_in_order_and_an_existing_checkpoint_is_not_overwritten(ds,
         again.wait()
     np.testing.assert_array_equal(np.asarray(pw.checkpoint.restore(tmp_path / "1", {"a": a})["a"]),
                                   np.arange(4, dtype=np.float32))
-    with pytest.raises(TypeError, match="leaf b is a int, not a pw.Array"):
-        pw.checkpoint.save({"a": a, "b": 3}, tmp_path / "3")
+    with pytest.raises(TypeError, match="leaf b is a str, neither a pw.Array nor an array"):
+        pw.checkpoint.save({"a": a, "b": "three"}, tmp_path / "3")
+    with pytest.raises(ValueError, match="the tree has no pw.Array"):
+        pw.checkpoint.save({"b": np.ones(3)}, tmp_path / "3")
     with pytest.raises(pw.errors.NotFound, match="nothing/a/.zarray"):
         pw.checkpoint.restore(tmp_path / "nothing", {"a": a})
     with pytest.raises(pw.errors.InvalidArgument, match=r"is f32\[4\], not f32\[2\]"):
         pw.checkpoint.restore(tmp_path / "1", {"a": pw.device_put(np.zeros(2, np.float32), s)})
+
+
+def test_host_values_are_saved_through_the_trees_slice_and_restored_as_they_were(ds, tmp_path):
+    s = ds.add_slice(devices=2)
+    tree = {"w": pw.device_put(np.arange(4, dtype=np.float32), s), "step": 7, "lr": 0.5,
+            "mask": np.array([True, False]), "seed": np.int32(3)}
+    path = pw.checkpoint.save(tree, tmp_path / "ck").wait()
+    meta = json.loads((tmp_path / "ck" / "_METADATA").read_text())["tree_metadata"]
+    assert meta["('step',)"]["value_metadata"]["value_type"] == "np.ndarray"
+    assert meta["('w',)"]["value_metadata"]["value_type"] == "jax.Array"
+    back = pw.checkpoint.restore(path, like=tree)
+    assert back["step"] == 7 and type(back["step"]) is int
+    assert back["lr"] == 0.5 and type(back["lr"]) is float
+    np.testing.assert_array_equal(back["mask"], [True, False])
+    assert back["seed"] == 3 and back["seed"].dtype == np.int32
+    np.testing.assert_array_equal(np.asarray(back["w"]), np.arange(4, dtype=np.float32))
 
 
 def test_stock_orbax_and_tensorstore_read_it(ds, tmp_path):
@@ -86,16 +104,22 @@ def test_stock_orbax_and_tensorstore_read_it(ds, tmp_path):
     w = np.arange(24, dtype=np.float32).reshape(4, 6)
     b = np.array([1.5, -2.0], np.float32)
     path = pw.checkpoint.save({"w": pw.device_put(w, s),
-                               "b": pw.device_put(b, s, sharding=jax.sharding.PartitionSpec())},
-                              tmp_path / "ck").wait()
+                               "b": pw.device_put(b, s, sharding=jax.sharding.PartitionSpec()),
+                               "step": 5}, tmp_path / "ck").wait()
     got = ts.open({"driver": "zarr", "kvstore": {"driver": "file", "path": f"{path}/w"}}).result()
     np.testing.assert_array_equal(got.read().result(), w)
     restored = ocp.PyTreeCheckpointer().restore(
         path, args=ocp.args.PyTreeRestore(restore_args={
             "w": ocp.RestoreArgs(restore_type=np.ndarray),
-            "b": ocp.RestoreArgs(restore_type=np.ndarray)}))
+            "b": ocp.RestoreArgs(restore_type=np.ndarray),
+            "step": ocp.RestoreArgs(restore_type=np.ndarray)}))
     np.testing.assert_array_equal(restored["w"], w)
     np.testing.assert_array_equal(restored["b"], b)
+    assert int(restored["step"]) == 5
+    # Without arguments, Orbax restores every array onto this process's cpu:0 (`_sharding`).
+    plain = ocp.PyTreeCheckpointer().restore(path)
+    np.testing.assert_array_equal(np.asarray(plain["w"]), w)
+    assert isinstance(plain["w"], jax.Array) and int(plain["step"]) == 5
 
 
 def test_a_stock_orbax_checkpoint_restores_resharded(ds, tmp_path):
