@@ -179,7 +179,8 @@ class Pmapped(_Bound):
         avals = [jax.ShapeDtypeStruct(tuple(s), _layout.np_dtype(d)) for d, s in shard_specs]
         with jax.enable_x64(any(d in _layout.WIDE for d, _ in shard_specs)):
             if self._axis is None:
-                exported = jax.export.export(jax.jit(flat_fn))(*avals)
+                # keep_unused: the module takes every argument the runtime passes, used or not.
+                exported = jax.export.export(jax.jit(flat_fn, keep_unused=True))(*avals)
             else:
                 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
                 mesh = AbstractMesh((n,), (self._axis,))
@@ -202,7 +203,8 @@ class Pmapped(_Bound):
                     return [y[0] for y in shard(*(x[None] for x in xs))]
 
                 exported = jax.export.export(
-                    jax.jit(per_shard), disabled_checks=_collectives.export_checks())(*avals)
+                    jax.jit(per_shard, keep_unused=True),
+                    disabled_checks=_collectives.export_checks())(*avals)
         outs = [_layout.spec(a.shape, a.dtype) for a in exported.out_avals]
         return exported.mlir_module_serialized, outs, out["tree"]
 
@@ -275,7 +277,8 @@ class Jitted(_Bound):
         out_pspecs = self._pspecs(self._out_shardings, dummy, f"{self._name}: out_shardings")
         with jax.enable_x64(wide):
             exported = jax.export.export(jax.jit(
-                flat_fn, out_shardings=[NamedSharding(mesh, ps) for ps in out_pspecs]))(*avals)
+                flat_fn, out_shardings=[NamedSharding(mesh, ps) for ps in out_pspecs],
+                keep_unused=True))(*avals)
         out_layouts = []
         for k, (a, ps) in enumerate(zip(exported.out_avals, out_pspecs)):
             dtype = _layout.checked_dtype(a.dtype)

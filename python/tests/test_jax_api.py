@@ -97,6 +97,19 @@ def test_in_axes_and_out_axes_other_than_the_leading_one(ds):
         f2(y)
 
 
+def test_a_function_that_ignores_an_argument_runs(ds):
+    # jax.jit drops unused arguments from what it compiles unless told to keep them: the module
+    # then took fewer arguments than the runtime passed ("supplied 2 arguments but compiled
+    # program expected 1"). A stage's backward that leaves one of its forward's residuals unused
+    # did this.
+    s = ds.add_slice(devices=2)
+    x, y = np.arange(4, dtype=np.float32).reshape(2, 2), np.ones((2, 2), np.float32)
+    close(pw.pmap(lambda a, b: a * 2, devices=s)(x, y), x * 2)
+    close(pw.jit(lambda a, b: a * 2, s)(x, y), x * 2)
+    m = mesh_slice(ds)
+    close(pw.jit(lambda a, b: a + 1, m, in_shardings=P("data"))(x, y), x + 1)
+
+
 def test_static_arguments_and_jit_with_static_argnums_inside(ds):
     s = ds.add_slice(devices=2)
 
