@@ -7,8 +7,9 @@ device:
                      compiled step with jax.lax.pmean);
 - pipeline:          GPipe: `stages` stages, each on its own one-device slice of one island,
                      `--microbatches` microbatches; one @pw.program per step runs every
-                     microbatch forward through the stages, then backward (each stage recomputes
-                     its forward inside its backward, as GPipe does), sums each stage's gradients
+                     microbatch forward through the stages, then backward (each stage's forward
+                     keeps what its backward needs on its device; with --remat the backward
+                     recomputes it, as GPipe does to save memory), sums each stage's gradients
                      on its own device and applies them there;
 - pipeline_2islands: the same pipeline with the first half of its stages on island 0 and the
                      rest on island 1, so activations and gradients cross DCN.
@@ -106,51 +107,85 @@ def spmd(c, args, vds):
 
 
 def pipeline(c, args, vds, islands):
-    """GPipe over `stages` one-device slices; `islands`: each stage's island."""
+    """GPipe over `stages` one-device slices; `islands`: each stage's island. Each stage's
+    forward keeps what its backward needs (jax.vjp's residuals, returned by the forward call and
+    left on the stage's device), unless `--remat`: then the backward recomputes the forward, as
+    GPipe does to save memory (a third more computation). Each backward call also adds its
+    gradients to the stage's running sum, and the last microbatch's applies them: one call per
+    stage and microbatch, whatever the accumulation."""
     s_count, m_count = args.stages, args.microbatches
     slices = [vds.add_slice(devices=1, island=islands[i]) for i in range(s_count)]
 
-    def last_grad(p, x, targets):  # The last stage: loss, its gradients and the input's.
+    def stage_vjp(i, p, x):  # Stage 0's tokens are not differentiated.
+        if i == 0:
+            return jax.vjp(lambda p: lm.stage_forward(c, p, x), p)
+        return jax.vjp(lambda p, x: lm.stage_forward(c, p, x), p, x)
+
+    # Each stage's gradients as a tuple, the parameters' first: the last stage's from the targets
+    # (and its loss), the others' from the output's gradient and what the forward kept (or, with
+    # --remat, the parameters and input to recompute it).
+    def last_core(p, x, targets):
         value, (dp, dx) = jax.value_and_grad(
             lambda p, x: lm.cross_entropy(lm.stage_forward(c, p, x), targets), argnums=(0, 1))(p, x)
-        return value, dp, dx
+        return dp, dx, value
 
-    def middle_grad(p, x, dy):  # Recomputes the stage's forward, then back.
-        _, vjp = jax.vjp(lambda p, x: lm.stage_forward(c, p, x), p, x)
-        return vjp(dy)
-
-    def first_grad(p, tokens, dy):  # Tokens are not differentiated.
-        _, vjp = jax.vjp(lambda p: lm.stage_forward(c, p, tokens), p)
-        return vjp(dy)[0]
+    def core(i):
+        if args.remat:
+            return lambda p, x, dy: tuple(stage_vjp(i, p, x)[1](dy))
+        return lambda kept, dy: tuple(kept(dy))
 
     add = lambda a, b: jax.tree.map(jnp.add, a, b)
     update = lambda p, g: lm.sgd(p, jax.tree.map(lambda x: x / m_count, g), LEARNING_RATE)
-    f = [pw.jit(lambda p, x: lm.stage_forward(c, p, x), slices[i]) for i in range(s_count - 1)]
-    grad = [pw.jit(first_grad, slices[0])] + [pw.jit(middle_grad, slices[i])
-                                               for i in range(1, s_count - 1)]
-    grad.append(pw.jit(last_grad, slices[-1]))
-    adds = [pw.jit(add, s) for s in slices]
-    updates = [pw.jit(update, s) for s in slices]
+
+    def variants(grads, s):
+        """The stage's backward for the first microbatch, the middle ones (adding to the running
+        sum `acc`) and the last (then applying the sum to the parameters `p`)."""
+        first = lambda *a: grads(*a)
+        more = lambda acc, *a: (lambda r: (add(acc, r[0]),) + r[1:])(grads(*a))
+        if m_count == 1:
+            last = lambda p, acc, *a: (lambda r: (update(p, r[0]),) + r[1:])(grads(*a))
+        else:
+            last = lambda p, acc, *a: (lambda r: (update(p, add(acc, r[0])),) + r[1:])(grads(*a))
+        return pw.jit(first, s), pw.jit(more, s), pw.jit(last, s)
+
+    forward = [pw.jit((lambda i: lambda p, x: lm.stage_forward(c, p, x) if args.remat
+                       else stage_vjp(i, p, x))(i), slices[i]) for i in range(s_count - 1)]
+    backward = [variants(core(i), slices[i]) for i in range(s_count - 1)]
+    backward.append(variants(last_core, slices[-1]))
 
     @pw.program
     def train_step(params, tokens, targets):
-        inputs = []  # inputs[m][i]: stage i's input for microbatch m.
+        inputs, kept = [], []  # [m][i]: stage i's input / what its forward kept, microbatch m.
         for m in range(m_count):  # Every microbatch forward...
-            xs = [tokens[m]]
+            xs, ks = [tokens[m]], []
             for i in range(s_count - 1):
-                xs.append(f[i](params[i], xs[-1]))
+                if args.remat:
+                    xs.append(forward[i](params[i], xs[-1]))
+                else:
+                    y, k = forward[i](params[i], xs[-1])
+                    xs.append(y)
+                    ks.append(k)
             inputs.append(xs)
-        sums, losses = [None] * s_count, []
+            kept.append(ks)
+        acc, losses = [None] * s_count, []
         for m in range(m_count):  # ...then backward, last stage first.
-            value, g, dy = grad[-1](params[-1], inputs[m][-1], targets[m])
-            losses.append(value)
-            per_stage = {s_count - 1: g}
-            for i in range(s_count - 2, 0, -1):
-                per_stage[i], dy = grad[i](params[i], inputs[m][i], dy)
-            per_stage[0] = grad[0](params[0], inputs[m][0], dy)
-            for i, g in per_stage.items():
-                sums[i] = g if sums[i] is None else adds[i](sums[i], g)
-        return [updates[i](params[i], sums[i]) for i in range(s_count)], losses
+            dy = None
+            for i in range(s_count - 1, -1, -1):
+                if i == s_count - 1:
+                    a = (params[i], inputs[m][i], targets[m])
+                else:
+                    a = (params[i], inputs[m][i], dy) if args.remat else (kept[m][i], dy)
+                first, more, last = backward[i]
+                if m == m_count - 1:
+                    r = last(params[i], acc[i], *a) if m_count > 1 else last(params[i], None, *a)
+                else:
+                    r = first(*a) if m == 0 else more(acc[i], *a)
+                acc[i] = r[0]
+                if i == s_count - 1:
+                    losses.append(r[2])
+                if i > 0:
+                    dy = r[1]
+        return acc, losses  # After the last microbatch: each stage's new parameters.
 
     def run(params, tokens, targets):
         mb = tokens.shape[0] // m_count
@@ -212,6 +247,9 @@ def main(argv=None) -> int:
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--stages", type=int, default=4, help="pipeline stages = devices")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--remat", action="store_true",
+                        help="pipelines: each stage's backward recomputes its forward (GPipe's "
+                             "rematerialization) instead of keeping its activations")
     parser.add_argument("--timed-steps", type=int, default=20,
                         help="steps after the checked ones, timed back to back")
     parser.add_argument("--json", action="store_true", help="one JSON object on stdout at the end")
