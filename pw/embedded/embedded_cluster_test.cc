@@ -254,6 +254,15 @@ TEST_P(ClusterTest, CheckpointsAreWrittenByWorkersCommittedAndLoadedInAnotherSha
   EXPECT_EQ(std::filesystem::file_size(tmp + "/b/0"), 12u);
   EXPECT_EQ(std::distance(std::filesystem::directory_iterator(tmp + "/b"), {}), 2)
       << "one chunk and .zarray: the replicas wrote once";
+  auto checkpoint_bytes = [&] {
+    std::pair<int64_t, int64_t> sum;
+    for (const HostStatus& h : StatusOfEveryHost(*api()).value().hosts) {
+      sum.first += h.checkpoint_bytes_saved;
+      sum.second += h.checkpoint_bytes_loaded;
+    }
+    return sum;
+  };
+  EXPECT_EQ(checkpoint_bytes(), std::make_pair(int64_t{4 * 8 + 12}, int64_t{0}));
 
   auto committed = c->CommitCheckpoint("ck.tmp", {{"_METADATA", "{}"}}, "run/ck");
   ASSERT_TRUE(committed.ok()) << committed.status();
@@ -270,6 +279,7 @@ TEST_P(ClusterTest, CheckpointsAreWrittenByWorkersCommittedAndLoadedInAnotherSha
   Array b4 = *c->Load(four.info().id, Sharding::Replicated({4}, 1),
                       {DType::kF32, Shape({3})}, "run/ck/b");
   EXPECT_EQ(Values(b4), (std::vector<float>{8, 9, 10}));
+  EXPECT_EQ(checkpoint_bytes().second, 2 * 16 + 4 * 12) << "each shard read by its worker";
 
   EXPECT_THAT(c->Load(two.info().id, Sharding::Split({2}, 1, 0), {DType::kF32, Shape({8})},
                       "run/ck/w").status(),

@@ -77,6 +77,14 @@ Families HostFamilies(const HostStatus& s) {
         kCounter, ici, static_cast<double>(s.ici_wire_bytes_received));
   b.Add("pw_host_wire_bytes_total", "", kCounter, dcn,
         static_cast<double>(s.dcn_wire_bytes_received));
+  Labels save = host, load = host;
+  save.push_back({"op", "save"});
+  load.push_back({"op", "load"});
+  b.Add("pw_host_checkpoint_bytes_total",
+        "Bytes of the shards the host wrote to checkpoints (save) and read from them (load).",
+        kCounter, save, static_cast<double>(s.checkpoint_bytes_saved));
+  b.Add("pw_host_checkpoint_bytes_total", "", kCounter, load,
+        static_cast<double>(s.checkpoint_bytes_loaded));
   b.Add("pw_host_dispatch_queue_depth", "Host programs waiting on the host's dispatch thread.",
         kGauge, host, static_cast<double>(s.dispatch_queue_depth));
   b.Add("pw_host_cancelled_shards_total", "Shards of cancelled runs that were not run.", kCounter,

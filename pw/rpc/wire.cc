@@ -645,6 +645,8 @@ void ToProto(const HostStatus& h, v1::HostStatus* out) {
   out->set_dcn_bytes_received(h.dcn_bytes_received);
   out->set_ici_wire_bytes_received(h.ici_wire_bytes_received);
   out->set_dcn_wire_bytes_received(h.dcn_wire_bytes_received);
+  out->set_checkpoint_bytes_saved(h.checkpoint_bytes_saved);
+  out->set_checkpoint_bytes_loaded(h.checkpoint_bytes_loaded);
   out->set_dispatch_queue_depth(static_cast<int64_t>(h.dispatch_queue_depth));
   out->set_cancelled_shards(h.cancelled_shards);
   out->set_functions(static_cast<int64_t>(h.functions));
@@ -671,6 +673,8 @@ absl::StatusOr<HostStatus> FromProto(const v1::HostStatus& p) {
   h.dcn_bytes_received = p.dcn_bytes_received();
   h.ici_wire_bytes_received = p.ici_wire_bytes_received();
   h.dcn_wire_bytes_received = p.dcn_wire_bytes_received();
+  h.checkpoint_bytes_saved = p.checkpoint_bytes_saved();
+  h.checkpoint_bytes_loaded = p.checkpoint_bytes_loaded();
   PW_ASSIGN_OR_RETURN(h.dispatch_queue_depth,
                       Count(p.dispatch_queue_depth(), "host status dispatch_queue_depth"));
   PW_ASSIGN_OR_RETURN(h.cancelled_shards,

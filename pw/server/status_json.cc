@@ -24,6 +24,8 @@ nlohmann::json HostJson(const v1::HostStatus& hs) {
   h["dcn_bytes_received"] = hs.dcn_bytes_received();
   h["ici_wire_bytes_received"] = hs.ici_wire_bytes_received();
   h["dcn_wire_bytes_received"] = hs.dcn_wire_bytes_received();
+  h["checkpoint_bytes_saved"] = hs.checkpoint_bytes_saved();
+  h["checkpoint_bytes_loaded"] = hs.checkpoint_bytes_loaded();
   h["dispatch_queue_depth"] = hs.dispatch_queue_depth();
   h["cancelled_shards"] = hs.cancelled_shards();
   h["functions"] = hs.functions();
@@ -72,7 +74,7 @@ std::string StatusJson(const v1::ClusterStatus& st, const std::string& address) 
                             {"memory_bytes", t.memory_bytes()}, {"clients", t.clients()},
                             {"queued", t.queued()}, {"achieved_share", t.achieved_share()},
                             {"device_seconds", t.device_seconds()}});
-  int64_t ici = 0, dcn = 0, ici_wire = 0, dcn_wire = 0;
+  int64_t ici = 0, dcn = 0, ici_wire = 0, dcn_wire = 0, saved = 0, loaded = 0;
   j["hosts"] = nlohmann::json::array();
   auto add = [&](nlohmann::json h, const v1::HostStatus* hs) {
     if (hs != nullptr) {
@@ -81,6 +83,8 @@ std::string StatusJson(const v1::ClusterStatus& st, const std::string& address) 
       dcn += hs->dcn_bytes_received();
       ici_wire += hs->ici_wire_bytes_received();
       dcn_wire += hs->dcn_wire_bytes_received();
+      saved += hs->checkpoint_bytes_saved();
+      loaded += hs->checkpoint_bytes_loaded();
     }
     j["hosts"].push_back(std::move(h));
   };
@@ -103,6 +107,8 @@ std::string StatusJson(const v1::ClusterStatus& st, const std::string& address) 
   j["dcn_bytes_received"] = dcn;
   j["ici_wire_bytes_received"] = ici_wire;
   j["dcn_wire_bytes_received"] = dcn_wire;
+  j["checkpoint_bytes_saved"] = saved;
+  j["checkpoint_bytes_loaded"] = loaded;
   return j.dump(2);
 }
 

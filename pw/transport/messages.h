@@ -175,6 +175,10 @@ struct HostStatus {
   // in process.
   int64_t ici_wire_bytes_received = 0;
   int64_t dcn_wire_bytes_received = 0;
+  // Checkpoints: the bytes of the shards this host wrote (WorkerInterface::SaveShard) and read
+  // (LoadShard).
+  int64_t checkpoint_bytes_saved = 0;
+  int64_t checkpoint_bytes_loaded = 0;
 };
 
 }  // namespace pw

@@ -420,8 +420,10 @@ Future<> Worker::SaveShard(BufferId id, DeviceId device, const ShardFile& file) 
       .OnReady([this, file, where, saved = std::move(saved)](
                    const absl::StatusOr<DeviceBufferRef>& b) mutable {
         if (!b.ok()) return saved.Set(Annotate(b.status(), where));
-        io_.Post([file, where, b = *b, saved = std::move(saved)]() mutable {
-          saved.Set(Annotate(WriteShardChunk(file, *b), where));
+        io_.Post([this, file, where, b = *b, saved = std::move(saved)]() mutable {
+          absl::Status written = WriteShardChunk(file, *b);
+          if (written.ok()) checkpoint_saved_ += b->spec().size_bytes();
+          saved.Set(Annotate(written, where));
         });
       });
   return result;
@@ -434,8 +436,9 @@ Future<> Worker::LoadShard(BufferId id, DeviceId device, const ArraySpec& spec,
   if (stored.IsReady()) return stored;  // Refused (no such device, an id in use, too large).
   const std::string where = absl::StrCat("loading ", id.ToString(), " on ", device.ToString(),
                                          " of ", host_.ToString(), " from ", file.dir);
-  io_.Post([file, spec, device, where, loaded = std::move(loaded)]() mutable {
+  io_.Post([this, file, spec, device, where, loaded = std::move(loaded)]() mutable {
     absl::StatusOr<DeviceBufferRef> b = ReadShardChunks(file, spec, device);
+    if (b.ok()) checkpoint_loaded_ += spec.size_bytes();
     loaded.Set(b.ok() ? std::move(b) : Annotate(b.status(), where));
   });
   return stored;
@@ -528,6 +531,8 @@ Future<HostStatus> Worker::Status() const {
   s.dcn_bytes_received = dcn_bytes_.load();
   s.ici_wire_bytes_received = ici_wire_bytes_.load();
   s.dcn_wire_bytes_received = dcn_wire_bytes_.load();
+  s.checkpoint_bytes_saved = checkpoint_saved_.load();
+  s.checkpoint_bytes_loaded = checkpoint_loaded_.load();
   s.dispatch_queue_depth = dispatch_.depth();
   s.cancelled_shards = static_cast<size_t>(cancelled_shards_.load());
   pw::MutexLock lock(&fn_mu_);

@@ -201,6 +201,7 @@ class Worker final : public WorkerInterface {
   std::atomic<int64_t> dcn_bytes_{0};
   std::atomic<int64_t> ici_wire_bytes_{0};
   std::atomic<int64_t> dcn_wire_bytes_{0};
+  std::atomic<int64_t> checkpoint_saved_{0}, checkpoint_loaded_{0};  // Bytes (HostStatus).
   WorkQueue data_plane_;
   // Plans by host program and range. Used on the dispatch thread only.
   struct PlanKey {
