@@ -172,6 +172,8 @@ def main(argv=None) -> int:
             f"{args.batch * c.seq / took:8.0f} tokens/s")
         if step % args.every == 0 and step < args.steps:
             saves.append((step, pw.checkpoint.save(params, f"{args.dir}/step_{step}")))
+            log(f"  checkpoint of step {step}: the workers write it to {args.dir}/step_{step} "
+                "while training goes on")
         if step == args.kill_at and killed_at is None:
             killed_at = time.perf_counter()
             log(f"  {lose_host(victim)}")
