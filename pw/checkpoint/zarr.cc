@@ -1,12 +1,16 @@
 #include "pw/checkpoint/zarr.h"
 
 #include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zstd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -32,10 +36,22 @@ absl::Status Errno(absl::string_view what, const std::string& path) {
   return absl::ErrnoToStatus(errno, absl::StrCat(what, " ", path));
 }
 
+// Opens `path` for reading if it is a regular file (not a link, a FIFO that would block, a
+// device).
+absl::StatusOr<int> OpenRegular(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return Errno("cannot open", path);
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return absl::DataLossError(absl::StrCat(path, " is not a regular file"));
+  }
+  return fd;
+}
+
 // The whole file at `path`, refused past `max` bytes.
 absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errno("cannot open", path);
+  PW_ASSIGN_OR_RETURN(const int fd, OpenRegular(path));
   std::string out;
   char buf[1 << 16];
   while (true) {
@@ -59,8 +75,7 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max) {
 
 // Reads exactly `size` bytes of `path` into `dst` (a file of another size is DataLoss).
 absl::Status ReadExactly(const std::string& path, void* dst, int64_t size) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Errno("cannot open", path);
+  PW_ASSIGN_OR_RETURN(const int fd, OpenRegular(path));
   char* p = static_cast<char*>(dst);
   int64_t got = 0;
   absl::Status s;
@@ -82,33 +97,47 @@ absl::Status ReadExactly(const std::string& path, void* dst, int64_t size) {
   return s;
 }
 
-// Writes `size` bytes to `path` through a temporary file in the same directory, renamed over it.
-absl::Status WriteFileAtomically(const std::string& path, const void* data, size_t size) {
-  const std::string tmp = absl::StrCat(path, ".tmp-", getpid());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+}  // namespace
+
+absl::Status WriteFileDurably(const std::string& path, const void* data, size_t size,
+                              bool replace) {
+  static std::atomic<uint64_t> next{0};
+  const std::string tmp = absl::StrCat(path, ".tmp-", getpid(), "-", next++);
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
   if (fd < 0) return Errno("cannot create", tmp);
+  absl::Status s;
   const char* p = static_cast<const char*>(data);
-  for (size_t left = size; left > 0;) {
+  for (size_t left = size; left > 0 && s.ok();) {
     const ssize_t n = write(fd, p, left);
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      absl::Status s = Errno("cannot write", tmp);
-      close(fd);
-      unlink(tmp.c_str());
-      return s;
+    if (n <= 0) {
+      s = n < 0 ? Errno("cannot write", tmp) : absl::InternalError(absl::StrCat("cannot write ", tmp));
+      break;
     }
     p += n;
     left -= static_cast<size_t>(n);
   }
-  if (close(fd) != 0 || rename(tmp.c_str(), path.c_str()) != 0) {
-    absl::Status s = Errno("cannot write", path);
-    unlink(tmp.c_str());
-    return s;
+  if (s.ok() && fsync(fd) != 0) s = Errno("cannot sync", tmp);
+  if (close(fd) != 0 && s.ok()) s = Errno("cannot write", tmp);
+  if (s.ok()) {
+    const int r = replace ? rename(tmp.c_str(), path.c_str())
+                          : renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(),
+                                      RENAME_NOREPLACE);
+    if (r != 0)
+      s = errno == EEXIST ? absl::AlreadyExistsError(absl::StrCat(path, " exists"))
+                          : Errno("cannot rename to", path);
   }
-  return absl::OkStatus();
+  if (!s.ok()) unlink(tmp.c_str());
+  return s;
 }
 
-}  // namespace
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return Errno("cannot open", dir);
+  absl::Status s = fsync(fd) == 0 ? absl::OkStatus() : Errno("cannot sync", dir);
+  close(fd);
+  return s;
+}
 
 absl::StatusOr<std::string> ZarrDtype(DType dtype) {
   for (const DtypeName& d : kDtypes)
@@ -160,7 +189,17 @@ absl::StatusOr<ZarrArray> ZarrArray::Parse(absl::string_view json, absl::string_
   };
   nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return bad("not a JSON object");
-  if (j.value("zarr_format", 0) != 2) return bad("not zarr_format 2");
+  // Every field is read after its type is checked: a file of any content is an error, never an
+  // exception.
+  auto string_or = [&](const char* key, const char* absent) -> std::optional<std::string> {
+    auto it = j.find(key);
+    if (it == j.end()) return absent;
+    if (!it->is_string()) return std::nullopt;
+    return it->get<std::string>();
+  };
+  auto format = j.find("zarr_format");
+  if (format == j.end() || !format->is_number_integer() || format->get<int64_t>() != 2)
+    return bad("not zarr_format 2");
   auto dims = [&](const char* key) -> absl::StatusOr<Shape> {
     auto it = j.find(key);
     if (it == j.end() || !it->is_array()) return bad(absl::StrCat("no \"", key, "\" list"));
@@ -182,21 +221,30 @@ absl::StatusOr<ZarrArray> ZarrArray::Parse(absl::string_view json, absl::string_
     if (z.chunks.dim(d) > std::max<int64_t>(z.spec.shape.dim(d), 1))
       return bad("a chunk is larger than the array");
   }
-  if (!j.contains("dtype") || !j["dtype"].is_string()) return bad("no dtype");
-  absl::StatusOr<DType> dtype = DTypeOfZarr(j["dtype"].get<std::string>());
+  const std::optional<std::string> dtype_name = string_or("dtype", "");
+  if (!dtype_name || dtype_name->empty()) return bad("no dtype");
+  absl::StatusOr<DType> dtype = DTypeOfZarr(*dtype_name);
   if (!dtype.ok()) return bad(dtype.status().message());
   z.spec.dtype = *dtype;
   if (absl::Status s = z.spec.Validate(); !s.ok()) return bad(s.message());
-  if (j.value("order", "C") != "C") return bad("order is not \"C\"");
-  if (j.value("dimension_separator", ".") != ".") return bad("dimension_separator is not \".\"");
+  if (string_or("order", "C") != "C") return bad("order is not \"C\"");
+  if (string_or("dimension_separator", ".") != ".") return bad("dimension_separator is not \".\"");
   if (j.contains("filters") && !j["filters"].is_null()) return bad("filters are not supported");
+  // Missing chunks read as zeros (Orbax may leave out chunks equal to the fill value).
+  if (j.contains("fill_value") && !j["fill_value"].is_null() &&
+      !(j["fill_value"].is_number() && j["fill_value"].get<double>() == 0))
+    return bad("a fill_value other than null or 0 is not supported");
   if (j.contains("compressor") && !j["compressor"].is_null()) {
     const auto& c = j["compressor"];
-    if (!c.is_object() || c.value("id", "") != "zstd")
+    auto id = c.is_object() ? c.find("id") : c.end();
+    if (!c.is_object() || id == c.end() || !id->is_string() || id->get<std::string>() != "zstd")
       return bad("compressor is neither null nor zstd");
     z.zstd = true;
   }
-  if (z.chunks.num_elements() > kMaxChunkBytes / std::max<int64_t>(1, DTypeSize(z.spec.dtype)))
+  int64_t elements = 1;
+  for (int64_t c : z.chunks.dims())
+    if (__builtin_mul_overflow(elements, c, &elements)) elements = kMaxChunkBytes + 1;
+  if (elements > kMaxChunkBytes / std::max<int64_t>(1, DTypeSize(z.spec.dtype)))
     return bad(absl::StrCat("a chunk is larger than ", kMaxChunkBytes, " bytes"));
   return z;
 }
@@ -209,7 +257,7 @@ absl::StatusOr<ZarrArray> ReadZarray(const std::string& dir) {
 
 absl::Status WriteZarray(const std::string& dir, const ZarrArray& z) {
   const std::string text = z.ToJson();
-  return WriteFileAtomically(dir + "/.zarray", text.data(), text.size());
+  return WriteFileDurably(dir + "/.zarray", text.data(), text.size());
 }
 
 absl::Status WriteChunk(const std::string& dir, const ZarrArray& z, const Box& box,
@@ -229,10 +277,10 @@ absl::Status WriteChunk(const std::string& dir, const ZarrArray& z, const Box& b
     whole = whole && box.limit[d] == chunk.limit[d];
   }
   const std::string path = absl::StrCat(dir, "/", z.ChunkKey(box.start));
-  if (whole) return WriteFileAtomically(path, data, static_cast<size_t>(z.chunk_bytes()));
+  if (whole) return WriteFileDurably(path, data, static_cast<size_t>(z.chunk_bytes()));
   std::vector<char> padded(static_cast<size_t>(z.chunk_bytes()), 0);
   CopyBoxIntersection(data, box, padded.data(), chunk, DTypeSize(z.spec.dtype));
-  return WriteFileAtomically(path, padded.data(), padded.size());
+  return WriteFileDurably(path, padded.data(), padded.size());
 }
 
 absl::Status ReadRegion(const std::string& dir, const ZarrArray& z, const Box& box, void* dst) {
@@ -260,18 +308,29 @@ absl::Status ReadRegion(const std::string& dir, const ZarrArray& z, const Box& b
     Box src{at, at};
     for (int d = 0; d < rank; ++d) src.limit[d] = at[d] + z.chunks.dim(d);
     if ((z.zstd || src != box) && chunk == nullptr) chunk.reset(new char[bytes]);
+    // A chunk that is not there holds the fill value, zero.
+    auto missing = [](const absl::Status& s) { return absl::IsNotFound(s); };
     if (z.zstd) {
-      PW_ASSIGN_OR_RETURN(std::string file, ReadFile(path, kMaxChunkBytes));
-      const size_t n = ZSTD_decompress(chunk.get(), static_cast<size_t>(bytes), file.data(),
-                                       file.size());
-      if (ZSTD_isError(n))
-        return absl::DataLossError(absl::StrCat(path, ": zstd: ", ZSTD_getErrorName(n)));
-      if (static_cast<int64_t>(n) != bytes)
-        return absl::DataLossError(absl::StrCat(path, " holds ", n, " bytes, not ", bytes));
+      absl::StatusOr<std::string> file = ReadFile(path, kMaxChunkBytes);
+      if (!file.ok() && !missing(file.status())) return file.status();
+      if (!file.ok()) {
+        std::memset(chunk.get(), 0, static_cast<size_t>(bytes));
+      } else {
+        const size_t n = ZSTD_decompress(chunk.get(), static_cast<size_t>(bytes), file->data(),
+                                         file->size());
+        if (ZSTD_isError(n))
+          return absl::DataLossError(absl::StrCat(path, ": zstd: ", ZSTD_getErrorName(n)));
+        if (static_cast<int64_t>(n) != bytes)
+          return absl::DataLossError(absl::StrCat(path, " holds ", n, " bytes, not ", bytes));
+      }
     } else if (src == box) {  // The region is this chunk (a shard read back as written).
-      return ReadExactly(path, dst, bytes);
+      absl::Status s = ReadExactly(path, dst, bytes);
+      if (missing(s)) std::memset(dst, 0, static_cast<size_t>(bytes));
+      return missing(s) ? absl::OkStatus() : s;
     } else {
-      PW_RETURN_IF_ERROR(ReadExactly(path, chunk.get(), bytes));
+      absl::Status s = ReadExactly(path, chunk.get(), bytes);
+      if (!s.ok() && !missing(s)) return s;
+      if (!s.ok()) std::memset(chunk.get(), 0, static_cast<size_t>(bytes));
     }
     CopyBoxIntersection(chunk.get(), src, dst, box, element);
     int d = rank - 1;

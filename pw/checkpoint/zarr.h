@@ -41,6 +41,14 @@ struct ZarrArray {
 absl::StatusOr<std::string> ZarrDtype(DType dtype);
 absl::StatusOr<DType> DTypeOfZarr(absl::string_view name);
 
+// Writes `size` bytes to `path` through a temporary file of its own in the same directory
+// (created exclusively), synced, then renamed over `path` (or, without `replace`, only if
+// nothing is there: AlreadyExists). A reader never sees part of the file.
+absl::Status WriteFileDurably(const std::string& path, const void* data, size_t size,
+                              bool replace = true);
+// Syncs a directory's entries (after files were renamed into it).
+absl::Status SyncDirectory(const std::string& dir);
+
 // Reads `dir`/.zarray.
 absl::StatusOr<ZarrArray> ReadZarray(const std::string& dir);
 // Writes `dir`/.zarray (the directory exists).
@@ -48,12 +56,14 @@ absl::Status WriteZarray(const std::string& dir, const ZarrArray& z);
 
 // Writes the chunk of `z` in `dir` whose region is `box` (a chunk's corner; its extent the chunk
 // shape, or less at the array's edge: then padded with zeros) from `data`, dense over `box`.
-// Written to a temporary name and renamed, so a reader never sees part of a chunk.
+// Written durably (WriteFileDurably): a reader never sees part of a chunk.
 absl::Status WriteChunk(const std::string& dir, const ZarrArray& z, const Box& box,
                         const void* data);
 
 // Reads region `box` of the array in `dir` (described by `z`) into `dst`, dense over `box`, from
-// every chunk it overlaps. A missing or short chunk is an error naming its file.
+// every chunk it overlaps. A missing chunk reads as zeros (the fill value: Orbax may leave out
+// chunks equal to it); a short, long or damaged one, or one that is not a regular file, is an
+// error naming its file.
 absl::Status ReadRegion(const std::string& dir, const ZarrArray& z, const Box& box, void* dst);
 
 }  // namespace pw::checkpoint

@@ -4,6 +4,7 @@
 #include <stdio.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 
@@ -21,6 +22,9 @@ namespace fs = std::filesystem;
 constexpr size_t kMaxCommitFiles = 16;
 constexpr size_t kMaxCommitBytes = size_t{64} << 20;
 constexpr size_t kMaxPathBytes = 4096;
+// The files a commit may write: Orbax's metadata (the arrays' directories are SaveArray's).
+constexpr absl::string_view kMetadataFiles[] = {"_METADATA", "_CHECKPOINT_METADATA", "_sharding",
+                                                "commit_success.txt"};
 
 absl::Status FsError(const std::error_code& ec, absl::string_view what, const std::string& path) {
   return absl::InternalError(absl::StrCat("cannot ", what, " ", path, ": ", ec.message()));
@@ -60,7 +64,7 @@ absl::StatusOr<std::string> Controller::CheckpointPath(const std::string& path) 
     if (!p.is_absolute()) return bad("is not absolute (this cluster has no checkpoint root)");
     return p.lexically_normal().string();
   }
-  const fs::path r = fs::path(root).lexically_normal();
+  const fs::path r = fs::absolute(root).lexically_normal();  // The workers' paths are absolute.
   fs::path full = (p.is_absolute() ? p : r / p).lexically_normal();
   if (full.has_filename() == false) full = full.parent_path();  // A trailing "/".
   const fs::path rel = full.lexically_relative(r);
@@ -76,7 +80,11 @@ Future<> Controller::SaveArray(ClientId client, BufferId id, const std::string& 
   auto lb = buffers_.LookupAndPin(client, id);
   if (!lb.ok()) return Future<>::Ready(NotMade(client, id, lb.status()));
   std::shared_ptr<const Placement> pl = lb->placement;
-  const checkpoint::ZarrArray z{pl->global, pl->sharding.ShardShape(pl->global.shape)};
+  // One chunk per shard (at least 1 along a dimension of none: an empty array has no chunks).
+  Shape shard = pl->sharding.ShardShape(pl->global.shape);
+  std::vector<int64_t> chunks(shard.dims().begin(), shard.dims().end());
+  for (int64_t& c : chunks) c = std::max<int64_t>(c, 1);
+  const checkpoint::ZarrArray z{pl->global, Shape(std::move(chunks))};
   std::error_code ec;
   fs::create_directories(*dir, ec);
   absl::Status made = ec ? FsError(ec, "make", *dir) : checkpoint::WriteZarray(*dir, z);
@@ -84,23 +92,30 @@ Future<> Controller::SaveArray(ClientId client, BufferId id, const std::string& 
     Free(buffers_.Unpin({id}));
     return Future<>::Ready(made);
   }
-  // One worker per distinct region writes it (a replicated array: one chunk, one writer).
-  std::vector<Future<>> written;
-  for (const auto& [rank, box] : DistinctShards(*pl)) {
-    WorkerInterface* w = Worker(pl->hosts[rank]);
-    const ShardFile file{*dir, z.spec, z.chunks, box};
-    written.push_back(w == nullptr ? Future<>::Ready(absl::UnavailableError(absl::StrCat(
-                                         pl->hosts[rank].ToString(), " has no worker")))
-                                   : w->SaveShard(id, pl->devices[rank], file));
-  }
   Promise<> saved;
   Future<> result = saved.future();
-  // Pinned until written: releasing the handle meanwhile cannot free the shards.
-  JoinFutures(written).OnReady(
-      [this, id, saved = std::move(saved)](const absl::Status& s) mutable {
-        Free(buffers_.Unpin({id}));
-        saved.Set(s);
-      });
+  // Pinned until written: releasing the handle meanwhile cannot free the shards. Once made: a
+  // run that failed before making a shard never makes it (its workers would wait for it).
+  lb->ready.OnReady([this, id, pl, z, dir = *dir,
+                     saved = std::move(saved)](const absl::Status& ready) mutable {
+    auto done = [this, id, dir, saved = std::move(saved)](const absl::Status& s) mutable {
+      Free(buffers_.Unpin({id}));
+      saved.Set(s.ok() ? checkpoint::SyncDirectory(dir) : s);
+    };
+    if (!ready.ok()) return done(ready);
+    // One worker per distinct region writes it (a replicated array: one chunk, one writer).
+    std::vector<Future<>> written;
+    if (pl->global.num_elements() > 0) {
+      for (const auto& [rank, box] : DistinctShards(*pl)) {
+        WorkerInterface* w = Worker(pl->hosts[rank]);
+        const ShardFile file{dir, z.spec, z.chunks, box};
+        written.push_back(w == nullptr ? Future<>::Ready(absl::UnavailableError(absl::StrCat(
+                                             pl->hosts[rank].ToString(), " has no worker")))
+                                       : w->SaveShard(id, pl->devices[rank], file));
+      }
+    }
+    JoinFutures(written).OnReady(std::move(done));
+  });
   return result;
 }
 
@@ -141,9 +156,11 @@ absl::StatusOr<std::string> Controller::CommitCheckpoint(
                                                    " files (at most ", kMaxCommitFiles, ")"));
   size_t bytes = 0;
   for (const auto& [name, contents] : files) {
-    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos ||
-        name.find('\0') != std::string::npos)
-      return absl::InvalidArgumentError(absl::StrCat("checkpoint file name \"", name, "\""));
+    if (std::find(std::begin(kMetadataFiles), std::end(kMetadataFiles), name) ==
+        std::end(kMetadataFiles))
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint file name \"", name, "\" (the metadata files are _METADATA, "
+          "_CHECKPOINT_METADATA, _sharding and commit_success.txt)"));
     bytes += contents.size();
   }
   if (bytes > kMaxCommitBytes)
@@ -152,28 +169,22 @@ absl::StatusOr<std::string> Controller::CommitCheckpoint(
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     return absl::NotFoundError(absl::StrCat("no checkpoint being written at ", dir));
-  for (const auto& [name, contents] : files) {
-    const std::string file = absl::StrCat(dir, "/", name);
-    const int fd =
-        open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    bool ok = fd >= 0;
-    for (size_t at = 0; ok && at < contents.size();) {
-      const ssize_t n = write(fd, contents.data() + at, contents.size() - at);
-      if (n < 0 && errno == EINTR) continue;
-      ok = n > 0;
-      if (ok) at += static_cast<size_t>(n);
-    }
-    if (fd >= 0 && close(fd) != 0) ok = false;
-    if (!ok) return absl::ErrnoToStatus(errno, absl::StrCat("cannot write ", file));
-  }
-  fs::create_directories(fs::path(final_dir).parent_path(), ec);
-  if (ec) return FsError(ec, "make", fs::path(final_dir).parent_path().string());
+  // Each file new (never over one there: a committed checkpoint's own are left alone), synced.
+  for (const auto& [name, contents] : files)
+    PW_RETURN_IF_ERROR(checkpoint::WriteFileDurably(absl::StrCat(dir, "/", name),
+                                                    contents.data(), contents.size(),
+                                                    /*replace=*/false));
+  PW_RETURN_IF_ERROR(checkpoint::SyncDirectory(dir));
+  const fs::path parent = fs::path(final_dir).parent_path();
+  fs::create_directories(parent, ec);
+  if (ec) return FsError(ec, "make", parent.string());
   // At once, and never over a checkpoint already there.
   if (renameat2(AT_FDCWD, dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_NOREPLACE) != 0) {
     if (errno == EEXIST)
       return absl::AlreadyExistsError(absl::StrCat("a checkpoint exists at ", final_dir));
     return absl::ErrnoToStatus(errno, absl::StrCat("cannot rename ", dir, " to ", final_dir));
   }
+  PW_RETURN_IF_ERROR(checkpoint::SyncDirectory(parent.string()));
   return final_dir;
 }
 

@@ -291,8 +291,41 @@ TEST_P(ClusterTest, CheckpointsAreWrittenByWorkersCommittedAndLoadedInAnotherSha
   EXPECT_THAT(w.Save("/etc/x").Await(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("is not within the cluster's checkpoint root")));
-  EXPECT_THAT(c->CommitCheckpoint("run", {{"a/b", ""}}, "x").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("file name \"a/b\"")));
+  EXPECT_THAT(c->CommitCheckpoint("run", {{".zarray", ""}}, "x").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("file name \".zarray\"")));
+  // A committed checkpoint's metadata is never overwritten.
+  EXPECT_THAT(c->CommitCheckpoint("run/ck", {{"_METADATA", "x"}}, "run/ck2").status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("_METADATA exists")));
+}
+
+// A save of an array whose run failed ends with the run's error (the workers were asked only
+// once it was made), and an array of no elements is saved (no chunks) and loaded back.
+TEST_P(ClusterTest, CheckpointsOfAFailedArrayFailAndOfAnEmptyOneRoundTrip) {
+  char tmpl[] = "/tmp/pw-checkpoint-test.XXXXXX";
+  checkpoint_root_ = mkdtemp(tmpl);
+  absl::Cleanup remove = [&] { std::filesystem::remove_all(checkpoint_root_); };
+  Start(1, 2, 1);
+  auto c = Connect("c");
+  Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  NativeFunctionBuilder b("bad");
+  int x = b.Input({DType::kF32, Shape({})});
+  BoundFunction bad = *c->Pmap(b.Build({b.Op("hold_device", {x}, {{"micros", -1}})}), s);
+  auto out = bad.Call({*c->Put(F32({1, 2}), s.info().id, Sharding::Split({2}, 1, 0))});
+  ASSERT_TRUE(out.ok()) << out.status();
+  Future<> saved = (*out)[0].Save("failed");
+  ASSERT_TRUE(saved.AwaitFor(kDeadlockTimeout)) << "the save of a failed array never ended";
+  EXPECT_THAT(saved.status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                       HasSubstr("micros -1 is outside")));
+
+  const ArraySpec empty{DType::kF32, Shape({0, 2})};
+  Array e = *c->Put(HostArray{empty, {}}, s.info().id, Sharding::Split({2}, 2, 1));
+  ASSERT_TRUE(e.Save("empty").Await().ok());
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(checkpoint_root_ + "/empty"), {}),
+            1) << "only .zarray";
+  Array back = *c->Load(s.info().id, Sharding::Split({2}, 2, 1), empty, "empty");
+  auto h = back.ToHost();
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ(h->spec, empty);
 }
 
 // Two clients submit programs whose collectives span the same devices in different orders

@@ -147,6 +147,9 @@ absl::StatusOr<int> SpawnDetached(const std::vector<std::string>& argv, const st
   const pid_t pid = fork();
   if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
   if (pid == 0) {
+    sigset_t none;  // A caller's blocked signals (the supervisor's SIGTERM) are not the child's.
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
     setsid();
     // Never through a link someone planted in the state directory; owner-only.
     int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC, 0600);
@@ -376,7 +379,6 @@ absl::Status SuperviseWorkers(const std::string& state_dir, absl::Duration poll)
       return absl::OkStatus();  // pw down, another supervisor, or the controller is gone.
     restarts.resize(s->worker_pids.size());
     given_up.resize(s->worker_pids.size());
-    bool changed = false;
     for (size_t i = 0; i < s->worker_pids.size() && i < s->worker_argv.size(); ++i) {
       if (given_up[i] || IsClusterProcess(s->worker_pids[i], *s)) continue;
       const absl::Time now = absl::Now();
@@ -392,9 +394,15 @@ absl::Status SuperviseWorkers(const std::string& state_dir, absl::Duration poll)
       }
       const std::vector<std::string>& argv = s->worker_argv[i];
       const auto host = std::find(argv.begin(), argv.end(), "--host");
-      const std::string log = absl::StrCat(state_dir, "/worker-",
-                                           host + 1 < argv.end() ? *(host + 1) : absl::StrCat(i),
-                                           ".log");
+      const std::string log = absl::StrCat(
+          state_dir, "/worker-",
+          host != argv.end() && host + 1 != argv.end() ? *(host + 1) : absl::StrCat(i), ".log");
+      // pw down's SIGTERM waits until the new worker is in the state, where it finds it.
+      sigset_t term, old;
+      sigemptyset(&term);
+      sigaddset(&term, SIGTERM);
+      sigprocmask(SIG_BLOCK, &term, &old);
+      absl::Cleanup unblock = [&] { sigprocmask(SIG_SETMASK, &old, nullptr); };
       absl::StatusOr<int> pid = SpawnDetached(argv, log);
       if (!pid.ok()) {
         std::fprintf(stderr, "pw supervise: cannot restart worker %zu: %s\n", i,
@@ -405,9 +413,8 @@ absl::Status SuperviseWorkers(const std::string& state_dir, absl::Duration poll)
                    s->worker_pids[i], *pid);
       r.push_back(now);
       s->worker_pids[i] = *pid;
-      changed = true;
+      PW_RETURN_IF_ERROR(SaveState(*s));
     }
-    if (changed) PW_RETURN_IF_ERROR(SaveState(*s));
     absl::SleepFor(poll);
   }
 }

@@ -175,9 +175,11 @@ class ControllerInterface {
   // every shard is written. LoadArray makes an array of `spec` sharded as `sharding` on `slice`
   // (a handle now, as PutArray), each shard read by its worker from the zarr array at `path`
   // (any chunk shape, raw or zstd: another sharding's checkpoint, or stock Orbax's); ready once
-  // read. CommitCheckpoint writes `files` (names without "/": Orbax's metadata) into directory
-  // `path` and renames it to `final_path` at once (a directory there already is an error), and
-  // answers `final_path` as an absolute path.
+  // read. CommitCheckpoint writes `files` (Orbax's metadata: _METADATA, _CHECKPOINT_METADATA,
+  // _sharding, commit_success.txt; each new, synced) into directory `path` and renames it to
+  // `final_path` at once (a directory there already is an error), and answers `final_path` as
+  // an absolute path. A save waits for the array to be made (a failed run's error ends it) and
+  // syncs what it wrote.
   virtual Future<> SaveArray(ClientId client, BufferId id, const std::string& path) = 0;
   virtual absl::StatusOr<ArrayInfo> LoadArray(ClientId client, SliceId slice,
                                               const Sharding& sharding, const ArraySpec& spec,

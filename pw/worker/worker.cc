@@ -17,6 +17,12 @@ namespace {
 // Writes shard `b` as the chunk of `file` at its region (a device's buffer copied to host first).
 absl::Status WriteShardChunk(const ShardFile& file, const DeviceBuffer& b) {
   const checkpoint::ZarrArray z{file.global, file.chunks};
+  if (file.chunks.rank() != file.global.shape.rank() || b.spec().dtype != file.global.dtype ||
+      file.box.start.size() != file.box.limit.size() ||
+      b.spec().num_elements() != file.box.num_elements())
+    return absl::InvalidArgumentError(absl::StrCat("a shard of ", b.spec().ToString(),
+                                                   " is not the region's chunk of ",
+                                                   file.global.ToString()));
   if (const HostDeviceBuffer* h = b.AsHost(); h != nullptr)
     return checkpoint::WriteChunk(file.dir, z, file.box, h->data());
   std::vector<char> host(static_cast<size_t>(b.spec().size_bytes()));

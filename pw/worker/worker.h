@@ -184,8 +184,9 @@ class Worker final : public WorkerInterface {
   // compile error stays, as compiling the same module for the same devices fails the same way.
   using ExecutableKey = std::tuple<FunctionId, int, std::vector<DeviceId>>;
   absl::flat_hash_map<ExecutableKey, Loaded> executables_ ABSL_GUARDED_BY(fn_mu_);
+  std::atomic<int64_t> checkpoint_saved_{0}, checkpoint_loaded_{0};  // Bytes (HostStatus).
   // Checkpoint reads and writes (SaveShard, LoadShard). Before the store: a shard's callback
-  // that posts here as the store goes finds it.
+  // that posts here as the store goes finds it; after the counters its jobs add to.
   WorkQueue io_;
   // After the PJRT client and executables: shards (possibly PJRT buffers) are destroyed first.
   ObjectStore store_;
@@ -201,7 +202,6 @@ class Worker final : public WorkerInterface {
   std::atomic<int64_t> dcn_bytes_{0};
   std::atomic<int64_t> ici_wire_bytes_{0};
   std::atomic<int64_t> dcn_wire_bytes_{0};
-  std::atomic<int64_t> checkpoint_saved_{0}, checkpoint_loaded_{0};  // Bytes (HostStatus).
   WorkQueue data_plane_;
   // Plans by host program and range. Used on the dispatch thread only.
   struct PlanKey {

@@ -3,7 +3,8 @@
 The on-disk layout is Orbax's without OCDBT (`use_ocdbt=False, use_zarr3=False`), so stock
 `orbax-checkpoint` and `tensorstore` read what this writes, and `restore` reads what stock Orbax
 wrote: a directory per checkpoint holding `_METADATA` (the tree), `_sharding` (stock Orbax
-restoring without arguments puts each array on its process's cpu:0), `_CHECKPOINT_METADATA`,
+restoring without arguments puts each array on its process's cpu:0, when JAX there has the CPU
+among its local devices), `_CHECKPOINT_METADATA`,
 `commit_success.txt`, and per leaf a zarr v2 array named by its key path joined with "."
 (`params.w`): `.zarray` and one chunk file per distinct shard, which the worker holding the shard
 writes (one replica of a replicated one). Nothing goes through the client or the controller but
@@ -31,6 +32,8 @@ from ._array import Array
 __all__ = ["save", "restore", "Save"]
 
 _ORBAX_HANDLER = "orbax.checkpoint._src.handlers.pytree_checkpoint_handler.PyTreeCheckpointHandler"
+# The checkpoint's own files, which no leaf may be named.
+_RESERVED = {"_METADATA", "_CHECKPOINT_METADATA", "_sharding", "commit_success.txt"}
 _last_save: Save | None = None
 _last_lock = threading.Lock()
 
@@ -66,6 +69,16 @@ def _leaves(tree, what: str):
         if any("/" in n or n in ("", ".", "..") for n in names):
             raise ValueError(f"pw.checkpoint.{what}: key path {names} cannot name a directory")
         out.append((names, [t for _, t in keys], leaf))
+    seen = {}
+    for names, _, _ in out:
+        name = ".".join(names)
+        if name in _RESERVED:
+            raise ValueError(f"pw.checkpoint.{what}: a leaf named {name} would overwrite the "
+                             "checkpoint's own file of that name")
+        if name in seen:
+            raise ValueError(f"pw.checkpoint.{what}: key paths {seen[name]} and {names} both "
+                             f"name the directory {name}")
+        seen[name] = names
     arrays = [leaf for _, _, leaf in out if isinstance(leaf, Array)]
     if not arrays:
         raise ValueError(f"pw.checkpoint.{what}: the tree has no pw.Array (its host values go on "
@@ -109,7 +122,7 @@ def _shardings(leaves) -> dict:
     """Orbax's `_sharding` file: where a stock Orbax restore without arguments puts each array
     (the reading process's device cpu:0; its restore_args can say otherwise)."""
     one = json.dumps({"sharding_type": "SingleDeviceSharding", "device_str": "cpu:0"})
-    return {base64.b64encode(".".join(names).encode()).decode(): one
+    return {base64.urlsafe_b64encode(".".join(names).encode()).decode(): one
             for names, _, _, host in leaves if not host}
 
 

@@ -75,6 +75,10 @@ def test_saves_commit_in_order_and_an_existing_checkpoint_is_not_overwritten(ds,
         pw.checkpoint.save({"a": a, "b": "three"}, tmp_path / "3")
     with pytest.raises(ValueError, match="the tree has no pw.Array"):
         pw.checkpoint.save({"b": np.ones(3)}, tmp_path / "3")
+    with pytest.raises(ValueError, match="both name the directory a.b"):
+        pw.checkpoint.save({"a.b": a, "a": {"b": a}}, tmp_path / "3")
+    with pytest.raises(ValueError, match="a leaf named _METADATA"):
+        pw.checkpoint.save({"_METADATA": a}, tmp_path / "3")
     with pytest.raises(pw.errors.NotFound, match="nothing/a/.zarray"):
         pw.checkpoint.restore(tmp_path / "nothing", {"a": a})
     with pytest.raises(pw.errors.InvalidArgument, match=r"is f32\[4\], not f32\[2\]"):
