@@ -105,8 +105,8 @@ def test_a_function_that_ignores_an_argument_runs(ds):
     s = ds.add_slice(devices=2)
     x, y = np.arange(4, dtype=np.float32).reshape(2, 2), np.ones((2, 2), np.float32)
     close(pw.pmap(lambda a, b: a * 2, devices=s)(x, y), x * 2)
-    close(pw.jit(lambda a, b: a * 2, s)(x, y), x * 2)
-    m = mesh_slice(ds)
+    close(pw.jit(lambda a, b: a * 2, ds.add_slice(devices=1))(x, y), x * 2)
+    m = mesh_slice(ds)  # pw.jit's SPMD modules: one process on a process cluster.
     close(pw.jit(lambda a, b: a + 1, m, in_shardings=P("data"))(x, y), x + 1)
 
 
