@@ -256,7 +256,8 @@ TEST_P(ClusterTest, CheckpointsAreWrittenByWorkersCommittedAndLoadedInAnotherSha
       << "one chunk and .zarray: the replicas wrote once";
   auto checkpoint_bytes = [&] {
     std::pair<int64_t, int64_t> sum;
-    for (const HostStatus& h : StatusOfEveryHost(*api()).value().hosts) {
+    const ClusterStatus status = StatusOfEveryHost(*api()).value();  // Lives through the loop.
+    for (const HostStatus& h : status.hosts) {
       sum.first += h.checkpoint_bytes_saved;
       sum.second += h.checkpoint_bytes_loaded;
     }
