@@ -37,10 +37,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import model as lm  # noqa: E402
+from train import LEARNING_RATE, one_device  # noqa: E402 (the one-device reference)
 
 import pathways as pw  # noqa: E402
 
-LEARNING_RATE = 0.1
 TOLERANCE = 1e-5
 
 
@@ -77,21 +77,6 @@ def lose_host(host: int) -> str:
     pid = state["worker_pids"][host]
     os.kill(pid, signal.SIGKILL)
     return f"killed host:{host}'s worker (pid {pid})"
-
-
-def one_device(c, data, seed):
-    """The reference: plain JAX on this process's CPU, uninterrupted."""
-    params = lm.init_params(c, seed, 1)
-
-    @jax.jit
-    def step(params, tokens, targets):
-        value, grads = jax.value_and_grad(lambda p: lm.loss(c, p, tokens, targets))(params)
-        return lm.sgd(params, grads, LEARNING_RATE), value
-    losses = []
-    for tokens, targets in data:
-        params, value = step(params, tokens, targets)
-        losses.append(float(value))
-    return losses
 
 
 def main(argv=None) -> int:
@@ -179,7 +164,7 @@ def main(argv=None) -> int:
             log(f"  {lose_host(victim)}")
     for _, save in saves:
         save.wait()
-    reference = one_device(c, data, args.seed)
+    _, reference = one_device(c, args, data)
     diff = abs(losses[-1] - reference[-1]) / abs(reference[-1])
     ok = diff <= TOLERANCE and recovered is not None
     log(f"after {args.steps} steps: loss {losses[-1]:.6f}, one device uninterrupted "

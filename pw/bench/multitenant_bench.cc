@@ -3,9 +3,11 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -84,10 +86,12 @@ absl::Status RunClients(const MultitenantBenchOptions& o, const std::string& add
   absl::Status result;
   for (TenantProcess& c : clients) {
     int status = 0;
-    if (waitpid(c.pid, &status, 0) != c.pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    const bool waited = waitpid(c.pid, &status, 0) == c.pid;
+    if (!waited || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
       std::ifstream log(absl::StrCat(dir, "/", c.tenant, ".log"));
       std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-      const std::string how = WIFSIGNALED(status)
+      const std::string how = !waited ? absl::StrCat("cannot wait for it: ", strerror(errno))
+                              : WIFSIGNALED(status)
                                   ? absl::StrCat("killed by signal ", WTERMSIG(status))
                                   : absl::StrCat("exit status ", WEXITSTATUS(status));
       result.Update(absl::InternalError(absl::StrCat("multitenant bench: client ", c.tenant,

@@ -9,7 +9,6 @@
 #include <random>
 #include <thread>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -117,11 +116,17 @@ class ClusterTest : public ::testing::TestWithParam<Transport> {
     server_.reset();  // First: it closes the workers' command streams.
     workers_.clear();
     embedded_.reset();
+    if (!checkpoint_root_.empty()) std::filesystem::remove_all(checkpoint_root_);
   }
   // What clients talk to: the controller itself, or its gRPC stub.
   ControllerInterface* api() { return api_; }
   int64_t client_quota_ = 0;  // Controller::Options::max_client_bytes for Start.
   std::string checkpoint_root_;  // Controller::Options::checkpoint_root for Start.
+  // A fresh checkpoint root for Start, removed at TearDown.
+  void UseCheckpointRoot() {
+    char tmpl[] = "/tmp/pw-checkpoint-test.XXXXXX";
+    checkpoint_root_ = mkdtemp(tmpl);
+  }
   int64_t runs_in_flight_limit_ = rpc::ClientLimits{}.max_runs_in_flight;  // Over the wire.
   // The controller (in this process either way): status, device removal.
   Controller& controller() { return *controller_; }
@@ -235,9 +240,7 @@ TEST_P(ClusterTest, ReshardsBetweenShardings) {
 // Checkpoints (pw/checkpoint): the workers write each distinct shard as a zarr chunk (a
 // replicated array once), the controller commits by renaming, and a load reads any sharding back.
 TEST_P(ClusterTest, CheckpointsAreWrittenByWorkersCommittedAndLoadedInAnotherSharding) {
-  char tmpl[] = "/tmp/pw-checkpoint-test.XXXXXX";
-  checkpoint_root_ = mkdtemp(tmpl);
-  absl::Cleanup remove = [&] { std::filesystem::remove_all(checkpoint_root_); };
+  UseCheckpointRoot();
   Start(1, 2, 2);
   auto c = Connect("c");
   Slice four = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 4});
@@ -302,9 +305,7 @@ TEST_P(ClusterTest, CheckpointsAreWrittenByWorkersCommittedAndLoadedInAnotherSha
 // A save of an array whose run failed ends with the run's error (the workers were asked only
 // once it was made), and an array of no elements is saved (no chunks) and loaded back.
 TEST_P(ClusterTest, CheckpointsOfAFailedArrayFailAndOfAnEmptyOneRoundTrip) {
-  char tmpl[] = "/tmp/pw-checkpoint-test.XXXXXX";
-  checkpoint_root_ = mkdtemp(tmpl);
-  absl::Cleanup remove = [&] { std::filesystem::remove_all(checkpoint_root_); };
+  UseCheckpointRoot();
   Start(1, 2, 1);
   auto c = Connect("c");
   Slice s = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
