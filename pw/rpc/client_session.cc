@@ -1,7 +1,5 @@
 #include "pw/rpc/client_session.h"
 
-#include <algorithm>
-#include <deque>
 #include <utility>
 #include <vector>
 
@@ -10,6 +8,7 @@
 #include "absl/synchronization/notification.h"
 #include "pw/base/mutex.h"
 #include "pw/base/status_macros.h"
+#include "pw/rpc/batch_queue.h"
 #include "pw/rpc/reactors.h"
 #include "pw/rpc/wire.h"
 
@@ -29,7 +28,7 @@ struct ClientSession::State {
   absl::Notification finished;  // OnDone has run.
   pw::Mutex mu;
   Stream* stream ABSL_GUARDED_BY(mu) = nullptr;
-  std::deque<v1::SessionMessage> queue ABSL_GUARDED_BY(mu);  // Front: being written.
+  BatchQueue<v1::SessionMessageBatch> queue ABSL_GUARDED_BY(mu);
   bool writing ABSL_GUARDED_BY(mu) = false;       // A write-side call is in flight.
   bool closing ABSL_GUARDED_BY(mu) = false;       // Close() was called: end writes.
   bool writes_ended ABSL_GUARDED_BY(mu) = false;  // StartWritesDone was called.
@@ -53,7 +52,7 @@ struct ClientSession::State {
 };
 
 class ClientSession::Stream final
-    : public grpc::ClientBidiReactor<v1::SessionMessage, v1::SessionEvent> {
+    : public grpc::ClientBidiReactor<v1::SessionMessageBatch, v1::SessionEventBatch> {
  public:
   Stream(std::shared_ptr<State> state, v1::Controller::Stub* stub,
          const std::function<void(grpc::ClientContext*)>& prepare)
@@ -61,7 +60,7 @@ class ClientSession::Stream final
     prepare(&ctx_);
     stub->async()->Session(&ctx_, this);
     AddHold();
-    StartRead(&event_);
+    StartRead(&events_);
     StartCall();
   }
   void Cancel() { ctx_.TryCancel(); }
@@ -70,8 +69,8 @@ class ClientSession::Stream final
     bool release = false;
     {
       pw::MutexLock lock(&state_->mu);
-      state_->queue.pop_front();
-      if (!ok) state_->queue.clear();  // Broken; OnDone reports why.
+      state_->queue.WriteDone();
+      if (!ok) state_->queue.DropWaiting();  // Broken; OnDone reports why.
       state_->writing = false;
       release = state_->ReleaseLocked();
     }
@@ -89,18 +88,17 @@ class ClientSession::Stream final
   }
   void OnReadDone(bool ok) override {
     if (ok) {
-      Handle(event_);
-      StartRead(&event_);
+      for (const v1::SessionEvent& e : events_.items()) Handle(e);
+      events_.Clear();
+      StartRead(&events_);
       return;
     }
     bool release = false;
     {
       pw::MutexLock lock(&state_->mu);
       state_->reads_over = true;
-      // Drop what waits, but not the message being written: gRPC still reads it.
-      // (While writes end, writing is set with nothing queued.)
-      const size_t keep = std::min<size_t>(state_->writing ? 1 : 0, state_->queue.size());
-      state_->queue.erase(state_->queue.begin() + keep, state_->queue.end());
+      // Drop what waits, but not the batch being written: gRPC still reads it.
+      state_->queue.DropWaiting();
       release = state_->ReleaseLocked();
     }
     if (release) RemoveHold();
@@ -181,19 +179,18 @@ class ClientSession::Stream final
 
   const std::shared_ptr<State> state_;
   grpc::ClientContext ctx_;
-  v1::SessionEvent event_;
+  v1::SessionEventBatch events_;
 };
 
 void ClientSession::State::Kick() {
   Stream* s = nullptr;
-  v1::SessionMessage* next = nullptr;
+  v1::SessionMessageBatch* next = nullptr;
   bool more = false;
   {
     pw::MutexLock lock(&mu);
     if (writing || reads_over || stream == nullptr) return;
-    if (!queue.empty()) {
-      next = &queue.front();
-      more = queue.size() > 1;
+    if ((next = queue.StartNext()) != nullptr) {
+      more = queue.more();
     } else if (!closing || writes_ended) {
       return;
     }
@@ -227,7 +224,7 @@ ClientSession::ClientSession(v1::Controller::Stub* stub, ClientId client,
   hello.set_client(client.value());
   {
     pw::MutexLock lock(&state_->mu);
-    state_->queue.push_back(std::move(hello));
+    state_->queue.Push(std::move(hello));
     ++state_->busy;  // Until `stream` is set.
   }
   Stream* s = new Stream(state_, stub, prepare);  // Its reactions may run at once.
@@ -253,7 +250,7 @@ Future<RunInfo> ClientSession::Submit(v1::SubmitRequest req) {
     accepted = state_->pending[seq].accepted.future();
     v1::SessionMessage m;
     *m.mutable_submit() = std::move(req);
-    state_->queue.push_back(std::move(m));
+    state_->queue.Push(std::move(m));
   }
   state_->Kick();
   return accepted;
@@ -263,15 +260,14 @@ void ClientSession::Release(BufferId id) {
   {
     pw::MutexLock lock(&state_->mu);
     if (!state_->over.ok() || state_->closing) return;  // The controller releases it all.
-    auto& q = state_->queue;
     // Onto the last queued release unless that one is being written.
-    if (q.size() > (state_->writing ? 1u : 0u) && q.back().has_release()) {
-      q.back().mutable_release()->add_buffers(id.value());
+    if (v1::SessionMessage* last = state_->queue.LastWaiting(); last && last->has_release()) {
+      last->mutable_release()->add_buffers(id.value());
       return;
     }
     v1::SessionMessage m;
     m.mutable_release()->add_buffers(id.value());
-    q.push_back(std::move(m));
+    state_->queue.Push(std::move(m));
   }
   state_->Kick();
 }

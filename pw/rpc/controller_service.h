@@ -97,8 +97,9 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   PW_UNARY(Shutdown, Empty, Empty);
   PW_UNARY(Cancel, CancelRequest, CancelResponse);
 #undef PW_UNARY
-  grpc::ServerBidiReactor<::pathways::v1::SessionMessage, ::pathways::v1::SessionEvent>* Session(
-      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerBidiReactor<::pathways::v1::SessionMessageBatch,
+                          ::pathways::v1::SessionEventBatch>*
+  Session(grpc::CallbackServerContext* ctx) override;
 
  private:
   class SessionStream;  // controller_session.cc

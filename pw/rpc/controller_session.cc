@@ -1,10 +1,10 @@
 // The controller's side of a client's Session stream: the client's runs and releases, in order,
 // and the runs' acceptance and ends back.
-#include <deque>
 #include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "pw/rpc/batch_queue.h"
 #include "pw/rpc/controller_service.h"
 #include "pw/rpc/reactors.h"
 #include "pw/rpc/wire.h"
@@ -12,12 +12,13 @@
 namespace pw::rpc {
 namespace v1 = ::pathways::v1;
 
-// Reads one message at a time and handles it before reading the next (so the client's calls
-// keep their order); replies are written one at a time from a queue. The state the client's
+// Reads one batch of messages at a time and handles them, in order, before reading the next (so
+// the client's calls keep their order); replies are written from a queue, those queued during a
+// write together in the next (BatchQueue). The state the client's
 // runs report to lives in `Outbox`, which the runs' callbacks share: they may fire after the
 // stream has finished, and then write nothing. gRPC calls are made without holding the lock.
 class ControllerService::SessionStream final
-    : public grpc::ServerBidiReactor<v1::SessionMessage, v1::SessionEvent> {
+    : public grpc::ServerBidiReactor<v1::SessionMessageBatch, v1::SessionEventBatch> {
  public:
   SessionStream(ControllerService* service, grpc::CallbackServerContext* ctx)
       : service_(service), ctx_(ctx), out_(std::make_shared<Outbox>()) {
@@ -26,42 +27,34 @@ class ControllerService::SessionStream final
       out_->stream = this;
       out_->limit = service->limits_.max_runs_in_flight;
     }
-    StartRead(&msg_);
+    StartRead(&msgs_);
   }
 
   void OnReadDone(bool ok) override {
     if (!ok) return EndReads();
-    if (!client_.valid()) {
-      absl::Status s = service_->OpenSession(ctx_, msg_.client());
-      if (!s.ok()) {
-        {
-          pw::MutexLock lock(&out_->mu);
-          out_->stream = nullptr;  // Nothing written yet: finish now.
-          out_->reads_over = true;
+    for (const v1::SessionMessage& m : msgs_.items()) {
+      if (!client_.valid()) {
+        absl::Status s = service_->OpenSession(ctx_, m.client());
+        if (!s.ok()) {
+          {
+            pw::MutexLock lock(&out_->mu);
+            out_->stream = nullptr;  // Nothing written yet: finish now.
+            out_->reads_over = true;
+          }
+          return Finish(ToGrpc(s));
         }
-        return Finish(ToGrpc(s));
+        client_ = ClientId(m.client());
       }
-      client_ = ClientId(msg_.client());
+      Handle(m);
     }
-    switch (msg_.call_case()) {
-      case v1::SessionMessage::kSubmit:
-        Submit(msg_.submit());
-        break;
-      case v1::SessionMessage::kRelease:
-        // Errors (a handle it does not hold) have no one to go to: the client was told OK.
-        for (int64_t b : msg_.release().buffers())
-          service_->controller_->ReleaseArray(client_, BufferId(b)).IgnoreError();
-        break;
-      case v1::SessionMessage::CALL_NOT_SET:
-        break;  // The first message, or one from a newer client: nothing to do.
-    }
+    msgs_.Clear();
     bool read = false;
     {
       pw::MutexLock lock(&out_->mu);
       out_->paused = out_->in_flight >= out_->limit;
       read = !out_->paused;
     }
-    if (read) StartRead(&msg_);
+    if (read) StartRead(&msgs_);
   }
 
   void OnWriteDone(bool ok) override { out_->WriteDone(ok); }
@@ -82,8 +75,7 @@ class ControllerService::SessionStream final
   struct Outbox {
     pw::Mutex mu;
     SessionStream* stream ABSL_GUARDED_BY(mu) = nullptr;  // Null once finished.
-    std::deque<v1::SessionEvent> queue ABSL_GUARDED_BY(mu);  // Front: being written.
-    bool writing ABSL_GUARDED_BY(mu) = false;
+    BatchQueue<v1::SessionEventBatch> queue ABSL_GUARDED_BY(mu);
     bool reads_over ABSL_GUARDED_BY(mu) = false;
     bool cancelled ABSL_GUARDED_BY(mu) = false;
     bool paused ABSL_GUARDED_BY(mu) = false;  // Not reading: too many runs in flight.
@@ -92,37 +84,33 @@ class ControllerService::SessionStream final
 
     // The stream to finish, once reads are over and nothing is being written.
     SessionStream* TakeToFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-      if (!reads_over || writing || stream == nullptr) return nullptr;
+      if (!reads_over || queue.writing() || stream == nullptr) return nullptr;
       return std::exchange(stream, nullptr);
     }
     void Push(v1::SessionEvent e) {
       SessionStream* s = nullptr;
-      v1::SessionEvent* first = nullptr;
+      v1::SessionEventBatch* first = nullptr;
       {
         pw::MutexLock lock(&mu);
         if (stream == nullptr) return;
-        queue.push_back(std::move(e));
-        if (writing) return;
-        writing = true;
+        queue.Push(std::move(e));
+        if ((first = queue.StartNext()) == nullptr) return;
         s = stream;
-        first = &queue.front();
       }
       s->StartWrite(first);
     }
     void WriteDone(bool ok) {
       SessionStream* s = nullptr;
-      v1::SessionEvent* next = nullptr;
+      v1::SessionEventBatch* next = nullptr;
       SessionStream* finish = nullptr;
       bool more = false;
       {
         pw::MutexLock lock(&mu);
-        queue.pop_front();
-        if (!ok) queue.clear();  // The client is gone; the read side ends too.
-        writing = !queue.empty();
-        if (writing) {
+        queue.WriteDone();
+        if (!ok) queue.DropWaiting();  // The client is gone; the read side ends too.
+        if ((next = queue.StartNext()) != nullptr) {
           s = stream;
-          next = &queue.front();
-          more = queue.size() > 1;
+          more = queue.more();
         }
         finish = TakeToFinishLocked();
       }
@@ -139,9 +127,25 @@ class ControllerService::SessionStream final
         paused = false;
         s = stream;
       }
-      s->StartRead(&s->msg_);
+      s->StartRead(&s->msgs_);
     }
   };
+
+  // One message of the client's, in the order it sent them.
+  void Handle(const v1::SessionMessage& m) {
+    switch (m.call_case()) {
+      case v1::SessionMessage::kSubmit:
+        Submit(m.submit());
+        break;
+      case v1::SessionMessage::kRelease:
+        // Errors (a handle it does not hold) have no one to go to: the client was told OK.
+        for (int64_t b : m.release().buffers())
+          service_->controller_->ReleaseArray(client_, BufferId(b)).IgnoreError();
+        break;
+      case v1::SessionMessage::CALL_NOT_SET:
+        break;  // The first message, or one from a newer client: nothing to do.
+    }
+  }
 
   void Submit(const v1::SubmitRequest& req) {
     const uint64_t seq = req.seq();
@@ -204,12 +208,12 @@ class ControllerService::SessionStream final
   ControllerService* const service_;
   grpc::CallbackServerContext* const ctx_;
   const std::shared_ptr<Outbox> out_;
-  v1::SessionMessage msg_;
+  v1::SessionMessageBatch msgs_;
   ClientId client_;  // Once the first message is in.
 };
 
-grpc::ServerBidiReactor<v1::SessionMessage, v1::SessionEvent>* ControllerService::Session(
-    grpc::CallbackServerContext* ctx) {
+grpc::ServerBidiReactor<v1::SessionMessageBatch, v1::SessionEventBatch>*
+ControllerService::Session(grpc::CallbackServerContext* ctx) {
   return new SessionStream(this, ctx);
 }
 

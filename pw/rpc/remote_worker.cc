@@ -1,12 +1,12 @@
 #include "pw/rpc/remote_worker.h"
 
 #include <cstring>
-#include <deque>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
 #include "pw/dataplane/shm_segment.h"
+#include "pw/rpc/batch_queue.h"
 #include "pw/rpc/reactors.h"
 #include "pw/rpc/wire.h"
 
@@ -21,46 +21,43 @@ std::chrono::system_clock::time_point Deadline() {
 }
 }  // namespace
 
-// The command stream: commands are written one at a time from a queue; events are read until
-// the stream ends. A hold keeps the call open until the read side has ended and no write is
-// outstanding, so Write never reaches a finished call; writes after that are dropped (the owner
-// fails their commands).
-class RemoteWorker::Stream final : public grpc::ClientBidiReactor<v1::Command, v1::CommandEvent> {
+// The command stream: commands are written from a queue, those queued during a write together
+// in the next (BatchQueue); events are read until the stream ends. A hold keeps the call open
+// until the read side has ended and no write is outstanding, so Write never reaches a finished
+// call; writes after that are dropped (the owner fails their commands).
+class RemoteWorker::Stream final
+    : public grpc::ClientBidiReactor<v1::CommandBatch, v1::CommandEventBatch> {
  public:
   Stream(RemoteWorker* owner) : owner_(owner) {
     AddToken(&ctx_, owner->options_.token);
     owner->stub_->async()->Commands(&ctx_, this);
     AddHold();
-    StartRead(&event_);
+    StartRead(&events_);
     StartCall();
   }
 
   // gRPC calls are made without holding mu_: a reaction may run inline.
   void Write(v1::Command c) {
-    v1::Command* first = nullptr;
+    v1::CommandBatch* first = nullptr;
     {
       pw::MutexLock lock(&mu_);
       if (closed_) return;
-      queue_.push_back(std::move(c));
-      if (!writing_) {
-        writing_ = true;
-        first = &queue_.front();
-      }
+      queue_.Push(std::move(c));
+      first = queue_.StartNext();
     }
     if (first != nullptr) StartWrite(first);
   }
   void Cancel() { ctx_.TryCancel(); }
 
   void OnWriteDone(bool ok) override {
-    v1::Command* next = nullptr;
+    v1::CommandBatch* next = nullptr;
     bool release = false, more = false;
     {
       pw::MutexLock lock(&mu_);
-      queue_.pop_front();
-      if (!ok) queue_.clear();  // The stream is broken; OnDone reports why.
-      writing_ = !queue_.empty();
-      if (writing_) next = &queue_.front();
-      more = queue_.size() > 1;
+      queue_.WriteDone();
+      if (!ok) queue_.DropWaiting();  // The stream is broken; OnDone reports why.
+      next = queue_.StartNext();
+      more = queue_.more();
       release = ReleaseLocked();
     }
     if (next != nullptr) StartWrite(next, Coalesced(more));
@@ -72,15 +69,15 @@ class RemoteWorker::Stream final : public grpc::ClientBidiReactor<v1::Command, v
       {
         pw::MutexLock lock(&mu_);
         closed_ = true;
-        // Drop what waits, but not the command being written: gRPC still reads it.
-        queue_.erase(queue_.begin() + (writing_ ? 1 : 0), queue_.end());
+        queue_.DropWaiting();  // Not the batch being written: gRPC still reads it.
         release = ReleaseLocked();
       }
       if (release) RemoveHold();
       return;
     }
-    owner_->OnEvent(event_);
-    StartRead(&event_);
+    for (const v1::CommandEvent& e : events_.items()) owner_->OnEvent(e);
+    events_.Clear();
+    StartRead(&events_);
   }
   void OnDone(const grpc::Status& s) override {
     absl::Status status = FromGrpc(s);
@@ -92,16 +89,15 @@ class RemoteWorker::Stream final : public grpc::ClientBidiReactor<v1::Command, v
  private:
   RemoteWorker* const owner_;
   grpc::ClientContext ctx_;
-  v1::CommandEvent event_;
+  v1::CommandEventBatch events_;
   pw::Mutex mu_;
   // Whether the hold should go now (closed and no write outstanding); true once.
   bool ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!closed_ || writing_ || released_) return false;
+    if (!closed_ || queue_.writing() || released_) return false;
     released_ = true;
     return true;
   }
-  std::deque<v1::Command> queue_ ABSL_GUARDED_BY(mu_);  // Front: being written.
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  BatchQueue<v1::CommandBatch> queue_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool released_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -1,7 +1,6 @@
 #include "pw/rpc/worker_service.h"
 
 #include <algorithm>
-#include <deque>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -9,6 +8,7 @@
 #include "pw/base/status_macros.h"
 #include "pw/dataplane/peer_channel.h"
 #include "pw/dataplane/shm_segment.h"
+#include "pw/rpc/batch_queue.h"
 #include "pw/rpc/reactors.h"
 #include "pw/rpc/wire.h"
 
@@ -59,10 +59,11 @@ grpc::ServerUnaryReactor* WorkerService::LoadFunction(grpc::CallbackServerContex
 
 // ---------------------------------------------------------------- the command stream
 
-// Events are written one at a time from a queue; futures' callbacks reach the stream through
+// Commands come in batches, applied in order. Events are written from a queue, those queued
+// during a write together in the next (BatchQueue); futures' callbacks reach the stream through
 // `sink`, which outlives the reactor and forgets it once the RPC is done.
 class WorkerService::CommandStream final
-    : public grpc::ServerBidiReactor<v1::Command, v1::CommandEvent> {
+    : public grpc::ServerBidiReactor<v1::CommandBatch, v1::CommandEventBatch> {
  public:
   struct Sink {
     pw::Mutex mu;
@@ -79,7 +80,7 @@ class WorkerService::CommandStream final
       pw::MutexLock lock(&sink_->mu);
       sink_->stream = this;
     }
-    StartRead(&command_);
+    StartRead(&commands_);
   }
 
   void OnReadDone(bool ok) override {
@@ -91,25 +92,24 @@ class WorkerService::CommandStream final
       MaybeFinish();
       return;
     }
-    Apply(command_);
-    command_.Clear();
-    StartRead(&command_);
+    for (v1::Command& c : *commands_.mutable_items()) Apply(c);
+    commands_.Clear();
+    StartRead(&commands_);
   }
 
   // gRPC calls (Start*, Finish) are made without holding mu_: a reaction may run inline.
   void OnWriteDone(bool ok) override {
-    v1::CommandEvent* next = nullptr;
+    v1::CommandEventBatch* next = nullptr;
     bool more = false;
     {
       pw::MutexLock lock(&mu_);
-      events_.pop_front();
+      events_.WriteDone();
       if (!ok) {
         write_failed_ = true;
-        events_.clear();
+        events_.DropWaiting();
       }
-      writing_ = !events_.empty();
-      if (writing_) next = &events_.front();  // Deque elements stay put while others are added.
-      more = events_.size() > 1;
+      next = events_.StartNext();
+      more = events_.more();
     }
     if (next != nullptr) StartWrite(next, Coalesced(more));
     MaybeFinish();
@@ -165,15 +165,12 @@ class WorkerService::CommandStream final
 
  private:
   void Enqueue(v1::CommandEvent e) {
-    v1::CommandEvent* first = nullptr;
+    v1::CommandEventBatch* first = nullptr;
     {
       pw::MutexLock lock(&mu_);
       if (write_failed_ || finished_) return;
-      events_.push_back(std::move(e));
-      if (!writing_) {
-        writing_ = true;
-        first = &events_.front();
-      }
+      events_.Push(std::move(e));
+      first = events_.StartNext();
     }
     if (first != nullptr) StartWrite(first);
   }
@@ -181,7 +178,7 @@ class WorkerService::CommandStream final
   void MaybeFinish() {
     {
       pw::MutexLock lock(&mu_);
-      if (finished_ || writing_ || !(reads_done_ || write_failed_)) return;
+      if (finished_ || events_.writing() || !(reads_done_ || write_failed_)) return;
       finished_ = true;
     }
     Finish(grpc::Status::OK);
@@ -450,16 +447,15 @@ class WorkerService::CommandStream final
 
   WorkerService* const service_;
   const std::shared_ptr<Sink> sink_;
-  v1::Command command_;  // Only the gRPC read path touches it.
+  v1::CommandBatch commands_;  // Only the gRPC read path touches it.
   pw::Mutex mu_;
-  std::deque<v1::CommandEvent> events_ ABSL_GUARDED_BY(mu_);  // Front: being written.
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  BatchQueue<v1::CommandEventBatch> events_ ABSL_GUARDED_BY(mu_);
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-grpc::ServerBidiReactor<v1::Command, v1::CommandEvent>* WorkerService::Commands(
+grpc::ServerBidiReactor<v1::CommandBatch, v1::CommandEventBatch>* WorkerService::Commands(
     grpc::CallbackServerContext* ctx) {
   return new CommandStream(this, ctx);
 }

@@ -53,8 +53,8 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   grpc::ServerUnaryReactor* LoadFunction(grpc::CallbackServerContext* ctx,
                                          const ::pathways::v1::WorkerLoadFunctionRequest* req,
                                          ::pathways::v1::Empty* resp) override;
-  grpc::ServerBidiReactor<::pathways::v1::Command, ::pathways::v1::CommandEvent>* Commands(
-      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerBidiReactor<::pathways::v1::CommandBatch, ::pathways::v1::CommandEventBatch>*
+  Commands(grpc::CallbackServerContext* ctx) override;
   grpc::ServerWriteReactor<::pathways::v1::ShardChunk>* FetchShard(
       grpc::CallbackServerContext* ctx, const ::pathways::v1::ShardRequest* req) override;
   grpc::ServerUnaryReactor* RemoveDevice(grpc::CallbackServerContext* ctx,

@@ -1,0 +1,76 @@
+// The outgoing side of a stream whose messages are batches (a proto with `repeated Item items`).
+//
+// The first item queued on an idle stream is written at once, alone (no added latency); items
+// queued while a batch is being written wait together and go as the next message. So a burst of
+// commands, events or runs costs the reader one message (one read, one callback, one parse), not
+// one per item. A batch holds at most kMaxItems items and, unless its first item alone is
+// larger, kMaxBytes bytes.
+//
+// Not thread-safe: the stream's lock guards it. Pointers it returns stay valid until WriteDone
+// (the batch being written) or the next Push (a waiting item).
+#pragma once
+
+#include <cstddef>
+#include <deque>
+#include <type_traits>
+#include <utility>
+
+namespace pw::rpc {
+
+template <typename Batch>
+class BatchQueue {
+ public:
+  using Item = std::remove_pointer_t<decltype(std::declval<Batch&>().add_items())>;
+  static constexpr int kMaxItems = 256;
+  static constexpr size_t kMaxBytes = size_t{4} << 20;
+
+  // Queues `item` behind everything queued before it.
+  void Push(Item item) {
+    const size_t bytes = item.ByteSizeLong();
+    if (!HasWaiting() || batches_.back().items_size() >= kMaxItems ||
+        back_bytes_ + bytes > kMaxBytes) {
+      batches_.emplace_back();
+      back_bytes_ = 0;
+    }
+    *batches_.back().add_items() = std::move(item);
+    back_bytes_ += bytes;
+  }
+
+  // The last item queued and not yet being written (callers may add to it), or null.
+  Item* LastWaiting() {
+    if (!HasWaiting()) return nullptr;
+    Batch& b = batches_.back();
+    return b.items_size() == 0 ? nullptr : b.mutable_items(b.items_size() - 1);
+  }
+
+  // The batch to write next, now marked as being written; null if one is being written or
+  // nothing waits.
+  Batch* StartNext() {
+    if (writing_ || batches_.empty()) return nullptr;
+    writing_ = true;
+    return &batches_.front();
+  }
+  // The batch being written has been (or could not be) written.
+  void WriteDone() {
+    if (!writing_) return;
+    writing_ = false;
+    batches_.pop_front();
+  }
+
+  bool writing() const { return writing_; }
+  bool empty() const { return batches_.empty(); }
+  // Whether another batch waits behind the one about to be written (a write hint).
+  bool more() const { return batches_.size() > 1; }
+  // Drops what waits; the batch being written (gRPC still reads it) stays.
+  void DropWaiting() { batches_.resize(writing_ ? 1 : 0); }
+
+ private:
+  // Whether the last batch waits (is not being written).
+  bool HasWaiting() const { return !batches_.empty() && !(writing_ && batches_.size() == 1); }
+
+  std::deque<Batch> batches_;  // Front: being written while writing_.
+  bool writing_ = false;
+  size_t back_bytes_ = 0;  // Of batches_.back(), while it waits.
+};
+
+}  // namespace pw::rpc
