@@ -222,6 +222,13 @@ absl::StatusOr<Array> Client::Put(HostArray value, SliceId slice, const Sharding
   return Adopt(info);
 }
 
+absl::StatusOr<Array> Client::PutFrom(const ArraySpec& spec, absl::Span<const uint8_t> bytes,
+                                      SliceId slice, const Sharding& sharding) {
+  PW_ASSIGN_OR_RETURN(ArrayInfo info,
+                      controller_->PutArrayFrom(id_, slice, sharding, spec, bytes));
+  return Adopt(info);
+}
+
 // ---- Tracing
 
 namespace {
@@ -426,7 +433,7 @@ absl::StatusOr<std::vector<Array>> Program::Call(const std::vector<HostArray>& a
   return Run(arrays, options);
 }
 
-absl::StatusOr<Array> Program::PutArg(size_t i, const HostArray& value) const {
+absl::StatusOr<Array> Program::PutArg(size_t i, HostArray value) const {
   if (i >= ir_->args.size())
     return absl::InvalidArgumentError(absl::StrCat("program '", ir_->name, "' takes ",
                                                    ir_->args.size(), " arguments, not ", i + 1));
@@ -435,7 +442,7 @@ absl::StatusOr<Array> Program::PutArg(size_t i, const HostArray& value) const {
                                                    " expects ", ir_->args[i].ToString(), ", got ",
                                                    value.spec.ToString()));
   }
-  return client_->Put(value, arg_slices_[i], arg_shardings_[i]);
+  return client_->Put(std::move(value), arg_slices_[i], arg_shardings_[i]);
 }
 
 absl::StatusOr<std::vector<Array>> BoundFunction::Call(const std::vector<Array>& inputs,

@@ -171,7 +171,7 @@ class Program {
   absl::StatusOr<std::vector<Array>> Call(const std::vector<HostArray>& args,
                                           const RunOptions& options = {}) const;
   // Puts one host argument where the program first uses it (its spec must match argument i's).
-  absl::StatusOr<Array> PutArg(size_t i, const HostArray& value) const;
+  absl::StatusOr<Array> PutArg(size_t i, HostArray value) const;
 
  private:
   friend class Client;
@@ -234,6 +234,11 @@ class Client {
                                      std::vector<Sharding> out_sharding);
 
   absl::StatusOr<Array> Put(HostArray value, SliceId slice, const Sharding& sharding);
+  // As Put, from an array of `spec` in `bytes`, which must stay unchanged until this returns:
+  // a wire client sends a large array's shards from there, without a copy
+  // (ControllerInterface::PutArrayFrom).
+  absl::StatusOr<Array> PutFrom(const ArraySpec& spec, absl::Span<const uint8_t> bytes,
+                                SliceId slice, const Sharding& sharding);
   // The array a share token names now, as a handle of this client's (Array::Share).
   absl::StatusOr<Array> Import(const std::string& token);
   // Ends a share this client made: clients that imported through it lose those arrays.

@@ -62,13 +62,20 @@ ArraySpec SpecOf(const std::string& dtype, const std::vector<int64_t>& shape) {
 // ones too. The dtype and shape come beside it (pathways/__init__.py: _raw).
 using RawBytes = nb::ndarray<const uint8_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 
+// The spec of `raw`'s array, checked against its size.
+ArraySpec CheckedSpec(const RawBytes& raw, const std::string& dtype,
+                      const std::vector<int64_t>& shape) {
+  ArraySpec spec = SpecOf(dtype, shape);
+  Check(spec.Validate());
+  if (static_cast<int64_t>(raw.size()) != spec.size_bytes())
+    throw std::invalid_argument(absl::StrCat("an array ", spec.ToString(), " has ",
+                                             spec.size_bytes(), " bytes, got ", raw.size()));
+  return spec;
+}
+
 HostArray ToHostArray(const RawBytes& raw, const std::string& dtype,
                       const std::vector<int64_t>& shape) {
-  HostArray h{SpecOf(dtype, shape), {}};
-  Check(h.spec.Validate());
-  if (static_cast<int64_t>(raw.size()) != h.spec.size_bytes())
-    throw std::invalid_argument(absl::StrCat("an array ", h.spec.ToString(), " has ",
-                                             h.spec.size_bytes(), " bytes, got ", raw.size()));
+  HostArray h{CheckedSpec(raw, dtype, shape), {}};
   h.bytes.assign(raw.data(), raw.data() + raw.size());
   return h;
 }
@@ -298,7 +305,7 @@ NB_MODULE(_pathways, m) {
              const std::vector<int64_t>& shape) {
             HostArray h = ToHostArray(raw, dtype, shape);
             nb::gil_scoped_release release;
-            return Unwrap(p.PutArg(i, h));
+            return Unwrap(p.PutArg(i, std::move(h)));  // Not a second copy.
           },
           nb::keep_alive<0, 1>())
       .def("run", [](nb::handle self, const std::vector<Array>& args, double timeout_s) {
@@ -405,10 +412,13 @@ NB_MODULE(_pathways, m) {
           [](Client& c, const Slice& slice, const RawBytes& raw, const std::string& dtype,
              const std::vector<int64_t>& shape, const std::vector<int64_t>& mesh_shape,
              const std::vector<int>& dim_to_axis) {
-            HostArray h = ToHostArray(raw, dtype, shape);
+            const ArraySpec spec = CheckedSpec(raw, dtype, shape);
             Sharding sharding(mesh_shape, dim_to_axis);
+            // `raw` holds the numpy array until this returns: its bytes are sent from there
+            // where the transport can (a wire client's large arrays), else copied once.
+            const absl::Span<const uint8_t> bytes(raw.data(), raw.size());
             nb::gil_scoped_release release;
-            return Unwrap(c.Put(h, slice.info().id, sharding));
+            return Unwrap(c.PutFrom(spec, bytes, slice.info().id, sharding));
           },
           nb::keep_alive<0, 1>())
       .def(

@@ -54,14 +54,13 @@ absl::StatusOr<std::pair<std::shared_ptr<dataplane::BulkClient>, int>> ClientIo:
   return std::make_pair(c, port);
 }
 
-absl::Status ClientIo::Send(const HostArray& value, const Sharding& sharding,
+absl::Status ClientIo::Send(const ArraySpec& g, const uint8_t* bytes, const Sharding& sharding,
                             const std::vector<ShardTransfer>& shards) {
-  const ArraySpec& g = value.spec;
   const Box whole = WholeOf(g.shape);
   const size_t shard_bytes =
       static_cast<size_t>(ArraySpec{g.dtype, sharding.ShardShape(g.shape)}.size_bytes());
-  // One cut per distinct region (replicas share it); a region that is the whole array is sent
-  // from `value` itself.
+  // One cut per distinct region (replicas share it); a contiguous region is sent from `bytes`
+  // itself.
   std::vector<std::pair<Box, std::shared_ptr<std::vector<uint8_t>>>> cuts;
   std::vector<Future<>> sent;
   absl::Status result;  // The first error; transfers already queued are still waited for.
@@ -73,14 +72,14 @@ absl::Status ClientIo::Send(const HostArray& value, const Sharding& sharding,
     }
     const Box box = sharding.ShardBox(g.shape, t.rank);
     const std::optional<int64_t> at = ContiguousOffset(box, whole, DTypeSize(g.dtype));
-    const void* src = value.bytes.data() + at.value_or(0);
+    const void* src = bytes + at.value_or(0);
     std::shared_ptr<std::vector<uint8_t>> cut;
     if (!at.has_value()) {
       for (const auto& [b, c] : cuts)
         if (b == box) cut = c;
       if (cut == nullptr) {
         cut = std::make_shared<std::vector<uint8_t>>(shard_bytes);
-        CopyBoxIntersection(value.bytes.data(), whole, cut->data(), box, DTypeSize(g.dtype));
+        CopyBoxIntersection(bytes, whole, cut->data(), box, DTypeSize(g.dtype));
         cuts.emplace_back(box, cut);
       }
       src = cut->data();
@@ -98,7 +97,7 @@ absl::Status ClientIo::Send(const HostArray& value, const Sharding& sharding,
           p.Set(s.ok() ? s : Annotate(s, where));
         });
   }
-  for (Future<>& f : sent) result.Update(f.Await());  // Every transfer ends before `value` may go.
+  for (Future<>& f : sent) result.Update(f.Await());  // Every transfer ends before `bytes` may go.
   return result;
 }
 

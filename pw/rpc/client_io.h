@@ -25,7 +25,8 @@ class ClientIo {
  public:
   // Cuts `value` into each transfer's rank's shard and sends it; returns once all are sent (or
   // why one could not be: its error names the worker).
-  absl::Status Send(const HostArray& value, const Sharding& sharding,
+  // (`bytes`: the array's spec.size_bytes(), unchanged until Send returns.)
+  absl::Status Send(const ArraySpec& spec, const uint8_t* bytes, const Sharding& sharding,
                     const std::vector<ShardTransfer>& shards);
   // Reads each transfer's shard (distinct regions of an array of `spec` cut by `sharding`) and
   // assembles the array; `done` runs once, on a transfer's thread.

@@ -179,19 +179,38 @@ absl::StatusOr<std::string> RemoteController::ExplainProgram(ClientId client, Pr
   return resp.text();
 }
 
+bool RemoteController::SendsDirectly(const ArraySpec& spec, size_t bytes) {
+  return direct_io() && static_cast<int64_t>(bytes) >= kDirectIoMinBytes &&
+         static_cast<int64_t>(bytes) == spec.size_bytes();
+}
+
+absl::StatusOr<ArrayInfo> RemoteController::PutDirectly(ClientId client, SliceId slice,
+                                                        const Sharding& sharding,
+                                                        const ArraySpec& spec,
+                                                        const uint8_t* bytes) {
+  PW_ASSIGN_OR_RETURN(DirectPut put, BeginPut(client, slice, sharding, spec).Await());
+  absl::Status sent = core_->io.Send(spec, bytes, sharding, put.shards);
+  if (!sent.ok()) {
+    (void)ReleaseArray(client, put.info.id);  // Never the caller's: it goes now.
+    return Annotate(sent, absl::StrCat("putting ", spec.ToString(), " as ",
+                                       put.info.id.ToString()));
+  }
+  return put.info;
+}
+
+absl::StatusOr<ArrayInfo> RemoteController::PutArrayFrom(ClientId client, SliceId slice,
+                                                         const Sharding& sharding,
+                                                         const ArraySpec& spec,
+                                                         absl::Span<const uint8_t> bytes) {
+  if (SendsDirectly(spec, bytes.size()))
+    return PutDirectly(client, slice, sharding, spec, bytes.data());
+  return ControllerInterface::PutArrayFrom(client, slice, sharding, spec, bytes);
+}
+
 absl::StatusOr<ArrayInfo> RemoteController::PutArray(ClientId client, SliceId slice,
                                                      const Sharding& sharding, HostArray value) {
-  if (direct_io() && static_cast<int64_t>(value.bytes.size()) >= kDirectIoMinBytes &&
-      static_cast<int64_t>(value.bytes.size()) == value.spec.size_bytes()) {
-    PW_ASSIGN_OR_RETURN(DirectPut put, BeginPut(client, slice, sharding, value.spec).Await());
-    absl::Status sent = core_->io.Send(value, sharding, put.shards);
-    if (!sent.ok()) {
-      (void)ReleaseArray(client, put.info.id);  // Never the caller's: it goes now.
-      return Annotate(sent, absl::StrCat("putting ", value.spec.ToString(), " as ",
-                                         put.info.id.ToString()));
-    }
-    return put.info;
-  }
+  if (SendsDirectly(value.spec, value.bytes.size()))
+    return PutDirectly(client, slice, sharding, value.spec, value.bytes.data());
   v1::PutArrayRequest req;
   req.set_client(client.value());
   req.set_slice(slice.value());

@@ -71,6 +71,9 @@ class RemoteController final : public ControllerInterface {
                          const RunOptions& options) override;
   absl::StatusOr<ArrayInfo> PutArray(ClientId client, SliceId slice, const Sharding& sharding,
                                      HostArray value) override;
+  absl::StatusOr<ArrayInfo> PutArrayFrom(ClientId client, SliceId slice, const Sharding& sharding,
+                                         const ArraySpec& spec,
+                                         absl::Span<const uint8_t> bytes) override;
   // Arrays of kDirectIoMinBytes or more go between this process and the workers (BeginPut,
   // LocateArray), unless the channel uses TLS (the workers' bulk streams take only the
   // cluster's certificates): then, and for smaller ones, through the controller.
@@ -116,6 +119,11 @@ class RemoteController final : public ControllerInterface {
   };
   // Whether arrays go beside the controller (no TLS).
   bool direct_io() const { return core_->options.tls == nullptr; }
+  // Whether an array of `spec` held in `bytes` bytes goes beside the controller.
+  bool SendsDirectly(const ArraySpec& spec, size_t bytes);
+  // Puts it so, sending the shards from `bytes` (BeginPut, then ClientIo::Send).
+  absl::StatusOr<ArrayInfo> PutDirectly(ClientId client, SliceId slice, const Sharding& sharding,
+                                        const ArraySpec& spec, const uint8_t* bytes);
   RemoteController(std::string address, const ChannelOptions& options);
 
   const std::shared_ptr<Core> core_;

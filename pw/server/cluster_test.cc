@@ -369,22 +369,25 @@ TEST_F(GrpcClusterTest, LargeArraysGoBetweenTheClientAndTheWorkersBesideTheContr
   for (const Layout& l : {Layout{"rows", Sharding::Split({4}, 2, 0), 4 * n, 4 * n},
                           Layout{"columns", Sharding::Split({4}, 2, 1), 4 * n, 4 * n},
                           Layout{"replicated", Sharding::Replicated({4}, 2), 16 * n, 4 * n}}) {
-    SCOPED_TRACE(l.name);
-    const int64_t up = bulk_bytes(true), down = bulk_bytes(false);
-    auto a = remote_->PutArray(c, slice->id, l.sharding, big);
-    ASSERT_TRUE(a.ok()) << a.status();
-    ASSERT_TRUE(remote_->ArrayReady(c, a->id).status().ok());
-    EXPECT_EQ(bulk_bytes(true) - up, l.uploaded);
-    auto back = remote_->FetchArray(c, a->id).Await();
-    ASSERT_TRUE(back.ok()) << back.status();
-    EXPECT_EQ(back->spec, big.spec);
-    EXPECT_TRUE(back->bytes == big.bytes);
-    // A worker counts what it sent once its send returns, which may be after the client read it.
-    const absl::Time deadline = absl::Now() + kGuard;
-    while (bulk_bytes(false) - down < l.downloaded && absl::Now() < deadline)
-      absl::SleepFor(absl::Milliseconds(1));
-    EXPECT_EQ(bulk_bytes(false) - down, l.downloaded);
-    ASSERT_TRUE(remote_->ReleaseArray(c, a->id).ok());
+    for (const bool from_bytes : {false, true}) {  // PutArrayFrom: sent from the caller's bytes.
+      SCOPED_TRACE(absl::StrCat(l.name, from_bytes ? " from bytes" : ""));
+      const int64_t up = bulk_bytes(true), down = bulk_bytes(false);
+      auto a = from_bytes ? remote_->PutArrayFrom(c, slice->id, l.sharding, big.spec, big.bytes)
+                          : remote_->PutArray(c, slice->id, l.sharding, big);
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(remote_->ArrayReady(c, a->id).status().ok());
+      EXPECT_EQ(bulk_bytes(true) - up, l.uploaded);
+      auto back = remote_->FetchArray(c, a->id).Await();
+      ASSERT_TRUE(back.ok()) << back.status();
+      EXPECT_EQ(back->spec, big.spec);
+      EXPECT_TRUE(back->bytes == big.bytes);
+      // A worker counts what it sent once its send returns, which may be after the client read it.
+      const absl::Time deadline = absl::Now() + kGuard;
+      while (bulk_bytes(false) - down < l.downloaded && absl::Now() < deadline)
+        absl::SleepFor(absl::Milliseconds(1));
+      EXPECT_EQ(bulk_bytes(false) - down, l.downloaded);
+      ASSERT_TRUE(remote_->ReleaseArray(c, a->id).ok());
+    }
   }
   const int64_t up = bulk_bytes(true), down = bulk_bytes(false);
   auto small = remote_->PutArray(c, slice->id, Sharding::Split({4}, 1, 0), F32({1, 2, 3, 4}));
@@ -392,9 +395,17 @@ TEST_F(GrpcClusterTest, LargeArraysGoBetweenTheClientAndTheWorkersBesideTheContr
   auto back = remote_->FetchArray(c, small->id).Await();
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->values<float>(), (std::vector<float>{1, 2, 3, 4}));
+  const HostArray four = F32({5, 6, 7, 8});  // From bytes too: a copy through the controller.
+  auto small2 = remote_->PutArrayFrom(c, slice->id, Sharding::Split({4}, 1, 0), four.spec,
+                                      four.bytes);
+  ASSERT_TRUE(small2.ok()) << small2.status();
+  auto back2 = remote_->FetchArray(c, small2->id).Await();
+  ASSERT_TRUE(back2.ok()) << back2.status();
+  EXPECT_EQ(back2->values<float>(), (std::vector<float>{5, 6, 7, 8}));
   EXPECT_EQ(bulk_bytes(true), up);
   EXPECT_EQ(bulk_bytes(false), down);
   ASSERT_TRUE(remote_->ReleaseArray(c, small->id).ok());
+  ASSERT_TRUE(remote_->ReleaseArray(c, small2->id).ok());
   for (const auto& w : workers_) EXPECT_EQ(w->bulk().open_client_transfers(), 0u);
   ExpectNothingLeft();
 }
@@ -414,12 +425,12 @@ TEST_F(GrpcClusterTest, ClientTransfersNeedTheirKeysAndEndIfTheClientNeverComes)
   HostArray wrong_key{spec, std::vector<uint8_t>(spec.size_bytes(), 1)};
   std::vector<ShardTransfer> guessed = put->shards;
   guessed[0].key = NewSecret();
-  absl::Status s = io.Send(wrong_key, Sharding::Split({1}, 1, 0), guessed);
+  absl::Status s = io.Send(spec, wrong_key.bytes.data(), Sharding::Split({1}, 1, 0), guessed);
   EXPECT_TRUE(absl::IsUnauthenticated(s)) << s;
   // A short upload fails the array with the sizes named; what waits on it ends.
   HostArray short_one{spec, std::vector<uint8_t>(spec.size_bytes() / 2)};
-  s = io.Send(HostArray{{DType::kF32, Shape({1 << 17})}, short_one.bytes},
-              Sharding::Split({1}, 1, 0), put->shards);
+  s = io.Send({DType::kF32, Shape({1 << 17})}, short_one.bytes.data(), Sharding::Split({1}, 1, 0),
+              put->shards);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
   absl::Status ready = remote_->ArrayReady(c, put->info.id).Await();
   EXPECT_TRUE(absl::IsInvalidArgument(ready)) << ready;

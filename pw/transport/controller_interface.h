@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "pw/trace/trace.h"
 #include "pw/base/future.h"
 #include "pw/base/host_array.h"
@@ -151,6 +152,15 @@ class ControllerInterface {
 
   virtual absl::StatusOr<ArrayInfo> PutArray(ClientId client, SliceId slice,
                                              const Sharding& sharding, HostArray value) = 0;
+  // As PutArray, from an array of `spec` whose bytes the caller keeps unchanged until the call
+  // returns. A transport that can send them where they are does (a wire client's direct I/O);
+  // otherwise they are copied into a HostArray.
+  virtual absl::StatusOr<ArrayInfo> PutArrayFrom(ClientId client, SliceId slice,
+                                                 const Sharding& sharding, const ArraySpec& spec,
+                                                 absl::Span<const uint8_t> bytes) {
+    return PutArray(client, slice, sharding,
+                    HostArray{spec, std::vector<uint8_t>(bytes.begin(), bytes.end())});
+  }
   virtual Future<HostArray> FetchArray(ClientId client, BufferId id) = 0;
   virtual Future<> ArrayReady(ClientId client, BufferId id) = 0;
   // Client I/O beside the controller, for a client in another process: the array's bytes go
