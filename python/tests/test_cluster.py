@@ -90,11 +90,26 @@ def test_python_client_on_the_cluster(cluster):
             "    back = np.asarray(pw.device_put(x, s))\n"
             "    assert back.dtype == x.dtype and (back == x).all(), dt\n"
             "g = pw.pmap(lambda v: v * 2, devices=s)\n"
-            "print(np.asarray(g(jnp.ones((2, 2), jnp.bfloat16))).astype(np.float32).tolist())\n")
+            "print(np.asarray(g(jnp.ones((2, 2), jnp.bfloat16))).astype(np.float32).tolist())\n"
+            # Arrays of 1 MiB or more go from the numpy array's own memory to the workers: by
+            # rows, by columns (cut), replicated, read-only, Fortran-ordered; the put has ended
+            # with the call, so a later write to the numpy array changes nothing on the devices.
+            "from jax.sharding import PartitionSpec as P\n"
+            "big = np.random.default_rng(0).standard_normal((2, 1 << 18)).astype(np.float32)\n"
+            "ro = big.copy(); ro.flags.writeable = False\n"
+            "for x, spec in ((big, None), (big, P(None, s.axis_names[0])), (big, P()),\n"
+            "                (ro, None), (np.asfortranarray(big), None)):\n"
+            "    a = pw.device_put(x, s, sharding=spec)\n"
+            "    keep = x.copy()\n"
+            "    if x.flags.writeable: x[...] = 0\n"
+            "    assert np.array_equal(np.asarray(a), keep), spec\n"
+            "    big[...] = keep\n"
+            "print('large puts ok')\n")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip().splitlines() == [address, "[3.0, 6.0]", "[[2.0, 2.0], [2.0, 2.0]]"]
+    assert r.stdout.strip().splitlines() == [address, "[3.0, 6.0]", "[[2.0, 2.0], [2.0, 2.0]]",
+                                             "large puts ok"]
 
 
 def test_killed_worker_leaves_and_rejoins(cluster):
