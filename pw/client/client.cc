@@ -27,27 +27,33 @@ Future<> Array::Ready() const {
   return h_->controller->ArrayReady(h_->client, h_->info.id);
 }
 
+// The handle lives until the read ends: dropping the Array meanwhile must not free the shards
+// being read (a wire client reads them from the workers after the controller answered).
+Future<HostArray> Array::Fetch(std::shared_ptr<Handle> h) {
+  Future<HostArray> got = h->controller->FetchArray(h->client, h->info.id);
+  got.OnReady([h](const absl::StatusOr<HostArray>&) {});
+  return got;
+}
+
 // Calls about a run's output go after the controller has accepted the run (they do not travel
 // in order with it), and fail with the reason if it refused it.
 Future<HostArray> Array::ToHostAsync() const {
-  // The handle lives until the read ends: dropping the Array meanwhile must not free the shards
-  // being read (a wire client reads them from the workers after the controller answered).
-  auto read = [](std::shared_ptr<Handle> h) {
-    Future<HostArray> got = h->controller->FetchArray(h->client, h->info.id);
-    got.OnReady([h](const absl::StatusOr<HostArray>&) {});
-    return got;
-  };
-  if (!h_->run.valid()) return read(h_);
+  if (!h_->run.valid()) return Fetch(h_);
   Promise<HostArray> p;
   Future<HostArray> f = p.future();
-  h_->run.OnReady([h = h_, p = std::move(p), read](const absl::StatusOr<RunInfo>& r) mutable {
+  h_->run.OnReady([h = h_, p = std::move(p)](const absl::StatusOr<RunInfo>& r) mutable {
     if (!r.ok()) return p.Set(r.status());
-    read(h).OnReady([p = std::move(p)](const absl::StatusOr<HostArray>& a) mutable { p.Set(a); });
+    Fetch(h).OnReady([p = std::move(p)](const absl::StatusOr<HostArray>& a) mutable { p.Set(a); });
   });
   return f;
 }
 
-absl::StatusOr<HostArray> Array::ToHost() const { return ToHostAsync().Await(); }
+// Waits for the run's acceptance here rather than chaining on it as ToHostAsync does, which
+// copies the array into a second future.
+absl::StatusOr<HostArray> Array::ToHost() const {
+  if (h_->run.valid()) PW_RETURN_IF_ERROR(h_->run.status());
+  return Fetch(h_).Await();
+}
 
 absl::StatusOr<std::string> Array::Share(const ShareOptions& options) const {
   if (h_->run.valid()) PW_RETURN_IF_ERROR(h_->run.status());

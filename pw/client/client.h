@@ -71,6 +71,8 @@ class Array {
     ~Handle();
   };
   explicit Array(std::shared_ptr<Handle> h) : h_(std::move(h)) {}
+  // The controller's read of `h`'s buffer, `h` held until it ends.
+  static Future<HostArray> Fetch(std::shared_ptr<Handle> h);
   std::shared_ptr<Handle> h_;
 };
 
