@@ -4,7 +4,8 @@
 // queued while a batch is being written wait together and go as the next message. So a burst of
 // commands, events or runs costs the reader one message (one read, one callback, one parse), not
 // one per item. A batch holds at most kMaxItems items and, unless its first item alone is
-// larger, kMaxBytes bytes.
+// larger, kMaxBytes bytes (framing counted), so a batch of items each within a stream's message
+// limit stays within it too for any limit of at least 1 MiB (the smallest one used).
 //
 // Not thread-safe: the stream's lock guards it. Pointers it returns stay valid until WriteDone
 // (the batch being written) or the next Push (a waiting item).
@@ -22,11 +23,11 @@ class BatchQueue {
  public:
   using Item = std::remove_pointer_t<decltype(std::declval<Batch&>().add_items())>;
   static constexpr int kMaxItems = 256;
-  static constexpr size_t kMaxBytes = size_t{4} << 20;
+  static constexpr size_t kMaxBytes = size_t{512} << 10;
 
   // Queues `item` behind everything queued before it.
   void Push(Item item) {
-    const size_t bytes = item.ByteSizeLong();
+    const size_t bytes = item.ByteSizeLong() + kFramingBytes;
     if (!HasWaiting() || batches_.back().items_size() >= kMaxItems ||
         back_bytes_ + bytes > kMaxBytes) {
       batches_.emplace_back();
@@ -36,12 +37,15 @@ class BatchQueue {
     back_bytes_ += bytes;
   }
 
-  // The last item queued and not yet being written (callers may add to it), or null.
+  // The last item queued and not yet being written, or null. A caller that adds to it says by
+  // how many bytes (Grew).
   Item* LastWaiting() {
     if (!HasWaiting()) return nullptr;
     Batch& b = batches_.back();
     return b.items_size() == 0 ? nullptr : b.mutable_items(b.items_size() - 1);
   }
+
+  void Grew(size_t bytes) { back_bytes_ += bytes; }
 
   // The batch to write next, now marked as being written; null if one is being written or
   // nothing waits.
@@ -68,6 +72,7 @@ class BatchQueue {
   // Whether the last batch waits (is not being written).
   bool HasWaiting() const { return !batches_.empty() && !(writing_ && batches_.size() == 1); }
 
+  static constexpr size_t kFramingBytes = 6;  // An item's tag and length in its batch.
   std::deque<Batch> batches_;  // Front: being written while writing_.
   bool writing_ = false;
   size_t back_bytes_ = 0;  // Of batches_.back(), while it waits.

@@ -83,5 +83,19 @@ TEST(BatchQueueTest, OnlyWaitingItemsCanBeAddedToOrDropped) {
   EXPECT_FALSE(q.writing());
 }
 
+TEST(BatchQueueTest, GrowingAWaitingItemPastTheBytesStartsANewBatch) {
+  BatchQueue<v1::CommandBatch> q;
+  q.Push(Cmd(0));
+  ASSERT_THAT(q.StartNext(), NotNull());
+  q.Push(Cmd(1));
+  q.Push(Cmd(2));
+  q.Grew(BatchQueue<v1::CommandBatch>::kMaxBytes);
+  q.Push(Cmd(3));
+  q.WriteDone();
+  EXPECT_THAT(Seqs(q.StartNext()), ElementsAre(1, 2));
+  q.WriteDone();
+  EXPECT_THAT(Seqs(q.StartNext()), ElementsAre(3));
+}
+
 }  // namespace
 }  // namespace pw::rpc

@@ -260,9 +260,12 @@ void ClientSession::Release(BufferId id) {
   {
     pw::MutexLock lock(&state_->mu);
     if (!state_->over.ok() || state_->closing) return;  // The controller releases it all.
-    // Onto the last queued release unless that one is being written.
-    if (v1::SessionMessage* last = state_->queue.LastWaiting(); last && last->has_release()) {
+    // Onto the last queued release unless that one is being written or full.
+    constexpr int kMaxReleasesPerMessage = 8192;
+    if (v1::SessionMessage* last = state_->queue.LastWaiting();
+        last && last->has_release() && last->release().buffers_size() < kMaxReleasesPerMessage) {
       last->mutable_release()->add_buffers(id.value());
+      state_->queue.Grew(10);  // At most: an id's varint.
       return;
     }
     v1::SessionMessage m;

@@ -32,28 +32,35 @@ class ControllerService::SessionStream final
 
   void OnReadDone(bool ok) override {
     if (!ok) return EndReads();
-    for (const v1::SessionMessage& m : msgs_.items()) {
-      if (!client_.valid()) {
-        absl::Status s = service_->OpenSession(ctx_, m.client());
-        if (!s.ok()) {
-          {
-            pw::MutexLock lock(&out_->mu);
-            out_->stream = nullptr;  // Nothing written yet: finish now.
-            out_->reads_over = true;
-          }
-          return Finish(ToGrpc(s));
+    if (!client_.valid() && msgs_.items_size() > 0) {  // The first message names the client.
+      absl::Status s = service_->OpenSession(ctx_, msgs_.items(0).client());
+      if (!s.ok()) {
+        {
+          pw::MutexLock lock(&out_->mu);
+          out_->stream = nullptr;  // Nothing written yet: finish now.
+          out_->reads_over = true;
         }
-        client_ = ClientId(m.client());
+        return Finish(ToGrpc(s));
       }
-      Handle(m);
+      client_ = ClientId(msgs_.items(0).client());
     }
+    // The back-pressure below is checked between batches: a batch larger than a client
+    // sends (BatchQueue::kMaxItems) would pass it by.
+    if (msgs_.items_size() > kMaxBatchItems) {
+      return EndReads(absl::InvalidArgumentError(
+          absl::StrCat("Session: a batch of ", msgs_.items_size(), " messages (at most ",
+                       kMaxBatchItems, ")")));
+    }
+    for (const v1::SessionMessage& m : msgs_.items()) Handle(m);
     msgs_.Clear();
-    bool read = false;
+    bool read = false, end = false;
     {
       pw::MutexLock lock(&out_->mu);
       out_->paused = out_->in_flight >= out_->limit;
       read = !out_->paused;
+      end = out_->paused && out_->cancelled;  // OnCancel ran meanwhile, saw no pause.
     }
+    if (end) return EndReads();
     if (read) StartRead(&msgs_);
   }
 
@@ -79,6 +86,7 @@ class ControllerService::SessionStream final
     bool reads_over ABSL_GUARDED_BY(mu) = false;
     bool cancelled ABSL_GUARDED_BY(mu) = false;
     bool paused ABSL_GUARDED_BY(mu) = false;  // Not reading: too many runs in flight.
+    absl::Status end ABSL_GUARDED_BY(mu);      // What the stream finishes with.
     int64_t in_flight ABSL_GUARDED_BY(mu) = 0;
     int64_t limit ABSL_GUARDED_BY(mu) = 0;
 
@@ -104,8 +112,10 @@ class ControllerService::SessionStream final
       v1::SessionEventBatch* next = nullptr;
       SessionStream* finish = nullptr;
       bool more = false;
+      absl::Status why;
       {
         pw::MutexLock lock(&mu);
+        why = end;
         queue.WriteDone();
         if (!ok) queue.DropWaiting();  // The client is gone; the read side ends too.
         if ((next = queue.StartNext()) != nullptr) {
@@ -115,7 +125,7 @@ class ControllerService::SessionStream final
         finish = TakeToFinishLocked();
       }
       if (next != nullptr) s->StartWrite(next, Coalesced(more));
-      if (finish != nullptr) finish->Finish(grpc::Status::OK);
+      if (finish != nullptr) finish->Finish(ToGrpc(why));
     }
     // A run of the session ended: reading resumes if it waited for that.
     void RunEnded() {
@@ -188,12 +198,13 @@ class ControllerService::SessionStream final
     out.Push(std::move(e));
   }
 
-  // The client went away (or closed its session): release everything it held, then finish
-  // once the replies queued meanwhile are written.
-  void EndReads() {
+  // The client went away, closed its session or broke the protocol (`why`): release
+  // everything it held, then finish with `why` once the replies queued meanwhile are written.
+  void EndReads(const absl::Status& why = absl::OkStatus()) {
     {
       pw::MutexLock lock(&out_->mu);
       if (out_->reads_over) return;
+      out_->end = why;
     }
     if (client_.valid()) (void)service_->DropClient(client_);
     SessionStream* finish = nullptr;
@@ -202,9 +213,10 @@ class ControllerService::SessionStream final
       out_->reads_over = true;
       finish = out_->TakeToFinishLocked();
     }
-    if (finish != nullptr) finish->Finish(grpc::Status::OK);
+    if (finish != nullptr) finish->Finish(ToGrpc(why));
   }
 
+  static constexpr int kMaxBatchItems = BatchQueue<v1::SessionMessageBatch>::kMaxItems;
   ControllerService* const service_;
   grpc::CallbackServerContext* const ctx_;
   const std::shared_ptr<Outbox> out_;

@@ -18,6 +18,8 @@
 #include "pw/client/client.h"
 #include "pw/dataplane/tls_testing.h"
 #include "pw/examples/figure2.h"
+#include "pw/base/status_matchers.h"
+#include "pw/rpc/batch_queue.h"
 #include "pw/rpc/remote_controller.h"
 #include "pw/rpc/wire.h"
 #include "pw/server/controller_server.h"
@@ -662,6 +664,38 @@ TEST_F(GrpcClusterTest, ClientThatNeverOpensItsSessionIsReleasedAfterTheGrace) {
   grpc::ClientContext ctx;
   ctx.AddMetadata("pw-client-key", conn.client_key());
   EXPECT_TRUE(absl::IsUnauthenticated(rpc::FromGrpc(stub->AllocateSlice(&ctx, areq, &slice))));
+}
+
+// The session's back-pressure is checked between batches, so a batch larger than a client sends
+// would pass it by: such a batch ends the session, naming the limit, and releases the client.
+TEST_F(GrpcClusterTest, ASessionBatchPastItsLimitEndsTheSessionNamingIt) {
+  Start(1, 1, 1, Patient());
+  auto stub = v1::Controller::NewStub(rpc::MakeChannel(controller_->address(), {}));
+  v1::ConnectRequest creq;
+  creq.set_name("big-batch");
+  creq.set_protocol_version(rpc::kProtocolVersion);
+  v1::ConnectResponse conn;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub->Connect(&ctx, creq, &conn).ok());
+  }
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("pw-client-key", conn.client_key());
+  auto session = stub->Session(&ctx);
+  v1::SessionMessageBatch batch;
+  batch.add_items()->set_client(conn.client());
+  for (int i = 0; i < rpc::BatchQueue<v1::SessionMessageBatch>::kMaxItems; ++i)
+    batch.add_items()->mutable_release()->add_buffers(i);  // Not held: ignored.
+  ASSERT_TRUE(session->Write(batch));
+  v1::SessionEventBatch events;
+  EXPECT_FALSE(session->Read(&events));
+  const absl::Status s = rpc::FromGrpc(session->Finish());
+  EXPECT_THAT(s, pw::StatusIs(absl::StatusCode::kInvalidArgument,
+                              ::testing::HasSubstr("a batch of 257 messages (at most 256)")));
+  const absl::Time deadline = absl::Now() + kGuard;
+  while (controller_->service().num_clients() != 0 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_EQ(controller_->service().num_clients(), 0u);
 }
 
 TEST_F(GrpcClusterTest, ConnectsPastMaxClientsAreRefusedNamingTheLimit) {

@@ -318,7 +318,8 @@ def jit(fn, devices: Slice, in_shardings=None, out_shardings=None, *, static_arg
 
 def device_put(x, devices: Slice, sharding=None) -> Array:
     """Puts an array on a slice: pmap-style by default (row i of the leading axis on device i),
-    or laid out by `sharding`, a PartitionSpec over the slice's mesh axes."""
+    or laid out by `sharding`, a PartitionSpec over the slice's mesh axes. A large numpy array
+    is sent from its own memory, so another thread must not write to it until this returns."""
     x = _layout.host_array(x)
     if sharding is None:
         if x.ndim == 0:
