@@ -628,6 +628,17 @@ TEST_F(GrpcClusterTest, OnlyTheAdminResetsTheControllersPeakMemory) {
   EXPECT_GT(by_admin->controller_peak_rss_bytes(), 0);
 }
 
+// Connects client `name` as a hand-written client would: the Connect call alone, no Session.
+absl::StatusOr<v1::ConnectResponse> RawConnect(v1::Controller::Stub& stub, const std::string& name) {
+  v1::ConnectRequest req;
+  req.set_name(name);
+  req.set_protocol_version(rpc::kProtocolVersion);
+  v1::ConnectResponse conn;
+  grpc::ClientContext ctx;
+  if (absl::Status s = rpc::FromGrpc(stub.Connect(&ctx, req, &conn)); !s.ok()) return s;
+  return conn;
+}
+
 // Issue 20 item 8: a client that connected and allocated but never opened its Session was kept
 // forever, with what it held (seen failing: 1 logical buffer and the client left after a reap).
 TEST_F(GrpcClusterTest, ClientThatNeverOpensItsSessionIsReleasedAfterTheGrace) {
@@ -635,14 +646,9 @@ TEST_F(GrpcClusterTest, ClientThatNeverOpensItsSessionIsReleasedAfterTheGrace) {
   o.clients.session_grace = absl::Hours(1);  // The monitor never reaps; the test does, by time.
   Start(1, 2, 1, o);
   auto stub = v1::Controller::NewStub(rpc::MakeChannel(controller_->address(), {}));
-  v1::ConnectRequest creq;
-  creq.set_name("no-session");
-  creq.set_protocol_version(rpc::kProtocolVersion);
-  v1::ConnectResponse conn;
-  {
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub->Connect(&ctx, creq, &conn).ok());
-  }
+  absl::StatusOr<v1::ConnectResponse> connected = RawConnect(*stub, "no-session");
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  const v1::ConnectResponse& conn = *connected;
   const ClientId id(conn.client());
   v1::AllocateSliceRequest areq;
   areq.set_client(id.value());
@@ -671,14 +677,9 @@ TEST_F(GrpcClusterTest, ClientThatNeverOpensItsSessionIsReleasedAfterTheGrace) {
 TEST_F(GrpcClusterTest, ASessionBatchPastItsLimitEndsTheSessionNamingIt) {
   Start(1, 1, 1, Patient());
   auto stub = v1::Controller::NewStub(rpc::MakeChannel(controller_->address(), {}));
-  v1::ConnectRequest creq;
-  creq.set_name("big-batch");
-  creq.set_protocol_version(rpc::kProtocolVersion);
-  v1::ConnectResponse conn;
-  {
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub->Connect(&ctx, creq, &conn).ok());
-  }
+  absl::StatusOr<v1::ConnectResponse> connected = RawConnect(*stub, "big-batch");
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  const v1::ConnectResponse& conn = *connected;
   grpc::ClientContext ctx;
   ctx.AddMetadata("pw-client-key", conn.client_key());
   auto session = stub->Session(&ctx);
