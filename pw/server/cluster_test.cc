@@ -629,7 +629,8 @@ TEST_F(GrpcClusterTest, OnlyTheAdminResetsTheControllersPeakMemory) {
 }
 
 // Connects client `name` as a hand-written client would: the Connect call alone, no Session.
-absl::StatusOr<v1::ConnectResponse> RawConnect(v1::Controller::Stub& stub, const std::string& name) {
+absl::StatusOr<v1::ConnectResponse> RawConnect(v1::Controller::Stub& stub,
+                                               const std::string& name) {
   v1::ConnectRequest req;
   req.set_name(name);
   req.set_protocol_version(rpc::kProtocolVersion);
