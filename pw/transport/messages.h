@@ -106,8 +106,9 @@ struct HostWork {
 struct DispatchAck {
   Future<> enqueued;  // Host-side work done: every item is on its device queue.
   // Every item has finished: the device time they took (nanoseconds, summed over the devices:
-  // each device's time from starting the work to finishing it, waits for inputs and peers
-  // included), or the first error, naming the node.
+  // each device's time in the work's launches, from each launch to its outputs; what a device
+  // waited for before a launch, its inputs, memory or a compile, is not counted, a collective's
+  // wait for its peers inside a launch is), or the first error, naming the node.
   Future<int64_t> done;
 };
 

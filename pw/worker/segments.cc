@@ -330,7 +330,7 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
   const auto* scratch = std::get_if<Future<ReservationRef>>(&seg.scratch);
   std::vector<absl::StatusOr<DeviceBufferRef>> slots(plan.slots, DeviceBufferRef());
   size_t next_setup_error = 0;
-  const int64_t started = trace::Now();
+  int64_t took = 0;  // In launches: waits before them (inputs, memory, a compile) not counted.
   const trace::Track track = trace::DeviceTrack(device.id(), host_);
   const int64_t client = work.client.value();
   // Waits the device makes before a step (memory, compile) are spans of their own.
@@ -414,6 +414,7 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
       if (!s.ok()) compute.Arg("error", s.ToString());
     }
     if (s.ok()) {
+      const int64_t launched = clock_();
       Executable::Run run = (*step.exe.Await())->Launch(launch);
       ran = std::move(run.ran);
       if (!ran.has_value()) {
@@ -425,6 +426,7 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
         ran = computed.ok() ? run.outputs.Await()
                             : absl::StatusOr<std::vector<DeviceBufferRef>>(computed);
       }
+      took += clock_() - launched;
       if (!ran->ok()) s = ran->status();
       else if ((*ran)->size() != step.outputs.size())
         s = absl::InternalError(absl::StrCat((*ran)->size(), " outputs, expected ",
@@ -464,7 +466,6 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
     for (int x : step.drop) slots[x] = DeviceBufferRef();
   }
   device.CountExecuted(static_cast<int64_t>(plan.steps.size()) - 1);
-  const int64_t took = trace::Now() - started;
   seg.device_ns->fetch_add(took, std::memory_order_relaxed);  // Before the segment's Done.
   pw::MutexLock lock(&client_time_mu_);
   client_device_ns_[work.client] += took;

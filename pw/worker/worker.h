@@ -30,6 +30,7 @@
 #include "pw/executor/device.h"
 #include "pw/object_store/object_store.h"
 #include "pw/pjrt/pjrt_backend.h"
+#include "pw/trace/trace.h"
 #include "pw/transport/worker_interface.h"
 
 namespace pw {
@@ -91,6 +92,9 @@ class Worker final : public WorkerInterface {
   Future<HostStatus> Status() const override;
   // This host's device `id`, or nullptr.
   Device* FindDevice(DeviceId id) const;
+  // Tests: the clock device time is read on (nanoseconds; default trace::Now). Set before any
+  // Dispatch.
+  void SetClockForTesting(std::function<int64_t()> clock) { clock_ = std::move(clock); }
   // Counts bytes received over `link` in the ICI or DCN totals of Status(): `logical`, the bytes
   // a transfer node wrote into its shards (or a collective's inputs); `wire`, the bytes that
   // crossed from another process for them (whole source shards fetched from remote peers; none
@@ -217,6 +221,7 @@ class Worker final : public WorkerInterface {
   std::atomic<size_t> num_plans_{0};  // plans_.size(), for Status.
   std::atomic<int64_t> compiles_{0}, compile_ns_{0}, executable_hits_{0};
   // Each client's device time (HostStatus::client_device_ns), added per segment.
+  std::function<int64_t()> clock_ = [] { return trace::Now(); };
   mutable pw::Mutex client_time_mu_;
   absl::flat_hash_map<ClientId, int64_t> client_device_ns_ ABSL_GUARDED_BY(client_time_mu_);
   absl::flat_hash_map<DeviceId, std::unique_ptr<Device>> devices_;  // Fixed at construction.
