@@ -135,6 +135,18 @@ class Future {
   bool IsReady() const { return state_->IsReady(); }
   // Blocks until ready; returns the value (reference valid while any copy of this future lives).
   const Value& Await() const { return state_->Await(); }
+  // Blocks until ready; returns the value, moved out when this future is the last holder of its
+  // state (no copy of it lives, and its promise has finished setting it, callbacks run), else a
+  // copy. For a large value only its caller reads (a fetched array).
+  // This future is invalid after.
+  Value Take() && {
+    const std::shared_ptr<internal::FutureState<T>> state = std::move(state_);
+    const Value& v = state->Await();
+    if (state.use_count() != 1) return v;
+    // The promise released the state after its callbacks ran: acquire what they did.
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return std::move(const_cast<Value&>(v));
+  }
   // Blocks at most `timeout`; returns false if still not ready.
   bool AwaitFor(absl::Duration timeout) const { return state_->AwaitWithTimeout(timeout); }
   // Status part of the value; blocks.

@@ -1,6 +1,7 @@
 #include "pw/base/future.h"
 
 #include <thread>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -34,6 +35,24 @@ TEST(FutureTest, AwaitAcrossThreads) {
   std::thread t([p = std::move(p)]() mutable { p.Set(absl::OkStatus()); });
   EXPECT_TRUE(f.status().ok());
   t.join();
+}
+
+TEST(FutureTest, TakeMovesTheValueOutOfItsLastFutureAndCopiesOtherwise) {
+  using Bytes = std::vector<int>;
+  Promise<Bytes> p;
+  Future<Bytes> f = p.future();
+  std::thread setter([p = std::move(p)]() mutable { p.Set(Bytes(1000, 7)); });
+  const int* held = f.Await()->data();
+  setter.join();
+  Future<Bytes> copy = f;
+  absl::StatusOr<Bytes> copied = std::move(f).Take();  // Another future holds it: a copy.
+  ASSERT_TRUE(copied.ok());
+  EXPECT_NE(copied->data(), held);
+  EXPECT_EQ(copy.Await()->size(), 1000u);  // Still there for the other.
+  absl::StatusOr<Bytes> moved = std::move(copy).Take();  // The last: moved, not copied.
+  ASSERT_TRUE(moved.ok());
+  EXPECT_EQ(moved->data(), held);
+  EXPECT_EQ(*moved, Bytes(1000, 7));
 }
 
 TEST(FutureTest, AbandonedPromiseFailsFuture) {

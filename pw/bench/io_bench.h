@@ -5,7 +5,9 @@
 // Each array is split along its leading dimension over a slice of two devices (one host when
 // the cluster has two devices per host); the baseline sends the same bytes on one loopback TCP
 // connection (RawTcp). A put counts until the array is ready on its devices; a get until the
-// whole array is in the client's memory.
+// whole array is in the client's memory. Each figure is the steady state: the first call of each
+// size (and the baseline's) is timed apart, as first_call_gbps, since it mostly measures the
+// first touch of fresh memory.
 #pragma once
 
 #include <optional>
@@ -35,6 +37,7 @@ struct IoBenchResult {
   // reset as they start; where the kernel does not allow that, an earlier peak may count).
   // None when not measured (JSON null).
   std::optional<int64_t> controller_rss_growth_bytes;
+  double first_call_gbps = 0;  // The size's first call alone (cold memory), not in `gbps`.
 };
 
 absl::StatusOr<std::vector<IoBenchResult>> RunIoBench(rpc::RemoteController* controller,

@@ -51,14 +51,13 @@ absl::Status RawTcp::Open() {
   sink_ = std::thread([this, l] {
     int fd = accept(l, nullptr, nullptr);
     close(l);
-    std::vector<char> buf(1 << 20);
+    // Where the bytes land: one buffer of the message's size (the largest so far), reused, as a
+    // receiver writes into its destination rather than over a small scratch buffer in cache.
+    std::vector<char> buf;
     int64_t want = 0;
     while (fd >= 0 && ReadAll(fd, &want, sizeof(want)) && want > 0) {
-      for (int64_t got = 0; got < want;) {
-        ssize_t r = read(fd, buf.data(), std::min<int64_t>(buf.size(), want - got));
-        if (r <= 0) return;
-        got += r;
-      }
+      if (static_cast<int64_t>(buf.size()) < want) buf.resize(want);
+      if (!ReadAll(fd, buf.data(), want)) break;
       char ack = 1;
       if (write(fd, &ack, 1) != 1) break;
     }

@@ -1,5 +1,6 @@
 // RawTcp: the baseline for the data plane's benchmarks — one loopback TCP connection whose far
-// end (a thread of this process) reads exactly what is sent and acknowledges it.
+// end (a thread of this process) reads exactly what is sent into one buffer of its size (reused
+// from one message to the next) and acknowledges it.
 //
 // Not thread-safe: one caller at a time.
 #pragma once

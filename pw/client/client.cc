@@ -49,10 +49,11 @@ Future<HostArray> Array::ToHostAsync() const {
 }
 
 // Waits for the run's acceptance here rather than chaining on it as ToHostAsync does, which
-// copies the array into a second future.
+// copies the array into a second future; the fetched array is moved out of its future, not
+// copied.
 absl::StatusOr<HostArray> Array::ToHost() const {
   if (h_->run.valid()) PW_RETURN_IF_ERROR(h_->run.status());
-  return Fetch(h_).Await();
+  return Fetch(h_).Take();
 }
 
 absl::StatusOr<std::string> Array::Share(const ShareOptions& options) const {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "pw/base/check.h"
+#include "pw/executor/block_cache.h"
 
 namespace pw {
 
@@ -21,12 +22,15 @@ HostDeviceBuffer::HostDeviceBuffer(const ArraySpec& spec, DeviceId device)
     return;
   }
   if (bytes >= kHugePageBytes) {
-    // Huge pages where the kernel has them: a large shard's first touch (most are written once,
-    // by a copy or a transfer) faults per 2 MiB instead of per 4 KiB. From the allocator, not a
-    // mapping of its own: tcmalloc keeps freed pages for the next shard, which then does not
-    // fault at all (measured: 64 MiB transfers ~20% slower with a fresh mapping each).
-    PW_CHECK(posix_memalign(&data_, kHugePageBytes, bytes) == 0, "out of host memory");
-    madvise(data_, bytes, MADV_HUGEPAGE);  // Advice: without THP, plain pages.
+    // Whole huge pages, the last one's tail unused: a block freed by a shard of one shape fits
+    // the next of that shape, from the cache (BlockCache: fresh memory costs more than the copy
+    // into it). A fresh block gets huge pages where the kernel has them, so its first touch
+    // faults per 2 MiB instead of per 4 KiB.
+    block_bytes_ = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+    data_ = BlockCache::ForHostBuffers().Take(block_bytes_);
+    if (data_ != nullptr) return;
+    PW_CHECK(posix_memalign(&data_, kHugePageBytes, block_bytes_) == 0, "out of host memory");
+    madvise(data_, block_bytes_, MADV_HUGEPAGE);  // Advice: without THP, plain pages.
     return;
   }
   size_t rounded = ((bytes + 63) / 64) * 64;
@@ -35,7 +39,11 @@ HostDeviceBuffer::HostDeviceBuffer(const ArraySpec& spec, DeviceId device)
 }
 
 HostDeviceBuffer::~HostDeviceBuffer() {
-  if (data_ != inline_) std::free(data_);
+  if (block_bytes_ > 0) {
+    BlockCache::ForHostBuffers().Keep(data_, block_bytes_);
+  } else if (data_ != inline_) {
+    std::free(data_);
+  }
 }
 
 std::shared_ptr<HostDeviceBuffer> HostDeviceBuffer::Create(const ArraySpec& spec,

@@ -82,6 +82,7 @@ class HostDeviceBuffer : public DeviceBuffer {
   struct Enabler;
   HostDeviceBuffer(const ArraySpec& spec, DeviceId device);
   void* data_ = nullptr;
+  size_t block_bytes_ = 0;  // > 0: a block of whole huge pages, freed into BlockCache.
   alignas(16) unsigned char inline_[kInlineBytes];  // 16: plain malloc, not memalign.
 };
 

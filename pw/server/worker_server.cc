@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "pw/base/heap.h"
 #include "pw/base/status_macros.h"
+#include "pw/executor/block_cache.h"
 #include "pw/rpc/wire.h"
 
 namespace pw::server {
@@ -171,7 +172,8 @@ void WorkerServer::HeartbeatLoop() {
     mu_.Unlock();
     if (stop) return;
     if (CheckOverruns(absl::Now())) return;
-    ReleaseFreeMemoryIfDue(absl::Now());  // After large shards on the wire (pw/base/heap.h).
+    BlockCache::ForHostBuffers().Trim();  // Shards' blocks idle too long: to the allocator,
+    ReleaseFreeMemoryIfDue(absl::Now());  // and after large shards on the wire (pw/base/heap.h).
     v1::HeartbeatRequest req;
     req.set_host(options_.host.value());
     v1::HeartbeatResponse resp;
