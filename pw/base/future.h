@@ -59,7 +59,7 @@ class FutureState {
   FutureState() = default;
   // Already ready with `v`: nothing else can see the state yet, so no lock.
   struct ReadyWith {};
-  FutureState(ReadyWith, Value v) : ready_(true), value_(std::move(v)) {}
+  FutureState(ReadyWith, Value v) : ready_(true), settled_(true), value_(std::move(v)) {}
 
   void Set(Value v) {
     std::vector<Callback> callbacks;
@@ -71,6 +71,13 @@ class FutureState {
       callbacks.swap(callbacks_);
     }
     for (auto& cb : callbacks) std::move(cb)(*value_);
+    settled_.store(true, std::memory_order_release);  // The callbacks are done with the value.
+  }
+
+  // The value to move out of, once ready and its callbacks have run (else null): for the last
+  // holder of the state (Future::Take).
+  Value* Settled() {
+    return settled_.load(std::memory_order_acquire) ? &*value_ : nullptr;
   }
 
   bool IsReady() const { return ready_.load(std::memory_order_acquire); }
@@ -105,6 +112,7 @@ class FutureState {
  private:
   pw::Mutex mu_;
   std::atomic<bool> ready_{false};
+  std::atomic<bool> settled_{false};  // Ready, and the callbacks of Set have run.
   std::optional<Value> value_;  // written once under mu_ before ready_ is released.
   std::vector<Callback> callbacks_ ABSL_GUARDED_BY(mu_);
 };
@@ -143,9 +151,8 @@ class Future {
     const std::shared_ptr<internal::FutureState<T>> state = std::move(state_);
     const Value& v = state->Await();
     if (state.use_count() != 1) return v;
-    // The promise released the state after its callbacks ran: acquire what they did.
-    std::atomic_thread_fence(std::memory_order_acquire);
-    return std::move(const_cast<Value&>(v));
+    if (Value* settled = state->Settled(); settled != nullptr) return std::move(*settled);
+    return v;
   }
   // Blocks at most `timeout`; returns false if still not ready.
   bool AwaitFor(absl::Duration timeout) const { return state_->AwaitWithTimeout(timeout); }
