@@ -28,11 +28,18 @@ Future<> Array::Ready() const {
 }
 
 // The handle lives until the read ends: dropping the Array meanwhile must not free the shards
-// being read (a wire client reads them from the workers after the controller answered).
+// being read (a wire client reads them from the workers after the controller answered). It is
+// dropped before the result is set, as its last reference may release the array through the
+// controller, which whoever waits for the result may destroy next.
 Future<HostArray> Array::Fetch(std::shared_ptr<Handle> h) {
-  Future<HostArray> got = h->controller->FetchArray(h->client, h->info.id);
-  got.OnReady([h](const absl::StatusOr<HostArray>&) {});
-  return got;
+  Promise<HostArray> p;
+  Future<HostArray> result = p.future();
+  h->controller->FetchArray(h->client, h->info.id)
+      .OnReady([h = std::move(h), p = std::move(p)](const absl::StatusOr<HostArray>& a) mutable {
+        h.reset();
+        p.Set(a);
+      });
+  return result;
 }
 
 // Calls about a run's output go after the controller has accepted the run (they do not travel
@@ -43,17 +50,18 @@ Future<HostArray> Array::ToHostAsync() const {
   Future<HostArray> f = p.future();
   h_->run.OnReady([h = h_, p = std::move(p)](const absl::StatusOr<RunInfo>& r) mutable {
     if (!r.ok()) return p.Set(r.status());
-    Fetch(h).OnReady([p = std::move(p)](const absl::StatusOr<HostArray>& a) mutable { p.Set(a); });
+    Fetch(std::move(h))
+        .OnReady([p = std::move(p)](const absl::StatusOr<HostArray>& a) mutable { p.Set(a); });
   });
   return f;
 }
 
-// Waits for the run's acceptance here rather than chaining on it as ToHostAsync does, which
-// copies the array into a second future; the fetched array is moved out of its future, not
-// copied.
+// Waits for the run's acceptance here rather than chaining on it as ToHostAsync does, and the
+// caller's Array holds the handle while it reads: the fetched array is moved out of the
+// controller's future, not copied into another.
 absl::StatusOr<HostArray> Array::ToHost() const {
   if (h_->run.valid()) PW_RETURN_IF_ERROR(h_->run.status());
-  return Fetch(h_).Take();
+  return h_->controller->FetchArray(h_->client, h_->info.id).Take();
 }
 
 absl::StatusOr<std::string> Array::Share(const ShareOptions& options) const {
@@ -62,10 +70,16 @@ absl::StatusOr<std::string> Array::Share(const ShareOptions& options) const {
 }
 
 Future<> Array::Save(const std::string& path) const {
-  // As ToHostAsync: after the run is accepted, the handle held until the save ends.
+  // As ToHostAsync: after the run is accepted, the handle held until the save ends, and
+  // dropped before the caller hears (as Fetch's).
   auto save = [path](std::shared_ptr<Handle> h) {
-    Future<> saved = h->controller->SaveArray(h->client, h->info.id, path);
-    saved.OnReady([h](const absl::Status&) {});
+    Promise<> p;
+    Future<> saved = p.future();
+    h->controller->SaveArray(h->client, h->info.id, path)
+        .OnReady([h = std::move(h), p = std::move(p)](const absl::Status& s) mutable {
+          h.reset();
+          p.Set(s);
+        });
     return saved;
   };
   if (!h_->run.valid()) return save(h_);
@@ -73,7 +87,7 @@ Future<> Array::Save(const std::string& path) const {
   Future<> f = p.future();
   h_->run.OnReady([h = h_, p = std::move(p), save](const absl::StatusOr<RunInfo>& r) mutable {
     if (!r.ok()) return p.Set(r.status());
-    save(h).OnReady([p = std::move(p)](const absl::Status& s) mutable { p.Set(s); });
+    save(std::move(h)).OnReady([p = std::move(p)](const absl::Status& s) mutable { p.Set(s); });
   });
   return f;
 }

@@ -1,0 +1,102 @@
+#include "pw/client/client.h"
+
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pw {
+namespace {
+
+using ::testing::_;
+using ::testing::Return;
+
+class MockController : public ControllerInterface {
+ public:
+  MOCK_METHOD(absl::StatusOr<ClientId>, Connect, (const std::string&, const ConnectOptions&),
+              (override));
+  MOCK_METHOD(absl::Status, Disconnect, (ClientId), (override));
+  MOCK_METHOD(absl::StatusOr<SliceInfo>, AllocateSlice, (ClientId, const SliceRequest&),
+              (override));
+  MOCK_METHOD(absl::Status, ReleaseSlice, (ClientId, SliceId), (override));
+  MOCK_METHOD(absl::StatusOr<FunctionInfo>, RegisterFunction, (ClientId, const FunctionDef&),
+              (override));
+  MOCK_METHOD(absl::StatusOr<std::vector<ArraySpec>>, LoadFunction,
+              (ClientId, FunctionId, SliceId), (override));
+  MOCK_METHOD(absl::StatusOr<ProgramId>, RegisterProgram, (ClientId, const ProgramIr&),
+              (override));
+  MOCK_METHOD(absl::StatusOr<std::string>, ExplainProgram, (ClientId, ProgramId), (override));
+  MOCK_METHOD(absl::StatusOr<BufferId>, ReserveBufferIds, (ClientId, int64_t), (override));
+  MOCK_METHOD(Future<RunInfo>, Submit,
+              (ClientId, ProgramId, const std::vector<BufferId>&, const RunOptions&), (override));
+  MOCK_METHOD(absl::StatusOr<ArrayInfo>, PutArray,
+              (ClientId, SliceId, const Sharding&, HostArray), (override));
+  MOCK_METHOD(Future<HostArray>, FetchArray, (ClientId, BufferId), (override));
+  MOCK_METHOD(Future<>, ArrayReady, (ClientId, BufferId), (override));
+  MOCK_METHOD(Future<DirectPut>, BeginPut,
+              (ClientId, SliceId, const Sharding&, const ArraySpec&), (override));
+  MOCK_METHOD(Future<LocatedArray>, LocateArray, (ClientId, BufferId, bool), (override));
+  MOCK_METHOD(absl::Status, ReleaseArray, (ClientId, BufferId), (override));
+  MOCK_METHOD(Future<>, SaveArray, (ClientId, BufferId, const std::string&), (override));
+  MOCK_METHOD(absl::StatusOr<ArrayInfo>, LoadArray,
+              (ClientId, SliceId, const Sharding&, const ArraySpec&, const std::string&),
+              (override));
+  MOCK_METHOD(absl::StatusOr<std::string>, CommitCheckpoint,
+              (ClientId, const std::string&,
+               (const std::vector<std::pair<std::string, std::string>>&), const std::string&),
+              (override));
+  MOCK_METHOD(absl::StatusOr<std::string>, ShareArray, (ClientId, BufferId, const ShareOptions&),
+              (override));
+  MOCK_METHOD(absl::StatusOr<ArrayInfo>, ImportArray, (ClientId, const std::string&),
+              (override));
+  MOCK_METHOD(absl::Status, RevokeShare, (ClientId, const std::string&), (override));
+  MOCK_METHOD(absl::StatusOr<ClusterStatus>, Status, (), (override));
+  MOCK_METHOD(absl::Status, SetTenant, (const TenantSettings&), (override));
+  MOCK_METHOD(absl::StatusOr<int64_t>, StartTrace, (ClientId), (override));
+  MOCK_METHOD(Future<trace::Chunk>, StopTrace, (ClientId, bool), (override));
+};
+
+// An Array dropped while it is read or saved is released when the read ends, and before whoever
+// waits for the result hears of it: they may destroy the controller next. (The handle was
+// dropped with the controller's future's callbacks, after the waiter had been woken: a release
+// through a destroyed controller.)
+TEST(ArrayTest, ADroppedArrayIsReleasedBeforeItsFetchOrSaveIsAnswered) {
+  MockController c;
+  EXPECT_CALL(c, Connect(_, _)).WillOnce(Return(ClientId(1)));
+  EXPECT_CALL(c, Disconnect(ClientId(1))).WillOnce(Return(absl::OkStatus()));
+  auto client = *Client::Connect(&c, "c");
+  const ArraySpec spec{DType::kF32, Shape({1})};
+  Promise<HostArray> fetched;
+  Promise<> saved;
+  EXPECT_CALL(c, PutArray(_, _, _, _))
+      .WillOnce(Return(ArrayInfo{BufferId(7), spec, Sharding(), SliceId(1), {}, {}}))
+      .WillOnce(Return(ArrayInfo{BufferId(8), spec, Sharding(), SliceId(1), {}, {}}));
+  EXPECT_CALL(c, FetchArray(ClientId(1), BufferId(7))).WillOnce(Return(fetched.future()));
+  EXPECT_CALL(c, SaveArray(ClientId(1), BufferId(8), "/ckpt")).WillOnce(Return(saved.future()));
+  std::vector<int> released_before_answer;
+  bool answered = false;
+  EXPECT_CALL(c, ReleaseArray(ClientId(1), _))
+      .Times(2)
+      .WillRepeatedly([&](ClientId, BufferId id) {
+        if (!answered) released_before_answer.push_back(static_cast<int>(id.value()));
+        return absl::OkStatus();
+      });
+  HostArray one{spec, std::vector<uint8_t>(4)};
+  std::optional<Array> read(*client->Put(one, SliceId(1), Sharding()));
+  std::optional<Array> kept(*client->Put(one, SliceId(1), Sharding()));
+  Future<HostArray> got = read->ToHostAsync();
+  Future<> done = kept->Save("/ckpt");
+  read.reset();  // Only the read holds them now.
+  kept.reset();
+  got.OnReady([&](const absl::StatusOr<HostArray>&) { answered = true; });
+  fetched.Set(one);
+  EXPECT_TRUE(answered);
+  answered = false;
+  done.OnReady([&](const absl::Status&) { answered = true; });
+  saved.Set(absl::OkStatus());
+  EXPECT_TRUE(answered);
+  EXPECT_EQ(released_before_answer, (std::vector<int>{7, 8}));
+}
+
+}  // namespace
+}  // namespace pw
