@@ -145,14 +145,18 @@ class Future {
   const Value& Await() const { return state_->Await(); }
   // Blocks until ready; returns the value, moved out when this future is the last holder of its
   // state (no copy of it lives, and its promise has finished setting it, callbacks run), else a
-  // copy. For a large value only its caller reads (a fetched array).
-  // This future is invalid after.
+  // copy. For a large value only its caller reads (a fetched array). This future is invalid
+  // after, and a reference an earlier Await() returned may see a moved-from value.
   Value Take() && {
     const std::shared_ptr<internal::FutureState<T>> state = std::move(state_);
     const Value& v = state->Await();
     if (state.use_count() != 1) return v;
-    if (Value* settled = state->Settled(); settled != nullptr) return std::move(*settled);
-    return v;
+    Value* settled = state->Settled();
+    if (settled == nullptr) return v;
+    // Other futures of the state, read on other threads, were released before the count fell to
+    // one: acquire what they did (Settled() does so for the promise's callbacks, visibly to TSan).
+    std::atomic_thread_fence(std::memory_order_acquire);
+    return std::move(*settled);
   }
   // Blocks at most `timeout`; returns false if still not ready.
   bool AwaitFor(absl::Duration timeout) const { return state_->AwaitWithTimeout(timeout); }

@@ -5,9 +5,9 @@
 // Each array is split along its leading dimension over a slice of two devices (one host when
 // the cluster has two devices per host); the baseline sends the same bytes on one loopback TCP
 // connection (RawTcp). A put counts until the array is ready on its devices; a get until the
-// whole array is in the client's memory. Each figure is the steady state: the first call of each
-// size (and the baseline's) is timed apart, as first_call_gbps, since it mostly measures the
-// first touch of fresh memory.
+// whole array is in the client's memory. Each figure is the steady state: the first put and get
+// of each size are timed apart, as first_call_gbps, since they mostly measure the first touch of
+// fresh memory (the baseline's first call is left out too).
 #pragma once
 
 #include <optional>

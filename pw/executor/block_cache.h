@@ -8,16 +8,17 @@
 // native backend keeps its freed large blocks, by size, up to a limit (1 GiB a process), and
 // frees blocks unused for `max_idle` (10 s).
 //
-// Thread-safe.
+// Under ASan a cached block is poisoned until it is taken again, so a use of a freed shard's
+// bytes is still caught. Thread-safe.
 #pragma once
 
 #include <cstddef>
 #include <deque>
 #include <functional>
 
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "pw/base/mutex.h"
+#include "pw/trace/trace.h"
 
 namespace pw {
 
@@ -26,7 +27,7 @@ class BlockCache {
   struct Options {
     size_t max_bytes = size_t{1} << 30;  // Cached at once.
     absl::Duration max_idle = absl::Seconds(10);
-    std::function<absl::Time()> now = [] { return absl::Now(); };
+    std::function<int64_t()> now_ns = [] { return trace::Now(); };  // Monotonic.
   };
   explicit BlockCache(Options options) : options_(std::move(options)) {}
   ~BlockCache();  // Frees what it holds.
@@ -50,10 +51,10 @@ class BlockCache {
   struct Block {
     void* data;
     size_t bytes;
-    absl::Time kept;
+    int64_t kept_ns;
   };
-  // Frees blocks idle since before `now` - max_idle, and the oldest while over the limit.
-  void TrimLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees blocks idle since before `now_ns` - max_idle, and the oldest while over the limit.
+  void TrimLocked(int64_t now_ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Options options_;
   mutable pw::Mutex mu_;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "pw/base/heap.h"
 #include "pw/base/status_macros.h"
+#include "pw/executor/block_cache.h"
 #include "pw/rpc/wire.h"
 
 namespace pw::server {
@@ -320,7 +321,8 @@ void ControllerServer::MonitorLoop() {
     mu_.Unlock();
     if (stop) return;
     service_->ReapSessionless(absl::Now());
-    ReleaseFreeMemoryIfDue(absl::Now());  // After large puts and fetches (pw/base/heap.h).
+    BlockCache::ForHostBuffers().Trim();  // Fetched shards' blocks idle too long: to the
+    ReleaseFreeMemoryIfDue(absl::Now());  // allocator, and after large puts and fetches.
     struct Failed {
       HostId host;
       rpc::RemoteWorker* worker;  // The worker observed failing (the host may rejoin meanwhile).

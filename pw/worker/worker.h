@@ -220,8 +220,8 @@ class Worker final : public WorkerInterface {
   absl::flat_hash_map<PlanKey, std::shared_ptr<const SegmentPlan>> plans_;
   std::atomic<size_t> num_plans_{0};  // plans_.size(), for Status.
   std::atomic<int64_t> compiles_{0}, compile_ns_{0}, executable_hits_{0};
+  std::function<int64_t()> clock_ = [] { return trace::Now(); };  // Device time's.
   // Each client's device time (HostStatus::client_device_ns), added per segment.
-  std::function<int64_t()> clock_ = [] { return trace::Now(); };
   mutable pw::Mutex client_time_mu_;
   absl::flat_hash_map<ClientId, int64_t> client_device_ns_ ABSL_GUARDED_BY(client_time_mu_);
   absl::flat_hash_map<DeviceId, std::unique_ptr<Device>> devices_;  // Fixed at construction.

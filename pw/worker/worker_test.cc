@@ -29,10 +29,10 @@ struct FakeClock {
 // whose input arrives a (fake) second after the device reached it took no time.
 TEST(WorkerTest, DeviceTimeExcludesWaitingForAnInput) {
   const DeviceId dev(0);
+  FakeClock clock;  // Outlives the worker.
   Collectives collectives;
   Worker worker(HostId(0), IslandId(0), {DeviceSpec{dev, HostId(0), IslandId(0), 0, 1 << 20}},
                 &collectives, [](HostId) -> WorkerInterface* { return nullptr; });
-  FakeClock clock;
   worker.SetClockForTesting(clock.Fn());
 
   const ArraySpec spec{DType::kF32, Shape({4})};
