@@ -142,8 +142,9 @@ absl::StatusOr<SliceInfo> ResourceManager::AllocateSlice(ClientId client,
     }
     best = -1;
   }
-  // Greedy: least-loaded device, then the host least used by this slice so far, then id (hosts
-  // first for kSpread).
+  // Greedy: least-loaded device, then a host this slice already uses (as few hosts as the loads
+  // allow: one dispatch per host and collectives inside a process), then id. kSpread instead puts
+  // the host this slice uses least first, then load.
   absl::flat_hash_map<int64_t, int> host_use;
   absl::flat_hash_set<int64_t> chosen;
   std::vector<DeviceId> picked;
@@ -163,7 +164,7 @@ absl::StatusOr<SliceInfo> ResourceManager::AllocateSlice(ClientId client,
       auto key = [&](const DeviceState& s) {
         const int used = host_use[s.spec.host.value()];
         return spread ? std::make_tuple(used, s.load, s.spec.id.value())
-                      : std::make_tuple(s.load, used, s.spec.id.value());
+                      : std::make_tuple(s.load, -used, s.spec.id.value());
       };
       if (key(d) < key(p)) pick = static_cast<int>(i);
     }

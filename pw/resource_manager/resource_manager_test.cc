@@ -13,16 +13,25 @@ ResourceManager Make(int islands, int hosts, int devs) {
   return ResourceManager(*ClusterSpec::Uniform(islands, hosts, devs, 1 << 20));
 }
 
-TEST(ResourceManagerTest, SpreadsAcrossIslandsAndHosts) {
+TEST(ResourceManagerTest, PacksASliceOntoFewHostsAndSpreadsSlicesAcrossIslands) {
   auto rm = Make(2, 2, 2);  // 8 devices: island0 = 0..3 (hosts 0,1), island1 = 4..7.
   ClientId c(1);
   auto a = rm.AllocateSlice(c, {.num_devices = 2});
   ASSERT_TRUE(a.ok());
   EXPECT_EQ(a->islands.size(), 1u);
-  EXPECT_NE(a->hosts[0], a->hosts[1]) << "two devices of a slice should land on two hosts";
+  EXPECT_EQ(a->hosts[0], a->hosts[1]) << "two idle devices of one host: one dispatch, no DCN";
   auto b = rm.AllocateSlice(c, {.num_devices = 2});
   ASSERT_TRUE(b.ok());
   EXPECT_NE(a->islands[0], b->islands[0]) << "second slice should go to the idle island";
+  auto third = rm.AllocateSlice(c, {.num_devices = 2});
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(third->islands, a->islands);
+  EXPECT_EQ(third->hosts[0], third->hosts[1]) << "the idle host of the first island";
+  EXPECT_NE(third->hosts[0], a->hosts[0]);
+  // Where load leaves no idle host, the least-loaded devices come first, hosts after.
+  auto four = rm.AllocateSlice(c, {.num_devices = 4, .islands = {a->islands[0]}});
+  ASSERT_TRUE(four.ok());
+  EXPECT_EQ(absl::flat_hash_set<HostId>(four->hosts.begin(), four->hosts.end()).size(), 2u);
   EXPECT_FALSE(rm.AllocateSlice(c, {.num_devices = 8}).ok());  // One island by default.
   auto whole = rm.AllocateSlice(c, {.num_devices = 8, .placement = SlicePlacement::kSpread});
   ASSERT_TRUE(whole.ok());

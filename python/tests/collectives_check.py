@@ -46,7 +46,7 @@ def collectives(n):
 def check_collectives(sizes):
     ds = pw.make_virtual_device_set()
     for n in sizes:
-        slc = ds.add_slice(devices=n)
+        slc = ds.add_slice(devices=n, placement="spread")  # Over hosts: collectives cross processes.
         rng = np.random.default_rng(n)
         x = rng.standard_normal((n, 2 * n, 2 * n)).astype(np.float32)
         ref_devices = jax.devices("cpu")[:n]

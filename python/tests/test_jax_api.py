@@ -40,7 +40,7 @@ def ds():
 
 def test_every_jax_dtype_round_trips_and_runs(ds):
     import ml_dtypes
-    s = ds.add_slice(devices=2)  # On a process cluster: two worker processes.
+    s = ds.add_slice(devices=2, placement="spread")  # On a process cluster: two worker processes.
     base = np.arange(6).reshape(2, 3) % 3
     for dt in (ml_dtypes.bfloat16, np.float16, np.float32, np.float64, np.int8, np.int16,
                np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_,
@@ -259,7 +259,7 @@ def test_placement_by_island_host_and_avoiding_a_slice(ds):
 
 @pytest.mark.skipif(not ON_CLUSTER, reason="a process cluster's slices span worker processes")
 def test_jit_on_a_slice_spanning_processes_is_refused_at_bind_naming_what_to_do(ds):
-    s = ds.add_slice(devices=2)  # An island's two hosts: two worker processes.
+    s = ds.add_slice(devices=2, placement="spread")  # Two hosts: two worker processes.
     assert len(set(s.hosts)) == 2
     f = pw.jit(lambda v: v * 2, devices=s, in_shardings=P("devices"), out_shardings=P("devices"))
     with pytest.raises(pw.errors.FailedPrecondition, match="spans 2 worker processes.*placement=host"):
