@@ -251,7 +251,7 @@ class VirtualDeviceSet:
         """A slice of `devices` devices (or of `mesh`'s product), refused at once if it cannot
         be placed as asked.
 
-        placement: all in one island ("island", the default), on one host ("host"), or over as
+        placement: all in one island, on as few hosts as loads allow ("island", the default), on one host ("host"), or over as
             many hosts as possible, across islands if need be ("spread").
         mesh, axis_names: the devices as a mesh, for pw.jit's PartitionSpecs (default: one axis
             named "devices").
