@@ -68,6 +68,33 @@ void PeerChannel::Fetch::Read(const ShardLocation& where, void* dst, size_t size
   channel_->bulk_->Read(bulk.port, bulk.ticket, dst, size, std::move(done));
 }
 
+std::shared_ptr<void> PeerChannel::Fetch::Adopt(const ShardLocation& where, size_t size) {
+  const auto* shm = std::get_if<InSharedMemory>(&where);
+  if (read_ || shm == nullptr || !shm->segment.empty() || segment_ == nullptr || size == 0 ||
+      segment_->capacity() < size || segment_->capacity() / 2 >= size) {
+    return nullptr;
+  }
+  read_ = true;
+  // Back to the pool (or unlinked, if the peer has gone) when the shard's last holder lets go.
+  class Lease {
+   public:
+    Lease(std::shared_ptr<ShmArena> arena, std::shared_ptr<ShmSegment> segment)
+        : arena_(std::move(arena)), segment_(std::move(segment)) {}
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { arena_->Give(std::move(segment_)); }
+    char* data() const { return segment_->data(); }
+
+   private:
+    const std::shared_ptr<ShmArena> arena_;
+    std::shared_ptr<ShmSegment> segment_;
+  };
+  auto lease = std::make_shared<Lease>(channel_->arena_, std::move(segment_));
+  segment_ = nullptr;
+  void* data = lease->data();
+  return std::shared_ptr<void>(std::move(lease), data);
+}
+
 absl::Status PeerChannel::Fetch::ReadSharedMemory(const InSharedMemory& where, void* dst,
                                                   size_t size) {
   ShmArena& arena = *channel_->arena_;

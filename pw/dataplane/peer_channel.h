@@ -62,6 +62,13 @@ class PeerChannel {
     // segment too small) is DataLoss.
     void Read(const ShardLocation& where, void* dst, size_t size,
               absl::AnyInvocable<void(const absl::Status&)> done);
+    // Instead of Read, for shared memory: where the writer put the shard in the pool segment this
+    // fetch offered, and the shard fills more than half of it, hands the segment over as the
+    // shard's memory (one copy per transfer, the writer's, instead of two). The segment stays out
+    // of the pool until the returned memory's last holder lets it go. nullptr where it cannot:
+    // Read then copies (another location, a segment of its own, a second read, a shard far
+    // smaller than the segment, which would hold the segment's bytes for a small shard's life).
+    std::shared_ptr<void> Adopt(const ShardLocation& where, size_t size);
     // The fetch ended with all `size` bytes: a shard that needed a fresh segment grows the pool,
     // so that the next one of its size finds a segment free.
     void Succeeded(size_t size);

@@ -83,6 +83,87 @@ TEST(PeerChannelTest, AnOfferedSegmentTooSmallFallsBackToAFreshOne) {
   EXPECT_EQ(got, big);
 }
 
+// Warms `channel`'s pool with one segment that holds `size` bytes.
+void WarmPool(const std::shared_ptr<PeerChannel>& channel, ShmWriterCache& writer, size_t size) {
+  const std::string shard(size, 'w');
+  auto warm = PeerChannel::Begin(channel);
+  auto placed = PlaceInSharedMemory(writer, warm->offered(), shard.data(), shard.size());
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  std::string got(size, '\0');
+  ASSERT_TRUE(ReadAll(*warm, *placed, got).ok());
+  warm->Succeeded(size);
+}
+
+TEST(PeerChannelTest, AShardInTheOfferedSegmentIsAdoptedAndItsSegmentComesBackWhenLetGo) {
+  auto channel = PeerChannel::SharedMemory();
+  ShmWriterCache writer;
+  const std::string shard(3 << 20, 'a');  // The pool's segment: 4 MiB.
+  WarmPool(channel, writer, shard.size());
+
+  auto fetch = PeerChannel::Begin(channel);
+  const std::string segment = fetch->offered();
+  ASSERT_THAT(segment, Not(IsEmpty()));
+  auto placed = PlaceInSharedMemory(writer, segment, shard.data(), shard.size());
+  ASSERT_TRUE(placed.ok());
+  std::shared_ptr<void> memory = fetch->Adopt(*placed, shard.size());
+  ASSERT_NE(memory, nullptr);
+  EXPECT_EQ(std::string(static_cast<const char*>(memory.get()), shard.size()), shard);
+  // Read or adopt: one of them, once.
+  std::string got(shard.size(), '\0');
+  EXPECT_TRUE(absl::IsDataLoss(ReadAll(*fetch, *placed, got)));
+  EXPECT_EQ(fetch->Adopt(*placed, shard.size()), nullptr);
+  fetch.reset();
+
+  // While the shard holds the segment, no fetch is offered it.
+  EXPECT_THAT(PeerChannel::Begin(channel)->offered(), IsEmpty());
+  memory.reset();
+  EXPECT_EQ(PeerChannel::Begin(channel)->offered(), segment);
+}
+
+TEST(PeerChannelTest, AShardFarSmallerThanItsSegmentOrInAFreshOneIsCopied) {
+  auto channel = PeerChannel::SharedMemory();
+  ShmWriterCache writer;
+  WarmPool(channel, writer, 16 << 20);
+  const std::string small(1 << 20, 's');
+  auto fetch = PeerChannel::Begin(channel);
+  auto placed = PlaceInSharedMemory(writer, fetch->offered(), small.data(), small.size());
+  ASSERT_TRUE(placed.ok());
+  ASSERT_THAT(placed->segment, IsEmpty());
+  EXPECT_EQ(fetch->Adopt(*placed, small.size()), nullptr) << "1 MiB would hold 16 MiB";
+  std::string got(small.size(), '\0');
+  ASSERT_TRUE(ReadAll(*fetch, *placed, got).ok());
+  EXPECT_EQ(got, small);
+
+  auto fresh = PeerChannel::Begin(PeerChannel::SharedMemory());  // An empty pool.
+  placed = PlaceInSharedMemory(writer, fresh->offered(), small.data(), small.size());
+  ASSERT_TRUE(placed.ok());
+  ASSERT_THAT(placed->segment, Not(IsEmpty()));
+  EXPECT_EQ(fresh->Adopt(*placed, small.size()), nullptr);
+  ASSERT_TRUE(ReadAll(*fresh, *placed, got).ok());
+  EXPECT_EQ(got, small);
+}
+
+TEST(PeerChannelTest, AnAdoptedSegmentOutlivesItsClosedChannelAndIsUnlinkedWhenLetGo) {
+  auto channel = PeerChannel::SharedMemory();
+  ShmWriterCache writer;
+  const std::string shard(3 << 20, 'c');
+  WarmPool(channel, writer, shard.size());
+  auto fetch = PeerChannel::Begin(channel);
+  const std::string segment = fetch->offered();
+  auto placed = PlaceInSharedMemory(writer, segment, shard.data(), shard.size());
+  ASSERT_TRUE(placed.ok());
+  std::shared_ptr<void> memory = fetch->Adopt(*placed, shard.size());
+  ASSERT_NE(memory, nullptr);
+  fetch.reset();
+  channel->Close();
+  channel.reset();
+  EXPECT_EQ(static_cast<const char*>(memory.get())[shard.size() - 1], 'c');
+  memory.reset();
+  EXPECT_TRUE(absl::IsNotFound(
+      ShmWriterCache().Write(segment, shard.data(), 1)))  // A fresh cache: opens by name.
+      << "the segment should be unlinked";
+}
+
 TEST(PeerChannelTest, BulkStreamReadsAnOfferAndRefusesBadTickets) {
   auto server = BulkServer::Start("127.0.0.1", 0, "cluster-token");
   ASSERT_TRUE(server.ok()) << server.status();

@@ -3,7 +3,8 @@
 // A fresh segment per transfer costs page allocation and faults on both sides (slow in VMs).
 // Instead the reader keeps a small pool of segments (ShmArena) and names a free one in its
 // FetchShard request; the serving worker maps it once (ShmWriterCache), copies the shard in,
-// and the reader copies it out and returns the segment to its pool. When no segment fits, the
+// and the reader copies it out and returns the segment to its pool (or keeps the segment as the
+// shard's memory until the shard goes: PeerChannel::Fetch::Adopt). When no segment fits, the
 // old path (a fresh segment per transfer) is used and the pool grows to the size seen.
 //
 // Thread-safe. Segments are ShmSegments of kind kArena (shm_segment.h: naming and cleanup); the

@@ -38,7 +38,12 @@ HostDeviceBuffer::HostDeviceBuffer(const ArraySpec& spec, DeviceId device)
   PW_CHECK(data_ != nullptr, "out of host memory");
 }
 
+HostDeviceBuffer::HostDeviceBuffer(const ArraySpec& spec, DeviceId device,
+                                   std::shared_ptr<void> memory)
+    : DeviceBuffer(spec, device), data_(memory.get()), adopted_(std::move(memory)) {}
+
 HostDeviceBuffer::~HostDeviceBuffer() {
+  if (adopted_ != nullptr) return;  // Let go with adopted_.
   if (block_bytes_ > 0) {
     BlockCache::ForHostBuffers().Keep(data_, block_bytes_);
   } else if (data_ != inline_) {
@@ -49,6 +54,12 @@ HostDeviceBuffer::~HostDeviceBuffer() {
 std::shared_ptr<HostDeviceBuffer> HostDeviceBuffer::Create(const ArraySpec& spec,
                                                            DeviceId device) {
   return std::make_shared<Enabler>(spec, device);  // One allocation for small shards.
+}
+
+std::shared_ptr<HostDeviceBuffer> HostDeviceBuffer::Adopt(const ArraySpec& spec, DeviceId device,
+                                                          std::shared_ptr<void> memory) {
+  PW_CHECK(memory != nullptr, "HostDeviceBuffer::Adopt: no memory");
+  return std::shared_ptr<HostDeviceBuffer>(new HostDeviceBuffer(spec, device, std::move(memory)));
 }
 
 std::shared_ptr<HostDeviceBuffer> HostDeviceBuffer::FromHost(const ArraySpec& spec,

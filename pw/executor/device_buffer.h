@@ -65,6 +65,10 @@ class HostDeviceBuffer : public DeviceBuffer {
   static std::shared_ptr<HostDeviceBuffer> Create(const ArraySpec& spec, DeviceId device);
   static std::shared_ptr<HostDeviceBuffer> FromHost(const ArraySpec& spec, DeviceId device,
                                                     const void* data);
+  // Contents already in `memory` (at least spec.size_bytes() bytes, which the buffer keeps until
+  // it goes): a shard read from shared memory keeps its segment instead of being copied out.
+  static std::shared_ptr<HostDeviceBuffer> Adopt(const ArraySpec& spec, DeviceId device,
+                                                 std::shared_ptr<void> memory);
   ~HostDeviceBuffer() override;
 
   const void* data() const { return data_; }
@@ -81,7 +85,10 @@ class HostDeviceBuffer : public DeviceBuffer {
   static constexpr size_t kHugePageBytes = size_t{2} << 20;
   struct Enabler;
   HostDeviceBuffer(const ArraySpec& spec, DeviceId device);
+  HostDeviceBuffer(const ArraySpec& spec, DeviceId device, std::shared_ptr<void> memory);
   void* data_ = nullptr;
+  std::shared_ptr<void> adopted_;  // Set: data_ is its memory.
+
   size_t block_bytes_ = 0;  // > 0: a block of whole huge pages, freed into BlockCache.
   alignas(16) unsigned char inline_[kInlineBytes];  // 16: plain malloc, not memalign.
 };

@@ -1,6 +1,7 @@
 #include "pw/rpc/remote_worker.h"
 
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -562,15 +563,17 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
   }
 
   absl::Status Take() {
-    if (buffer_ == nullptr) {
+    if (!spec_.has_value()) {
       if (!chunk_.has_spec()) return absl::DataLossError("shard stream: first chunk has no spec");
       PW_ASSIGN_OR_RETURN(ArraySpec spec, FromProto(chunk_.spec()));
-      buffer_ = HostDeviceBuffer::Create(spec, device_);
+      spec_ = std::move(spec);
+      if (spec_->size_bytes() == 0) buffer_ = HostDeviceBuffer::Create(*spec_, device_);
     }
-    const size_t size = static_cast<size_t>(buffer_->size_bytes());
+    const size_t size = static_cast<size_t>(spec_->size_bytes());
     dataplane::ShardLocation location;
     switch (chunk_.location_case()) {
       case v1::ShardChunk::kData:
+        if (buffer_ == nullptr) buffer_ = HostDeviceBuffer::Create(*spec_, device_);
         if (chunk_.data().size() > size - offset_)
           return absl::DataLossError(absl::StrCat("shard stream: more than ", size, " bytes"));
         std::memcpy(static_cast<char*>(buffer_->mutable_data()) + offset_, chunk_.data().data(),
@@ -594,6 +597,12 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
     }
     offset_ = size;   // The read fills the buffer; any data chunk now is too much.
     located_ = true;  // The hold is ReadDone's to release.
+    if (std::shared_ptr<void> memory = fetch_->Adopt(location, size); memory != nullptr) {
+      buffer_ = HostDeviceBuffer::Adopt(*spec_, device_, std::move(memory));
+      ReadDone(absl::OkStatus());
+      return absl::OkStatus();
+    }
+    buffer_ = HostDeviceBuffer::Create(*spec_, device_);
     fetch_->Read(location, buffer_->mutable_data(), size,
                  [this](const absl::Status& s) { ReadDone(s); });
     return absl::OkStatus();
@@ -605,6 +614,7 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
   grpc::ClientContext ctx_;
   v1::ShardRequest req_;
   v1::ShardChunk chunk_;
+  std::optional<ArraySpec> spec_;  // From the first chunk.
   std::shared_ptr<HostDeviceBuffer> buffer_;
   size_t offset_ = 0;
   absl::Status error_;  // Set by OnReadDone (gRPC serializes reactions).
