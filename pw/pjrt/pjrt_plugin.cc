@@ -177,7 +177,56 @@ PjrtBuffer::~PjrtBuffer() {
       .IgnoreError();
 }
 
+const void* PjrtBuffer::ReadyHostBytes() const {
+  const PJRT_Api* api = plugin_->api();
+  if (api->PJRT_Buffer_IsOnCpu == nullptr || api->PJRT_Buffer_ReadyEvent == nullptr ||
+      api->PJRT_Event_IsReady == nullptr || api->PJRT_Event_Error == nullptr ||
+      api->PJRT_Buffer_GetMemoryLayout == nullptr || api->PJRT_Buffer_UnsafePointer == nullptr)
+    return nullptr;
+  auto on_cpu = PW_PJRT_ARGS(PJRT_Buffer_IsOnCpu_Args);
+  on_cpu.buffer = buffer_;
+  if (!plugin_->Consume(api->PJRT_Buffer_IsOnCpu(&on_cpu), "").ok() || !on_cpu.is_on_cpu)
+    return nullptr;
+  auto ready = PW_PJRT_ARGS(PJRT_Buffer_ReadyEvent_Args);
+  ready.buffer = buffer_;
+  if (!plugin_->Consume(api->PJRT_Buffer_ReadyEvent(&ready), "").ok()) return nullptr;
+  auto is_ready = PW_PJRT_ARGS(PJRT_Event_IsReady_Args);
+  is_ready.event = ready.event;
+  bool ok = plugin_->Consume(api->PJRT_Event_IsReady(&is_ready), "").ok() && is_ready.is_ready;
+  if (ok) {
+    auto error = PW_PJRT_ARGS(PJRT_Event_Error_Args);
+    error.event = ready.event;
+    ok = plugin_->Consume(api->PJRT_Event_Error(&error), "").ok();  // The slow path says why.
+  }
+  auto destroy = PW_PJRT_ARGS(PJRT_Event_Destroy_Args);
+  destroy.event = ready.event;
+  plugin_->Consume(api->PJRT_Event_Destroy(&destroy), "").IgnoreError();
+  if (!ok) return nullptr;
+  auto layout = PW_PJRT_ARGS(PJRT_Buffer_GetMemoryLayout_Args);
+  layout.buffer = buffer_;
+  if (!plugin_->Consume(api->PJRT_Buffer_GetMemoryLayout(&layout), "").ok() ||
+      layout.layout.type != PJRT_Buffer_MemoryLayout_Type_Tiled)
+    return nullptr;
+  const PJRT_Buffer_MemoryLayout_Tiled& tiled = layout.layout.tiled;
+  const size_t rank = static_cast<size_t>(pjrt_spec_.shape.rank());
+  if (tiled.num_tiles != 0 || tiled.minor_to_major_size != rank) return nullptr;
+  for (size_t i = 0; i < rank; ++i) {
+    if (tiled.minor_to_major[i] != static_cast<int64_t>(rank - 1 - i)) return nullptr;
+  }
+  auto pointer = PW_PJRT_ARGS(PJRT_Buffer_UnsafePointer_Args);
+  pointer.buffer = buffer_;
+  if (!plugin_->Consume(api->PJRT_Buffer_UnsafePointer(&pointer), "").ok()) return nullptr;
+  return reinterpret_cast<const void*>(pointer.buffer_pointer);
+}
+
 Future<> PjrtBuffer::CopyToHost(void* dst) const {
+  const size_t size = static_cast<size_t>(size_bytes());
+  if (size > 0 && pjrt_spec_.size_bytes() == size_bytes()) {
+    if (const void* bytes = ReadyHostBytes(); bytes != nullptr) {
+      std::memcpy(dst, bytes, size);
+      return Future<>::Ready(absl::OkStatus());
+    }
+  }
   auto args = PW_PJRT_ARGS(PJRT_Buffer_ToHostBuffer_Args);
   args.src = buffer_;
   args.dst = dst;

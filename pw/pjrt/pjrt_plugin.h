@@ -62,9 +62,15 @@ class PjrtBuffer final : public DeviceBuffer {
   const ArraySpec& pjrt_spec() const { return pjrt_spec_; }
   // Index of the client device holding the buffer.
   int device_index() const { return device_index_; }
+  // A CPU plugin's ready, dense row-major buffer is copied on the calling thread (it is host
+  // memory); any other through PJRT_Buffer_ToHostBuffer, which the CPU plugin runs on its
+  // thread pool: a wake-up and a hop per read, as a peer's fetch of a small shard is.
   Future<> CopyToHost(void* dst) const override;
 
  private:
+  // The buffer's bytes, where they can be read in place now: on CPU, ready without error, dense
+  // row-major (no tiles); else nullptr.
+  const void* ReadyHostBytes() const;
   const std::shared_ptr<const PjrtPlugin> plugin_;
   PJRT_Buffer* const buffer_;
   const int device_index_;
