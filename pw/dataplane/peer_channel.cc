@@ -76,23 +76,12 @@ std::shared_ptr<void> PeerChannel::Fetch::Adopt(const ShardLocation& where, size
   }
   read_ = true;
   // Back to the pool (or unlinked, if the peer has gone) when the shard's last holder lets go.
-  class Lease {
-   public:
-    Lease(std::shared_ptr<ShmArena> arena, std::shared_ptr<ShmSegment> segment)
-        : arena_(std::move(arena)), segment_(std::move(segment)) {}
-    Lease(const Lease&) = delete;
-    Lease& operator=(const Lease&) = delete;
-    ~Lease() { arena_->Give(std::move(segment_)); }
-    char* data() const { return segment_->data(); }
-
-   private:
-    const std::shared_ptr<ShmArena> arena_;
-    std::shared_ptr<ShmSegment> segment_;
-  };
-  auto lease = std::make_shared<Lease>(channel_->arena_, std::move(segment_));
-  segment_ = nullptr;
-  void* data = lease->data();
-  return std::shared_ptr<void>(std::move(lease), data);
+  ShmSegment* const segment = segment_.get();
+  std::shared_ptr<ShmSegment> lease(
+      segment, [arena = channel_->arena_, held = std::move(segment_)](ShmSegment*) mutable {
+        arena->Give(std::move(held));
+      });
+  return std::shared_ptr<void>(std::move(lease), segment->data());
 }
 
 absl::Status PeerChannel::Fetch::ReadSharedMemory(const InSharedMemory& where, void* dst,

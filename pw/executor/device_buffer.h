@@ -88,7 +88,6 @@ class HostDeviceBuffer : public DeviceBuffer {
   HostDeviceBuffer(const ArraySpec& spec, DeviceId device, std::shared_ptr<void> memory);
   void* data_ = nullptr;
   std::shared_ptr<void> adopted_;  // Set: data_ is its memory.
-
   size_t block_bytes_ = 0;  // > 0: a block of whole huge pages, freed into BlockCache.
   alignas(16) unsigned char inline_[kInlineBytes];  // 16: plain malloc, not memalign.
 };

@@ -567,7 +567,6 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
       if (!chunk_.has_spec()) return absl::DataLossError("shard stream: first chunk has no spec");
       PW_ASSIGN_OR_RETURN(ArraySpec spec, FromProto(chunk_.spec()));
       spec_ = std::move(spec);
-      if (spec_->size_bytes() == 0) buffer_ = HostDeviceBuffer::Create(*spec_, device_);
     }
     const size_t size = static_cast<size_t>(spec_->size_bytes());
     dataplane::ShardLocation location;
