@@ -85,6 +85,12 @@ Families HostFamilies(const HostStatus& s) {
         kCounter, save, static_cast<double>(s.checkpoint_bytes_saved));
   b.Add("pw_host_checkpoint_bytes_total", "", kCounter, load,
         static_cast<double>(s.checkpoint_bytes_loaded));
+  b.Add("pw_host_commands_received_total",
+        "Commands a worker process read from its command stream (none in process).", kCounter,
+        host, static_cast<double>(s.commands_received));
+  b.Add("pw_host_command_messages_received_total",
+        "The messages those commands came in (each a batch; fewer is cheaper).", kCounter, host,
+        static_cast<double>(s.command_messages_received));
   b.Add("pw_host_dispatch_queue_depth", "Host programs waiting on the host's dispatch thread.",
         kGauge, host, static_cast<double>(s.dispatch_queue_depth));
   b.Add("pw_host_cancelled_shards_total", "Shards of cancelled runs that were not run.", kCounter,

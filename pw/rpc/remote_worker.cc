@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "grpcpp/alarm.h"
 #include "pw/base/status_macros.h"
 #include "pw/dataplane/shm_segment.h"
 #include "pw/rpc/batch_queue.h"
@@ -23,9 +24,11 @@ std::chrono::system_clock::time_point Deadline() {
 }  // namespace
 
 // The command stream: commands are written from a queue, those queued during a write together
-// in the next (BatchQueue); events are read until the stream ends. A hold keeps the call open
-// until the read side has ended and no write is outstanding, so Write never reaches a finished
-// call; writes after that are dropped (the owner fails their commands).
+// in the next (BatchQueue); events are read until the stream ends. A command that can wait
+// (WriteLazy) starts no write of its own: it goes with the next one, or after the owner's
+// lazy_flush if none comes sooner (an alarm). A hold keeps the call open until the read side has ended and no write
+// or alarm is outstanding, so Write never reaches a finished call; writes after that are dropped
+// (the owner fails their commands).
 class RemoteWorker::Stream final
     : public grpc::ClientBidiReactor<v1::CommandBatch, v1::CommandEventBatch> {
  public:
@@ -47,6 +50,15 @@ class RemoteWorker::Stream final
       first = queue_.StartNext();
     }
     if (first != nullptr) StartWrite(first);
+  }
+  void WriteLazy(v1::Command c) {
+    pw::MutexLock lock(&mu_);
+    if (closed_) return;
+    queue_.Push(std::move(c));
+    if (queue_.writing() || alarm_armed_) return;  // Goes with the write under way or due.
+    alarm_armed_ = true;
+    // Its callback runs later, on a gRPC thread (never inline): safe under mu_.
+    alarm_.Set(absl::ToChronoTime(absl::Now() + owner_->lazy_flush_), [this](bool) { OnAlarm(); });
   }
   void Cancel() { ctx_.TryCancel(); }
 
@@ -71,6 +83,7 @@ class RemoteWorker::Stream final
         pw::MutexLock lock(&mu_);
         closed_ = true;
         queue_.DropWaiting();  // Not the batch being written: gRPC still reads it.
+        if (alarm_armed_) alarm_.Cancel();  // OnAlarm follows, on another thread.
         release = ReleaseLocked();
       }
       if (release) RemoveHold();
@@ -88,18 +101,36 @@ class RemoteWorker::Stream final
   }
 
  private:
+  // Writes what waits, unless a write is under way (it will) or the stream is over.
+  void OnAlarm() {
+    v1::CommandBatch* next = nullptr;
+    bool release = false, more = false;
+    {
+      pw::MutexLock lock(&mu_);
+      alarm_armed_ = false;
+      if (!closed_) {
+        next = queue_.StartNext();
+        more = queue_.more();
+      }
+      release = ReleaseLocked();
+    }
+    if (next != nullptr) StartWrite(next, Coalesced(more));
+    if (release) RemoveHold();
+  }
   RemoteWorker* const owner_;
   grpc::ClientContext ctx_;
   v1::CommandEventBatch events_;
+  grpc::Alarm alarm_;
   pw::Mutex mu_;
-  // Whether the hold should go now (closed and no write outstanding); true once.
+  // Whether the hold should go now (closed, no write or alarm outstanding); true once.
   bool ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!closed_ || queue_.writing() || released_) return false;
+    if (!closed_ || queue_.writing() || alarm_armed_ || released_) return false;
     released_ = true;
     return true;
   }
   BatchQueue<v1::CommandBatch> queue_ ABSL_GUARDED_BY(mu_);
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool alarm_armed_ ABSL_GUARDED_BY(mu_) = false;
   bool released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
@@ -113,10 +144,11 @@ std::shared_ptr<const dataplane::TlsContext> BulkTls(const ChannelOptions& optio
 }  // namespace
 
 RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOptions& options,
-                           bool same_machine)
+                           bool same_machine, absl::Duration lazy_flush)
     : host_(host),
       address_(std::move(address)),
       options_(options),
+      lazy_flush_(lazy_flush),
       data_plane_(same_machine ? dataplane::PeerChannel::SharedMemory()
                                : dataplane::PeerChannel::Bulk(HostOf(address_), options.token,
                                                               BulkTls(options))),
@@ -316,7 +348,7 @@ Future<> RemoteWorker::PutShard(BufferId id, DeviceId device, HostArray shard) {
 void RemoteWorker::DeleteBuffers(const std::vector<BufferId>& ids) {
   v1::Command c;
   for (BufferId b : ids) c.mutable_delete_buffers()->add_buffers(b.value());
-  SendUnacknowledged(std::move(c));
+  SendUnacknowledged(std::move(c), /*lazy=*/true);
 }
 
 void RemoteWorker::Unload(const std::vector<FunctionId>& functions,
@@ -348,14 +380,15 @@ void RemoteWorker::SetHosts(const v1::HostTable& table) {
 void RemoteWorker::ForgetRuns(const std::vector<RunId>& runs) {
   v1::Command c;
   for (RunId r : runs) c.mutable_forget_runs()->add_runs(r.value());
-  SendUnacknowledged(std::move(c));
+  SendUnacknowledged(std::move(c), /*lazy=*/true);
 }
 
-void RemoteWorker::SendUnacknowledged(v1::Command c) {
+void RemoteWorker::SendUnacknowledged(v1::Command c, bool lazy) {
   pw::MutexLock lock(&mu_);
   if (!failed_.empty()) return;  // The worker is gone, and with it its buffers and runs.
   OpenStreamLocked();
   c.set_seq(next_seq_++);
+  if (lazy) return stream_->WriteLazy(std::move(c));
   stream_->Write(std::move(c));
 }
 

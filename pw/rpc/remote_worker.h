@@ -18,6 +18,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/time/time.h"
 #include "pw/base/mutex.h"
 #include "pw/dataplane/peer_channel.h"
 #include "pw/rpc/auth.h"
@@ -29,9 +30,13 @@ namespace pw::rpc {
 
 class RemoteWorker final : public WorkerInterface {
  public:
+  // How long a command that can wait (DeleteBuffers, ForgetRuns) waits for another to go with
+  // before it goes alone: releases of a busy host cost no message of their own.
+  static constexpr absl::Duration kLazyFlush = absl::Milliseconds(2);
+
   // `same_machine`: the worker runs on this machine, so shards are fetched through shared memory.
   RemoteWorker(HostId host, std::string address, const ChannelOptions& options,
-               bool same_machine = false);
+               bool same_machine = false, absl::Duration lazy_flush = kLazyFlush);
   // Closes the command stream; outstanding commands fail.
   ~RemoteWorker() override;
 
@@ -115,7 +120,8 @@ class RemoteWorker final : public WorkerInterface {
   void Send(::pathways::v1::Command c, Pending p, const HostProgram* program = nullptr);
   void OpenStreamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A command no event answers (deletes, cancellations): dropped once the worker has failed.
-  void SendUnacknowledged(::pathways::v1::Command c);
+  // A lazy one (deletes, forgotten runs) goes with the next command, or after lazy_flush_.
+  void SendUnacknowledged(::pathways::v1::Command c, bool lazy = false);
   void OnEvent(const ::pathways::v1::CommandEvent& e);
   void OnStreamEnd(Stream* stream, const absl::Status& s);
   absl::Status Where(const absl::Status& s) const;
@@ -124,6 +130,7 @@ class RemoteWorker final : public WorkerInterface {
   const HostId host_;
   const std::string address_;
   const ChannelOptions options_;
+  const absl::Duration lazy_flush_;
   // Large shards from this worker: shared memory on this machine, else its bulk stream.
   const std::shared_ptr<dataplane::PeerChannel> data_plane_;
   const std::shared_ptr<grpc::Channel> channel_;

@@ -92,6 +92,8 @@ class WorkerService::CommandStream final
       MaybeFinish();
       return;
     }
+    service_->commands_received_.fetch_add(commands_.items_size(), std::memory_order_relaxed);
+    service_->command_messages_received_.fetch_add(1, std::memory_order_relaxed);
     for (v1::Command& c : *commands_.mutable_items()) Apply(c);
     commands_.Clear();
     StartRead(&commands_);
@@ -718,10 +720,15 @@ grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx
     programs = programs_.size();
   }
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
-  worker_->Status().OnReady([r, resp, programs](const absl::StatusOr<HostStatus>& status) {
+  const int64_t commands = commands_received_.load(std::memory_order_relaxed);
+  const int64_t messages = command_messages_received_.load(std::memory_order_relaxed);
+  worker_->Status().OnReady([r, resp, programs, commands,
+                             messages](const absl::StatusOr<HostStatus>& status) {
     if (status.ok()) {
       HostStatus s = *status;
       s.programs = programs;
+      s.commands_received = commands;
+      s.command_messages_received = messages;
       ToProto(s, resp);
     }
     r->Finish(ToGrpc(status.status()));

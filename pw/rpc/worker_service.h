@@ -12,6 +12,7 @@
 // Thread-safe: gRPC calls the handlers on its own threads; all state is under mu_.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <string>
@@ -114,6 +115,9 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   pw::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<const HostProgram>> programs_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> traces_ ABSL_GUARDED_BY(mu_);  // The controller's traces' starts, oldest first.
+  // Read from command streams (HostStatus::commands_received, command_messages_received).
+  std::atomic<int64_t> commands_received_{0};
+  std::atomic<int64_t> command_messages_received_{0};
 };
 
 }  // namespace pw::rpc

@@ -613,6 +613,40 @@ TEST_F(GrpcClusterTest, WorkersFindPeersInTheHostTableTheControllerPushes) {
   EXPECT_EQ(host->values<float>(), (std::vector<float>{7, 7, 7}));
 }
 
+// Issue 23, item 1: a release costs no message of its own on a busy host. Each call's output,
+// released once the call is done, was deleted by a command sent alone; now the delete waits
+// (RemoteWorker::kLazyFlush; here long enough that it cannot go alone during the loop) and
+// travels with the next call's dispatch. It still arrives when no command follows.
+TEST_F(GrpcClusterTest, ADeleteTravelsWithTheNextCommandAndArrivesWhenNoneFollows) {
+  ControllerServer::Options o = Patient();
+  o.lazy_command_flush = absl::Seconds(5);
+  Start(1, 1, 1, o);
+  auto client = *Client::Connect(remote_.get(), "c");
+  Slice s = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 1});
+  BoundFunction f = *client->Pmap(ReduceAdd("f"), s);
+  Array x = *client->Put(F32({1}), s.info().id, Sharding::Split({1}, 1, 0));
+  ASSERT_TRUE((*f.Call({x}))[0].Ready().status().ok());
+  auto received = [&] {
+    const HostStatus h = StatusOfEveryHost(*remote_).value().hosts.at(0);
+    return std::pair{h.commands_received, h.command_messages_received};
+  };
+  const auto [commands0, messages0] = received();
+  constexpr int kCalls = 10;
+  for (int i = 0; i < kCalls; ++i) {
+    auto out = f.Call({x});  // Its output is released at the end of this iteration.
+    ASSERT_TRUE(out.ok()) << out.status();
+    ASSERT_TRUE((*out)[0].Ready().status().ok());
+  }
+  auto [commands, messages] = received();
+  commands -= commands0;
+  messages -= messages0;
+  // Each call's dispatch, and the previous call's delete with it.
+  EXPECT_GE(commands, 2 * kCalls - 1);
+  EXPECT_LE(messages, kCalls + 2) << commands << " commands";
+  x = Array();
+  ExpectNothingLeft();  // The last deletes go alone, after the flush delay.
+}
+
 // Review of issue 23's client I/O: any client could reset the controller's peak-memory counter
 // (and so hide another's peak); only the cluster's admin may.
 TEST_F(GrpcClusterTest, OnlyTheAdminResetsTheControllersPeakMemory) {

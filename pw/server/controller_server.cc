@@ -146,7 +146,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> ControllerServer::RegisterWorker(
   rpc::ChannelOptions to_worker = options_.channel;
   to_worker.token = options_.cluster_token;
   auto worker = std::make_unique<rpc::RemoteWorker>(host, req.address(), to_worker,
-                                                    /*same_machine=*/req.machine() == name);
+                                                    /*same_machine=*/req.machine() == name,
+                                                    options_.lazy_command_flush);
   rpc::RemoteWorker* w = worker.get();
   w->OpenCommandStream();
   {

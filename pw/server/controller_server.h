@@ -47,6 +47,8 @@ class ControllerServer final : public rpc::ClusterMembership {
     Controller::Options::Scheduling scheduling;  // The islands' gang scheduling policy, window.
     // Where to serve Prometheus metrics ("host:port", port 0: a free one); empty: nowhere.
     std::string metrics_listen;
+    // How long a worker's deletes wait for a command to travel with (RemoteWorker::kLazyFlush).
+    absl::Duration lazy_command_flush = rpc::RemoteWorker::kLazyFlush;
   };
   static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(const ClusterSpec& spec,
                                                                  Options options);

@@ -26,6 +26,8 @@ nlohmann::json HostJson(const v1::HostStatus& hs) {
   h["dcn_wire_bytes_received"] = hs.dcn_wire_bytes_received();
   h["checkpoint_bytes_saved"] = hs.checkpoint_bytes_saved();
   h["checkpoint_bytes_loaded"] = hs.checkpoint_bytes_loaded();
+  h["commands_received"] = hs.commands_received();
+  h["command_messages_received"] = hs.command_messages_received();
   h["dispatch_queue_depth"] = hs.dispatch_queue_depth();
   h["cancelled_shards"] = hs.cancelled_shards();
   h["functions"] = hs.functions();

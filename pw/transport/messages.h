@@ -180,6 +180,10 @@ struct HostStatus {
   // (LoadShard).
   int64_t checkpoint_bytes_saved = 0;
   int64_t checkpoint_bytes_loaded = 0;
+  // A worker process's command stream: the commands read, and the messages they came in (a
+  // message carries a batch). None in process.
+  int64_t commands_received = 0;
+  int64_t command_messages_received = 0;
 };
 
 }  // namespace pw
