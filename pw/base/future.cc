@@ -1,5 +1,6 @@
 #include "pw/base/future.h"
 
+#include <algorithm>
 #include <cstddef>
 
 namespace pw {
@@ -48,32 +49,44 @@ Future<> JoinFutures(const std::vector<Future<>>& futures) {
 }
 
 namespace {
-struct SumState {
-  explicit SumState(size_t n) : remaining(n), values(n) {}
+// Every input's value, then `fold` over them (or the first error in argument order).
+template <typename T>
+struct FoldState {
+  explicit FoldState(size_t n) : remaining(n), values(n) {}
   std::atomic<size_t> remaining;
-  std::vector<absl::StatusOr<int64_t>> values;  // slot i written only by input i's callback.
-  Promise<int64_t> promise;
+  std::vector<absl::StatusOr<T>> values;  // slot i written only by input i's callback.
+  Promise<T> promise;
 };
-}  // namespace
 
-Future<int64_t> SumFutures(const std::vector<Future<int64_t>>& futures) {
-  if (futures.empty()) return Future<int64_t>::Ready(0);
+template <typename T, typename Fold>
+Future<T> FoldFutures(const std::vector<Future<T>>& futures, T empty, Fold fold) {
+  if (futures.empty()) return Future<T>::Ready(std::move(empty));
   if (futures.size() == 1) return futures[0];
-  auto state = std::make_shared<SumState>(futures.size());
-  Future<int64_t> out = state->promise.future();
+  auto state = std::make_shared<FoldState<T>>(futures.size());
+  Future<T> out = state->promise.future();
   for (size_t i = 0; i < futures.size(); ++i) {
-    futures[i].OnReady([state, i](const absl::StatusOr<int64_t>& v) {
+    futures[i].OnReady([state, i, fold](const absl::StatusOr<T>& v) {
       state->values[i] = v;
       if (state->remaining.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-      int64_t sum = 0;
       for (const auto& x : state->values) {
         if (!x.ok()) return state->promise.Set(x.status());
-        sum += *x;
       }
-      state->promise.Set(sum);
+      T acc = *state->values[0];
+      for (size_t j = 1; j < state->values.size(); ++j) acc = fold(acc, *state->values[j]);
+      state->promise.Set(acc);
     });
   }
   return out;
+}
+}  // namespace
+
+Future<int64_t> SumFutures(const std::vector<Future<int64_t>>& futures) {
+  return FoldFutures<int64_t>(futures, 0, [](int64_t a, int64_t b) { return a + b; });
+}
+
+Future<absl::Time> LatestOf(const std::vector<Future<absl::Time>>& futures) {
+  return FoldFutures<absl::Time>(futures, absl::Now(),
+                                 [](absl::Time a, absl::Time b) { return std::max(a, b); });
 }
 
 }  // namespace pw

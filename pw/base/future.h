@@ -218,6 +218,10 @@ Future<> JoinFutures(const std::vector<Future<>>& futures);
 // the first error in argument order. Callbacks run as JoinFutures's.
 Future<int64_t> SumFutures(const std::vector<Future<int64_t>>& futures);
 
+// A future that is ready once every input is ready: the latest of their instants if all are OK,
+// else the first error in argument order (now if there are none). Callbacks run as JoinFutures's.
+Future<absl::Time> LatestOf(const std::vector<Future<absl::Time>>& futures);
+
 // Future<> of any future's status.
 template <typename T>
 Future<> AsStatusFuture(const Future<T>& f) {

@@ -493,9 +493,10 @@ absl::StatusOr<std::string> Controller::ExplainProgram(ClientId client, ProgramI
   return plan->lowered.ToString();
 }
 
-std::pair<Future<>, Future<>> Controller::HandToSchedulers(
+std::pair<Future<absl::Time>, Future<>> Controller::HandToSchedulers(
     std::vector<std::pair<IslandId, IslandWork>> works) {
-  std::vector<Future<>> enqueued, done;
+  std::vector<Future<absl::Time>> enqueued;
+  std::vector<Future<>> done;
   // One order over every island: runs spanning islands reach each scheduler in it (`seq`).
   pw::MutexLock order(&submit_mu_);
   const int64_t seq = next_seq_++;
@@ -503,7 +504,7 @@ std::pair<Future<>, Future<>> Controller::HandToSchedulers(
     w.seq = seq;
     IslandScheduler* scheduler = Scheduler(island);
     if (scheduler == nullptr) {
-      enqueued.push_back(Future<>::Ready(absl::OkStatus()));
+      enqueued.push_back(Future<absl::Time>::Ready(absl::Now()));
       done.push_back(Future<>::Ready(
           absl::UnavailableError(absl::StrCat(island.ToString(), " has no scheduler"))));
       continue;
@@ -512,7 +513,7 @@ std::pair<Future<>, Future<>> Controller::HandToSchedulers(
     enqueued.push_back(std::move(ack.enqueued));
     done.push_back(AsStatusFuture(ack.done));
   }
-  return {JoinFutures(enqueued), JoinFutures(done)};
+  return {LatestOf(enqueued), JoinFutures(done)};
 }
 
 Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
@@ -615,12 +616,14 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
     works.emplace_back(island, IslandWork{run, client, *tenant, lp.name, mode, buffers, hosts, 0,
                                           plan.islands.size() > 1, plan.island_devices[i]});
   }
-  Future<> enqueued, done;
+  Future<absl::Time> enqueued;
+  Future<> done;
   ClientRegistry::HandOff hand_off = clients_.Queue(client, JoinFutures(foreign_pending));
   if (!hand_off.handed.has_value()) {
     std::tie(enqueued, done) = HandToSchedulers(std::move(works));
   } else {
-    Promise<> all_enqueued, all_done;
+    Promise<absl::Time> all_enqueued;
+    Promise<> all_done;
     enqueued = all_enqueued.future();
     done = all_done.future();
     hand_off.go.OnReady([this, works = std::move(works), handed = std::move(*hand_off.handed),
@@ -629,7 +632,9 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
       // Handed over whatever the wait's outcome: a failed input fails the run where it is read.
       auto [e, d] = HandToSchedulers(std::move(works));
       handed.Set();
-      e.OnReady([p = std::move(all_enqueued)](const absl::Status& s) mutable { p.Set(s); });
+      e.OnReady([p = std::move(all_enqueued)](const absl::StatusOr<absl::Time>& t) mutable {
+        p.Set(t);
+      });
       d.OnReady([p = std::move(all_done)](const absl::Status& s) mutable { p.Set(s); });
     });
   }
@@ -643,8 +648,8 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   // Accepted now: the client need not wait for the hosts' acks (errors of enqueued work surface
   // through info.done).
   if (options_.on_run_enqueued) {
-    enqueued.OnReady([this, submitted](const absl::Status&) {
-      options_.on_run_enqueued(absl::Now() - submitted);
+    enqueued.OnReady([this, submitted](const absl::StatusOr<absl::Time>& at) {
+      options_.on_run_enqueued((at.ok() ? *at : absl::Now()) - submitted);
     });
   }
   return Future<RunInfo>::Ready(std::move(info));

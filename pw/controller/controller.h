@@ -204,8 +204,8 @@ class Controller final : public ControllerInterface {
   void AddTenants(ClusterStatus& s) const;
   std::unique_ptr<IslandScheduler> NewScheduler(IslandId island, int devices);
   // Hands one run's island subgraphs to their schedulers, in one order over all islands; the
-  // futures join the islands' acks (enqueued, done).
-  std::pair<Future<>, Future<>> HandToSchedulers(
+  // futures join the islands' acks (enqueued: when the last host enqueued; done).
+  std::pair<Future<absl::Time>, Future<>> HandToSchedulers(
       std::vector<std::pair<IslandId, IslandWork>> works);
   // Deletes the shards of `freed` on their hosts.
   void Free(const std::vector<LogicalBuffer>& freed);

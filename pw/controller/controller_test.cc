@@ -329,7 +329,7 @@ TEST(ControllerTest, APlanSharesEachSlicesDevicesAcrossNodesAndHosts) {
     ON_CALL(*workers.back(), Dispatch).WillByDefault([&](HostWork w) {
       pw::MutexLock lock(&mu);
       dispatched.push_back(w);
-      return DispatchAck{Future<>::Ready(absl::OkStatus()), Future<int64_t>::Ready(0)};
+      return DispatchAck{Future<absl::Time>::Ready(absl::Now()), Future<int64_t>::Ready(0)};
     });
     ON_CALL(*workers.back(), PutShard).WillByDefault(Return(Future<>::Ready(absl::OkStatus())));
     ASSERT_TRUE(c.AttachWorker(HostId(h), IslandId(0), workers.back().get()).ok());
@@ -377,7 +377,7 @@ TEST(ControllerTest, APlanPerLayoutIsKeptForTheLastSixteenLayouts) {
     forgotten.insert(forgotten.end(), programs.begin(), programs.end());
   });
   ON_CALL(w, Dispatch).WillByDefault([](HostWork) {
-    return DispatchAck{Future<>::Ready(absl::OkStatus()), Future<int64_t>::Ready(0)};
+    return DispatchAck{Future<absl::Time>::Ready(absl::Now()), Future<int64_t>::Ready(0)};
   });
   ON_CALL(w, PutShard).WillByDefault(Return(Future<>::Ready(absl::OkStatus())));
   ClientId client = *c.Connect("t");

@@ -242,7 +242,13 @@ void RemoteWorker::OnEvent(const v1::CommandEvent& e) {
   }
   if (p.fetched.has_value()) return Fetched(std::move(p), e, s);
   if (p.transfer.has_value()) Transferred(p, e, s);
-  if (p.enqueued.valid()) p.enqueued.Set(s);
+  if (p.enqueued.valid()) {
+    // A dispatch acknowledged with its end says how long before it the work was enqueued.
+    if (!s.ok()) p.enqueued.Set(s);
+    else if (e.kind() == v1::CommandEvent::ENQUEUED) p.enqueued.Set(absl::Now());
+    else p.enqueued.Set(std::clamp(absl::Now() - absl::Nanoseconds(e.enqueued_before_ns()),
+                                   p.sent, absl::Now()));
+  }
   if (e.kind() != v1::CommandEvent::DONE) return;
   if (p.done.valid()) p.done.Set(s);
   if (p.ran.has_value()) {
@@ -318,9 +324,11 @@ std::string RemoteWorker::failure() const {
 DispatchAck RemoteWorker::Dispatch(HostWork work) {
   Pending p;
   p.ran.emplace();
+  p.sent = absl::Now();
   DispatchAck ack{p.enqueued.future(), p.ran->future()};
   v1::Command c;
   v1::DispatchRequest* d = c.mutable_dispatch();
+  d->set_ack_enqueue_with_done(!work.ack_enqueue_at_once);
   d->set_program_id(work.program->id);
   d->set_run(work.run.value());
   d->set_client(work.client.value());

@@ -94,7 +94,8 @@ class RemoteWorker final : public WorkerInterface {
  private:
   class Stream;
   struct Pending {
-    Promise<> enqueued;  // Invalid for puts.
+    Promise<absl::Time> enqueued;  // A dispatch's.
+    absl::Time sent;               // A dispatch's: when it was written.
     Promise<> done;      // Invalid for dispatches, which have `ran`.
     std::optional<Promise<int64_t>> ran;  // A dispatch's end: its device time.
     // A fetch's: its shard, and what it reads (for a shard too large for an event).

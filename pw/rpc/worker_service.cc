@@ -171,6 +171,7 @@ class WorkerService::CommandStream final
     {
       pw::MutexLock lock(&mu_);
       if (write_failed_ || finished_) return;
+      service_->events_sent_.fetch_add(1, std::memory_order_relaxed);
       events_.Push(std::move(e));
       first = events_.StartNext();
     }
@@ -213,15 +214,25 @@ class WorkerService::CommandStream final
         HostWork work{RunId(d.run()), ClientId(d.client()), *program, std::move(buffers), d.begin(),
                       d.end()};
         DispatchAck ack = worker->Dispatch(std::move(work));
-        ack.enqueued.OnReady([sink = sink_, seq](const absl::Status& s) {
-          Send(sink, seq, v1::CommandEvent::ENQUEUED, s);
-        });
-        ack.done.OnReady([sink = sink_, seq](const absl::StatusOr<int64_t>& ran) {
+        if (!d.ack_enqueue_with_done()) {
+          ack.enqueued.OnReady([sink = sink_, seq](const absl::StatusOr<absl::Time>& t) {
+            Send(sink, seq, v1::CommandEvent::ENQUEUED, t.status());
+          });
+        }
+        ack.done.OnReady([sink = sink_, seq, enqueued = std::move(ack.enqueued),
+                          with_done = d.ack_enqueue_with_done()](
+                             const absl::StatusOr<int64_t>& ran) {
           v1::CommandEvent e;
           e.set_seq(seq);
           e.set_kind(v1::CommandEvent::DONE);
           if (ran.ok()) e.set_device_ns(*ran);
           else ToProto(ran.status(), e.mutable_status());
+          // Work may end before the last of it is enqueued: then it was enqueued just now.
+          if (with_done && enqueued.IsReady()) {
+            if (const absl::StatusOr<absl::Time>& at = enqueued.Await(); at.ok())
+              e.set_enqueued_before_ns(
+                  std::max<int64_t>(0, absl::ToInt64Nanoseconds(absl::Now() - *at)));
+          }
           Deliver(sink, std::move(e));
         });
         return;
@@ -722,13 +733,15 @@ grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx
   grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
   const int64_t commands = commands_received_.load(std::memory_order_relaxed);
   const int64_t messages = command_messages_received_.load(std::memory_order_relaxed);
-  worker_->Status().OnReady([r, resp, programs, commands,
-                             messages](const absl::StatusOr<HostStatus>& status) {
+  const int64_t events = events_sent_.load(std::memory_order_relaxed);
+  worker_->Status().OnReady([r, resp, programs, commands, messages,
+                             events](const absl::StatusOr<HostStatus>& status) {
     if (status.ok()) {
       HostStatus s = *status;
       s.programs = programs;
       s.commands_received = commands;
       s.command_messages_received = messages;
+      s.events_sent = events;
       ToProto(s, resp);
     }
     r->Finish(ToGrpc(status.status()));

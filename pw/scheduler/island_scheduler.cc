@@ -160,7 +160,7 @@ struct IslandScheduler::Sequential {
   std::vector<int32_t> order;  // The nodes, in topological (node index) order.
   size_t next_node = 0;
   std::vector<size_t> next;  // Per host: its next node's position in its host program.
-  std::vector<Future<>> enqueued;
+  std::vector<Future<absl::Time>> enqueued;
   std::vector<Future<int64_t>> done;
 };
 
@@ -189,26 +189,26 @@ void IslandScheduler::Dispatch(std::unique_ptr<ScheduleRequest> r) {
     seq->request = std::move(r);
     return ContinueSequential(std::move(seq));
   }
-  // One message per host with all of its nodes; no waiting.
-  std::vector<Future<>> enqueued;
+  // One message per host with all of its nodes; no waiting (nor a separate enqueue ack).
+  std::vector<Future<absl::Time>> enqueued;
   std::vector<Future<int64_t>> done;
   for (const auto& [host, program] : w.hosts) {
     WorkerInterface* worker = workers_(host);
     if (worker == nullptr) {
       const absl::Status s = absl::UnavailableError(absl::StrCat(
           w.run.ToString(), " program '", w.program, "': ", host.ToString(), " has no worker"));
-      enqueued.push_back(Future<>::Ready(s));
+      enqueued.push_back(Future<absl::Time>::Ready(s));
       done.push_back(Future<int64_t>::Ready(s));
       continue;
     }
     span.FlowOut(trace::FlowId(w.run.value(), trace::Stage::kDispatch, host.value(), 0));
-    DispatchAck ack =
-        worker->Dispatch({w.run, w.client, program, w.buffers, 0, program->nodes.size()});
+    DispatchAck ack = worker->Dispatch({w.run, w.client, program, w.buffers, 0,
+                                        program->nodes.size(), /*ack_enqueue_at_once=*/false});
     enqueued.push_back(std::move(ack.enqueued));
     done.push_back(std::move(ack.done));
   }
-  JoinFutures(enqueued).OnReady(
-      [p = std::move(r->enqueued)](const absl::Status& s) mutable { p.Set(s); });
+  LatestOf(enqueued).OnReady(
+      [p = std::move(r->enqueued)](const absl::StatusOr<absl::Time>& t) mutable { p.Set(t); });
   std::shared_ptr<ScheduleRequest> held(std::move(r));
   SumFutures(done).OnReady(
       [this, held](const absl::StatusOr<int64_t>& ran) { OnFinished(*held, ran); });
@@ -220,7 +220,7 @@ void IslandScheduler::ContinueSequential(std::shared_ptr<Sequential> seq) {
   while (seq->next_node < seq->order.size()) {
     const IslandWork& w = seq->request->work;
     const int32_t node = seq->order[seq->next_node++];
-    std::vector<Future<>> node_enqueued;
+    std::vector<Future<absl::Time>> node_enqueued;
     for (size_t h = 0; h < w.hosts.size(); ++h) {
       const auto& [host, program] = w.hosts[h];
       if (seq->next[h] >= program->nodes.size() || program->nodes[seq->next[h]].node != node)
@@ -230,7 +230,7 @@ void IslandScheduler::ContinueSequential(std::shared_ptr<Sequential> seq) {
       if (worker == nullptr) {
         const absl::Status s = absl::UnavailableError(absl::StrCat(
             w.run.ToString(), " program '", w.program, "': ", host.ToString(), " has no worker"));
-        node_enqueued.push_back(Future<>::Ready(s));
+        node_enqueued.push_back(Future<absl::Time>::Ready(s));
         seq->done.push_back(Future<int64_t>::Ready(s));
         continue;
       }
@@ -238,10 +238,10 @@ void IslandScheduler::ContinueSequential(std::shared_ptr<Sequential> seq) {
       node_enqueued.push_back(ack.enqueued);
       seq->done.push_back(std::move(ack.done));
     }
-    Future<> all = JoinFutures(node_enqueued);
+    Future<absl::Time> all = LatestOf(node_enqueued);
     seq->enqueued.push_back(all);
     if (!all.IsReady()) {
-      all.OnReady([this, seq](const absl::Status&) { ContinueSequential(seq); });
+      all.OnReady([this, seq](const absl::StatusOr<absl::Time>&) { ContinueSequential(seq); });
       return;
     }
   }
@@ -251,8 +251,10 @@ void IslandScheduler::ContinueSequential(std::shared_ptr<Sequential> seq) {
     sequential_busy_ = false;
     ++generation_;
   }
-  JoinFutures(seq->enqueued)
-      .OnReady([p = std::move(seq->request->enqueued)](const absl::Status& s) mutable { p.Set(s); });
+  LatestOf(seq->enqueued)
+      .OnReady([p = std::move(seq->request->enqueued)](const absl::StatusOr<absl::Time>& t) mutable {
+        p.Set(t);
+      });
   std::shared_ptr<ScheduleRequest> held(std::move(seq->request));
   SumFutures(seq->done).OnReady([this, held](const absl::StatusOr<int64_t>& ran) {
     OnFinished(*held, ran);

@@ -24,6 +24,7 @@ class FakeWorker final : public WorkerInterface {
     for (size_t i = work.begin; i < work.end; ++i) nodes.push_back(work.program->nodes[i].node);
     messages_.push_back(nodes);
     runs_.push_back(work.run.value());
+    ack_at_once_.push_back(work.ack_enqueue_at_once);
     acks_.emplace_back();
     done_.emplace_back();
     return {acks_.back().future(), done_.back().future()};
@@ -54,14 +55,19 @@ class FakeWorker final : public WorkerInterface {
     pw::MutexLock lock(&mu_);
     return runs_;
   }
-  void AckAll() {
-    std::vector<Promise<>> acks;
+  // Per dispatch: whether it asked for its enqueue ack at once.
+  std::vector<bool> ack_at_once() {
+    pw::MutexLock lock(&mu_);
+    return ack_at_once_;
+  }
+  void AckAll(absl::Time at = absl::Now()) {
+    std::vector<Promise<absl::Time>> acks;
     {
       pw::MutexLock lock(&mu_);
       for (auto& a : acks_)
         if (a.valid()) acks.push_back(std::move(a));
     }
-    for (auto& a : acks) a.Set();
+    for (auto& a : acks) a.Set(at);
   }
   // Finishes dispatch `i` (in dispatch order), having taken `device_ns`.
   void Finish(size_t i, int64_t device_ns) {
@@ -78,7 +84,8 @@ class FakeWorker final : public WorkerInterface {
   pw::Mutex mu_;
   std::vector<std::vector<int>> messages_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> runs_ ABSL_GUARDED_BY(mu_);
-  std::vector<Promise<>> acks_ ABSL_GUARDED_BY(mu_);
+  std::vector<Promise<absl::Time>> acks_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> ack_at_once_ ABSL_GUARDED_BY(mu_);
   std::vector<Promise<int64_t>> done_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -143,11 +150,14 @@ TEST(IslandSchedulerTest, ParallelSendsOneMessagePerHost) {
   WaitFor([&] { return !w1.messages().empty(); });
   EXPECT_EQ(w0.messages(), (std::vector<std::vector<int>>{{0, 1, 2, 3, 4}}));
   EXPECT_EQ(w1.messages(), (std::vector<std::vector<int>>{{0, 1, 2, 3, 4}}));
-  w0.AckAll();
-  w1.AckAll();
+  // Parallel work need not be acknowledged as enqueued before it ends (one answer, not two).
+  EXPECT_THAT(w0.ack_at_once(), testing::ElementsAre(false));
+  const absl::Time t = absl::FromUnixSeconds(1000);
+  w0.AckAll(t + absl::Seconds(1));
+  w1.AckAll(t);
   w0.Finish(0, 30);
   w1.Finish(0, 12);
-  EXPECT_TRUE(ack.enqueued.status().ok());
+  EXPECT_EQ(ack.enqueued.Await().value(), t + absl::Seconds(1));  // When the last host was.
   EXPECT_EQ(ack.done.Await().value(), 42);  // The hosts' device time, summed.
 }
 
@@ -175,6 +185,8 @@ TEST(IslandSchedulerTest, SequentialWaitsForEachNodeToBeEnqueuedWithoutHoldingTh
       // The sequential request is out: the parallel ones follow, in order.
       WaitFor([&] { return w0.runs().size() == 6; });
       EXPECT_THAT(w0.runs(), testing::ElementsAre(1, 1, 1, 100, 101, 102));
+      // Sequential dispatch waits for each enqueue ack, so it asks for them at once.
+      EXPECT_THAT(w0.ack_at_once(), testing::ElementsAre(true, true, true, false, false, false));
     }
   }
   EXPECT_TRUE(ack.enqueued.status().ok());

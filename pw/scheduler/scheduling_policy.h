@@ -40,7 +40,7 @@ struct IslandWork {
 
 struct ScheduleRequest {
   IslandWork work;
-  Promise<> enqueued;
+  Promise<absl::Time> enqueued;
   Promise<int64_t> done;
   // Its device time (nanoseconds, summed over devices) as the scheduler estimated it, when it
   // is next, from the program's earlier runs: what the window and the policy count it as until

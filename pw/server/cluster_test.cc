@@ -647,6 +647,32 @@ TEST_F(GrpcClusterTest, ADeleteTravelsWithTheNextCommandAndArrivesWhenNoneFollow
   ExpectNothingLeft();  // The last deletes go alone, after the flush delay.
 }
 
+// Issue 23, item 1: a parallel dispatch is answered once, with its end (DONE says when the work
+// was enqueued), not with an ENQUEUED event and then DONE. Sequential dispatch, which waits for
+// each node's enqueue before sending the next, still gets both.
+TEST_F(GrpcClusterTest, AParallelDispatchIsAnsweredOnceSequentialTwice) {
+  Start(1, 1, 1);
+  auto client = *Client::Connect(remote_.get(), "c");
+  Slice s = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 1});
+  BoundFunction f = *client->Pmap(ReduceAdd("f"), s);
+  Array x = *client->Put(F32({1}), s.info().id, Sharding::Split({1}, 1, 0));
+  ASSERT_TRUE((*f.Call({x}))[0].Ready().status().ok());
+  auto events = [&] { return StatusOfEveryHost(*remote_).value().hosts.at(0).events_sent; };
+  constexpr int kCalls = 5;
+  for (DispatchMode mode : {DispatchMode::kParallel, DispatchMode::kSequential}) {
+    const int64_t before = events();
+    std::vector<Array> kept;  // No deletes (and their events) in between.
+    for (int i = 0; i < kCalls; ++i) {
+      auto out = f.Call({x}, mode);
+      ASSERT_TRUE(out.ok()) << out.status();
+      ASSERT_TRUE((*out)[0].Ready().status().ok());
+      kept.push_back((*out)[0]);
+    }
+    EXPECT_EQ(events() - before, mode == DispatchMode::kParallel ? kCalls : 2 * kCalls)
+        << (mode == DispatchMode::kParallel ? "parallel" : "sequential");
+  }
+}
+
 // Review of issue 23's client I/O: any client could reset the controller's peak-memory counter
 // (and so hide another's peak); only the cluster's admin may.
 TEST_F(GrpcClusterTest, OnlyTheAdminResetsTheControllersPeakMemory) {

@@ -100,11 +100,16 @@ struct HostWork {
   std::shared_ptr<const std::vector<BufferId>> buffers;  // Value index -> this run's buffer.
   size_t begin = 0;
   size_t end = 0;
+  // Whether the host says at once that the work is enqueued (sequential dispatch waits for it
+  // before the next node); else a worker process may say so with the work's end (one message,
+  // not two), giving when it was enqueued.
+  bool ack_enqueue_at_once = true;
   BufferId buffer(int value) const { return (*buffers)[value]; }
 };
 
 struct DispatchAck {
-  Future<> enqueued;  // Host-side work done: every item is on its device queue.
+  // Host-side work done: every item is on its device queue; when (this process's clock).
+  Future<absl::Time> enqueued;
   // Every item has finished: the device time they took (nanoseconds, summed over the devices:
   // each device's time in the work's launches, from each launch to its outputs; what a device
   // waited for before a launch, its inputs, memory or a compile, is not counted, a collective's
@@ -181,9 +186,10 @@ struct HostStatus {
   int64_t checkpoint_bytes_saved = 0;
   int64_t checkpoint_bytes_loaded = 0;
   // A worker process's command stream: the commands read, and the messages they came in (a
-  // message carries a batch). None in process.
+  // message carries a batch); the events it sent back. None in process.
   int64_t commands_received = 0;
   int64_t command_messages_received = 0;
+  int64_t events_sent = 0;  // Its answers on that stream (enqueued, done).
 };
 
 }  // namespace pw

@@ -226,7 +226,7 @@ std::shared_ptr<const Worker::SegmentPlan> Worker::MakePlan(const HostWork& work
   return plan;
 }
 
-void Worker::DispatchSegments(std::shared_ptr<const HostWork> work, Promise<> enqueued,
+void Worker::DispatchSegments(std::shared_ptr<const HostWork> work, Promise<absl::Time> enqueued,
                               Promise<int64_t> done) {
   std::shared_ptr<const SegmentPlan> plan = PlanOf(*work);
   trace::Span span(trace::HostTrack(host_), "dispatch", work->program->program,
@@ -248,7 +248,7 @@ void Worker::DispatchSegments(std::shared_ptr<const HostWork> work, Promise<> en
     }
   }
   if (!plan->malformed.ok()) {
-    enqueued.Set();
+    enqueued.Set(absl::Now());
     return done.Set(plan->malformed);
   }
   // Until every segment and transfer has ended: what they point into.
@@ -313,7 +313,7 @@ void Worker::DispatchSegments(std::shared_ptr<const HostWork> work, Promise<> en
       RunSegment(*s, health);
     });
   }
-  enqueued.Set();
+  enqueued.Set(absl::Now());
   d->done.future().OnReady([done = std::move(done), d](const absl::Status& s) mutable {
     if (!s.ok()) return done.Set(s);
     done.Set(d->device_ns.load(std::memory_order_relaxed));  // Every segment has added its own.

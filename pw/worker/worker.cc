@@ -204,7 +204,7 @@ Device* Worker::FindDevice(DeviceId id) const {
 }
 
 DispatchAck Worker::Dispatch(HostWork work) {
-  Promise<> enqueued;
+  Promise<absl::Time> enqueued;
   Promise<int64_t> done;
   DispatchAck ack{enqueued.future(), done.future()};
   dispatch_.Post([this, work = std::make_shared<const HostWork>(std::move(work)),

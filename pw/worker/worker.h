@@ -141,7 +141,7 @@ class Worker final : public WorkerInterface {
   std::shared_ptr<const SegmentPlan> MakePlan(const HostWork& work);
   // On the dispatch thread: drops the plans of `programs` and of programs that have gone.
   void DropPlans(const absl::flat_hash_set<uint64_t>& programs);
-  void DispatchSegments(std::shared_ptr<const HostWork> work, Promise<> enqueued,
+  void DispatchSegments(std::shared_ptr<const HostWork> work, Promise<absl::Time> enqueued,
                         Promise<int64_t> done);
   // On the device thread: runs the segment's steps in order.
   void RunSegment(Segment& segment, absl::Status health);
