@@ -649,7 +649,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   // through info.done).
   if (options_.on_run_enqueued) {
     enqueued.OnReady([this, submitted](const absl::StatusOr<absl::Time>& at) {
-      options_.on_run_enqueued((at.ok() ? *at : absl::Now()) - submitted);
+      if (at.ok()) options_.on_run_enqueued(*at - submitted);
     });
   }
   return Future<RunInfo>::Ready(std::move(info));

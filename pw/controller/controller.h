@@ -64,7 +64,8 @@ class Controller final : public ControllerInterface {
     // Called as each run finishes (on the controller's completion thread; must not block):
     // the time from its submission, and its outcome. Metrics observe runs through it.
     std::function<void(absl::Duration, const absl::Status&)> on_run_done;
-    // Told each run's dispatch overhead: submission to enqueued on every device.
+    // Told each enqueued run's dispatch overhead: submission to enqueued on every device (told
+    // before the run's end).
     std::function<void(absl::Duration)> on_run_enqueued;
     // The worker processes' trace recorders (pw/server): started with each trace, and their
     // events (on this process's clock) collected at its end. Unset for an embedded cluster,

@@ -55,7 +55,8 @@ class RemoteWorker::Stream final
     pw::MutexLock lock(&mu_);
     if (closed_) return;
     queue_.Push(std::move(c));
-    if (queue_.writing() || alarm_armed_) return;  // Goes with the write under way or due.
+    // A write under way is followed by the next (this goes in it); an armed alarm flushes it.
+    if (queue_.writing() || alarm_armed_) return;
     alarm_armed_ = true;
     // Its callback runs later, on a gRPC thread (never inline): safe under mu_.
     alarm_.Set(absl::ToChronoTime(absl::Now() + owner_->lazy_flush_), [this](bool) { OnAlarm(); });
@@ -243,11 +244,14 @@ void RemoteWorker::OnEvent(const v1::CommandEvent& e) {
   if (p.fetched.has_value()) return Fetched(std::move(p), e, s);
   if (p.transfer.has_value()) Transferred(p, e, s);
   if (p.enqueued.valid()) {
-    // A dispatch acknowledged with its end says how long before it the work was enqueued.
-    if (!s.ok()) p.enqueued.Set(s);
-    else if (e.kind() == v1::CommandEvent::ENQUEUED) p.enqueued.Set(absl::Now());
-    else p.enqueued.Set(std::clamp(absl::Now() - absl::Nanoseconds(e.enqueued_before_ns()),
-                                   p.sent, absl::Now()));
+    // A dispatch acknowledged with its end says how long before it the work was enqueued (a
+    // failed run's work may well have been).
+    const absl::Time now = absl::Now();
+    if (e.has_enqueued_before_ns())
+      p.enqueued.Set(std::clamp(now - absl::Nanoseconds(e.enqueued_before_ns()),
+                                std::min(p.sent, now), now));
+    else if (!s.ok()) p.enqueued.Set(s);
+    else p.enqueued.Set(now);
   }
   if (e.kind() != v1::CommandEvent::DONE) return;
   if (p.done.valid()) p.done.Set(s);

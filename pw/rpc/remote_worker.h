@@ -121,7 +121,7 @@ class RemoteWorker final : public WorkerInterface {
   void Send(::pathways::v1::Command c, Pending p, const HostProgram* program = nullptr);
   void OpenStreamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A command no event answers (deletes, cancellations): dropped once the worker has failed.
-  // A lazy one (deletes, forgotten runs) goes with the next command, or after lazy_flush_.
+  // A lazy one (deletes, forgotten runs) goes in the next write, at the latest after lazy_flush_.
   void SendUnacknowledged(::pathways::v1::Command c, bool lazy = false);
   void OnEvent(const ::pathways::v1::CommandEvent& e);
   void OnStreamEnd(Stream* stream, const absl::Status& s);

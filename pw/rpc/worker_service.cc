@@ -191,7 +191,8 @@ class WorkerService::CommandStream final
   void Apply(v1::Command& c) {
     const uint64_t seq = c.seq();
     auto fail = [&](const absl::Status& s, bool dispatch) {
-      if (dispatch) Send(sink_, seq, v1::CommandEvent::ENQUEUED, s);
+      if (dispatch && !c.dispatch().ack_enqueue_with_done())
+        Send(sink_, seq, v1::CommandEvent::ENQUEUED, s);
       Send(sink_, seq, v1::CommandEvent::DONE, s);
     };
     WorkerInterface* worker = service_->worker_;

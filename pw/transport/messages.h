@@ -108,7 +108,9 @@ struct HostWork {
 };
 
 struct DispatchAck {
-  // Host-side work done: every item is on its device queue; when (this process's clock).
+  // Host-side work done: every item is on its device queue; when (this process's clock). From
+  // a worker process, for work not acknowledged at once (HostWork::ack_enqueue_at_once), it is
+  // ready only with the work's end, giving the earlier instant; an error if it never was.
   Future<absl::Time> enqueued;
   // Every item has finished: the device time they took (nanoseconds, summed over the devices:
   // each device's time in the work's launches, from each launch to its outputs; what a device
