@@ -25,10 +25,10 @@ std::chrono::system_clock::time_point Deadline() {
 
 // The command stream: commands are written from a queue, those queued during a write together
 // in the next (BatchQueue); events are read until the stream ends. A command that can wait
-// (WriteLazy) starts no write of its own: it goes with the next one, or after the owner's
-// lazy_flush if none comes sooner (an alarm). A hold keeps the call open until the read side has ended and no write
-// or alarm is outstanding, so Write never reaches a finished call; writes after that are dropped
-// (the owner fails their commands).
+// (WriteLazy) starts no write of its own: it goes in the next one, or after the owner's
+// lazy_flush if none comes sooner (an alarm). A hold keeps the call open until the read side has
+// ended and no write or alarm is outstanding, so Write never reaches a finished call; writes
+// after that are dropped (the owner fails their commands).
 class RemoteWorker::Stream final
     : public grpc::ClientBidiReactor<v1::CommandBatch, v1::CommandEventBatch> {
  public:

@@ -147,6 +147,21 @@ class GrpcClusterTest : public ::testing::Test {
       absl::SleepFor(absl::Milliseconds(10));
     ASSERT_EQ(controller_->alive_hosts(), n);
   }
+  // A client, function `f` (ReduceAdd) bound to one device and its input `x` there, called once
+  // (what a first call brings, a compile and the host program's body, is behind it).
+  struct OneDevice {
+    std::unique_ptr<Client> client;
+    BoundFunction f;
+    Array x;
+  };
+  OneDevice CallOnOneDevice() {
+    auto client = *Client::Connect(remote_.get(), "c");
+    Slice s = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 1});
+    BoundFunction f = *client->Pmap(ReduceAdd("f"), s);
+    Array x = *client->Put(F32({1}), s.info().id, Sharding::Split({1}, 1, 0));
+    EXPECT_TRUE((*f.Call({x}))[0].Ready().status().ok());
+    return {std::move(client), std::move(f), std::move(x)};
+  }
   // Waits until the controller holds no buffers and runs, then checks every live host is empty.
   void ExpectNothingLeft() {
     const absl::Time deadline = absl::Now() + kGuard;
@@ -621,11 +636,9 @@ TEST_F(GrpcClusterTest, ADeleteTravelsWithTheNextCommandAndArrivesWhenNoneFollow
   ControllerServer::Options o = Patient();
   o.lazy_command_flush = absl::Seconds(5);
   Start(1, 1, 1, o);
-  auto client = *Client::Connect(remote_.get(), "c");
-  Slice s = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 1});
-  BoundFunction f = *client->Pmap(ReduceAdd("f"), s);
-  Array x = *client->Put(F32({1}), s.info().id, Sharding::Split({1}, 1, 0));
-  ASSERT_TRUE((*f.Call({x}))[0].Ready().status().ok());
+  OneDevice d = CallOnOneDevice();
+  BoundFunction& f = d.f;
+  Array& x = d.x;
   auto received = [&] {
     const HostStatus h = StatusOfEveryHost(*remote_).value().hosts.at(0);
     return std::pair{h.commands_received, h.command_messages_received};
@@ -652,11 +665,9 @@ TEST_F(GrpcClusterTest, ADeleteTravelsWithTheNextCommandAndArrivesWhenNoneFollow
 // each node's enqueue before sending the next, still gets both.
 TEST_F(GrpcClusterTest, AParallelDispatchIsAnsweredOnceSequentialTwice) {
   Start(1, 1, 1);
-  auto client = *Client::Connect(remote_.get(), "c");
-  Slice s = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 1});
-  BoundFunction f = *client->Pmap(ReduceAdd("f"), s);
-  Array x = *client->Put(F32({1}), s.info().id, Sharding::Split({1}, 1, 0));
-  ASSERT_TRUE((*f.Call({x}))[0].Ready().status().ok());
+  OneDevice d = CallOnOneDevice();
+  BoundFunction& f = d.f;
+  Array& x = d.x;
   auto events = [&] { return StatusOfEveryHost(*remote_).value().hosts.at(0).events_sent; };
   constexpr int kCalls = 5;
   for (DispatchMode mode : {DispatchMode::kParallel, DispatchMode::kSequential}) {
