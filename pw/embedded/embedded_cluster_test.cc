@@ -221,10 +221,11 @@ TEST_P(ClusterTest, ReshardsBetweenShardings) {
   EXPECT_EQ(Values((*out)[0]), (std::vector<float>{1, 2, 3, 4}));
   const LinkBytes after_gather = ReceivedBytes(controller()).value();
   EXPECT_EQ(after_gather.dcn, 2 * 16) << "each replica receives the whole f32[4] over DCN";
-  // Over the wire, each replica fetched both halves (8 bytes each); in process nothing moved.
-  EXPECT_EQ(after_gather.dcn_wire, grpc() ? 2 * 16 : 0);
+  // Over the wire, s1's host fetched each half (8 bytes) once for both its replicas; in process
+  // nothing moved.
+  EXPECT_EQ(after_gather.dcn_wire, grpc() ? 2 * 8 : 0);
 
-  // Back: each half is cut from one replica, fetched whole over the wire (16 bytes for 8).
+  // Back: both halves are cut from one replica, fetched once, whole, over the wire (16 bytes).
   Program back = *c->Trace(
       "unshard", {g}, [&](std::vector<Value> v) { return std::vector<Value>{split(rep(v[0]))}; });
   out = back.Call({F32({1, 2, 3, 4})});
@@ -232,7 +233,7 @@ TEST_P(ClusterTest, ReshardsBetweenShardings) {
   EXPECT_EQ(Values((*out)[0]), (std::vector<float>{1, 2, 3, 4}));
   const LinkBytes after_split = ReceivedBytes(controller()).value();
   EXPECT_EQ(after_split.dcn - after_gather.dcn, 2 * 8);
-  EXPECT_EQ(after_split.dcn_wire - after_gather.dcn_wire, grpc() ? 2 * 16 : 0);
+  EXPECT_EQ(after_split.dcn_wire - after_gather.dcn_wire, grpc() ? 16 : 0);
   EXPECT_EQ(after_split.ici, 0);
   EXPECT_EQ(after_split.ici_wire, 0);
 }

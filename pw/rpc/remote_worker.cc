@@ -42,11 +42,17 @@ class RemoteWorker::Stream final
 
   // gRPC calls are made without holding mu_: a reaction may run inline.
   void Write(v1::Command c) {
+    std::vector<v1::Command> one;
+    one.push_back(std::move(c));
+    WriteAll(std::move(one));
+  }
+  // Commands that go in one write (unless one is under way: then all go in the next).
+  void WriteAll(std::vector<v1::Command> cs) {
     v1::CommandBatch* first = nullptr;
     {
       pw::MutexLock lock(&mu_);
       if (closed_) return;
-      queue_.Push(std::move(c));
+      for (v1::Command& c : cs) queue_.Push(std::move(c));
       first = queue_.StartNext();
     }
     if (first != nullptr) StartWrite(first);
@@ -220,6 +226,27 @@ void RemoteWorker::Send(v1::Command c, Pending p, const HostProgram* program) {
     failed = failed_;
   }
   FailPending(p, Where(absl::UnavailableError(failed)));
+}
+
+void RemoteWorker::SendAll(std::vector<std::pair<v1::Command, Pending>> commands) {
+  std::string failed;
+  {
+    pw::MutexLock lock(&mu_);
+    if (failed_.empty()) {
+      OpenStreamLocked();
+      std::vector<v1::Command> batch;
+      for (auto& [c, p] : commands) {
+        const uint64_t seq = next_seq_++;
+        c.set_seq(seq);
+        pending_.emplace(seq, std::move(p));
+        batch.push_back(std::move(c));
+      }
+      stream_->WriteAll(std::move(batch));
+      return;
+    }
+    failed = failed_;
+  }
+  for (auto& [c, p] : commands) FailPending(p, Where(absl::UnavailableError(failed)));
 }
 
 void RemoteWorker::OnEvent(const v1::CommandEvent& e) {
@@ -681,6 +708,25 @@ Future<DeviceBufferRef> RemoteWorker::FetchShard(BufferId id, DeviceId device) {
   c.mutable_fetch_shard()->set_device(device.value());
   Send(std::move(c), std::move(p));
   return f;
+}
+
+std::vector<Future<DeviceBufferRef>> RemoteWorker::FetchShards(
+    BufferId id, const std::vector<DeviceId>& devices) {
+  std::vector<Future<DeviceBufferRef>> shards;
+  std::vector<std::pair<v1::Command, Pending>> fetches;
+  for (DeviceId device : devices) {
+    Pending p;
+    p.fetched.emplace();
+    p.buffer = id;
+    p.device = device;
+    shards.push_back(p.fetched->future());
+    v1::Command c;
+    c.mutable_fetch_shard()->set_buffer(id.value());
+    c.mutable_fetch_shard()->set_device(device.value());
+    fetches.emplace_back(std::move(c), std::move(p));
+  }
+  SendAll(std::move(fetches));
+  return shards;
 }
 
 UploadAck RemoteWorker::ExpectUpload(BufferId id, DeviceId device, const ArraySpec& spec) {

@@ -46,6 +46,9 @@ class RemoteWorker final : public WorkerInterface {
   DispatchAck Dispatch(HostWork work) override;
   Future<> PutShard(BufferId id, DeviceId device, HostArray shard) override;
   Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) override;
+  // One message asks for them all; the worker answers them in one (WorkerService).
+  std::vector<Future<DeviceBufferRef>> FetchShards(BufferId id,
+                                                   const std::vector<DeviceId>& devices) override;
   bool remote() const override { return true; }
   // The worker's bulk stream serves the client, under a new key (NewSecret) per transfer.
   UploadAck ExpectUpload(BufferId id, DeviceId device, const ArraySpec& spec) override;
@@ -119,6 +122,8 @@ class RemoteWorker final : public WorkerInterface {
   // Sends `c` (with seq set) on the stream, opening it if needed; `p` is kept until DONE.
   // Writes `c` on the command stream (a dispatch of `program`: with its body the first time).
   void Send(::pathways::v1::Command c, Pending p, const HostProgram* program = nullptr);
+  // Sends `commands` in one write (each kept with its Pending until answered).
+  void SendAll(std::vector<std::pair<::pathways::v1::Command, Pending>> commands);
   void OpenStreamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A command no event answers (deletes, cancellations): dropped once the worker has failed.
   // A lazy one (deletes, forgotten runs) goes in the next write, at the latest after lazy_flush_.

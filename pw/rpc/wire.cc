@@ -650,6 +650,7 @@ void ToProto(const HostStatus& h, v1::HostStatus* out) {
   out->set_commands_received(h.commands_received);
   out->set_command_messages_received(h.command_messages_received);
   out->set_events_sent(h.events_sent);
+  out->set_event_messages_sent(h.event_messages_sent);
   out->set_dispatch_queue_depth(static_cast<int64_t>(h.dispatch_queue_depth));
   out->set_cancelled_shards(h.cancelled_shards);
   out->set_functions(static_cast<int64_t>(h.functions));
@@ -681,6 +682,7 @@ absl::StatusOr<HostStatus> FromProto(const v1::HostStatus& p) {
   h.commands_received = p.commands_received();
   h.command_messages_received = p.command_messages_received();
   h.events_sent = p.events_sent();
+  h.event_messages_sent = p.event_messages_sent();
   PW_ASSIGN_OR_RETURN(h.dispatch_queue_depth,
                       Count(p.dispatch_queue_depth(), "host status dispatch_queue_depth"));
   PW_ASSIGN_OR_RETURN(h.cancelled_shards,

@@ -95,6 +95,7 @@ class WorkerService::CommandStream final
     service_->commands_received_.fetch_add(commands_.items_size(), std::memory_order_relaxed);
     service_->command_messages_received_.fetch_add(1, std::memory_order_relaxed);
     for (v1::Command& c : *commands_.mutable_items()) Apply(c);
+    AnswerFetches();
     commands_.Clear();
     StartRead(&commands_);
   }
@@ -112,6 +113,7 @@ class WorkerService::CommandStream final
       }
       next = events_.StartNext();
       more = events_.more();
+      if (next != nullptr) service_->event_messages_sent_.fetch_add(1, std::memory_order_relaxed);
     }
     if (next != nullptr) StartWrite(next, Coalesced(more));
     MaybeFinish();
@@ -138,44 +140,103 @@ class WorkerService::CommandStream final
     pw::MutexLock lock(&sink->mu);
     if (sink->stream != nullptr) sink->stream->Enqueue(std::move(e));
   }
-  // Answers fetch `seq` with shard `b`'s bytes, or with too_large.
-  static void SendShard(const std::shared_ptr<Sink>& sink, uint64_t seq, const DeviceBufferRef& b) {
-    auto e = std::make_shared<v1::CommandEvent>();
-    e->set_seq(seq);
-    e->set_kind(v1::CommandEvent::DONE);
-    const ArraySpec spec = b->spec();
+  static void DeliverAll(const std::shared_ptr<Sink>& sink, std::vector<v1::CommandEvent> es) {
+    pw::MutexLock lock(&sink->mu);
+    if (sink->stream != nullptr) sink->stream->EnqueueAll(std::move(es));
+  }
+  // The answer to fetch `seq`, given to `done`: shard `b`'s bytes (copied to host memory first
+  // where they are not there), too_large, or the error.
+  static void MakeShardEvent(uint64_t seq, const absl::StatusOr<DeviceBufferRef>& b,
+                             absl::AnyInvocable<void(v1::CommandEvent)> done) {
+    v1::CommandEvent e;
+    e.set_seq(seq);
+    e.set_kind(v1::CommandEvent::DONE);
+    if (!b.ok()) {
+      ToProto(b.status(), e.mutable_status());
+      return done(std::move(e));
+    }
+    const ArraySpec spec = (*b)->spec();
     const size_t size = static_cast<size_t>(spec.size_bytes());
     if (size > kOneChunkMaxBytes) {
-      e->set_too_large(true);
-      return Deliver(sink, std::move(*e));
+      e.set_too_large(true);
+      return done(std::move(e));
     }
-    ToProto(spec, e->mutable_shard()->mutable_spec());
-    std::string* data = e->mutable_shard()->mutable_data();
-    if (const HostDeviceBuffer* host = b->AsHost(); host != nullptr) {
+    ToProto(spec, e.mutable_shard()->mutable_spec());
+    std::string* data = e.mutable_shard()->mutable_data();
+    if (const HostDeviceBuffer* host = (*b)->AsHost(); host != nullptr) {
       data->assign(static_cast<const char*>(host->data()), size);
-      return Deliver(sink, std::move(*e));
+      return done(std::move(e));
     }
     data->resize(size);
-    b->CopyToHost(data->data()).OnReady([sink, e, b](const absl::Status& s) {
-      if (!s.ok()) {
-        e->clear_shard();
-        ToProto(s, e->mutable_status());
-      }
-      Deliver(sink, std::move(*e));
-    });
+    auto event = std::make_shared<v1::CommandEvent>(std::move(e));
+    (*b)->CopyToHost(event->mutable_shard()->mutable_data()->data())
+        .OnReady([event, b = *b, done = std::move(done)](const absl::Status& s) mutable {
+          if (!s.ok()) {
+            event->clear_shard();
+            ToProto(s, event->mutable_status());
+          }
+          done(std::move(*event));
+        });
   }
 
  private:
   void Enqueue(v1::CommandEvent e) {
+    std::vector<v1::CommandEvent> one;
+    one.push_back(std::move(e));
+    EnqueueAll(std::move(one));
+  }
+  // Events that go in one write (unless one is under way: then all go in the next).
+  void EnqueueAll(std::vector<v1::CommandEvent> es) {
     v1::CommandEventBatch* first = nullptr;
     {
       pw::MutexLock lock(&mu_);
       if (write_failed_ || finished_) return;
-      service_->events_sent_.fetch_add(1, std::memory_order_relaxed);
-      events_.Push(std::move(e));
+      service_->events_sent_.fetch_add(static_cast<int64_t>(es.size()), std::memory_order_relaxed);
+      for (v1::CommandEvent& e : es) events_.Push(std::move(e));
       first = events_.StartNext();
+      if (first != nullptr) service_->event_messages_sent_.fetch_add(1, std::memory_order_relaxed);
     }
     if (first != nullptr) StartWrite(first);
+  }
+
+  // Answers the fetches that came in one batch of commands: those of one buffer together, in
+  // one write, once all are ready (a reader asks for a buffer's shards together, FetchShards;
+  // they are made by one computation, so none waits long for the others).
+  void AnswerFetches() {
+    while (!fetches_.empty()) {
+      const BufferId buffer = fetches_.front().buffer;
+      std::vector<Fetch> group;
+      auto others = std::stable_partition(fetches_.begin(), fetches_.end(),
+                                          [&](const Fetch& f) { return f.buffer == buffer; });
+      std::move(fetches_.begin(), others, std::back_inserter(group));
+      fetches_.erase(fetches_.begin(), others);
+      struct Answers {
+        pw::Mutex mu;
+        std::vector<v1::CommandEvent> events ABSL_GUARDED_BY(mu);
+        size_t left ABSL_GUARDED_BY(mu);
+      };
+      auto answers = std::make_shared<Answers>();
+      {
+        pw::MutexLock lock(&answers->mu);
+        answers->events.resize(group.size());
+        answers->left = group.size();
+      }
+      for (size_t i = 0; i < group.size(); ++i) {
+        group[i].shard.OnReady([sink = sink_, answers, i, seq = group[i].seq](
+                                   const absl::StatusOr<DeviceBufferRef>& b) {
+          MakeShardEvent(seq, b, [sink, answers, i](v1::CommandEvent e) {
+            std::vector<v1::CommandEvent> all;
+            {
+              pw::MutexLock lock(&answers->mu);
+              answers->events[i] = std::move(e);
+              if (--answers->left > 0) return;
+              all = std::move(answers->events);
+            }
+            DeliverAll(sink, std::move(all));
+          });
+        });
+      }
+    }
   }
 
   void MaybeFinish() {
@@ -255,11 +316,9 @@ class WorkerService::CommandStream final
         const v1::ShardRequest& f = c.fetch_shard();
         if (f.buffer() < 0 || f.device() < 0)
           return fail(absl::InvalidArgumentError("fetch shard: negative buffer or device id"), false);
-        worker->FetchShard(BufferId(f.buffer()), DeviceId(f.device()))
-            .OnReady([sink = sink_, seq](const absl::StatusOr<DeviceBufferRef>& b) {
-              if (!b.ok()) return Send(sink, seq, v1::CommandEvent::DONE, b.status());
-              SendShard(sink, seq, *b);
-            });
+        // Answered with the batch's other fetches of the buffer (AnswerFetches).
+        fetches_.push_back({BufferId(f.buffer()), seq,
+                            worker->FetchShard(BufferId(f.buffer()), DeviceId(f.device()))});
         return;
       }
       case v1::Command::kClientUpload:
@@ -462,6 +521,13 @@ class WorkerService::CommandStream final
   WorkerService* const service_;
   const std::shared_ptr<Sink> sink_;
   v1::CommandBatch commands_;  // Only the gRPC read path touches it.
+  // A batch's fetches, answered after it (AnswerFetches). Only the gRPC read path touches it.
+  struct Fetch {
+    BufferId buffer;
+    uint64_t seq;
+    Future<DeviceBufferRef> shard;
+  };
+  std::vector<Fetch> fetches_;
   pw::Mutex mu_;
   BatchQueue<v1::CommandEventBatch> events_ ABSL_GUARDED_BY(mu_);
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
@@ -735,14 +801,16 @@ grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx
   const int64_t commands = commands_received_.load(std::memory_order_relaxed);
   const int64_t messages = command_messages_received_.load(std::memory_order_relaxed);
   const int64_t events = events_sent_.load(std::memory_order_relaxed);
-  worker_->Status().OnReady([r, resp, programs, commands, messages,
-                             events](const absl::StatusOr<HostStatus>& status) {
+  const int64_t event_messages = event_messages_sent_.load(std::memory_order_relaxed);
+  worker_->Status().OnReady([r, resp, programs, commands, messages, events,
+                             event_messages](const absl::StatusOr<HostStatus>& status) {
     if (status.ok()) {
       HostStatus s = *status;
       s.programs = programs;
       s.commands_received = commands;
       s.command_messages_received = messages;
       s.events_sent = events;
+      s.event_messages_sent = event_messages;
       ToProto(s, resp);
     }
     r->Finish(ToGrpc(status.status()));

@@ -119,6 +119,7 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   std::atomic<int64_t> commands_received_{0};
   std::atomic<int64_t> command_messages_received_{0};
   std::atomic<int64_t> events_sent_{0};
+  std::atomic<int64_t> event_messages_sent_{0};
 };
 
 }  // namespace pw::rpc

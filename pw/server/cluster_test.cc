@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -682,6 +683,57 @@ TEST_F(GrpcClusterTest, AParallelDispatchIsAnsweredOnceSequentialTwice) {
     EXPECT_EQ(events() - before, mode == DispatchMode::kParallel ? kCalls : 2 * kCalls)
         << (mode == DispatchMode::kParallel ? "parallel" : "sequential");
   }
+}
+
+// Issue 23, item 1: the shards a transfer reads from one host are asked for in one message and
+// answered in one (RemoteWorker::FetchShards; the worker answers a batch's fetches of one buffer
+// together), not with a request and an answer per shard.
+TEST_F(GrpcClusterTest, AHostsShardsOfATransferAreAskedForAndAnsweredInOneMessage) {
+  ControllerServer::Options o = Patient();
+  o.lazy_command_flush = absl::Seconds(5);  // Releases travel with the next dispatch.
+  Start(1, 2, 2, o);
+  auto client = *Client::Connect(remote_.get(), "c");
+  Slice sa = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  Slice sb = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  const HostId from = sa.info().hosts[0];
+  ASSERT_EQ(sa.info().hosts, (std::vector<HostId>{from, from}));
+  ASSERT_EQ(sb.info().hosts[0], sb.info().hosts[1]);
+  ASSERT_NE(sb.info().hosts[0], from);
+  BoundFunction fa = *client->Pmap(ReduceAdd("a"), sa);
+  BoundFunction fb = *client->Pmap(ReduceAdd("b"), sb);
+  Program g = *client->Trace("g", {{DType::kF32, Shape({2})}}, [&](std::vector<Value> v) {
+    return std::vector<Value>{fb(fa(v[0]))};  // fb reads both of fa's shards from `from`.
+  });
+  Array x = *client->Put(F32({1, 2}), sa.info().id, Sharding::Split({2}, 1, 0));
+  auto call = [&] {
+    auto out = g.Run({x});
+    ASSERT_TRUE(out.ok()) << out.status();
+    auto y = (*out)[0].ToHost();
+    ASSERT_TRUE(y.ok()) << y.status();
+    EXPECT_EQ(y->values<float>(), (std::vector<float>{9, 9}));
+  };
+  call();  // Compiles, and sends the programs' bodies.
+  auto counts = [&] {
+    const ClusterStatus status = StatusOfEveryHost(*remote_).value();
+    for (const HostStatus& h : status.hosts)
+      if (h.host == from)
+        return std::array<int64_t, 4>{h.commands_received, h.command_messages_received,
+                                      h.events_sent, h.event_messages_sent};
+    ADD_FAILURE() << "no status of " << from.ToString();
+    return std::array<int64_t, 4>{};
+  };
+  const std::array<int64_t, 4> before = counts();
+  constexpr int kCalls = 10;
+  for (int i = 0; i < kCalls; ++i) call();
+  const std::array<int64_t, 4> after = counts();
+  const int64_t commands = after[0] - before[0], command_messages = after[1] - before[1];
+  const int64_t events = after[2] - before[2], event_messages = after[3] - before[3];
+  // Each call: fa's dispatch (with the previous call's release) from the controller, and two
+  // fetches from fb's host; fa's end and the two shards back.
+  EXPECT_GE(commands, 3 * kCalls);
+  EXPECT_EQ(command_messages, 2 * kCalls) << commands << " commands";
+  EXPECT_EQ(events, 3 * kCalls);
+  EXPECT_EQ(event_messages, 2 * kCalls);
 }
 
 // Review of issue 23's client I/O: any client could reset the controller's peak-memory counter

@@ -32,6 +32,16 @@ class WorkerInterface {
   // One shard's buffer once it is ready (the data plane's read side). A shard whose producing
   // dispatch has not reached this host yet is waited for.
   virtual Future<DeviceBufferRef> FetchShard(BufferId id, DeviceId device) = 0;
+  // Several shards of buffer `id`, as FetchShard each (in `devices`' order). A remote worker
+  // asks for them in one message and answers them together, once all are ready: the shards of
+  // one buffer are made by one SPMD computation, so they are ready at about the same time.
+  virtual std::vector<Future<DeviceBufferRef>> FetchShards(BufferId id,
+                                                           const std::vector<DeviceId>& devices) {
+    std::vector<Future<DeviceBufferRef>> shards;
+    shards.reserve(devices.size());
+    for (DeviceId d : devices) shards.push_back(FetchShard(id, d));
+    return shards;
+  }
   // Client I/O beside the controller. ExpectUpload: a client sends shard `spec` of buffer `id`
   // to this host's data plane itself; the shard exists from now on for work queued after this
   // call and is ready once its bytes are stored (UploadAck). OfferShard: the shard, once ready,

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -238,53 +239,100 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
                                                node.name, work.program->program});
   const ArraySpec shard_spec{t.global.dtype, t.dst_sharding.ShardShape(t.global.shape)};
   const size_t esize = DTypeSize(t.global.dtype);
+  // One source per distinct source region overlapping a local shard: same device, then same host.
+  struct Source {
+    Box box;
+    int rank;
+    int score;
+  };
+  struct LocalShard {
+    DeviceId device_id;
+    Device* device;
+    Box box;
+    std::vector<Source> sources;
+  };
+  std::vector<LocalShard> shards;
   for (int rank : t.local_ranks) {
     const DeviceId device_id = t.dst_devices[rank];
-    const std::string where = NodeWhere(work, node, device_id);
     Device* device = FindDevice(device_id);
     if (device == nullptr) {
-      absl::Status error = absl::InternalError(
-          absl::StrCat(where, ": ", device_id.ToString(), " is not on ", host_.ToString()));
+      absl::Status error = absl::InternalError(absl::StrCat(
+          NodeWhere(work, node, device_id), ": ", device_id.ToString(), " is not on ",
+          host_.ToString()));
       PutFailed(work.buffer(t.dst), device_id, error);
       done->Add();
       done->Done(error);
       continue;
     }
-    const Box dst_box = t.dst_sharding.ShardBox(t.global.shape, rank);
-    // One source per distinct source region overlapping ours: same device, then same host.
-    struct Source {
-      Box box;
-      int rank;
-      int score;
-    };
-    std::vector<Source> sources;
+    LocalShard& shard = shards.emplace_back();
+    shard.device_id = device_id;
+    shard.device = device;
+    shard.box = t.dst_sharding.ShardBox(t.global.shape, rank);
     for (int s = 0; s < static_cast<int>(t.src_devices.size()); ++s) {
       Box box = t.src_sharding.ShardBox(t.global.shape, s);
       Box overlap;
       for (size_t d = 0; d < box.start.size(); ++d) {
-        overlap.start.push_back(std::max(box.start[d], dst_box.start[d]));
-        overlap.limit.push_back(std::min(box.limit[d], dst_box.limit[d]));
+        overlap.start.push_back(std::max(box.start[d], shard.box.start[d]));
+        overlap.limit.push_back(std::min(box.limit[d], shard.box.limit[d]));
       }
       if (overlap.num_elements() == 0) continue;
       int score = t.src_devices[s] == device_id ? 0 : t.src_hosts[s] == host_ ? 1 : 2;
-      auto it = std::find_if(sources.begin(), sources.end(),
+      auto it = std::find_if(shard.sources.begin(), shard.sources.end(),
                              [&](const Source& x) { return x.box == box; });
-      if (it == sources.end()) {
-        sources.push_back({box, s, score});
+      if (it == shard.sources.end()) {
+        shard.sources.push_back({box, s, score});
       } else if (score < it->score) {
         *it = {box, s, score};
       }
     }
+  }
+  // Each source shard is fetched once, a host's together (one message to a remote host).
+  struct FromHost {
+    HostId host;
+    std::vector<int> ranks;
+  };
+  std::vector<FromHost> from_hosts;
+  absl::flat_hash_map<int, Future<DeviceBufferRef>> fetched_by_rank;
+  // Whether its bytes come from another process (counted as wire bytes where first used).
+  absl::flat_hash_map<int, bool> crossed_by_rank;
+  for (const LocalShard& shard : shards) {
+    for (const Source& s : shard.sources) {
+      if (!crossed_by_rank.emplace(s.rank, false).second) continue;
+      const HostId h = t.src_hosts[s.rank];
+      auto it = std::find_if(from_hosts.begin(), from_hosts.end(),
+                             [&](const FromHost& f) { return f.host == h; });
+      if (it == from_hosts.end()) it = from_hosts.insert(from_hosts.end(), FromHost{h, {}});
+      it->ranks.push_back(s.rank);
+    }
+  }
+  for (const FromHost& f : from_hosts) {
+    WorkerInterface* peer = f.host == host_ ? this : peers_(f.host);
+    std::vector<DeviceId> devices;
+    for (int r : f.ranks) devices.push_back(t.src_devices[r]);
+    std::vector<Future<DeviceBufferRef>> got =
+        peer != nullptr ? peer->FetchShards(work.buffer(t.src), devices)
+                        : std::vector<Future<DeviceBufferRef>>(
+                              f.ranks.size(), Future<DeviceBufferRef>::Ready(absl::UnavailableError(
+                                                  absl::StrCat(f.host.ToString(), " is unreachable"))));
+    for (size_t i = 0; i < f.ranks.size(); ++i) {
+      fetched_by_rank.emplace(f.ranks[i], got[i]);
+      crossed_by_rank[f.ranks[i]] = peer != nullptr && peer->remote();
+    }
+  }
+  for (LocalShard& shard : shards) {
+    const DeviceId device_id = shard.device_id;
+    Device* device = shard.device;
+    const Box dst_box = shard.box;
+    const std::string where = NodeWhere(work, node, device_id);
+    const std::vector<Source>& sources = shard.sources;
     std::vector<Future<DeviceBufferRef>> fetched;
     std::vector<Future<>> deps;
     std::vector<bool> crossed;  // Per source: its bytes come from another process.
     for (const Source& s : sources) {
-      WorkerInterface* peer = t.src_hosts[s.rank] == host_ ? this : peers_(t.src_hosts[s.rank]);
-      crossed.push_back(peer != nullptr && peer->remote());
-      Future<DeviceBufferRef> f =
-          peer == nullptr ? Future<DeviceBufferRef>::Ready(absl::UnavailableError(absl::StrCat(
-                                t.src_hosts[s.rank].ToString(), " is unreachable")))
-                          : peer->FetchShard(work.buffer(t.src), t.src_devices[s.rank]);
+      bool& crossing = crossed_by_rank.at(s.rank);
+      crossed.push_back(crossing);
+      crossing = false;  // Its bytes crossed once.
+      Future<DeviceBufferRef> f = fetched_by_rank.at(s.rank);
       deps.push_back(AsStatusFuture(f));
       fetched.push_back(std::move(f));
     }
