@@ -286,39 +286,13 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
       }
     }
   }
-  // Each source shard is fetched once, a host's together (one message to a remote host).
-  struct FromHost {
-    HostId host;
-    std::vector<int> ranks;
-  };
-  std::vector<FromHost> from_hosts;
-  absl::flat_hash_map<int, Future<DeviceBufferRef>> fetched_by_rank;
-  // Whether its bytes come from another process (counted as wire bytes where first used).
-  absl::flat_hash_map<int, bool> crossed_by_rank;
-  for (const LocalShard& shard : shards) {
-    for (const Source& s : shard.sources) {
-      if (!crossed_by_rank.emplace(s.rank, false).second) continue;
-      const HostId h = t.src_hosts[s.rank];
-      auto it = std::find_if(from_hosts.begin(), from_hosts.end(),
-                             [&](const FromHost& f) { return f.host == h; });
-      if (it == from_hosts.end()) it = from_hosts.insert(from_hosts.end(), FromHost{h, {}});
-      it->ranks.push_back(s.rank);
-    }
-  }
-  for (const FromHost& f : from_hosts) {
-    WorkerInterface* peer = f.host == host_ ? this : peers_(f.host);
-    std::vector<DeviceId> devices;
-    for (int r : f.ranks) devices.push_back(t.src_devices[r]);
-    std::vector<Future<DeviceBufferRef>> got =
-        peer != nullptr ? peer->FetchShards(work.buffer(t.src), devices)
-                        : std::vector<Future<DeviceBufferRef>>(
-                              f.ranks.size(), Future<DeviceBufferRef>::Ready(absl::UnavailableError(
-                                                  absl::StrCat(f.host.ToString(), " is unreachable"))));
-    for (size_t i = 0; i < f.ranks.size(); ++i) {
-      fetched_by_rank.emplace(f.ranks[i], got[i]);
-      crossed_by_rank[f.ranks[i]] = peer != nullptr && peer->remote();
-    }
-  }
+  // Each source shard is fetched once, a host's together.
+  std::vector<int> src_ranks;
+  for (const LocalShard& shard : shards)
+    for (const Source& s : shard.sources)
+      if (std::find(src_ranks.begin(), src_ranks.end(), s.rank) == src_ranks.end())
+        src_ranks.push_back(s.rank);
+  absl::flat_hash_map<int, Fetched> fetched_by_rank = FetchSources(t, work.buffer(t.src), src_ranks);
   for (LocalShard& shard : shards) {
     const DeviceId device_id = shard.device_id;
     Device* device = shard.device;
@@ -329,10 +303,10 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
     std::vector<Future<>> deps;
     std::vector<bool> crossed;  // Per source: its bytes come from another process.
     for (const Source& s : sources) {
-      bool& crossing = crossed_by_rank.at(s.rank);
-      crossed.push_back(crossing);
-      crossing = false;  // Its bytes crossed once.
-      Future<DeviceBufferRef> f = fetched_by_rank.at(s.rank);
+      Fetched& from = fetched_by_rank.at(s.rank);
+      crossed.push_back(from.remote);
+      from.remote = false;  // Its bytes crossed once, counted with the first shard using them.
+      Future<DeviceBufferRef> f = from.shard;
       deps.push_back(AsStatusFuture(f));
       fetched.push_back(std::move(f));
     }
@@ -407,6 +381,31 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
       });
     });
   }
+}
+
+absl::flat_hash_map<int, Worker::Fetched> Worker::FetchSources(const TransferWork& t, BufferId src,
+                                                                const std::vector<int>& ranks) {
+  std::vector<std::pair<HostId, std::vector<int>>> by_host;  // In first-use order.
+  for (int r : ranks) {
+    auto it = std::find_if(by_host.begin(), by_host.end(),
+                           [&](const auto& h) { return h.first == t.src_hosts[r]; });
+    if (it == by_host.end()) it = by_host.insert(by_host.end(), {t.src_hosts[r], {}});
+    it->second.push_back(r);
+  }
+  absl::flat_hash_map<int, Fetched> fetched;
+  for (const auto& [host, host_ranks] : by_host) {
+    WorkerInterface* peer = host == host_ ? this : peers_(host);
+    std::vector<DeviceId> devices;
+    for (int r : host_ranks) devices.push_back(t.src_devices[r]);
+    std::vector<Future<DeviceBufferRef>> shards =
+        peer != nullptr ? peer->FetchShards(src, devices)
+                        : std::vector<Future<DeviceBufferRef>>(
+                              devices.size(), Future<DeviceBufferRef>::Ready(absl::UnavailableError(
+                                                  absl::StrCat(host.ToString(), " is unreachable"))));
+    for (size_t i = 0; i < host_ranks.size(); ++i)
+      fetched.emplace(host_ranks[i], Fetched{shards[i], peer != nullptr && peer->remote()});
+  }
+  return fetched;
 }
 
 absl::StatusOr<Worker::NewShard> Worker::StoreNewShard(BufferId id, DeviceId device_id,

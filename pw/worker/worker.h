@@ -120,6 +120,15 @@ class Worker final : public WorkerInterface {
   // wait for, which also goes to `*pending` (if given) for the device thread to wait on.
   static ObjectStore::Memory ReserveMemory(Device& device, int64_t bytes,
                                            Future<ReservationRef>* pending);
+  // A source shard of a transfer, fetched: its buffer, and whether it comes from another process.
+  struct Fetched {
+    Future<DeviceBufferRef> shard;
+    bool remote;
+  };
+  // Fetches the source shards `ranks` (distinct) of transfer `t`'s buffer `src`, each once, a
+  // host's together (FetchShards: one message each way to a remote host). Keyed by rank.
+  absl::flat_hash_map<int, Fetched> FetchSources(const TransferWork& t, BufferId src,
+                                                 const std::vector<int>& ranks);
   // `traced`: the dispatch's trace span is recording (each shard's copy is a span of the host's
   // transfers track, ending the dispatch's flow to it).
   void DispatchTransfer(const HostWork& work, const NodeWork& node, const TransferWork& t,
