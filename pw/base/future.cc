@@ -85,7 +85,8 @@ Future<int64_t> SumFutures(const std::vector<Future<int64_t>>& futures) {
 }
 
 Future<absl::Time> LatestOf(const std::vector<Future<absl::Time>>& futures) {
-  return FoldFutures<absl::Time>(futures, absl::Now(),
+  if (futures.empty()) return Future<absl::Time>::Ready(absl::Now());  // The clock read once here.
+  return FoldFutures<absl::Time>(futures, absl::InfinitePast(),
                                  [](absl::Time a, absl::Time b) { return std::max(a, b); });
 }
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "grpcpp/alarm.h"
 #include "pw/base/status_macros.h"
 #include "pw/dataplane/shm_segment.h"
@@ -41,13 +42,10 @@ class RemoteWorker::Stream final
   }
 
   // gRPC calls are made without holding mu_: a reaction may run inline.
-  void Write(v1::Command c) {
-    std::vector<v1::Command> one;
-    one.push_back(std::move(c));
-    WriteAll(std::move(one));
-  }
-  // Commands that go in one write (unless one is under way: then all go in the next).
-  void WriteAll(std::vector<v1::Command> cs) {
+  void Write(v1::Command c) { WriteAll(absl::MakeSpan(&c, 1)); }
+  // Commands (moved from) that go in one write (unless one is under way: then all go in the
+  // next).
+  void WriteAll(absl::Span<v1::Command> cs) {
     v1::CommandBatch* first = nullptr;
     {
       pw::MutexLock lock(&mu_);
@@ -241,7 +239,7 @@ void RemoteWorker::SendAll(std::vector<std::pair<v1::Command, Pending>> commands
         pending_.emplace(seq, std::move(p));
         batch.push_back(std::move(c));
       }
-      stream_->WriteAll(std::move(batch));
+      stream_->WriteAll(absl::MakeSpan(batch));
       return;
     }
     failed = failed_;
@@ -698,16 +696,7 @@ class FetchCall final : public grpc::ClientReadReactor<v1::ShardChunk> {
 }  // namespace
 
 Future<DeviceBufferRef> RemoteWorker::FetchShard(BufferId id, DeviceId device) {
-  Pending p;
-  p.fetched.emplace();
-  p.buffer = id;
-  p.device = device;
-  Future<DeviceBufferRef> f = p.fetched->future();
-  v1::Command c;
-  c.mutable_fetch_shard()->set_buffer(id.value());
-  c.mutable_fetch_shard()->set_device(device.value());
-  Send(std::move(c), std::move(p));
-  return f;
+  return FetchShards(id, {device})[0];
 }
 
 std::vector<Future<DeviceBufferRef>> RemoteWorker::FetchShards(

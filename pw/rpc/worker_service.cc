@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "pw/base/heap.h"
 #include "pw/base/status_macros.h"
 #include "pw/dataplane/peer_channel.h"
@@ -142,7 +143,7 @@ class WorkerService::CommandStream final
   }
   static void DeliverAll(const std::shared_ptr<Sink>& sink, std::vector<v1::CommandEvent> es) {
     pw::MutexLock lock(&sink->mu);
-    if (sink->stream != nullptr) sink->stream->EnqueueAll(std::move(es));
+    if (sink->stream != nullptr) sink->stream->EnqueueAll(absl::MakeSpan(es));
   }
   // The answer to fetch `seq`, given to `done`: shard `b`'s bytes (copied to host memory first
   // where they are not there), too_large, or the error.
@@ -180,13 +181,10 @@ class WorkerService::CommandStream final
   }
 
  private:
-  void Enqueue(v1::CommandEvent e) {
-    std::vector<v1::CommandEvent> one;
-    one.push_back(std::move(e));
-    EnqueueAll(std::move(one));
-  }
-  // Events that go in one write (unless one is under way: then all go in the next).
-  void EnqueueAll(std::vector<v1::CommandEvent> es) {
+  void Enqueue(v1::CommandEvent e) { EnqueueAll(absl::MakeSpan(&e, 1)); }
+  // Events (moved from) that go in one write (unless one is under way: then all go in the
+  // next).
+  void EnqueueAll(absl::Span<v1::CommandEvent> es) {
     v1::CommandEventBatch* first = nullptr;
     {
       pw::MutexLock lock(&mu_);

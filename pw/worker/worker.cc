@@ -293,7 +293,7 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
       if (std::find(src_ranks.begin(), src_ranks.end(), s.rank) == src_ranks.end())
         src_ranks.push_back(s.rank);
   absl::flat_hash_map<int, Fetched> fetched_by_rank = FetchSources(t, work.buffer(t.src), src_ranks);
-  for (LocalShard& shard : shards) {
+  for (const LocalShard& shard : shards) {
     const DeviceId device_id = shard.device_id;
     Device* device = shard.device;
     const Box dst_box = shard.box;
