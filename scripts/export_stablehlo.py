@@ -13,6 +13,7 @@ import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 SCALAR = jax.ShapeDtypeStruct((), jnp.float32)
 
@@ -55,31 +56,36 @@ def export_spmd(fn, shard_args, n):
     return jax.export.export(jax.jit(mapped))(*args)
 
 
-# name: (function of one shard, per-shard inputs, axis size): exported as pw.pmap does.
+# name: (function of one shard, per-shard inputs, mesh {axis: size}): exported as pw.pmap does.
 RUNTIME_FUNCTIONS = {
-    "rt_psum2": (lambda x: jax.lax.psum(x * 2.0, "i"), [VEC3], 2),
-    "rt_psum4": (lambda x: jax.lax.psum(x * 2.0, "i"), [VEC3], 4),
-    "rt_allgather_sum4": (lambda x: x + jnp.sum(jax.lax.all_gather(x, "i")), [VEC3], 4),
+    "rt_psum2": (lambda x: jax.lax.psum(x * 2.0, "i"), [VEC3], {"i": 2}),
+    "rt_psum4": (lambda x: jax.lax.psum(x * 2.0, "i"), [VEC3], {"i": 4}),
+    "rt_allgather_sum4": (lambda x: x + jnp.sum(jax.lax.all_gather(x, "i")), [VEC3], {"i": 4}),
+    # Over one axis of a 2 x 2 mesh: ranks {0, 1} and {2, 3} meet apart.
+    "rt_psum_model4": (lambda x: jax.lax.psum(x * 2.0, "model"), [VEC3],
+                       {"data": 2, "model": 2}),
 }
 
 
-def export_runtime(fn, shard_args, n):
+def export_runtime(fn, shard_args, mesh_axes):
     here = pathlib.Path(__file__).resolve().parent.parent / "python" / "pathways" / "_collectives.py"
     spec = importlib.util.spec_from_file_location("pw_collectives", here)
     collectives = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(collectives)
     from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
-    mesh = AbstractMesh((n,), ("i",))
+    axes, shape = tuple(mesh_axes), tuple(mesh_axes.values())
+    n = int(np.prod(shape))
+    mesh = AbstractMesh(shape, axes)
 
     def per_device(*xs):
         return jax.tree.map(lambda y: y[None], fn(*(x[0] for x in xs)))
 
-    mapped = jax.shard_map(per_device, mesh=mesh, in_specs=P("i"), out_specs=P("i"),
+    mapped = jax.shard_map(per_device, mesh=mesh, in_specs=P(axes), out_specs=P(axes),
                            check_vma=False)
-    args = [jax.ShapeDtypeStruct((n, *a.shape), a.dtype, sharding=NamedSharding(mesh, P("i")))
+    args = [jax.ShapeDtypeStruct((n, *a.shape), a.dtype, sharding=NamedSharding(mesh, P(axes)))
             for a in shard_args]
     body = collectives.shard_map_body(jax.make_jaxpr(jax.jit(mapped))(*args))
-    shard = collectives.per_shard_function(body, "i", n)
+    shard = collectives.per_shard_function(body, axes, shape)
 
     def per_shard(*xs):
         return [y[0] for y in shard(*(x[None] for x in xs))]
@@ -97,8 +103,8 @@ def main() -> None:
     for name, (fn, args, n) in SPMD_FUNCTIONS.items():
         exported = export_spmd(fn, args, n)
         (out / f"{name}.mlirbc").write_bytes(exported.mlir_module_serialized)
-    for name, (fn, args, n) in RUNTIME_FUNCTIONS.items():
-        exported = export_runtime(fn, args, n)
+    for name, (fn, args, mesh) in RUNTIME_FUNCTIONS.items():
+        exported = export_runtime(fn, args, mesh)
         (out / f"{name}.mlirbc").write_bytes(exported.mlir_module_serialized)
 
 

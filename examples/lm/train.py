@@ -2,9 +2,12 @@
 the same global batch and the same number of devices, and checks each against plain JAX on one
 device:
 
-- spmd:              data-parallel over a slice of `stages` devices on one island (pw.pmap; each
-                     device takes its share of the batch, the gradients are averaged inside the
-                     compiled step with jax.lax.pmean);
+- spmd:              data x model parallel over a slice of `stages` devices on one island, a
+                     (data, model) mesh with `--model-parallel` ranks (default 2) per group
+                     (pw.pmap over both axes: each data-parallel group takes its share of the
+                     batch; each model-parallel rank holds its share of every block's heads
+                     and MLP units, Megatron's split, their partial sums meeting in a psum over
+                     "model"; the gradients are averaged over "data" inside the compiled step);
 - pipeline:          GPipe: `stages` stages, each on its own one-device slice of one island,
                      `--microbatches` microbatches; one @pw.program per step runs every
                      microbatch forward through the stages, then backward (each stage's forward
@@ -15,7 +18,7 @@ device:
                      rest on island 1, so activations and gradients cross DCN.
 
     .venv/bin/python examples/lm/train.py [--layouts spmd,pipeline,pipeline_2islands]
-        [--steps 5] [--batch 16] [--microbatches 4] [--stages 4]
+        [--steps 5] [--batch 16] [--microbatches 4] [--stages 4] [--model-parallel 2]
 
 Each layout prints its loss per step, then the relative difference of its last loss and its
 parameters from the one-device run's (the check: within 1e-5), then runs `--timed-steps` more
@@ -27,7 +30,8 @@ received per step (from the cluster's status). The cluster is the one at PW_CLUS
 
 With --json (`pw bench lm --json`), one JSON object on stdout: {"results": [{"layout",
 "tokens_per_second", "bubble_fraction", "dcn_bytes_per_step", "loss_rel_diff_vs_one_device",
-"params_rel_diff_vs_one_device", "gpipe_bubble_fraction", "losses"}, ...], "one_device_losses"};
+"params_rel_diff_vs_one_device", "gpipe_bubble_fraction", "losses"} (spmd's also "mesh": {"data",
+"model"}), ...], "one_device_losses"};
 progress goes to stderr.
 """
 from __future__ import annotations
@@ -83,27 +87,43 @@ def one_device(c, args, data):
 
 
 def spmd(c, args, vds):
-    """Data-parallel over one slice: one compiled step per call, a pmean of the gradients."""
-    n = args.stages
-    devices = vds.add_slice(devices=n)
+    """Data x model parallel over one slice of `stages` devices, a (data, model) mesh of
+    `--model-parallel` ranks per data-parallel group: each group takes its share of the batch;
+    inside a group each rank holds its share of every block's heads and MLP units (Megatron's
+    split, lm.shard_params) and the blocks' partial sums meet in a psum over "model"; the
+    gradients are averaged over "data". One compiled step per call."""
+    n, mp = args.stages, args.model_parallel
+    dp = n // mp
+    devices = vds.add_slice(devices=n, mesh=(dp, mp), axis_names=("data", "model"))
+    tp = lm.tensor_parallel("model") if mp > 1 else None
 
-    def dp_step(params, tokens, targets):
-        value, grads = jax.value_and_grad(lambda p: lm.loss(c, p, tokens, targets))(params)
-        grads, value = jax.lax.pmean((grads, value), "batch")
+    def step(params, tokens, targets):
+        value, grads = jax.value_and_grad(lambda p: lm.loss(c, p, tokens, targets, tp))(params)
+        grads, value = jax.lax.pmean((grads, value), "data")
         return lm.sgd(params, grads, LEARNING_RATE), value
 
-    step_fn = pw.pmap(dp_step, devices=devices, axis_name="batch", in_axes=(None, 0, 0),
-                      out_axes=None)
+    step_fn = pw.pmap(step, devices=devices, axis_name=("data", "model"), in_axes=0,
+                      out_axes=(0, None))
 
     @pw.program
     def train_step(params, tokens, targets):
         return step_fn(params, tokens, targets)
 
-    def run(params, tokens, targets):
-        shape = (n, tokens.shape[0] // n) + tokens.shape[1:]
-        return train_step(params, tokens.reshape(shape), targets.reshape(shape))
+    def per_rank(x):  # Rank (d, m) takes data-parallel group d's share of the batch.
+        return np.repeat(x.reshape((dp, x.shape[0] // dp) + x.shape[1:]), mp, axis=0)
 
-    return run, lm.init_params(c, args.seed, 1), [devices]
+    def run(params, tokens, targets):
+        return train_step(params, per_rank(tokens), per_rank(targets))
+
+    # Each device's parameters, stacked along a leading axis in rank order (row-major).
+    shards = lm.shard_params(c, lm.init_params(c, args.seed, 1), mp)
+    params = jax.tree.map(lambda *xs: np.stack(xs), *[shards[r % mp] for r in range(n)])
+
+    def whole(params):  # Data-parallel group 0's ranks hold the whole model between them.
+        ranks = [jax.tree.map(lambda x: np.asarray(x)[m], params) for m in range(mp)]
+        return lm.join_params(ranks)
+
+    return run, params, [devices], whole
 
 
 def pipeline(c, args, vds, islands):
@@ -192,7 +212,7 @@ def pipeline(c, args, vds, islands):
         split = lambda a: [a[m * mb:(m + 1) * mb] for m in range(m_count)]
         return train_step(params, split(tokens), split(targets))
 
-    return run, lm.init_params(c, args.seed, s_count), slices
+    return run, lm.init_params(c, args.seed, s_count), slices, lambda params: params
 
 
 def counters(devices) -> tuple[float, int]:
@@ -205,12 +225,12 @@ def counters(devices) -> tuple[float, int]:
 
 def train(layout, c, args, data, vds, log):
     if layout == "spmd":
-        run, params, slices = spmd(c, args, vds)
+        run, params, slices, whole = spmd(c, args, vds)
     else:
         half = args.stages // 2
         islands = ([0] * args.stages if layout == "pipeline"
                    else [0] * half + [1] * (args.stages - half))
-        run, params, slices = pipeline(c, args, vds, islands)
+        run, params, slices, whole = pipeline(c, args, vds, islands)
     log(f"{layout}: devices {[s.devices[0] if s.num_devices == 1 else s.devices for s in slices]}"
         f" on islands {sorted({i for s in slices for i in s.islands})}")
     mean = lambda v: float(np.mean([float(x) for x in v])) if isinstance(v, list) else float(v)
@@ -221,7 +241,7 @@ def train(layout, c, args, data, vds, log):
         losses.append(mean(value))
         log(f"  step {step + 1:3d}  loss {losses[-1]:.6f}  "
             f"{(time.perf_counter() - t0) * 1e3:8.1f} ms")
-    checked = params
+    checked = whole(params)
     devices = [d for s in slices for d in s.devices]
     busy0, dcn0 = counters(devices)
     t0 = time.perf_counter()
@@ -246,6 +266,9 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=16, help="global batch (sequences)")
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--stages", type=int, default=4, help="pipeline stages = devices")
+    parser.add_argument("--model-parallel", type=int, default=2,
+                        help="spmd: model-parallel ranks per data-parallel group (must divide "
+                             "--stages, the heads and the MLP units; 1: data-parallel only)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--remat", action="store_true",
                         help="pipelines: each stage's backward recomputes its forward (GPipe's "
@@ -265,6 +288,14 @@ def main(argv=None) -> int:
     if args.steps < 1 or args.timed_steps < 1 or args.stages < 2:
         parser.error("--steps and --timed-steps must be at least 1, --stages at least 2")
     c = lm.Config()
+    if (args.model_parallel < 1 or args.stages % args.model_parallel
+            or args.batch % (args.stages // args.model_parallel)):
+        parser.error(f"--model-parallel {args.model_parallel} must divide --stages "
+                     f"{args.stages}, and the data-parallel width --batch {args.batch}")
+    try:
+        lm.check_model_parallel(c, args.model_parallel)
+    except ValueError as e:
+        parser.error(f"--model-parallel: {e}")
     corpus = lm.load_corpus()
     stream = lm.batches(corpus, args.batch, c.seq, args.seed)
     data = [next(stream) for _ in range(args.steps)]
@@ -287,6 +318,9 @@ def main(argv=None) -> int:
             f"{timing['tokens_per_second']:.0f} tokens/s, devices idle "
             f"{timing['bubble_fraction']:.2f} of the time (GPipe's bubble: {gpipe:.2f}), "
             f"{timing['dcn_bytes_per_step']:.0f} DCN bytes/step")
+        if layout == "spmd":
+            timing["mesh"] = {"data": args.stages // args.model_parallel,
+                              "model": args.model_parallel}
         results.append({"layout": layout, **timing, "loss_rel_diff_vs_one_device": loss_diff,
                         "params_rel_diff_vs_one_device": param_diff,
                         "gpipe_bubble_fraction": gpipe, "losses": losses})

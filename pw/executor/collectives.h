@@ -42,15 +42,18 @@
 
 namespace pw {
 
-// Identifies one collective op: the run, the node in it, and the op's index inside the node's
-// function (a fused function holds many collectives). Identical on every shard.
+// Identifies one collective op: the run, the node in it, the op's index inside the node's
+// function (a fused function holds many collectives), and which group of the launch's shards
+// meets (a collective over one axis of a 2-D mesh meets in several groups at once; 0 when the
+// whole launch meets). Identical on every shard of the group.
 struct CollectiveKey {
   int64_t run = 0;
   int32_t node = 0;
   int32_t op = 0;
+  int32_t group = 0;
   template <typename H>
   friend H AbslHashValue(H h, const CollectiveKey& k) {
-    return H::combine(std::move(h), k.run, k.node, k.op);
+    return H::combine(std::move(h), k.run, k.node, k.op, k.group);
   }
   friend bool operator==(const CollectiveKey&, const CollectiveKey&) = default;
 };

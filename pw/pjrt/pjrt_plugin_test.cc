@@ -8,12 +8,17 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
+#include "pw/base/status_matchers.h"
 #include "pw/executor/collectives.h"
+#include "pw/pjrt/runtime_collectives.h"
 #include "pw/pjrt/shard_executable.h"
 
 namespace pw::pjrt {
 namespace {
+
+using ::testing::HasSubstr;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -260,12 +265,26 @@ class PjrtRuntimeCollectivesTest : public ::testing::Test {
   void SetUp() override {
     backend_ = std::make_shared<PjrtBackend>(PW_PJRT_CPU_PLUGIN, devices_);
     ASSERT_TRUE(backend_->RuntimeCollectives().ok()) << backend_->RuntimeCollectives();
-    StableHloFunctionDef def{"rt_psum4", ReadFile(std::string(PW_STABLEHLO_TESTDATA) +
-                                                  "/rt_psum4.mlirbc"),
+    Load("rt_psum4");
+  }
+
+  // Compiles test function `name` (f32[3] -> f32[3], collectives over 4 devices) as exe_.
+  void Load(const std::string& name) {
+    StableHloFunctionDef def{name, ReadFile(absl::StrCat(PW_STABLEHLO_TESTDATA, "/", name,
+                                                         ".mlirbc")),
                              {{DType::kF32, Shape({3})}}, {{DType::kF32, Shape({3})}}, 1, 4};
     auto exe = PjrtShardExecutable::Compile(backend_, def, devices_);
     ASSERT_TRUE(exe.ok()) << exe.status();
     exe_ = *exe;
+  }
+
+  // Runs rank r of run `run` on its own thread each; their outputs or errors.
+  std::vector<absl::StatusOr<std::vector<float>>> LaunchAll(int run) {
+    std::vector<absl::StatusOr<std::vector<float>>> outs(4, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 4; ++r) threads.emplace_back([&, r] { outs[r] = LaunchRank(run, r); });
+    for (auto& t : threads) t.join();
+    return outs;
   }
 
   // Launches rank r of run `run` with input (r, 10 r, run); returns its output or error.
@@ -295,16 +314,53 @@ class PjrtRuntimeCollectivesTest : public ::testing::Test {
 
 TEST_F(PjrtRuntimeCollectivesTest, ShardsOnTheirOwnThreadsMeetInTheRuntimesAllReduce) {
   for (int run = 1; run <= 3; ++run) {
-    std::vector<absl::StatusOr<std::vector<float>>> outs(4, absl::UnknownError("not run"));
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 4; ++r) threads.emplace_back([&, r] { outs[r] = LaunchRank(run, r); });
-    for (auto& t : threads) t.join();
+    std::vector<absl::StatusOr<std::vector<float>>> outs = LaunchAll(run);
     for (int r = 0; r < 4; ++r) {
       ASSERT_TRUE(outs[r].ok()) << outs[r].status();
       EXPECT_EQ(*outs[r], (std::vector<float>{12.f, 120.f, 8.f * run})) << "rank " << r;
     }
   }
   EXPECT_EQ(collectives_.pending(), 0u);
+}
+
+// psum over "model" of a (data 2, model 2) mesh: ranks {0, 1} and {2, 3} reduce apart.
+TEST_F(PjrtRuntimeCollectivesTest, ACollectiveOverOneAxisOfAMeshMeetsInEachGroupApart) {
+  Load("rt_psum_model4");
+  for (int run = 1; run <= 2; ++run) {
+    std::vector<absl::StatusOr<std::vector<float>>> outs = LaunchAll(run);
+    for (int r = 0; r < 4; ++r) {
+      ASSERT_TRUE(outs[r].ok()) << outs[r].status();
+      const float sum = r < 2 ? 0.f + 1.f : 2.f + 3.f;  // 2 x (r of both ranks of its group).
+      EXPECT_EQ(*outs[r], (std::vector<float>{2.f * sum, 20.f * sum, 4.f * run})) << "rank " << r;
+    }
+  }
+  EXPECT_EQ(collectives_.pending(), 0u);
+}
+
+TEST(CollectiveLaunchTest, GroupOfFindsTheShardsGroupAndRefusesGroupsThatDoNotSplitTheLaunch) {
+  const std::vector<DeviceId> devices = {DeviceId(4), DeviceId(5), DeviceId(6), DeviceId(7)};
+  Collectives collectives;
+  CollectiveLaunch launch(CollectiveKey{1, 0, 0}, 2, devices, &collectives);
+  const int64_t by_data[] = {0, 2, 1, 3};  // Over "data" of a 2 x 2 mesh.
+  absl::StatusOr<CollectiveLaunch::Group> g = launch.GroupOf(by_data, 2);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ(g->index, 0);
+  EXPECT_EQ(g->rank, 1);
+  EXPECT_EQ(g->devices, (std::vector<DeviceId>{DeviceId(4), DeviceId(6)}));
+  EXPECT_EQ(launch.NextKey(0, g->index).group, 0);
+  EXPECT_EQ(launch.NextKey(0, 1).group, 1);
+
+  const int64_t twice[] = {0, 1, 1, 3};
+  const int64_t outside[] = {0, 1, 2, 4};
+  const int64_t short_list[] = {0, 1};
+  EXPECT_THAT(launch.GroupOf(twice, 2).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 1 at position 2 is twice")));
+  EXPECT_THAT(launch.GroupOf(outside, 2).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("rank 4 at position 3 is outside")));
+  EXPECT_THAT(launch.GroupOf(short_list, 2).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("do not split the launch's 4")));
+  EXPECT_THAT(launch.GroupOf(by_data, 3).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("groups of 3")));
 }
 
 TEST_F(PjrtRuntimeCollectivesTest, ARemovedPeerFailsTheCollectiveNamingItInsteadOfHanging) {

@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <complex>
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "pw/base/status_macros.h"
 #include "xla/ffi/api/ffi.h"  // From the installed jaxlib wheel (see CMakeLists.txt).
 
 namespace pw::pjrt {
@@ -146,20 +148,31 @@ absl::StatusOr<Reduction> ReductionOf(int64_t r) {
   return static_cast<Reduction>(r);
 }
 
-// Runs the next invocation of collective `op_id` of `launch`: run(collectives, key). A failure
-// says which collective it was and where.
+// Which ranks of a launch meet in one collective (the `groups`/`group_size` attributes).
+struct Meeting {
+  Meeting(ffi::Span<const int64_t> g, int64_t size)
+      : groups(g.size() == 0 ? nullptr : &g.front(), g.size()), group_size(size) {}
+  absl::Span<const int64_t> groups;
+  int64_t group_size;
+};
+
+// Runs the next invocation of collective `op_id` of `launch` in this shard's group:
+// run(collectives, key, group). A failure says which collective it was and where.
 template <typename F>
-absl::Status InLaunch(CollectiveLaunch* launch, int64_t op_id, absl::string_view kind,
-                      const F& run) {
+absl::Status InLaunch(CollectiveLaunch* launch, int64_t op_id, const Meeting& meeting,
+                      absl::string_view kind, const F& run) {
   if (launch == nullptr || launch->collectives() == nullptr)
     return absl::FailedPreconditionError(absl::StrCat(
         kind, ": this computation was launched without the runtime's collectives"));
-  const CollectiveKey key = launch->NextKey(op_id);
+  absl::StatusOr<CollectiveLaunch::Group> group =
+      launch->GroupOf(meeting.groups, meeting.group_size);
+  if (!group.ok()) return Annotate(group.status(), kind);
+  const CollectiveKey key = launch->NextKey(op_id, group->index);
   trace::Span span(trace::DeviceTrack(launch->devices()[launch->rank()]), "collective", kind);
   span.Arg("run", key.run).Arg("op", static_cast<int64_t>(key.op))
-      .Arg("ranks", static_cast<int64_t>(launch->devices().size()));
+      .Arg("ranks", static_cast<int64_t>(group->size()));
   const int64_t t0 = Collectives::Timed() ? trace::Now() : 0;
-  absl::Status s = run(*launch->collectives(), key);
+  absl::Status s = run(*launch->collectives(), key, *group);
   launch->collectives()->Count(t0 == 0 ? 0 : trace::Now() - t0);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat(kind, " (", launch->Where(key), "): ",
@@ -168,13 +181,19 @@ absl::Status InLaunch(CollectiveLaunch* launch, int64_t op_id, absl::string_view
   return s;
 }
 
-// Runs one collective of `launch` with this shard's `in`/`out`; `combine` gets every rank's.
-absl::Status RunCollective(CollectiveLaunch* launch, int64_t op_id, absl::string_view kind,
-                           const void* in, size_t in_bytes, void* out, size_t out_bytes,
-                           const Collectives::Combine& combine) {
-  return InLaunch(launch, op_id, kind, [&](Collectives& c, const CollectiveKey& key) {
-    return c.Run(key, launch->devices(), launch->rank(), in, in_bytes, out, out_bytes, combine);
-  });
+// Runs one collective of `launch` with this shard's `in`/`out`; `combine` gets every rank's of
+// the group. `out_bytes(n)`: the output's size for a group of n ranks, checked first.
+absl::Status RunCollective(CollectiveLaunch* launch, int64_t op_id, const Meeting& meeting,
+                           absl::string_view kind, const void* in, size_t in_bytes, void* out,
+                           size_t out_bytes,
+                           const std::function<absl::Status(int n, size_t)>& check,
+                           const std::function<Collectives::Combine(int n)>& combine) {
+  return InLaunch(launch, op_id, meeting, kind,
+                  [&](Collectives& c, const CollectiveKey& key, const CollectiveLaunch::Group& g) {
+                    if (absl::Status s = check(g.size(), out_bytes); !s.ok()) return s;
+                    return c.Run(key, g.devices, g.rank, in, in_bytes, out, out_bytes,
+                                 combine(g.size()));
+                  });
 }
 
 absl::Status CheckBytes(absl::string_view kind, size_t got, size_t want) {
@@ -186,8 +205,8 @@ absl::Status CheckBytes(absl::string_view kind, size_t got, size_t want) {
 // ---- Handlers.
 
 ffi::Error AllReduce(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
-                     ffi::Result<ffi::AnyBuffer> y,
-                     int64_t op_id, int64_t reduction) {
+                     ffi::Result<ffi::AnyBuffer> y, int64_t op_id,
+                     ffi::Span<const int64_t> groups, int64_t group_size, int64_t reduction) {
   absl::StatusOr<Reduction> r = ReductionOf(reduction);
   if (!r.ok()) return ToFfi(r.status());
   if (absl::Status s = CheckBytes("all_reduce", y->size_bytes(), x.size_bytes()); !s.ok())
@@ -204,101 +223,113 @@ ffi::Error AllReduce(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*
     const void* both[2] = {acc, in};
     Reduce(type, r, both, 0, n / element, acc).IgnoreError();
   };
-  CollectiveLaunch* launch = LaunchOf(data);
-  return ToFfi(InLaunch(launch, op_id, "all_reduce", [&](Collectives& c, const CollectiveKey& key) {
-    return c.AllReduce(key, launch->devices(), launch->rank(), x.untyped_data(),
-                       y->untyped_data(), bytes, element, reduce);
-  }));
+  return ToFfi(InLaunch(LaunchOf(data), op_id, Meeting(groups, group_size), "all_reduce",
+                        [&](Collectives& c, const CollectiveKey& key,
+                            const CollectiveLaunch::Group& g) {
+                          return c.AllReduce(key, g.devices, g.rank, x.untyped_data(),
+                                             y->untyped_data(), bytes, element, reduce);
+                        }));
 }
 
 ffi::Error AllGather(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
-                     ffi::Result<ffi::AnyBuffer> y,
-                     int64_t op_id) {
-  CollectiveLaunch* launch = LaunchOf(data);
-  const size_t bytes = x.size_bytes(), n = launch == nullptr ? 0 : launch->size();
-  if (absl::Status s = CheckBytes("all_gather", y->size_bytes(), n * bytes); !s.ok())
-    return ToFfi(s);
-  auto combine = [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
-    for (size_t i = 0; i < out.size(); ++i) {
-      for (size_t j = 0; j < in.size(); ++j)
-        std::memcpy(static_cast<char*>(out[i]) + j * bytes, in[j], bytes);
-    }
-    return absl::OkStatus();
+                     ffi::Result<ffi::AnyBuffer> y, int64_t op_id,
+                     ffi::Span<const int64_t> groups, int64_t group_size) {
+  const size_t bytes = x.size_bytes();
+  auto check = [&](int n, size_t out) { return CheckBytes("all_gather", out, n * bytes); };
+  auto combine = [&](int) -> Collectives::Combine {
+    return [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
+      for (size_t i = 0; i < out.size(); ++i) {
+        for (size_t j = 0; j < in.size(); ++j)
+          std::memcpy(static_cast<char*>(out[i]) + j * bytes, in[j], bytes);
+      }
+      return absl::OkStatus();
+    };
   };
-  return ToFfi(RunCollective(launch, op_id, "all_gather", x.untyped_data(), bytes,
-                             y->untyped_data(), n * bytes, combine));
+  return ToFfi(RunCollective(LaunchOf(data), op_id, Meeting(groups, group_size), "all_gather",
+                             x.untyped_data(), bytes, y->untyped_data(), y->size_bytes(), check,
+                             combine));
 }
 
 ffi::Error ReduceScatter(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
-                     ffi::Result<ffi::AnyBuffer> y,
-                         int64_t op_id, int64_t reduction) {
+                         ffi::Result<ffi::AnyBuffer> y, int64_t op_id,
+                         ffi::Span<const int64_t> groups, int64_t group_size, int64_t reduction) {
   absl::StatusOr<Reduction> r = ReductionOf(reduction);
   if (!r.ok()) return ToFfi(r.status());
-  CollectiveLaunch* launch = LaunchOf(data);
-  const size_t n = launch == nullptr ? 1 : launch->size();
-  const size_t bytes = x.size_bytes(), count = x.element_count() / n;
-  if (x.element_count() % n != 0 || y->element_count() != count) {
-    return ToFfi(absl::InvalidArgumentError(absl::StrCat(
-        "reduce_scatter: input of ", x.element_count(), " elements over ", n,
-        " ranks, output of ", y->element_count())));
-  }
   const ffi::DataType type = x.element_type();
-  auto combine = [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
-    absl::Status s;
-    for (size_t j = 0; s.ok() && j < out.size(); ++j)
-      s = Reduce(type, *r, in, j * count, count, out[j]);
-    return s;
+  const size_t in_count = x.element_count(), out_count = y->element_count();
+  auto check = [&](int n, size_t) {
+    if (in_count % n == 0 && out_count == in_count / n) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("reduce_scatter: input of ", in_count,
+                                                   " elements over ", n, " ranks, output of ",
+                                                   out_count));
   };
-  return ToFfi(RunCollective(launch, op_id, "reduce_scatter", x.untyped_data(), bytes,
-                             y->untyped_data(), y->size_bytes(), combine));
+  auto combine = [&](int) -> Collectives::Combine {
+    return [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
+      absl::Status s;
+      for (size_t j = 0; s.ok() && j < out.size(); ++j)
+        s = Reduce(type, *r, in, j * out_count, out_count, out[j]);
+      return s;
+    };
+  };
+  return ToFfi(RunCollective(LaunchOf(data), op_id, Meeting(groups, group_size), "reduce_scatter",
+                             x.untyped_data(), x.size_bytes(), y->untyped_data(),
+                             y->size_bytes(), check, combine));
 }
 
 ffi::Error AllToAll(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
-                     ffi::Result<ffi::AnyBuffer> y,
-                    int64_t op_id) {
-  CollectiveLaunch* launch = LaunchOf(data);
-  const size_t n = launch == nullptr ? 1 : launch->size();
-  const size_t bytes = x.size_bytes(), chunk = bytes / n;
-  if (bytes % n != 0) {
-    return ToFfi(absl::InvalidArgumentError(
-        absl::StrCat("all_to_all: input of ", bytes, " bytes does not split over ", n, " ranks")));
-  }
-  if (absl::Status s = CheckBytes("all_to_all", y->size_bytes(), bytes); !s.ok()) return ToFfi(s);
-  auto combine = [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
-    for (size_t j = 0; j < out.size(); ++j) {
-      for (size_t i = 0; i < in.size(); ++i)
-        std::memcpy(static_cast<char*>(out[j]) + i * chunk,
-                    static_cast<const char*>(in[i]) + j * chunk, chunk);
+                    ffi::Result<ffi::AnyBuffer> y, int64_t op_id,
+                    ffi::Span<const int64_t> groups, int64_t group_size) {
+  const size_t bytes = x.size_bytes();
+  auto check = [&](int n, size_t out) {
+    if (bytes % n != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("all_to_all: input of ", bytes,
+                                                     " bytes does not split over ", n, " ranks"));
     }
-    return absl::OkStatus();
+    return CheckBytes("all_to_all", out, bytes);
   };
-  return ToFfi(RunCollective(launch, op_id, "all_to_all", x.untyped_data(), bytes,
-                             y->untyped_data(), bytes, combine));
+  auto combine = [&](int n) -> Collectives::Combine {
+    const size_t chunk = bytes / n;
+    return [&, chunk](absl::Span<const void* const> in, absl::Span<void* const> out) {
+      for (size_t j = 0; j < out.size(); ++j) {
+        for (size_t i = 0; i < in.size(); ++i)
+          std::memcpy(static_cast<char*>(out[j]) + i * chunk,
+                      static_cast<const char*>(in[i]) + j * chunk, chunk);
+      }
+      return absl::OkStatus();
+    };
+  };
+  return ToFfi(RunCollective(LaunchOf(data), op_id, Meeting(groups, group_size), "all_to_all",
+                             x.untyped_data(), bytes, y->untyped_data(), y->size_bytes(), check,
+                             combine));
 }
 
 ffi::Error Ppermute(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
-                     ffi::Result<ffi::AnyBuffer> y,
-                    int64_t op_id, ffi::Span<const int64_t> pairs) {
-  CollectiveLaunch* launch = LaunchOf(data);
-  const int64_t n = launch == nullptr ? 0 : launch->size();
+                    ffi::Result<ffi::AnyBuffer> y, int64_t op_id,
+                    ffi::Span<const int64_t> groups, int64_t group_size,
+                    ffi::Span<const int64_t> pairs) {
   const size_t bytes = x.size_bytes();
-  if (absl::Status s = CheckBytes("ppermute", y->size_bytes(), bytes); !s.ok()) return ToFfi(s);
-  if (pairs.size() % 2 != 0)
-    return ToFfi(absl::InvalidArgumentError("ppermute: pairs must be (source, destination)"));
-  for (int64_t p : pairs) {
-    if (p < 0 || p >= n) {
-      return ToFfi(absl::InvalidArgumentError(
-          absl::StrCat("ppermute: rank ", p, " is outside the slice of ", n)));
+  auto check = [&](int n, size_t out) {
+    if (pairs.size() % 2 != 0)
+      return absl::InvalidArgumentError("ppermute: pairs must be (source, destination)");
+    for (int64_t p : pairs) {
+      if (p < 0 || p >= n) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ppermute: rank ", p, " is outside the group of ", n));
+      }
     }
-  }
-  auto combine = [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
-    for (void* o : out) std::memset(o, 0, bytes);
-    for (size_t k = 0; k + 1 < pairs.size(); k += 2)
-      std::memcpy(out[pairs[k + 1]], in[pairs[k]], bytes);
-    return absl::OkStatus();
+    return CheckBytes("ppermute", out, bytes);
   };
-  return ToFfi(RunCollective(launch, op_id, "ppermute", x.untyped_data(), bytes,
-                             y->untyped_data(), bytes, combine));
+  auto combine = [&](int) -> Collectives::Combine {
+    return [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
+      for (void* o : out) std::memset(o, 0, bytes);
+      for (size_t k = 0; k + 1 < pairs.size(); k += 2)
+        std::memcpy(out[pairs[k + 1]], in[pairs[k]], bytes);
+      return absl::OkStatus();
+    };
+  };
+  return ToFfi(RunCollective(LaunchOf(data), op_id, Meeting(groups, group_size), "ppermute",
+                             x.untyped_data(), bytes, y->untyped_data(), y->size_bytes(), check,
+                             combine));
 }
 
 // pw_after: y = x, once `after` is written (orders a loop holding collectives after the
@@ -310,13 +341,18 @@ ffi::Error After(ffi::AnyBuffer x, ffi::AnyBuffer /*after*/, ffi::Result<ffi::An
   return ffi::Error::Success();
 }
 
-ffi::Error AxisIndex(LaunchData* data, ffi::Result<ffi::AnyBuffer> y) {
+ffi::Error AxisIndex(LaunchData* data, ffi::Result<ffi::AnyBuffer> y,
+                     ffi::Span<const int64_t> groups, int64_t group_size) {
   CollectiveLaunch* launch = LaunchOf(data);
   if (launch == nullptr)
     return ToFfi(absl::FailedPreconditionError("axis_index: launched without a rank"));
   if (y->element_type() != ffi::DataType::S32 || y->element_count() != 1)
     return ToFfi(absl::InvalidArgumentError("axis_index: output must be s32[]"));
-  *static_cast<int32_t*>(y->untyped_data()) = launch->rank();
+  const Meeting meeting(groups, group_size);
+  absl::StatusOr<CollectiveLaunch::Group> group =
+      launch->GroupOf(meeting.groups, meeting.group_size);
+  if (!group.ok()) return ToFfi(Annotate(group.status(), "axis_index"));
+  *static_cast<int32_t*>(y->untyped_data()) = group->rank;
   return ffi::Error::Success();
 }
 
@@ -329,6 +365,8 @@ XLA_FFI_DEFINE_HANDLER(kAllReduce, AllReduce,
                            .Arg<ffi::AnyBuffer>()  // after: orders the collectives.
                            .Ret<ffi::AnyBuffer>()
                            .Attr<int64_t>("op_id")
+                           .Attr<ffi::Span<const int64_t>>("groups")
+                           .Attr<int64_t>("group_size")
                            .Attr<int64_t>("reduction"));
 XLA_FFI_DEFINE_HANDLER(kAllGather, AllGather,
                        ffi::Ffi::Bind()
@@ -336,7 +374,9 @@ XLA_FFI_DEFINE_HANDLER(kAllGather, AllGather,
                            .Arg<ffi::AnyBuffer>()
                            .Arg<ffi::AnyBuffer>()  // after: orders the collectives.
                            .Ret<ffi::AnyBuffer>()
-                           .Attr<int64_t>("op_id"));
+                           .Attr<int64_t>("op_id")
+                           .Attr<ffi::Span<const int64_t>>("groups")
+                           .Attr<int64_t>("group_size"));
 XLA_FFI_DEFINE_HANDLER(kReduceScatter, ReduceScatter,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::UserData<LaunchData>>()
@@ -344,6 +384,8 @@ XLA_FFI_DEFINE_HANDLER(kReduceScatter, ReduceScatter,
                            .Arg<ffi::AnyBuffer>()  // after: orders the collectives.
                            .Ret<ffi::AnyBuffer>()
                            .Attr<int64_t>("op_id")
+                           .Attr<ffi::Span<const int64_t>>("groups")
+                           .Attr<int64_t>("group_size")
                            .Attr<int64_t>("reduction"));
 XLA_FFI_DEFINE_HANDLER(kAllToAll, AllToAll,
                        ffi::Ffi::Bind()
@@ -351,7 +393,9 @@ XLA_FFI_DEFINE_HANDLER(kAllToAll, AllToAll,
                            .Arg<ffi::AnyBuffer>()
                            .Arg<ffi::AnyBuffer>()  // after: orders the collectives.
                            .Ret<ffi::AnyBuffer>()
-                           .Attr<int64_t>("op_id"));
+                           .Attr<int64_t>("op_id")
+                           .Attr<ffi::Span<const int64_t>>("groups")
+                           .Attr<int64_t>("group_size"));
 XLA_FFI_DEFINE_HANDLER(kPpermute, Ppermute,
                        ffi::Ffi::Bind()
                            .Ctx<ffi::UserData<LaunchData>>()
@@ -359,6 +403,8 @@ XLA_FFI_DEFINE_HANDLER(kPpermute, Ppermute,
                            .Arg<ffi::AnyBuffer>()  // after: orders the collectives.
                            .Ret<ffi::AnyBuffer>()
                            .Attr<int64_t>("op_id")
+                           .Attr<ffi::Span<const int64_t>>("groups")
+                           .Attr<int64_t>("group_size")
                            .Attr<ffi::Span<const int64_t>>("pairs"));
 XLA_FFI_DEFINE_HANDLER(kAfter, After,
                        ffi::Ffi::Bind()
@@ -366,9 +412,42 @@ XLA_FFI_DEFINE_HANDLER(kAfter, After,
                            .Arg<ffi::AnyBuffer>()
                            .Ret<ffi::AnyBuffer>());
 XLA_FFI_DEFINE_HANDLER(kAxisIndex, AxisIndex,
-                       ffi::Ffi::Bind().Ctx<ffi::UserData<LaunchData>>().Ret<ffi::AnyBuffer>());
+                       ffi::Ffi::Bind()
+                           .Ctx<ffi::UserData<LaunchData>>()
+                           .Ret<ffi::AnyBuffer>()
+                           .Attr<ffi::Span<const int64_t>>("groups")
+                           .Attr<int64_t>("group_size"));
 
-CollectiveKey CollectiveLaunch::NextKey(int64_t op_id) {
+absl::StatusOr<CollectiveLaunch::Group> CollectiveLaunch::GroupOf(
+    absl::Span<const int64_t> groups, int64_t group_size) const {
+  const int64_t n = size();
+  if (group_size <= 0 || n % group_size != 0 || static_cast<int64_t>(groups.size()) != n) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "groups of ", group_size, " over ", groups.size(), " ranks do not split the launch's ", n,
+        " ranks"));
+  }
+  Group group;
+  std::vector<bool> seen(n, false);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = groups[i];
+    if (r < 0 || r >= n || seen[r]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "groups: rank ", r, " at position ", i, " is ", r < 0 || r >= n ? "outside" : "twice in",
+          " the launch's ", n, " ranks"));
+    }
+    seen[r] = true;
+    if (r == rank_) {
+      group.index = static_cast<int>(i / group_size);
+      group.rank = static_cast<int>(i % group_size);
+    }
+  }
+  group.devices.reserve(group_size);
+  for (int64_t i = 0; i < group_size; ++i)
+    group.devices.push_back(devices_[groups[group.index * group_size + i]]);
+  return group;
+}
+
+CollectiveKey CollectiveLaunch::NextKey(int64_t op_id, int group) {
   int32_t invocation;
   {
     pw::MutexLock lock(&mu_);
@@ -376,12 +455,14 @@ CollectiveKey CollectiveLaunch::NextKey(int64_t op_id) {
   }
   CollectiveKey key = key_;
   key.op = static_cast<int32_t>(((op_id & 0x7ff) << 20) | (invocation & 0xfffff));
+  key.group = group;
   return key;
 }
 
 std::string CollectiveLaunch::Where(const CollectiveKey& key) const {
   return absl::StrCat("run:", key.run, " node ", key.node, " op ", key.op >> 20, " on rank ",
-                      rank_, " of ", devices_.size());
+                      rank_, " of ", devices_.size(), key.group > 0 ? absl::StrCat(
+                      " (group ", key.group, ")") : "");
 }
 
 absl::Status RegisterRuntimeCollectives(const PjrtPlugin& plugin, absl::string_view platform) {

@@ -6,7 +6,9 @@
 //
 // The client (python/pathways/_collectives.py) exports such a function as one single-device
 // module per shard, in which each collective is `stablehlo.custom_call @pw_<kind>` (api_version 4)
-// with static attributes: `op_id` (the collective's index in the module) and per kind
+// with static attributes: `op_id` (the collective's index in the module), `groups` and
+// `group_size` (which ranks meet: CollectiveLaunch::GroupOf; "rank" and "n" below are a shard's
+// position in its group and the group's size) and per kind
 // `reduction` (kSum/kMax/kMin) or `pairs` (ppermute's source/destination pairs, flattened).
 // Buffers are flat, rank-major, and the layout work (moving axes, tiling) stays in the module:
 //   pw_all_reduce      x[...]   -> y[...]    y = reduce over ranks of x
@@ -39,9 +41,11 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "pw/base/ids.h"
@@ -65,8 +69,22 @@ class CollectiveLaunch {
   int size() const { return static_cast<int>(devices_.size()); }
   absl::Span<const DeviceId> devices() const { return devices_; }
   Collectives* collectives() const { return collectives_; }
-  // The key of the next invocation of op `op_id` in this launch.
-  CollectiveKey NextKey(int64_t op_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The shards one collective meets with: a collective over some axes of a mesh meets in groups
+  // (the ranks that differ only along those axes), given as the `groups` attribute: every rank
+  // of the launch once, group after group, each `group_size` long, in the order the axes number
+  // them (the whole launch, 0..n-1, when it is over every axis).
+  struct Group {
+    int index = 0;  // Which group (CollectiveKey::group).
+    int rank = 0;   // This shard's position in it.
+    std::vector<DeviceId> devices;
+    int size() const { return static_cast<int>(devices.size()); }
+  };
+  // This shard's group; InvalidArgument naming what is wrong if `groups` is not a partition of
+  // the launch's ranks into groups of `group_size`.
+  absl::StatusOr<Group> GroupOf(absl::Span<const int64_t> groups, int64_t group_size) const;
+  // The key of the next invocation of op `op_id` in this launch, for group `group`.
+  CollectiveKey NextKey(int64_t op_id, int group) ABSL_LOCKS_EXCLUDED(mu_);
   // "run:R node N op K": where a collective that failed was.
   std::string Where(const CollectiveKey& key) const;
 

@@ -21,7 +21,7 @@ namespace pw::rpc {
 namespace v1 = ::pathways::v1;
 
 // Bumped on every incompatible change to proto/pathways.proto.
-inline constexpr int32_t kProtocolVersion = 8;  // 8: streams carry batches.
+inline constexpr int32_t kProtocolVersion = 9;  // 9: collectives meet in groups.
 
 // Status <-> gRPC status (the codes are numerically identical).
 // A status message longer than this is cut in ToGrpc: it travels in a header, and a peer drops

@@ -852,7 +852,7 @@ absl::Status WorkerService::Deliver(Collectives* collectives, const v1::Collecti
     collectives->DeliverFailure(c.run(), c.node(), reason);
     return absl::OkStatus();
   }
-  const CollectiveKey key{c.run(), c.node(), c.op()};
+  const CollectiveKey key{c.run(), c.node(), c.op(), c.group()};
   if (c.phase() != 0) {
     if ((c.phase() != 1 && c.phase() != 2) || c.inputs_size() != 1 || c.offset() < 0)
       return absl::InvalidArgumentError(absl::StrCat("collective: malformed piece of phase ",

@@ -360,6 +360,7 @@ void WorkerServer::SendPiece(const CollectiveKey& key, absl::Span<const DeviceId
   c.set_run(key.run);
   c.set_node(key.node);
   c.set_op(key.op);
+  c.set_group(key.group);
   c.set_phase(phase);
   c.set_from_process(from);
   c.set_offset(static_cast<int64_t>(offset));
@@ -388,6 +389,7 @@ void WorkerServer::Send(const CollectiveKey& key, absl::Span<const DeviceId> dev
   c.set_run(key.run);
   c.set_node(key.node);
   c.set_op(key.op);
+  c.set_group(key.group);
   for (size_t i = 0; i < ranks.size(); ++i) {
     c.add_ranks(ranks[i]);
     c.add_inputs(std::move(inputs[i]));

@@ -11,7 +11,13 @@ island's gang order, across worker processes, and fail (instead of hanging) when
 The custom calls take flat, rank-major buffers; the layout work (moving axes, tiling, widening
 16-bit floats for reductions) is done here in JAX, where XLA compiles it with the rest.
 
-Not supported (a clear error at bind time): collectives over other axes than the one mapped,
+A function may be mapped over a mesh of several axes (pw.pmap with a tuple of axis names over a
+slice's mesh, e.g. ("data", "model")): a collective over some of them meets in groups, the ranks
+that differ only along those axes (`meeting`), which every call names in its `groups` and
+`group_size` attributes, so a psum over "model" reduces within each model-parallel group and one
+over "data" across them.
+
+Not supported (a clear error at bind time): collectives over other axes than the ones mapped,
 axis_index_groups, nested shard_map/pmap, and collectives whose primitive this module does not
 know (listed in the error).
 """
@@ -46,10 +52,10 @@ def export_checks():
     return [jax.export.DisabledSafetyCheck.custom_call(t) for t in TARGETS]
 
 
-def per_shard_function(body_jaxpr, axis: str, n: int):
-    """A function of one shard's blocks that evaluates `body_jaxpr` (a shard_map body over
-    `axis` of size `n`) with runtime collectives."""
-    interp = _Interpreter(axis, n)
+def per_shard_function(body_jaxpr, axes, shape):
+    """A function of one shard's blocks that evaluates `body_jaxpr` (a shard_map body over a
+    mesh of `axes` (names) with sizes `shape`, ranks row-major) with runtime collectives."""
+    interp = _Interpreter(tuple(axes), tuple(int(k) for k in shape))
 
     if body_jaxpr.constvars:
         raise UnsupportedCollective("a shard_map body with constants is not supported")
@@ -86,9 +92,21 @@ def _sub_jaxprs(params):
                 yield x
 
 
+def meeting(mesh_axes, mesh_shape, axes):
+    """Which ranks of a mesh meet in a collective over `axes` (a subset of `mesh_axes`, in the
+    order that numbers a group's ranks, as JAX's axis_index over a tuple of axes does): every
+    rank once, group after group (groups ordered by the other axes, row-major), and the size of
+    a group. Over every axis in mesh order this is 0..n-1 and n."""
+    grid = np.arange(int(np.prod(mesh_shape, dtype=np.int64))).reshape(mesh_shape)
+    inside = [mesh_axes.index(a) for a in axes]
+    outside = [i for i in range(len(mesh_axes)) if i not in inside]
+    size = int(np.prod([mesh_shape[i] for i in inside], dtype=np.int64))
+    return grid.transpose(outside + inside).reshape(-1).astype(np.int64), size
+
+
 class _Interpreter:
-    def __init__(self, axis: str, n: int):
-        self.axis, self.n = axis, n
+    def __init__(self, axes, shape):
+        self.axes, self.shape = axes, shape
         self.next_op = 0
         # The last collective's output in the trace being built: the next one takes it as its
         # `after` operand, so every shard runs the collectives in the trace's order (XLA runs
@@ -123,8 +141,15 @@ class _Interpreter:
         if name in _IDENTITY:
             return list(args) if eqn.primitive.multiple_results else args[0]
         if name in _REDUCTIONS or name in _GATHERS or name in _OTHERS:
-            self._check_axes(name, params)
-            outs = [self._collective(name, params, x) for x in (args or [None])]
+            axes = self._axes_of(name, params)
+            if name == "ppermute":  # JAX numbers ppermute's ranks in mesh order, not the tuple's.
+                axes = tuple(sorted(axes, key=self.axes.index))
+            groups, n = meeting(self.axes, self.shape, axes)
+            if name in _REDUCTIONS and len(args) > 1:  # A pytree's leaves, reduced together.
+                self.groups, self.group_size = groups, n
+                outs = self._all_reduce_many(args, _REDUCTIONS[name])
+            else:
+                outs = [self._collective(name, params, x, groups, n) for x in (args or [None])]
             return outs if eqn.primitive.multiple_results else outs[0]
         if name == "shard_map" or name == "xla_pmap":
             raise UnsupportedCollective(f"a nested {name} inside a pw.pmap function is not supported")
@@ -195,15 +220,17 @@ class _Interpreter:
 
     # ---- collectives
 
-    def _check_axes(self, name, params):
+    def _axes_of(self, name, params):
+        """The mesh axes a collective is over, in its order; UnsupportedCollective if not ours."""
         axes = params.get("axes", params.get("axis_name"))
         axes = tuple(axes) if isinstance(axes, (tuple, list)) else (axes,)
-        if axes != (self.axis,):
+        if not axes or len(set(axes)) != len(axes) or any(a not in self.axes for a in axes):
             raise UnsupportedCollective(
                 f"{name} over axes {axes}: a pw.pmap function's collectives must be over its "
-                f"one axis {self.axis!r}")
+                f"axes {self.axes}, each at most once")
         if params.get("axis_index_groups") is not None:
             raise UnsupportedCollective(f"{name} with axis_index_groups is not supported")
+        return axes
 
     def _op_id(self):
         k = self.next_op
@@ -213,6 +240,7 @@ class _Interpreter:
     def _call(self, target, out_shape, dtype, *args, **attrs):
         import jax
         import jax.numpy as jnp
+        attrs["groups"], attrs["group_size"] = self.groups, np.int64(self.group_size)
         out = jax.ShapeDtypeStruct(tuple(out_shape), dtype)
         if target == "pw_axis_index":  # No rendezvous: nothing to order.
             return jax.ffi.ffi_call(target, out, has_side_effect=True)(*args, **attrs)
@@ -221,9 +249,10 @@ class _Interpreter:
         self.last = y
         return y
 
-    def _collective(self, name, params, x):
+    def _collective(self, name, params, x, groups, n):
+        """One collective among the `n` ranks of each of `groups` (see meeting)."""
         import jax.numpy as jnp
-        n = self.n
+        self.groups, self.group_size = groups, n
         if name == "axis_index":
             return self._call("pw_axis_index", (), np.int32)
         if name in _REDUCTIONS:
@@ -272,6 +301,25 @@ class _Interpreter:
         y = self._call("pw_all_reduce", w.shape, w.dtype, w, op_id=self._op_id(),
                        reduction=np.int64(reduction))
         return y.astype(x.dtype)
+
+    def _all_reduce_many(self, xs, reduction):
+        """One all-reduce per element type for many arrays (a psum of a pytree, e.g. every
+        gradient of a model): flattened and joined, reduced in one rendezvous, split again.
+        One message per peer process instead of one per array."""
+        import jax.numpy as jnp
+        widened = [self._widened(x) for x in xs]
+        outs = [None] * len(xs)
+        for dtype in dict.fromkeys(w.dtype for w in widened):
+            which = [i for i, w in enumerate(widened) if w.dtype == dtype]
+            joined = jnp.concatenate([widened[i].reshape(-1) for i in which])
+            y = self._call("pw_all_reduce", joined.shape, dtype, joined, op_id=self._op_id(),
+                           reduction=np.int64(reduction))
+            start = 0
+            for i in which:
+                size = widened[i].size
+                outs[i] = y[start:start + size].reshape(xs[i].shape).astype(xs[i].dtype)
+                start += size
+        return outs
 
     def _reduce_scatter(self, x2, reduction):
         w = self._widened(x2)

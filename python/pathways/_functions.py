@@ -118,7 +118,10 @@ class Pmapped(_Bound):
 
     Without an axis name each device's part is computed alone (one per-shard XLA computation).
     With one, the function may use collectives over that axis (jax.lax.psum, all_gather, ...),
-    run by the runtime across worker processes (see _collectives.py).
+    run by the runtime across worker processes (see _collectives.py). With a tuple of names, the
+    slice's mesh axes (add_slice(mesh=(2, 2), axis_names=("data", "model"))), collectives may be
+    over any of them: a psum over "model" meets within each model-parallel group. Devices are
+    still one leading axis, in rank order (row-major over the mesh).
     """
 
     def __init__(self, fn, devices, axis_name=None, in_axes=0, out_axes=0,
@@ -170,6 +173,17 @@ class Pmapped(_Bound):
         bound = self._register(module, shard_ins, shard_outs, 1, axis_size, in_layouts, out_layouts)
         return bound, out_tree
 
+    def _mesh(self):
+        """The mesh the function is mapped over: (axis names, sizes). One axis of every device,
+        or with a tuple of names, the slice's mesh (whose axis_names they must be)."""
+        if isinstance(self._axis, (tuple, list)):
+            axes = tuple(self._axis)
+            if axes != self._slice.axis_names:
+                raise ValueError(f"{self._name}: axis_name {axes} must be the slice's mesh axes "
+                                 f"{self._slice.axis_names} (add_slice(mesh=..., axis_names=...))")
+            return axes, tuple(self._slice.mesh_shape)
+        return (self._axis,), (self._slice.num_devices,)
+
     def _export(self, static, tree, shard_specs):
         """One device's computation as a StableHLO module of its per-device inputs."""
         import jax
@@ -183,21 +197,23 @@ class Pmapped(_Bound):
                 exported = jax.export.export(jax.jit(flat_fn, keep_unused=True))(*avals)
             else:
                 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P
-                mesh = AbstractMesh((n,), (self._axis,))
+                axes, shape = self._mesh()
+                mesh = AbstractMesh(shape, axes)
+                rows = P(axes)  # The leading axis over every mesh axis: row i on rank i.
 
                 def per_device(*blocks):  # Partition i holds row i: pmap's view of it.
                     return [y[None] for y in flat_fn(*(b[0] for b in blocks))]
 
                 # check_vma=False: pmap's typing (no varying/invariant distinction).
-                mapped = jax.shard_map(per_device, mesh=mesh, in_specs=P(self._axis),
-                                       out_specs=P(self._axis), check_vma=False)
+                mapped = jax.shard_map(per_device, mesh=mesh, in_specs=rows, out_specs=rows,
+                                       check_vma=False)
                 stacked = [jax.ShapeDtypeStruct((n, *a.shape), a.dtype,
-                                                sharding=NamedSharding(mesh, P(self._axis)))
+                                                sharding=NamedSharding(mesh, rows))
                            for a in avals]
                 # One shard's body, its collectives made the runtime's (see _collectives.py),
                 # exported as a single-device module that runs in any worker process.
                 body = _collectives.shard_map_body(jax.make_jaxpr(jax.jit(mapped))(*stacked))
-                shard = _collectives.per_shard_function(body, self._axis, n)
+                shard = _collectives.per_shard_function(body, axes, shape)
 
                 def per_shard(*xs):
                     return [y[0] for y in shard(*(x[None] for x in xs))]

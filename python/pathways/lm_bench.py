@@ -1,5 +1,6 @@
-"""pw bench lm: the Transformer LM of examples/lm in its three layouts (SPMD on one island, a
-GPipe pipeline on one island, the pipeline over two islands), same run, as one JSON object.
+"""pw bench lm: the Transformer LM of examples/lm in its three layouts (SPMD, data x model
+parallel, on one island; a GPipe pipeline on one island; the pipeline over two islands), same
+run, as one JSON object.
 
 It runs examples/lm/train.py with --json (see its docstring for what each figure means): the
 cluster is PW_CLUSTER's (or --cluster's), else an embedded one of PW_ISLANDS x

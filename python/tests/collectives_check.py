@@ -2,6 +2,7 @@
 devices. Run as a script (the tests run it on an embedded cluster and on a `pw up` cluster):
 
     collectives_check.py collectives N [N ...]   # each collective on slices of N devices
+    collectives_check.py mesh                    # each over one or both axes of a 2 x 2 mesh
     collectives_check.py overlap MODE ITERS      # psum chains on overlapping slices
 
 Prints one line per check; exits non-zero on the first mismatch. Needs
@@ -19,28 +20,60 @@ from jax import lax
 import pathways as pw
 
 
-def collectives(n):
+def collectives(n, axis="i"):
+    """Every collective over `axis` (a name or a tuple of names) of n ranks."""
     perm = [(i, (i + 1) % n) for i in range(n)]
     return {
-        "psum": lambda x: lax.psum(x, "i"),
-        "pmean": lambda x: lax.pmean(x, "i"),
-        "pmax": lambda x: lax.pmax(x, "i"),
-        "pmin": lambda x: lax.pmin(x, "i"),
-        "all_gather": lambda x: lax.all_gather(x, "i"),
-        "all_gather_tiled_axis1": lambda x: lax.all_gather(x, "i", axis=1, tiled=True),
-        "psum_scatter": lambda x: lax.psum_scatter(x, "i", scatter_dimension=0, tiled=True),
-        "psum_scatter_untiled": lambda x: lax.psum_scatter(x[:n], "i"),
-        "all_to_all": lambda x: lax.all_to_all(x, "i", 0, 0, tiled=True),
-        "all_to_all_split1_concat0": lambda x: lax.all_to_all(x, "i", 1, 0, tiled=True),
-        "ppermute": lambda x: lax.ppermute(x, "i", perm),
-        "ppermute_partial": lambda x: lax.ppermute(x, "i", [(0, n - 1)]),
-        "axis_index": lambda x: x * lax.axis_index("i"),
-        "psum_in_a_loop": lambda x: lax.fori_loop(0, 3, lambda k, c: c + lax.psum(c, "i") * 0.1,
+        "psum": lambda x: lax.psum(x, axis),
+        "pmean": lambda x: lax.pmean(x, axis),
+        "pmax": lambda x: lax.pmax(x, axis),
+        "pmin": lambda x: lax.pmin(x, axis),
+        "all_gather": lambda x: lax.all_gather(x, axis),
+        "all_gather_tiled_axis1": lambda x: lax.all_gather(x, axis, axis=1, tiled=True),
+        "psum_scatter": lambda x: lax.psum_scatter(x, axis, scatter_dimension=0, tiled=True),
+        "psum_scatter_untiled": lambda x: lax.psum_scatter(x[:n], axis),
+        "all_to_all": lambda x: lax.all_to_all(x, axis, 0, 0, tiled=True),
+        "all_to_all_split1_concat0": lambda x: lax.all_to_all(x, axis, 1, 0, tiled=True),
+        "ppermute": lambda x: lax.ppermute(x, axis, perm),
+        "ppermute_partial": lambda x: lax.ppermute(x, axis, [(0, n - 1)]),
+        "axis_index": lambda x: x * lax.axis_index(axis),
+        "psum_in_a_loop": lambda x: lax.fori_loop(0, 3, lambda k, c: c + lax.psum(c, axis) * 0.1,
                                                   x),
-        "psum_under_cond": lambda x: lax.cond(jnp.sum(x) > -1e9, lambda y: lax.psum(y, "i"),
+        "psum_under_cond": lambda x: lax.cond(jnp.sum(x) > -1e9, lambda y: lax.psum(y, axis),
                                               lambda y: y, x),
-        "grad_of_pmean": lambda x: jax.grad(lambda w: lax.pmean(jnp.sum(jnp.tanh(w * x)), "i"))(x),
+        "grad_of_pmean": lambda x: jax.grad(lambda w: lax.pmean(jnp.sum(jnp.tanh(w * x)), axis))(x),
+        # Leaves of several shapes and types, reduced together (one rendezvous per type).
+        "psum_of_a_pytree": lambda x: (lambda a, b, c: a + b + c.astype(x.dtype))(
+            *lax.psum((x, 2.0 * x[0], jnp.round(x * 4).astype(jnp.int32)), axis)),
     }
+
+
+def check_mesh():
+    """Every collective over one axis, the other, and both, of a (data 2, model 2) mesh of a
+    4-device slice spread over hosts, against JAX's shard_map over the same mesh of this
+    process's CPU devices; then a psum over "model" followed by one over "data"."""
+    from jax.sharding import Mesh, PartitionSpec as P
+    ds = pw.make_virtual_device_set()
+    slc = ds.add_slice(devices=4, placement="spread", mesh=(2, 2), axis_names=("data", "model"))
+    x = np.random.default_rng(0).standard_normal((4, 8, 8)).astype(np.float32)
+    mesh = Mesh(np.array(jax.devices("cpu")[:4]).reshape(2, 2), ("data", "model"))
+    rows = P(("data", "model"))
+
+    def reference(fn, v):  # Each device sees its row, as under pmap.
+        per_device = lambda b: fn(b[0])[None]
+        return np.asarray(jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=rows,
+                                                out_specs=rows, check_vma=False))(v))
+
+    def check(name, fn):
+        got = np.asarray(pw.pmap(fn, devices=slc, axis_name=("data", "model"))(x))
+        np.testing.assert_allclose(got, reference(fn, x), rtol=1e-5, atol=1e-6, err_msg=name)
+        print(f"ok {name}", flush=True)
+
+    for axis, n in (("model", 2), ("data", 2), (("data", "model"), 4), (("model", "data"), 4)):
+        for name, fn in collectives(n, axis).items():
+            check(f"{name} over {axis}", fn)
+    check("model then data",
+          lambda v: lax.psum(lax.psum(v, "model") * 2.0, "data") + lax.axis_index("model"))
 
 
 def check_collectives(sizes):
@@ -118,5 +151,7 @@ def overlap(mode, iters):
 if __name__ == "__main__":
     if sys.argv[1] == "collectives":
         check_collectives([int(a) for a in sys.argv[2:]])
+    elif sys.argv[1] == "mesh":
+        check_mesh()
     else:
         overlap(sys.argv[2], int(sys.argv[3]))

@@ -206,7 +206,15 @@ def test_collectives_span_worker_processes(cluster):
     env, address, _ = cluster
     # On 2 hosts x 2 devices per island, a 4-device slice spans both worker processes.
     out = finish(check(address, "collectives", "2", "4", env=env))
-    assert out.count("ok ") == 2 * 19
+    assert out.count("ok ") == 2 * 20
+
+
+def test_collectives_over_one_axis_of_a_mesh_meet_in_groups_across_processes(cluster):
+    env, address, _ = cluster
+    # A (data 2, model 2) mesh over 4 devices of 2 worker processes: every collective over one
+    # axis, the other and both matches JAX's shard_map.
+    out = finish(check(address, "mesh", env=env))
+    assert out.count("ok ") == 4 * 17 + 1
 
 
 def test_overlapping_slices_from_two_clients_and_async_calls_never_deadlock(cluster):
@@ -855,6 +863,8 @@ def test_lm_bench_on_pw_up_reports_every_layout(cluster):
     assert r.returncode == 0, r.stdout + r.stderr
     rows = {x["layout"]: x for x in json.loads(r.stdout)["results"]}
     assert set(rows) == {"spmd", "pipeline", "pipeline_2islands"}
+    assert rows["spmd"]["mesh"] == {"data": 2, "model": 2}  # Model-parallel psums cross nothing;
+    # the data-parallel pmean crosses the island's two worker processes.
     for x in rows.values():
         assert x["loss_rel_diff_vs_one_device"] <= 1e-5, x
         assert x["tokens_per_second"] > 0 and 0.0 <= x["bubble_fraction"] < 1.0

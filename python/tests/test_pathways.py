@@ -157,7 +157,7 @@ def test_a_functions_collectives_run_in_one_order_on_every_shard():
                            in_specs=P("i"), out_specs=P("i"), check_vma=False)
     stacked = [jax.ShapeDtypeStruct((4, 3), jnp.float32, sharding=NamedSharding(mesh, P("i")))] * 3
     body = _collectives.shard_map_body(jax.make_jaxpr(jax.jit(mapped))(*stacked))
-    shard = _collectives.per_shard_function(body, "i", 4)
+    shard = _collectives.per_shard_function(body, ("i",), (4,))
     jaxpr = jax.make_jaxpr(lambda *xs: shard(*(x[None] for x in xs)))(
         *[jax.ShapeDtypeStruct((3,), jnp.float32)] * 3).jaxpr
     calls = [e for e in jaxpr.eqns if e.primitive.name == "ffi_call"]
@@ -205,6 +205,7 @@ def test_lm_trains_in_three_layouts_that_match_one_device():
     assert out.returncode == 0, out.stdout + out.stderr
     results = json.loads(out.stdout.splitlines()[-1])["results"]
     assert [r["layout"] for r in results] == ["spmd", "pipeline", "pipeline_2islands"]
+    assert results[0]["mesh"] == {"data": 2, "model": 2}  # Data x model parallel.
     for r in results:
         assert r["loss_rel_diff_vs_one_device"] <= 1e-5 and r["params_rel_diff_vs_one_device"] <= 1e-5
         assert r["losses"][-1] < r["losses"][0] and r["tokens_per_second"] > 0
@@ -295,7 +296,21 @@ def test_every_collective_matches_jax_pmap_on_slices_spanning_hosts():
     # 1 island of 2 hosts x 2 devices: the 4-device slice spans both (in-process) hosts.
     out = run_check("collectives", "2", "4", PW_ISLANDS="1", PW_HOSTS_PER_ISLAND="2",
                     PW_DEVICES_PER_HOST="2")
-    assert out.count("ok ") == 2 * 19
+    assert out.count("ok ") == 2 * 20
+
+
+def test_collectives_over_one_axis_of_a_mesh_meet_in_groups_as_jax_shard_map():
+    # pw.pmap over a (data 2, model 2) mesh spanning two in-process hosts: every collective over
+    # "model", over "data" and over both (either order) matches JAX's shard_map on 4 CPU devices.
+    out = run_check("mesh", PW_ISLANDS="1", PW_HOSTS_PER_ISLAND="2", PW_DEVICES_PER_HOST="2")
+    assert out.count("ok ") == 4 * 17 + 1
+
+
+def test_a_mesh_axis_name_that_is_not_the_slices_is_refused():
+    s = pw.make_virtual_device_set().add_slice(devices=4, mesh=(2, 2), axis_names=("d", "m"))
+    f = pw.pmap(lambda x: x, devices=s, axis_name=("data", "model"))
+    with pytest.raises(ValueError, match=r"axis_name \('data', 'model'\) must be the slice's mesh axes"):
+        f(np.ones((4, 3), np.float32))
 
 
 def test_overlapping_slices_never_deadlock():
