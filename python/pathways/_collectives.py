@@ -108,6 +108,7 @@ class _Interpreter:
     def __init__(self, axes, shape):
         self.axes, self.shape = axes, shape
         self.next_op = 0
+        self.groups, self.group_size = None, 0  # The collective being rewritten's (meeting).
         # The last collective's output in the trace being built: the next one takes it as its
         # `after` operand, so every shard runs the collectives in the trace's order (XLA runs
         # independent side-effecting calls in any order; shards in different rendezvous would
@@ -144,12 +145,12 @@ class _Interpreter:
             axes = self._axes_of(name, params)
             if name == "ppermute":  # JAX numbers ppermute's ranks in mesh order, not the tuple's.
                 axes = tuple(sorted(axes, key=self.axes.index))
-            groups, n = meeting(self.axes, self.shape, axes)
+            # Whom this collective meets (see meeting): what its calls name.
+            self.groups, self.group_size = meeting(self.axes, self.shape, axes)
             if name in _REDUCTIONS and len(args) > 1:  # A pytree's leaves, reduced together.
-                self.groups, self.group_size = groups, n
                 outs = self._all_reduce_many(args, _REDUCTIONS[name])
             else:
-                outs = [self._collective(name, params, x, groups, n) for x in (args or [None])]
+                outs = [self._collective(name, params, x) for x in (args or [None])]
             return outs if eqn.primitive.multiple_results else outs[0]
         if name == "shard_map" or name == "xla_pmap":
             raise UnsupportedCollective(f"a nested {name} inside a pw.pmap function is not supported")
@@ -249,10 +250,10 @@ class _Interpreter:
         self.last = y
         return y
 
-    def _collective(self, name, params, x, groups, n):
-        """One collective among the `n` ranks of each of `groups` (see meeting)."""
+    def _collective(self, name, params, x):
+        """One collective among the group_size ranks of each of the groups."""
         import jax.numpy as jnp
-        self.groups, self.group_size = groups, n
+        n = self.group_size
         if name == "axis_index":
             return self._call("pw_axis_index", (), np.int32)
         if name in _REDUCTIONS:
