@@ -90,7 +90,7 @@ absl::StatusOr<std::vector<IoBenchResult>> RunIoBench(rpc::RemoteController* con
   std::vector<IoBenchResult> results;
   for (int64_t size : o.sizes) {
     const int64_t n = size / 4;
-    HostArray host{{DType::kF32, Shape({2, n / 2})}, std::vector<uint8_t>(size)};
+    HostArray host{{DType::kF32, Shape({2, n / 2})}, Bytes(size)};
     for (int64_t i = 0; i < size; ++i) host.bytes[i] = static_cast<uint8_t>(i * 131 + 7);
     std::vector<char> raw(host.bytes.begin(), host.bytes.end());
     PW_ASSIGN_OR_RETURN(const Timing tcp_s, TimeCalls(o, [] {}, [&] { return tcp.Send(raw); }));

@@ -71,7 +71,7 @@ absl::StatusOr<std::vector<TransferBenchResult>> RunTransferBench(const Transfer
   int64_t next_buffer = 1;
   for (int64_t size : o.sizes) {
     const BufferId id(next_buffer++);
-    HostArray shard{{DType::kF32, Shape({size / 4})}, std::vector<uint8_t>(size)};
+    HostArray shard{{DType::kF32, Shape({size / 4})}, Bytes(size)};
     for (int64_t i = 0; i < size; ++i) shard.bytes[i] = static_cast<uint8_t>(i * 131);
     PW_RETURN_IF_ERROR(ici.PutShard(id, DeviceId(0), shard).Await());
     auto fetch = [&](rpc::RemoteWorker& via) -> absl::Status {
@@ -151,7 +151,7 @@ absl::StatusOr<std::vector<TransferBenchResult>> RunTransferBenchOn(
     NativeFunctionBuilder b(absl::StrCat("copy_", n));
     const int x = b.Input({DType::kF32, Shape({n})});
     PW_ASSIGN_OR_RETURN(FunctionInfo copy_fn, client->Register(b.Build({b.Op("copy", {x})})));
-    HostArray host{{DType::kF32, Shape({1, n})}, std::vector<uint8_t>(size)};
+    HostArray host{{DType::kF32, Shape({1, n})}, Bytes(size)};
     for (int64_t i = 0; i < size; ++i) host.bytes[i] = static_cast<uint8_t>(i * 131);
     const Sharding one = Sharding::Split({1}, 2, 0);
     PW_ASSIGN_OR_RETURN(Array at_src, client->Put(host, src->info().id, one));

@@ -81,7 +81,7 @@ TEST(ArrayTest, ADroppedArrayIsReleasedBeforeItsFetchOrSaveIsAnswered) {
         if (!answered) released_before_answer.push_back(static_cast<int>(id.value()));
         return absl::OkStatus();
       });
-  HostArray one{spec, std::vector<uint8_t>(4)};
+  HostArray one{spec, Bytes(4, 0)};
   std::optional<Array> read(*client->Put(one, SliceId(1), Sharding()));
   std::optional<Array> kept(*client->Put(one, SliceId(1), Sharding()));
   Future<HostArray> got = read->ToHostAsync();

@@ -788,11 +788,11 @@ absl::StatusOr<ArrayInfo> Controller::PutArray(ClientId client, SliceId slice_id
       shards[r] = HostArray{shard_spec, std::move(value.bytes)};
       break;
     }
-    shards[r] = HostArray{shard_spec, std::vector<uint8_t>(shard_spec.size_bytes())};
+    shards[r] = HostArray{shard_spec, Bytes(shard_spec.size_bytes())};
     CopyBoxIntersection(value.bytes.data(), whole, shards[r].bytes.data(), box,
                         DTypeSize(value.spec.dtype));
   }
-  std::vector<uint8_t>().swap(value.bytes);
+  Bytes().swap(value.bytes);
   std::vector<Future<>> puts;
   for (size_t r = 0; r < shards.size(); ++r) {
     WorkerInterface* w = Worker(info.hosts[r]);
@@ -937,7 +937,7 @@ Future<HostArray> Controller::FetchPinned(BufferId id, std::shared_ptr<const Pla
                                p = std::move(p)](const absl::Status& s) mutable {
       if (!s.ok()) return p.Set(s);
       const ArraySpec& g = pl->global;
-      HostArray out{g, std::vector<uint8_t>(g.size_bytes())};
+      HostArray out{g, Bytes(g.size_bytes())};
       const Box whole{std::vector<int64_t>(g.shape.rank(), 0),
                       std::vector<int64_t>(g.shape.dims().begin(), g.shape.dims().end())};
       for (size_t i = 0; i < shards.size(); ++i) {
@@ -948,7 +948,7 @@ Future<HostArray> Controller::FetchPinned(BufferId id, std::shared_ptr<const Pla
           if (!c.ok()) return p.Set(c);
           continue;
         }
-        std::vector<uint8_t> staged(b->size_bytes());
+        Bytes staged(b->size_bytes());
         absl::Status c = b->CopyToHost(staged.data()).status();
         if (!c.ok()) return p.Set(c);
         CopyBoxIntersection(staged.data(), boxes[i], out.bytes.data(), whole,

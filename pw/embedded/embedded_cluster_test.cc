@@ -563,7 +563,7 @@ TEST_P(ClusterTest, BackPressureWaitsForMemoryAndNeverFitFails) {
 
   // A program whose values can never fit in a device fails at once, naming it.
   BoundFunction big = *c->Pmap(ScalarFn("big", "add_scalar", 1, DType::kF32, Shape({8})), s);
-  Array bx = *c->Put(HostArray{{DType::kF32, Shape({2, 8})}, std::vector<uint8_t>(64)},
+  Array bx = *c->Put(HostArray{{DType::kF32, Shape({2, 8})}, Bytes(64, 0)},
                      s.info().id, Sharding::Split({2}, 2, 0));
   EXPECT_EQ(bx.Ready().status().code(), absl::StatusCode::kResourceExhausted);
   auto never = big.Call({bx});
@@ -914,7 +914,7 @@ TEST_P(ClusterTest, BadInputsGetClearErrorsAndTheRuntimeKeepsServing) {
                    {{"f", fb.binding(), {{ValueRef::kArgNode, 0}}}}, {{0, 0}}};
   EXPECT_FALSE(ctl.RegisterProgram(a->id(), stolen).ok());
   // Bad arrays.
-  EXPECT_FALSE(a->Put(HostArray{{DType::kF32, Shape({2})}, std::vector<uint8_t>(3)},
+  EXPECT_FALSE(a->Put(HostArray{{DType::kF32, Shape({2})}, Bytes(3, 0)},
                       sa.info().id, Sharding::Split({2}, 1, 0)).ok());
   EXPECT_FALSE(a->Put(F32({1, 2, 3}), sa.info().id, Sharding::Split({2}, 1, 0)).ok());
   // A run-time kernel error fails the run, naming the node, and later runs are fine.

@@ -89,7 +89,7 @@ TEST(PjrtClientTest, CpuClientForDevicesComputesOnTheLaunchingThread) {
       "tanh_matmul", ReadFile(std::string(PW_STABLEHLO_TESTDATA) + "/tanh_matmul.mlirbc"), {spec});
   ASSERT_TRUE(exe.ok()) << exe.status();
   for (int round = 0; round < 3; ++round) {
-    HostArray zeros{spec, std::vector<uint8_t>(spec.size_bytes())};
+    HostArray zeros{spec, Bytes(spec.size_bytes(), 0)};
     auto x = (*two)->BufferFromHost(zeros, 1);
     ASSERT_TRUE(x.ok()) << x.status();
     std::shared_ptr<PjrtBuffer> y = *x;

@@ -89,7 +89,7 @@ absl::StatusOr<std::shared_ptr<PjrtBuffer>> PjrtShardExecutable::Stage(
   // Same elements in another layout or memory: through the host, with the declared shape, once.
   const void* key = staging_keys_[i][device_index];
   if (auto mirror = std::static_pointer_cast<PjrtBuffer>(input->Mirror(key))) return mirror;
-  HostArray staged{want, std::vector<uint8_t>(want.size_bytes())};
+  HostArray staged{want, Bytes(want.size_bytes())};
   PW_RETURN_IF_ERROR(input->CopyToHost(staged.bytes.data()).status());
   PW_ASSIGN_OR_RETURN(std::shared_ptr<PjrtBuffer> copy,
                       client_->BufferFromHost(staged, device_index, device, &pjrt_inputs_[i].shape));

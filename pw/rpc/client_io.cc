@@ -125,7 +125,7 @@ void ClientIo::Read(const ArraySpec& spec, const Sharding& sharding,
   auto a = std::make_shared<Assembly>();
   a->spec = spec;
   a->sharding = sharding;
-  a->out = HostArray{spec, std::vector<uint8_t>(spec.size_bytes())};
+  a->out = HostArray{spec, Bytes(spec.size_bytes())};
   a->done = std::move(done);
   a->left = static_cast<int>(shards.size()) + 1;  // +1: until every read is started.
   const Box whole = WholeOf(spec.shape);
@@ -154,7 +154,7 @@ void ClientIo::Read(const ArraySpec& spec, const Sharding& sharding,
                               });
       continue;
     }
-    auto staged = std::make_shared<std::vector<uint8_t>>(shard_bytes);
+    auto staged = std::make_shared<Bytes>(shard_bytes);
     to->first->ReadTransfer(
         to->second, t.key, staged->data(), shard_bytes,
         [a, fail, staged, box, whole, where = Where(t)](const absl::Status& s) {

@@ -377,7 +377,7 @@ Future<> RemoteWorker::PutShard(BufferId id, DeviceId device, HostArray shard) {
   put->set_buffer(id.value());
   put->set_device(device.value());
   ToProto(shard, put->mutable_shard());
-  std::vector<uint8_t>().swap(shard.bytes);  // Copied: freed before gRPC makes its own copy.
+  Bytes().swap(shard.bytes);  // Copied: freed before gRPC makes its own copy.
   Send(std::move(c), std::move(p));
   return done;
 }

@@ -377,7 +377,7 @@ TEST_F(GrpcClusterTest, LargeArraysGoBetweenTheClientAndTheWorkersBesideTheContr
     return n;
   };
   const int64_t n = int64_t{1} << 19;  // 2 MiB of f32.
-  HostArray big{{DType::kF32, Shape({4, n / 4})}, std::vector<uint8_t>(4 * n)};
+  HostArray big{{DType::kF32, Shape({4, n / 4})}, Bytes(4 * n, 0)};
   for (size_t i = 0; i < big.bytes.size(); ++i) big.bytes[i] = static_cast<uint8_t>(i * 131 + 3);
   struct Layout {
     const char* name;
@@ -440,13 +440,13 @@ TEST_F(GrpcClusterTest, ClientTransfersNeedTheirKeysAndEndIfTheClientNeverComes)
   ASSERT_TRUE(put.ok()) << put.status();
   ASSERT_EQ(put->shards.size(), 1u);
   rpc::ClientIo io;
-  HostArray wrong_key{spec, std::vector<uint8_t>(spec.size_bytes(), 1)};
+  HostArray wrong_key{spec, Bytes(spec.size_bytes(), 1)};
   std::vector<ShardTransfer> guessed = put->shards;
   guessed[0].key = NewSecret();
   absl::Status s = io.Send(spec, wrong_key.bytes.data(), Sharding::Split({1}, 1, 0), guessed);
   EXPECT_TRUE(absl::IsUnauthenticated(s)) << s;
   // A short upload fails the array with the sizes named; what waits on it ends.
-  HostArray short_one{spec, std::vector<uint8_t>(spec.size_bytes() / 2)};
+  HostArray short_one{spec, Bytes(spec.size_bytes() / 2, 0)};
   s = io.Send({DType::kF32, Shape({1 << 17})}, short_one.bytes.data(), Sharding::Split({1}, 1, 0),
               put->shards);
   EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;

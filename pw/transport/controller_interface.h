@@ -159,7 +159,7 @@ class ControllerInterface {
                                                  const Sharding& sharding, const ArraySpec& spec,
                                                  absl::Span<const uint8_t> bytes) {
     return PutArray(client, slice, sharding,
-                    HostArray{spec, std::vector<uint8_t>(bytes.begin(), bytes.end())});
+                    HostArray{spec, Bytes(bytes.begin(), bytes.end())});
   }
   virtual Future<HostArray> FetchArray(ClientId client, BufferId id) = 0;
   virtual Future<> ArrayReady(ClientId client, BufferId id) = 0;
