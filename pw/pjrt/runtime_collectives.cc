@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <complex>
 #include <cstring>
-#include <functional>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -148,31 +147,33 @@ absl::StatusOr<Reduction> ReductionOf(int64_t r) {
   return static_cast<Reduction>(r);
 }
 
-// Which ranks of a launch meet in one collective (the `groups`/`group_size` attributes).
-struct Meeting {
-  Meeting(ffi::Span<const int64_t> g, int64_t size)
-      : groups(g.size() == 0 ? nullptr : &g.front(), g.size()), group_size(size) {}
-  absl::Span<const int64_t> groups;
-  int64_t group_size;
-};
+using Group = CollectiveLaunch::Group;
 
-// Runs the next invocation of collective `op_id` of `launch` in this shard's group:
-// run(collectives, key, group). A failure says which collective it was and where.
-template <typename F>
-absl::Status InLaunch(CollectiveLaunch* launch, int64_t op_id, const Meeting& meeting,
-                      absl::string_view kind, const F& run) {
+// This shard's group in a collective whose call names `groups`/`group_size`
+// (CollectiveLaunch::GroupOf); an error says which collective it was.
+absl::StatusOr<Group> GroupIn(CollectiveLaunch* launch, ffi::Span<const int64_t> groups,
+                              int64_t group_size, absl::string_view kind) {
   if (launch == nullptr || launch->collectives() == nullptr)
     return absl::FailedPreconditionError(absl::StrCat(
         kind, ": this computation was launched without the runtime's collectives"));
-  absl::StatusOr<CollectiveLaunch::Group> group =
-      launch->GroupOf(meeting.groups, meeting.group_size);
+  absl::StatusOr<Group> group = launch->GroupOf(
+      absl::MakeConstSpan(groups.size() == 0 ? nullptr : &groups.front(), groups.size()),
+      group_size);
   if (!group.ok()) return Annotate(group.status(), kind);
-  const CollectiveKey key = launch->NextKey(op_id, group->index);
+  return group;
+}
+
+// Runs the next invocation of collective `op_id` of `launch` in this shard's `group`:
+// run(collectives, key). A failure says which collective it was and where.
+template <typename F>
+absl::Status InLaunch(CollectiveLaunch* launch, const Group& group, int64_t op_id,
+                      absl::string_view kind, const F& run) {
+  const CollectiveKey key = launch->NextKey(op_id, group.index);
   trace::Span span(trace::DeviceTrack(launch->devices()[launch->rank()]), "collective", kind);
   span.Arg("run", key.run).Arg("op", static_cast<int64_t>(key.op))
-      .Arg("ranks", static_cast<int64_t>(group->size()));
+      .Arg("ranks", static_cast<int64_t>(group.size()));
   const int64_t t0 = Collectives::Timed() ? trace::Now() : 0;
-  absl::Status s = run(*launch->collectives(), key, *group);
+  absl::Status s = run(*launch->collectives(), key);
   launch->collectives()->Count(t0 == 0 ? 0 : trace::Now() - t0);
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat(kind, " (", launch->Where(key), "): ",
@@ -182,18 +183,13 @@ absl::Status InLaunch(CollectiveLaunch* launch, int64_t op_id, const Meeting& me
 }
 
 // Runs one collective of `launch` with this shard's `in`/`out`; `combine` gets every rank's of
-// the group. `out_bytes(n)`: the output's size for a group of n ranks, checked first.
-absl::Status RunCollective(CollectiveLaunch* launch, int64_t op_id, const Meeting& meeting,
+// the group.
+absl::Status RunCollective(CollectiveLaunch* launch, const Group& group, int64_t op_id,
                            absl::string_view kind, const void* in, size_t in_bytes, void* out,
-                           size_t out_bytes,
-                           const std::function<absl::Status(int n, size_t)>& check,
-                           const std::function<Collectives::Combine(int n)>& combine) {
-  return InLaunch(launch, op_id, meeting, kind,
-                  [&](Collectives& c, const CollectiveKey& key, const CollectiveLaunch::Group& g) {
-                    if (absl::Status s = check(g.size(), out_bytes); !s.ok()) return s;
-                    return c.Run(key, g.devices, g.rank, in, in_bytes, out, out_bytes,
-                                 combine(g.size()));
-                  });
+                           size_t out_bytes, const Collectives::Combine& combine) {
+  return InLaunch(launch, group, op_id, kind, [&](Collectives& c, const CollectiveKey& key) {
+    return c.Run(key, group.devices, group.rank, in, in_bytes, out, out_bytes, combine);
+  });
 }
 
 absl::Status CheckBytes(absl::string_view kind, size_t got, size_t want) {
@@ -211,6 +207,9 @@ ffi::Error AllReduce(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*
   if (!r.ok()) return ToFfi(r.status());
   if (absl::Status s = CheckBytes("all_reduce", y->size_bytes(), x.size_bytes()); !s.ok())
     return ToFfi(s);
+  CollectiveLaunch* launch = LaunchOf(data);
+  absl::StatusOr<Group> g = GroupIn(launch, groups, group_size, "all_reduce");
+  if (!g.ok()) return ToFfi(g.status());
   const ffi::DataType type = x.element_type();
   const size_t count = x.element_count(), bytes = x.size_bytes();
   if (count == 0) return ffi::Error::Success();
@@ -223,31 +222,30 @@ ffi::Error AllReduce(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*
     const void* both[2] = {acc, in};
     Reduce(type, r, both, 0, n / element, acc).IgnoreError();
   };
-  return ToFfi(InLaunch(LaunchOf(data), op_id, Meeting(groups, group_size), "all_reduce",
-                        [&](Collectives& c, const CollectiveKey& key,
-                            const CollectiveLaunch::Group& g) {
-                          return c.AllReduce(key, g.devices, g.rank, x.untyped_data(),
-                                             y->untyped_data(), bytes, element, reduce);
-                        }));
+  return ToFfi(InLaunch(launch, *g, op_id, "all_reduce", [&](Collectives& c, const CollectiveKey& key) {
+    return c.AllReduce(key, g->devices, g->rank, x.untyped_data(), y->untyped_data(), bytes,
+                       element, reduce);
+  }));
 }
 
 ffi::Error AllGather(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
                      ffi::Result<ffi::AnyBuffer> y, int64_t op_id,
                      ffi::Span<const int64_t> groups, int64_t group_size) {
-  const size_t bytes = x.size_bytes();
-  auto check = [&](int n, size_t out) { return CheckBytes("all_gather", out, n * bytes); };
-  auto combine = [&](int) -> Collectives::Combine {
-    return [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
-      for (size_t i = 0; i < out.size(); ++i) {
-        for (size_t j = 0; j < in.size(); ++j)
-          std::memcpy(static_cast<char*>(out[i]) + j * bytes, in[j], bytes);
-      }
-      return absl::OkStatus();
-    };
+  CollectiveLaunch* launch = LaunchOf(data);
+  absl::StatusOr<Group> g = GroupIn(launch, groups, group_size, "all_gather");
+  if (!g.ok()) return ToFfi(g.status());
+  const size_t bytes = x.size_bytes(), n = g->size();
+  if (absl::Status s = CheckBytes("all_gather", y->size_bytes(), n * bytes); !s.ok())
+    return ToFfi(s);
+  auto combine = [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      for (size_t j = 0; j < in.size(); ++j)
+        std::memcpy(static_cast<char*>(out[i]) + j * bytes, in[j], bytes);
+    }
+    return absl::OkStatus();
   };
-  return ToFfi(RunCollective(LaunchOf(data), op_id, Meeting(groups, group_size), "all_gather",
-                             x.untyped_data(), bytes, y->untyped_data(), y->size_bytes(), check,
-                             combine));
+  return ToFfi(RunCollective(launch, *g, op_id, "all_gather", x.untyped_data(), bytes,
+                             y->untyped_data(), n * bytes, combine));
 }
 
 ffi::Error ReduceScatter(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
@@ -255,81 +253,78 @@ ffi::Error ReduceScatter(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*af
                          ffi::Span<const int64_t> groups, int64_t group_size, int64_t reduction) {
   absl::StatusOr<Reduction> r = ReductionOf(reduction);
   if (!r.ok()) return ToFfi(r.status());
+  CollectiveLaunch* launch = LaunchOf(data);
+  absl::StatusOr<Group> g = GroupIn(launch, groups, group_size, "reduce_scatter");
+  if (!g.ok()) return ToFfi(g.status());
+  const size_t n = g->size();
+  const size_t bytes = x.size_bytes(), count = x.element_count() / n;
+  if (x.element_count() % n != 0 || y->element_count() != count) {
+    return ToFfi(absl::InvalidArgumentError(absl::StrCat(
+        "reduce_scatter: input of ", x.element_count(), " elements over ", n,
+        " ranks, output of ", y->element_count())));
+  }
   const ffi::DataType type = x.element_type();
-  const size_t in_count = x.element_count(), out_count = y->element_count();
-  auto check = [&](int n, size_t) {
-    if (in_count % n == 0 && out_count == in_count / n) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat("reduce_scatter: input of ", in_count,
-                                                   " elements over ", n, " ranks, output of ",
-                                                   out_count));
+  auto combine = [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
+    absl::Status s;
+    for (size_t j = 0; s.ok() && j < out.size(); ++j)
+      s = Reduce(type, *r, in, j * count, count, out[j]);
+    return s;
   };
-  auto combine = [&](int) -> Collectives::Combine {
-    return [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
-      absl::Status s;
-      for (size_t j = 0; s.ok() && j < out.size(); ++j)
-        s = Reduce(type, *r, in, j * out_count, out_count, out[j]);
-      return s;
-    };
-  };
-  return ToFfi(RunCollective(LaunchOf(data), op_id, Meeting(groups, group_size), "reduce_scatter",
-                             x.untyped_data(), x.size_bytes(), y->untyped_data(),
-                             y->size_bytes(), check, combine));
+  return ToFfi(RunCollective(launch, *g, op_id, "reduce_scatter", x.untyped_data(), bytes,
+                             y->untyped_data(), y->size_bytes(), combine));
 }
 
 ffi::Error AllToAll(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
                     ffi::Result<ffi::AnyBuffer> y, int64_t op_id,
                     ffi::Span<const int64_t> groups, int64_t group_size) {
-  const size_t bytes = x.size_bytes();
-  auto check = [&](int n, size_t out) {
-    if (bytes % n != 0) {
-      return absl::InvalidArgumentError(absl::StrCat("all_to_all: input of ", bytes,
-                                                     " bytes does not split over ", n, " ranks"));
+  CollectiveLaunch* launch = LaunchOf(data);
+  absl::StatusOr<Group> g = GroupIn(launch, groups, group_size, "all_to_all");
+  if (!g.ok()) return ToFfi(g.status());
+  const size_t n = g->size();
+  const size_t bytes = x.size_bytes(), chunk = bytes / n;
+  if (bytes % n != 0) {
+    return ToFfi(absl::InvalidArgumentError(
+        absl::StrCat("all_to_all: input of ", bytes, " bytes does not split over ", n, " ranks")));
+  }
+  if (absl::Status s = CheckBytes("all_to_all", y->size_bytes(), bytes); !s.ok()) return ToFfi(s);
+  auto combine = [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
+    for (size_t j = 0; j < out.size(); ++j) {
+      for (size_t i = 0; i < in.size(); ++i)
+        std::memcpy(static_cast<char*>(out[j]) + i * chunk,
+                    static_cast<const char*>(in[i]) + j * chunk, chunk);
     }
-    return CheckBytes("all_to_all", out, bytes);
+    return absl::OkStatus();
   };
-  auto combine = [&](int n) -> Collectives::Combine {
-    const size_t chunk = bytes / n;
-    return [&, chunk](absl::Span<const void* const> in, absl::Span<void* const> out) {
-      for (size_t j = 0; j < out.size(); ++j) {
-        for (size_t i = 0; i < in.size(); ++i)
-          std::memcpy(static_cast<char*>(out[j]) + i * chunk,
-                      static_cast<const char*>(in[i]) + j * chunk, chunk);
-      }
-      return absl::OkStatus();
-    };
-  };
-  return ToFfi(RunCollective(LaunchOf(data), op_id, Meeting(groups, group_size), "all_to_all",
-                             x.untyped_data(), bytes, y->untyped_data(), y->size_bytes(), check,
-                             combine));
+  return ToFfi(RunCollective(launch, *g, op_id, "all_to_all", x.untyped_data(), bytes,
+                             y->untyped_data(), bytes, combine));
 }
 
 ffi::Error Ppermute(LaunchData* data, ffi::AnyBuffer x, ffi::AnyBuffer /*after*/,
                     ffi::Result<ffi::AnyBuffer> y, int64_t op_id,
                     ffi::Span<const int64_t> groups, int64_t group_size,
                     ffi::Span<const int64_t> pairs) {
+  CollectiveLaunch* launch = LaunchOf(data);
+  absl::StatusOr<Group> g = GroupIn(launch, groups, group_size, "ppermute");
+  if (!g.ok()) return ToFfi(g.status());
+  const int64_t n = g->size();
   const size_t bytes = x.size_bytes();
-  auto check = [&](int n, size_t out) {
-    if (pairs.size() % 2 != 0)
-      return absl::InvalidArgumentError("ppermute: pairs must be (source, destination)");
-    for (int64_t p : pairs) {
-      if (p < 0 || p >= n) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("ppermute: rank ", p, " is outside the group of ", n));
-      }
+  if (absl::Status s = CheckBytes("ppermute", y->size_bytes(), bytes); !s.ok()) return ToFfi(s);
+  if (pairs.size() % 2 != 0)
+    return ToFfi(absl::InvalidArgumentError("ppermute: pairs must be (source, destination)"));
+  for (int64_t p : pairs) {
+    if (p < 0 || p >= n) {
+      return ToFfi(absl::InvalidArgumentError(
+          absl::StrCat("ppermute: rank ", p, " is outside the group of ", n)));
     }
-    return CheckBytes("ppermute", out, bytes);
+  }
+  auto combine = [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
+    for (void* o : out) std::memset(o, 0, bytes);
+    for (size_t k = 0; k + 1 < pairs.size(); k += 2)
+      std::memcpy(out[pairs[k + 1]], in[pairs[k]], bytes);
+    return absl::OkStatus();
   };
-  auto combine = [&](int) -> Collectives::Combine {
-    return [&](absl::Span<const void* const> in, absl::Span<void* const> out) {
-      for (void* o : out) std::memset(o, 0, bytes);
-      for (size_t k = 0; k + 1 < pairs.size(); k += 2)
-        std::memcpy(out[pairs[k + 1]], in[pairs[k]], bytes);
-      return absl::OkStatus();
-    };
-  };
-  return ToFfi(RunCollective(LaunchOf(data), op_id, Meeting(groups, group_size), "ppermute",
-                             x.untyped_data(), bytes, y->untyped_data(), y->size_bytes(), check,
-                             combine));
+  return ToFfi(RunCollective(launch, *g, op_id, "ppermute", x.untyped_data(), bytes,
+                             y->untyped_data(), bytes, combine));
 }
 
 // pw_after: y = x, once `after` is written (orders a loop holding collectives after the
@@ -343,16 +338,11 @@ ffi::Error After(ffi::AnyBuffer x, ffi::AnyBuffer /*after*/, ffi::Result<ffi::An
 
 ffi::Error AxisIndex(LaunchData* data, ffi::Result<ffi::AnyBuffer> y,
                      ffi::Span<const int64_t> groups, int64_t group_size) {
-  CollectiveLaunch* launch = LaunchOf(data);
-  if (launch == nullptr)
-    return ToFfi(absl::FailedPreconditionError("axis_index: launched without a rank"));
   if (y->element_type() != ffi::DataType::S32 || y->element_count() != 1)
     return ToFfi(absl::InvalidArgumentError("axis_index: output must be s32[]"));
-  const Meeting meeting(groups, group_size);
-  absl::StatusOr<CollectiveLaunch::Group> group =
-      launch->GroupOf(meeting.groups, meeting.group_size);
-  if (!group.ok()) return ToFfi(Annotate(group.status(), "axis_index"));
-  *static_cast<int32_t*>(y->untyped_data()) = group->rank;
+  absl::StatusOr<Group> g = GroupIn(LaunchOf(data), groups, group_size, "axis_index");
+  if (!g.ok()) return ToFfi(g.status());
+  *static_cast<int32_t*>(y->untyped_data()) = g->rank;
   return ffi::Error::Success();
 }
 
