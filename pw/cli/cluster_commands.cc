@@ -277,6 +277,15 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
                           "The most nodes a program may have; a larger one is refused (default "
                           "1048576)");
   controller_->add_option("--max-client-bytes", max_client_bytes_, kMaxClientBytesHelp);
+  controller_->add_option("--max-client-functions", definitions_.max_functions,
+                          "The most functions one client may have registered at once; one more "
+                          "is refused (default 16384)");
+  controller_->add_option("--max-client-function-bytes", definitions_.max_function_bytes,
+                          "The most bytes of modules one client's registered functions may hold "
+                          "(default 1073741824)");
+  controller_->add_option("--max-client-programs", definitions_.max_programs,
+                          "The most programs one client may have registered at once (default "
+                          "16384)");
   controller_->add_option("--checkpoint-root", checkpoint_root_,
                           "The directory (on a filesystem every worker shares) clients' "
                           "checkpoints are written under; none: checkpoints are refused");
@@ -669,6 +678,7 @@ int ClusterCommands::Controller() {
   o.clients.max_clients = max_clients_;
   o.default_run_timeout = absl::Milliseconds(run_timeout_ms_);
   o.max_program_nodes = max_program_nodes_;
+  o.definitions = definitions_;
   o.max_client_bytes = max_client_bytes_;
   o.checkpoint_root = checkpoint_root_;
   o.scheduling = {scheduling_, absl::Microseconds(std::llround(scheduling_window_ms_ * 1000))};

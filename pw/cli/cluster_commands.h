@@ -74,6 +74,7 @@ class ClusterCommands {
   std::string tls_cert_, tls_key_, tls_ca_, tls_server_name_;  // --tls-*.
   bool insecure_ = false;
   int64_t max_program_nodes_ = int64_t{1} << 20;
+  Controller::Options::Definitions definitions_;  // --max-client-functions and the like.
   int64_t failure_timeout_ms_ = 5000;
   int64_t max_clients_ = 1024;
   int64_t session_grace_ms_ = 30000;

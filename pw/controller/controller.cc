@@ -176,6 +176,7 @@ absl::Status Controller::Disconnect(ClientId client) {
   for (const auto& plan : programs_.DropClient(client)) AddHostPrograms(*plan, host_programs);
   {
     pw::MutexLock lock(&mu_);
+    registered_.erase(client);
     absl::erase_if(functions_, [&](const auto& kv) {
       if (kv.second.owner != client) return false;
       for (HostId h : kv.second.loaded_on) unload[h].push_back(kv.first);
@@ -242,7 +243,23 @@ absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
                                            : std::max({1, hlo->num_partitions,
                                                        hlo->collective_axis_size})));
   // Workers load it when it is bound to a slice on their host (LoadFunction, BuildPlan).
+  const int64_t bytes = hlo == nullptr ? 0 : static_cast<int64_t>(hlo->module.size());
+  const Options::Definitions& limit = options_.definitions;
   pw::MutexLock lock(&mu_);
+  Registered& mine = registered_[client];
+  if (mine.functions >= limit.max_functions)
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "function '", sig.name, "' was not registered: ", client.ToString(), " has ",
+        mine.functions, " functions registered, its limit (pw controller "
+        "--max-client-functions); its functions are freed when it disconnects"));
+  if (mine.bytes + bytes > limit.max_function_bytes)
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "function '", sig.name, "' (a module of ", bytes, " bytes) was not registered: ",
+        client.ToString(), "'s functions already hold ", mine.bytes, " bytes of modules, and its "
+        "limit is ", limit.max_function_bytes, " (pw controller --max-client-function-bytes); "
+        "its functions are freed when it disconnects"));
+  ++mine.functions;
+  mine.bytes += bytes;
   const FunctionId id(next_function_++);
   functions_.emplace(id, Function{client, def, {}});
   return FunctionInfo{id, sig.name, sig.inputs};
@@ -436,6 +453,7 @@ absl::StatusOr<ProgramId> Controller::RegisterProgram(ClientId client, const Pro
     return absl::ResourceExhaustedError(absl::StrCat(
         prog, " has ", ir.nodes.size(), " nodes, more than this cluster's limit of ",
         options_.max_program_nodes, " (pw controller --max-program-nodes raises it)"));
+  if (programs_.Full(client)) return TooManyPrograms(prog, programs_.FullError(client));
   // Validate with each argument placed where its first consumer wants it.
   std::vector<Placement> args(ir.args.size());
   std::vector<bool> placed(ir.args.size(), false);
@@ -457,7 +475,15 @@ absl::StatusOr<ProgramId> Controller::RegisterProgram(ClientId client, const Pro
       return absl::InvalidArgumentError(absl::StrCat(prog, " argument ", i, " is never used"));
   }
   PW_ASSIGN_OR_RETURN(auto plan, BuildPlan(client, ir, args));
-  return programs_.Add(client, ir, LayoutKey(args), std::move(plan));
+  absl::StatusOr<ProgramId> id = programs_.Add(client, ir, LayoutKey(args), std::move(plan));
+  if (!id.ok()) return TooManyPrograms(prog, id.status());
+  return id;
+}
+
+absl::Status Controller::TooManyPrograms(const std::string& prog, const absl::Status& full) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      prog, " was not registered: ", full.message(), " (pw controller --max-client-programs); "
+      "its programs are freed when it disconnects"));
 }
 
 absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::PlanFor(

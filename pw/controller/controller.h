@@ -45,6 +45,16 @@ class Controller final : public ControllerInterface {
     // The most nodes a registered program may have (pw controller --max-program-nodes): its
     // plans, host programs and per-run state grow with them.
     int64_t max_program_nodes = int64_t{1} << 20;
+    // What one client may have registered at once (functions and programs stay until it
+    // leaves): past any of these, a registration is refused with ResourceExhausted naming the
+    // flag, and the client's others are unaffected. pw controller --max-client-functions,
+    // --max-client-function-bytes (the modules' bytes), --max-client-programs.
+    struct Definitions {
+      int64_t max_functions = 16384;
+      int64_t max_function_bytes = int64_t{1} << 30;
+      int64_t max_programs = 16384;
+    };
+    Definitions definitions;
     // The most bytes (every shard, replicas included) of arrays one client may hold on the
     // cluster at once: its puts and the buffers its runs produce (pw controller
     // --max-client-bytes). A put or run past it is refused with ResourceExhausted. 0: no quota.
@@ -191,6 +201,8 @@ class Controller final : public ControllerInterface {
   absl::StatusOr<FunctionSignature> Signature(ClientId client, FunctionId id, int num_shards);
   absl::StatusOr<std::shared_ptr<const Plan>> PlanFor(ClientId client, ProgramId id,
                                                       const std::vector<Placement>& args);
+  // Why program `prog` (its name, quoted) was refused: its client holds its limit (`full`).
+  static absl::Status TooManyPrograms(const std::string& prog, const absl::Status& full);
   absl::StatusOr<std::shared_ptr<const Plan>> BuildPlan(ClientId client, const ProgramIr& ir,
                                                         const std::vector<Placement>& args);
   WorkerInterface* Worker(HostId host) const;
@@ -232,10 +244,18 @@ class Controller final : public ControllerInterface {
   ShareTable shares_ ABSL_GUARDED_BY(shares_mu_);
 
   ClientRegistry clients_;
-  ProgramCache<Plan> programs_{kMaxPlansPerProgram};
+  ProgramCache<Plan> programs_{kMaxPlansPerProgram,
+                               static_cast<size_t>(std::max<int64_t>(
+                                   0, options_.definitions.max_programs))};
   mutable pw::Mutex mu_;
   // Functions and programs of connected clients (ids are never reused).
   absl::flat_hash_map<FunctionId, Function> functions_ ABSL_GUARDED_BY(mu_);
+  // Per client: how many functions it has registered, and their modules' bytes.
+  struct Registered {
+    int64_t functions = 0;
+    int64_t bytes = 0;
+  };
+  absl::flat_hash_map<ClientId, Registered> registered_ ABSL_GUARDED_BY(mu_);
   int64_t next_function_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<std::pair<FunctionId, int>, FunctionSignature> signatures_
       ABSL_GUARDED_BY(mu_);

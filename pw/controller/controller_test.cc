@@ -294,6 +294,54 @@ TEST(ControllerTest, ADisconnectedClientsFunctionsAndProgramsAreFreed) {
   EXPECT_EQ(c.registry().programs, 0u);
 }
 
+// A shared service: one client cannot grow the controller without bound by registering
+// functions or programs (they stay until it leaves). Past its limits a registration is refused,
+// naming the flag; other clients are unaffected, and leaving frees its room.
+TEST(ControllerTest, AClientsRegistrationsPastItsLimitsAreRefusedNamingTheFlag) {
+  Controller::Options o;
+  o.definitions = {.max_functions = 2, .max_function_bytes = 10, .max_programs = 1};
+  Controller c(*ClusterSpec::Uniform(1, 1, 2), o);
+  ClientId greedy = *c.Connect("greedy"), other = *c.Connect("other");
+  StableHloFunctionDef six = Spmd(1);  // A module of 6 bytes ("module").
+  ASSERT_TRUE(c.RegisterFunction(greedy, six).ok());
+  auto over_bytes = c.RegisterFunction(greedy, six);  // 12 bytes > 10.
+  EXPECT_EQ(over_bytes.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over_bytes.status().message()),
+              HasSubstr("already hold 6 bytes of modules, and its limit is 10 (pw controller "
+                        "--max-client-function-bytes)"));
+  NativeFunctionBuilder b("inc");
+  int x = b.Input({DType::kF32, Shape({1})});
+  const NativeFunctionDef inc = b.Build({b.Op("add_scalar", {x}, {{"value", 1.0}})});
+  auto fn = c.RegisterFunction(greedy, inc);
+  ASSERT_TRUE(fn.ok()) << fn.status();
+  auto over_count = c.RegisterFunction(greedy, inc);
+  EXPECT_EQ(over_count.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over_count.status().message()),
+              HasSubstr("has 2 functions registered, its limit (pw controller "
+                        "--max-client-functions)"));
+  auto slice = c.AllocateSlice(greedy, {.num_devices = 2});
+  ASSERT_TRUE(slice.ok());
+  const ArraySpec g{DType::kF32, Shape({2})};
+  const Sharding sh = Sharding::Split({2}, 1, 0);
+  ProgramIr ir{"p", {g}, {{"inc", {fn->id, slice->id, {g}, {sh}, {g}, {sh}}, {{-1, 0}}}}, {{0, 0}}};
+  ASSERT_TRUE(c.RegisterProgram(greedy, ir).ok());
+  auto over_programs = c.RegisterProgram(greedy, ir);
+  EXPECT_EQ(over_programs.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over_programs.status().message()),
+              HasSubstr("program 'p' was not registered: " + greedy.ToString() +
+                        " has 1 programs registered, its limit (pw controller "
+                        "--max-client-programs)"));
+  EXPECT_EQ(c.registry().functions, 2u);
+  EXPECT_EQ(c.registry().programs, 1u);
+  // Another client has room of its own.
+  EXPECT_TRUE(c.RegisterFunction(other, six).ok());
+  // Leaving frees the greedy client's room (a new connection starts empty).
+  ASSERT_TRUE(c.Disconnect(greedy).ok());
+  ClientId again = *c.Connect("greedy");
+  EXPECT_TRUE(c.RegisterFunction(again, inc).ok());
+  EXPECT_TRUE(c.RegisterFunction(again, inc).ok());
+}
+
 // Issue 24: the failure monitor takes a failed host's devices out of service without waiting
 // for the workers' answers (it once waited up to 5 s per device on each worker, one after
 // another, while other hosts' heartbeats went unchecked). A worker that never answers leaves

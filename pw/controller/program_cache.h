@@ -1,7 +1,8 @@
 // ProgramCache: the programs clients registered, each with its plans by argument layout, the
 // controller's program cache (issue 24's "controller as parts"). A program keeps the plans of
 // its last `max_plans` layouts used; adding another evicts the least recently used one, which
-// the caller then forgets on the workers. A client's programs go when it leaves.
+// the caller then forgets on the workers. A client's programs go when it leaves; it may hold at
+// most `max_programs_per_owner` at once.
 //
 // `Plan` is the caller's (the controller's lowered plan); the cache only holds it.
 // Thread-safe: one lock of its own, never held while calling out.
@@ -16,6 +17,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "pw/base/ids.h"
 #include "pw/base/mutex.h"
 #include "pw/program/program_ir.h"
@@ -26,18 +29,34 @@ template <typename Plan>
 class ProgramCache {
  public:
   using PlanPtr = std::shared_ptr<const Plan>;
-  explicit ProgramCache(size_t max_plans) : max_plans_(std::max<size_t>(max_plans, 1)) {}
+  ProgramCache(size_t max_plans, size_t max_programs_per_owner)
+      : max_plans_(std::max<size_t>(max_plans, 1)), max_per_owner_(max_programs_per_owner) {}
+
+  // Whether `owner` holds its limit of programs (one more would be refused).
+  bool Full(ClientId owner) const {
+    pw::MutexLock lock(&mu_);
+    return FullLocked(owner);
+  }
 
   // Registers `ir` for `owner` with its first plan (for `layout`); ids are never reused.
-  ProgramId Add(ClientId owner, ProgramIr ir, const std::string& layout, PlanPtr plan) {
+  // ResourceExhausted if `owner` already holds its limit.
+  absl::StatusOr<ProgramId> Add(ClientId owner, ProgramIr ir, const std::string& layout,
+                                PlanPtr plan) {
     auto p = std::make_unique<Program>();
     p->owner = owner;
     p->ir = std::move(ir);
     p->plans.emplace(layout, Cached{std::move(plan), 0});
     pw::MutexLock lock(&mu_);
+    if (FullLocked(owner)) return FullError(owner);
     ProgramId id(next_++);
     programs_.emplace(id, std::move(p));
+    ++per_owner_[owner];
     return id;
+  }
+
+  absl::Status FullError(ClientId owner) const {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        owner.ToString(), " has ", max_per_owner_, " programs registered, its limit"));
   }
 
   // What a run of program `id` by `client` with argument layout `layout` needs: the cached plan
@@ -87,6 +106,7 @@ class ProgramCache {
   std::vector<PlanPtr> DropClient(ClientId client) {
     std::vector<PlanPtr> plans;
     pw::MutexLock lock(&mu_);
+    per_owner_.erase(client);
     absl::erase_if(programs_, [&](const auto& kv) {
       if (kv.second->owner != client) return false;
       for (auto& [layout, cached] : kv.second->plans) plans.push_back(std::move(cached.plan));
@@ -117,14 +137,20 @@ class ProgramCache {
     absl::flat_hash_map<std::string, Cached> plans;  // By argument layout.
     uint64_t uses = 0;
   };
+  bool FullLocked(ClientId owner) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = per_owner_.find(owner);
+    return static_cast<size_t>(it == per_owner_.end() ? 0 : it->second) >= max_per_owner_;
+  }
   Program* FindLocked(ClientId client, ProgramId id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = programs_.find(id);
     return it == programs_.end() || it->second->owner != client ? nullptr : it->second.get();
   }
 
   const size_t max_plans_;
+  const size_t max_per_owner_;
   mutable pw::Mutex mu_;
   absl::flat_hash_map<ProgramId, std::unique_ptr<Program>> programs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<ClientId, int64_t> per_owner_ ABSL_GUARDED_BY(mu_);  // Programs held.
   int64_t next_ ABSL_GUARDED_BY(mu_) = 0;
 };
 

@@ -21,8 +21,8 @@ ProgramIr Ir(const std::string& name) {
 }
 
 TEST(ProgramCacheTest, APlanIsFoundOnlyByItsOwnerAndLayout) {
-  Cache c(/*max_plans=*/4);
-  ProgramId id = c.Add(ClientId(1), Ir("step"), "f32[8]", PlanOf("f32[8]"));
+  Cache c(/*max_plans=*/4, /*max_programs_per_owner=*/8);
+  ProgramId id = *c.Add(ClientId(1), Ir("step"), "f32[8]", PlanOf("f32[8]"));
   std::optional<Cache::Found> hit = c.Find(ClientId(1), id, "f32[8]");
   ASSERT_TRUE(hit.has_value());
   EXPECT_EQ(*hit->plan, "f32[8]");
@@ -33,12 +33,12 @@ TEST(ProgramCacheTest, APlanIsFoundOnlyByItsOwnerAndLayout) {
   EXPECT_FALSE(c.Find(ClientId(2), id, "f32[8]").has_value());  // Not its program.
   EXPECT_FALSE(c.Find(ClientId(1), ProgramId(7), "f32[8]").has_value());
   EXPECT_EQ(c.AnyPlan(ClientId(2), id), nullptr);
-  EXPECT_NE(c.Add(ClientId(1), Ir("other"), "x", PlanOf("x")), id);  // Ids are not reused.
+  EXPECT_NE(*c.Add(ClientId(1), Ir("other"), "x", PlanOf("x")), id);  // Ids are not reused.
 }
 
 TEST(ProgramCacheTest, TheLeastRecentlyUsedLayoutIsEvictedPastTheLimit) {
-  Cache c(/*max_plans=*/2);
-  ProgramId id = c.Add(ClientId(1), Ir("step"), "a", PlanOf("a"));
+  Cache c(/*max_plans=*/2, /*max_programs_per_owner=*/8);
+  ProgramId id = *c.Add(ClientId(1), Ir("step"), "a", PlanOf("a"));
   ASSERT_EQ(c.Keep(ClientId(1), id, "b", PlanOf("b")), std::optional<Cache::PlanPtr>(nullptr));
   ASSERT_NE(c.Find(ClientId(1), id, "a")->plan, nullptr);  // "a" is now the more recent.
   std::optional<Cache::PlanPtr> evicted = c.Keep(ClientId(1), id, "c", PlanOf("c"));
@@ -56,10 +56,10 @@ TEST(ProgramCacheTest, TheLeastRecentlyUsedLayoutIsEvictedPastTheLimit) {
 }
 
 TEST(ProgramCacheTest, AClientsProgramsGoWithItAndGiveBackTheirPlans) {
-  Cache c(/*max_plans=*/4);
-  ProgramId mine = c.Add(ClientId(1), Ir("mine"), "a", PlanOf("a"));
+  Cache c(/*max_plans=*/4, /*max_programs_per_owner=*/8);
+  ProgramId mine = *c.Add(ClientId(1), Ir("mine"), "a", PlanOf("a"));
   (void)c.Keep(ClientId(1), mine, "b", PlanOf("b"));
-  ProgramId theirs = c.Add(ClientId(2), Ir("theirs"), "a", PlanOf("z"));
+  ProgramId theirs = *c.Add(ClientId(2), Ir("theirs"), "a", PlanOf("z"));
   std::vector<Cache::PlanPtr> dropped = c.DropClient(ClientId(1));
   std::vector<std::string> names;
   for (const auto& p : dropped) names.push_back(*p);
@@ -70,6 +70,23 @@ TEST(ProgramCacheTest, AClientsProgramsGoWithItAndGiveBackTheirPlans) {
   // The client left while a plan was lowered: keeping it fails.
   EXPECT_FALSE(c.Keep(ClientId(1), mine, "c", PlanOf("c")).has_value());
   EXPECT_EQ(*c.AnyPlan(ClientId(2), theirs), "z");
+}
+
+// A client holds at most its limit of programs; others are unaffected, and leaving frees its
+// room.
+TEST(ProgramCacheTest, AClientHoldsAtMostItsLimitOfPrograms) {
+  Cache c(/*max_plans=*/4, /*max_programs_per_owner=*/2);
+  ASSERT_TRUE(c.Add(ClientId(1), Ir("a"), "x", PlanOf("x")).ok());
+  EXPECT_FALSE(c.Full(ClientId(1)));
+  ASSERT_TRUE(c.Add(ClientId(1), Ir("b"), "x", PlanOf("x")).ok());
+  EXPECT_TRUE(c.Full(ClientId(1)));
+  absl::StatusOr<ProgramId> third = c.Add(ClientId(1), Ir("c"), "x", PlanOf("x"));
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.status().message(), ::testing::HasSubstr("client:1 has 2 programs"));
+  EXPECT_EQ(c.programs(), 2u);
+  EXPECT_TRUE(c.Add(ClientId(2), Ir("theirs"), "x", PlanOf("x")).ok());
+  (void)c.DropClient(ClientId(1));
+  EXPECT_FALSE(c.Full(ClientId(1)));
 }
 
 }  // namespace

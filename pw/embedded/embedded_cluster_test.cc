@@ -80,6 +80,7 @@ class ClusterTest : public ::testing::TestWithParam<Transport> {
     if (!grpc()) {
       EmbeddedCluster::Options eo;
       eo.controller.max_client_bytes = client_quota_;
+      eo.controller.definitions = definitions_;
       eo.controller.checkpoint_root = checkpoint_root_;
       embedded_ = *EmbeddedCluster::Create(spec, eo);
       controller_ = &embedded_->controller();
@@ -90,6 +91,7 @@ class ClusterTest : public ::testing::TestWithParam<Transport> {
     server::ControllerServer::Options o;
     o.failure_timeout = kDeadlockTimeout;
     o.max_client_bytes = client_quota_;
+    o.definitions = definitions_;
     o.checkpoint_root = checkpoint_root_;
     o.clients.max_runs_in_flight = runs_in_flight_limit_;
     auto server = server::ControllerServer::Start(spec, o);
@@ -121,6 +123,7 @@ class ClusterTest : public ::testing::TestWithParam<Transport> {
   // What clients talk to: the controller itself, or its gRPC stub.
   ControllerInterface* api() { return api_; }
   int64_t client_quota_ = 0;  // Controller::Options::max_client_bytes for Start.
+  Controller::Options::Definitions definitions_;  // Controller::Options::definitions for Start.
   std::string checkpoint_root_;  // Controller::Options::checkpoint_root for Start.
   // A fresh checkpoint root for Start, removed at TearDown.
   void UseCheckpointRoot() {
@@ -1041,6 +1044,44 @@ TEST_P(ClusterTest, PipelinedCallsUseOutputsBeforeTheControllerAnswers) {
   ends.clear();
   x = y = z = Array();
   ExpectNothingLeft();
+}
+
+// A shared service: a client's functions and programs stay until it leaves, so one client
+// registering without end would grow the controller until it failed. Past its limits a
+// registration is refused over either transport, naming the flag; another client has its own.
+TEST_P(ClusterTest, AClientsFunctionsAndProgramsStayWithinItsLimits) {
+  definitions_ = {.max_functions = 2, .max_programs = 2};
+  Start(1, 1, 2);
+  auto a = Connect("a"), b = Connect("b");
+  Slice s = *a->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  BoundFunction f = *a->Pmap(ScalarFn("inc", "add_scalar", 1), s);
+  ASSERT_TRUE(a->Pmap(ScalarFn("dec", "add_scalar", -1), s).ok());
+  auto third = a->Pmap(ScalarFn("twice", "mul_scalar", 2), s);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+  EXPECT_THAT(std::string(third.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("function 'twice' was not registered"),
+                               ::testing::HasSubstr("--max-client-functions")));
+  // Programs: calling a function directly registers one (its one-node program), and so does
+  // each trace.
+  Array x = *a->Put(F32({1, 2}), s.info().id, Sharding::Split({2}, 1, 0));
+  EXPECT_EQ(Values((*f.Call({x}))[0]), (std::vector<float>{2, 3}));
+  const ArraySpec global{DType::kF32, Shape({2})};
+  auto trace = [&](const std::string& name) {
+    return a->Trace(name, {global},
+                    [&](std::vector<Value> v) { return std::vector<Value>{f(f(v[0]))}; });
+  };
+  ASSERT_TRUE(trace("two").ok());
+  auto third_program = trace("again");
+  EXPECT_EQ(third_program.status().code(), absl::StatusCode::kResourceExhausted)
+      << third_program.status();
+  EXPECT_THAT(std::string(third_program.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("program 'again' was not registered"),
+                               ::testing::HasSubstr("--max-client-programs")));
+  // The refusals cost the client nothing it had.
+  EXPECT_EQ(Values((*f.Call({x}))[0]), (std::vector<float>{2, 3}));
+  // Another client's limits are its own.
+  Slice sb = *b->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  EXPECT_TRUE(b->Pmap(ScalarFn("inc", "add_scalar", 1), sb).ok());
 }
 
 // Issue 20 (quotas): one client could hold every device's memory. Each client's arrays (puts and

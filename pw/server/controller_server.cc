@@ -34,6 +34,7 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
       spec, Controller::Options{.hosts_share_process = false,
                                 .default_run_timeout = s->options_.default_run_timeout,
                                 .max_program_nodes = s->options_.max_program_nodes,
+                                .definitions = s->options_.definitions,
                                 .max_client_bytes = s->options_.max_client_bytes,
                                 .scheduling = s->options_.scheduling,
                                 .checkpoint_root = s->options_.checkpoint_root,

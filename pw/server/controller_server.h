@@ -42,6 +42,7 @@ class ControllerServer final : public rpc::ClusterMembership {
     // The timeout of runs submitted without one (zero: none; pw controller --run-timeout-ms).
     absl::Duration default_run_timeout = absl::ZeroDuration();
     int64_t max_program_nodes = Controller::Options().max_program_nodes;  // Controller::Options.
+    Controller::Options::Definitions definitions;  // What one client may have registered.
     int64_t max_client_bytes = 0;  // Controller::Options: each client's quota of array bytes.
     std::string checkpoint_root;   // Controller::Options (pw controller --checkpoint-root).
     Controller::Options::Scheduling scheduling;  // The islands' gang scheduling policy, window.
