@@ -12,6 +12,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -279,13 +280,16 @@ ClusterCommands::ClusterCommands(CLI::App* app) {
   controller_->add_option("--max-client-bytes", max_client_bytes_, kMaxClientBytesHelp);
   controller_->add_option("--max-client-functions", definitions_.max_functions,
                           "The most functions one client may have registered at once; one more "
-                          "is refused (default 16384)");
+                          "is refused (default 16384)")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   controller_->add_option("--max-client-function-bytes", definitions_.max_function_bytes,
-                          "The most bytes of modules one client's registered functions may hold "
-                          "(default 1073741824)");
+                          "The most bytes of definitions (modules, native ops) one client's "
+                          "registered functions may hold (default 1073741824)")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   controller_->add_option("--max-client-programs", definitions_.max_programs,
                           "The most programs one client may have registered at once (default "
-                          "16384)");
+                          "16384)")
+      ->check(CLI::Range(int64_t{1}, std::numeric_limits<int64_t>::max()));
   controller_->add_option("--checkpoint-root", checkpoint_root_,
                           "The directory (on a filesystem every worker shares) clients' "
                           "checkpoints are written under; none: checkpoints are refused");

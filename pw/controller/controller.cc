@@ -243,7 +243,7 @@ absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
                                            : std::max({1, hlo->num_partitions,
                                                        hlo->collective_axis_size})));
   // Workers load it when it is bound to a slice on their host (LoadFunction, BuildPlan).
-  const int64_t bytes = hlo == nullptr ? 0 : static_cast<int64_t>(hlo->module.size());
+  const int64_t bytes = DefinitionBytes(def);
   const Options::Definitions& limit = options_.definitions;
   pw::MutexLock lock(&mu_);
   Registered& mine = registered_[client];
@@ -254,10 +254,10 @@ absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
         "--max-client-functions); its functions are freed when it disconnects"));
   if (mine.bytes + bytes > limit.max_function_bytes)
     return absl::ResourceExhaustedError(absl::StrCat(
-        "function '", sig.name, "' (a module of ", bytes, " bytes) was not registered: ",
-        client.ToString(), "'s functions already hold ", mine.bytes, " bytes of modules, and its "
-        "limit is ", limit.max_function_bytes, " (pw controller --max-client-function-bytes); "
-        "its functions are freed when it disconnects"));
+        "function '", sig.name, "' (", bytes, " bytes of definition) was not registered: ",
+        client.ToString(), "'s functions already hold ", mine.bytes, " bytes, and its limit is ",
+        limit.max_function_bytes, " (pw controller --max-client-function-bytes); its functions "
+        "are freed when it disconnects"));
   ++mine.functions;
   mine.bytes += bytes;
   const FunctionId id(next_function_++);

@@ -48,7 +48,8 @@ class Controller final : public ControllerInterface {
     // What one client may have registered at once (functions and programs stay until it
     // leaves): past any of these, a registration is refused with ResourceExhausted naming the
     // flag, and the client's others are unaffected. pw controller --max-client-functions,
-    // --max-client-function-bytes (the modules' bytes), --max-client-programs.
+    // --max-client-function-bytes (their definitions' bytes, DefinitionBytes),
+    // --max-client-programs. Each at least 1.
     struct Definitions {
       int64_t max_functions = 16384;
       int64_t max_function_bytes = int64_t{1} << 30;
@@ -250,7 +251,7 @@ class Controller final : public ControllerInterface {
   mutable pw::Mutex mu_;
   // Functions and programs of connected clients (ids are never reused).
   absl::flat_hash_map<FunctionId, Function> functions_ ABSL_GUARDED_BY(mu_);
-  // Per client: how many functions it has registered, and their modules' bytes.
+  // Per client: how many functions it has registered, and their definitions' bytes.
   struct Registered {
     int64_t functions = 0;
     int64_t bytes = 0;

@@ -299,26 +299,31 @@ TEST(ControllerTest, ADisconnectedClientsFunctionsAndProgramsAreFreed) {
 // naming the flag; other clients are unaffected, and leaving frees its room.
 TEST(ControllerTest, AClientsRegistrationsPastItsLimitsAreRefusedNamingTheFlag) {
   Controller::Options o;
-  o.definitions = {.max_functions = 2, .max_function_bytes = 10, .max_programs = 1};
+  o.definitions = {.max_functions = 2, .max_function_bytes = 100, .max_programs = 1};
   Controller c(*ClusterSpec::Uniform(1, 1, 2), o);
-  ClientId greedy = *c.Connect("greedy"), other = *c.Connect("other");
-  StableHloFunctionDef six = Spmd(1);  // A module of 6 bytes ("module").
-  ASSERT_TRUE(c.RegisterFunction(greedy, six).ok());
-  auto over_bytes = c.RegisterFunction(greedy, six);  // 12 bytes > 10.
-  EXPECT_EQ(over_bytes.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(over_bytes.status().message()),
-              HasSubstr("already hold 6 bytes of modules, and its limit is 10 (pw controller "
-                        "--max-client-function-bytes)"));
+  ClientId greedy = *c.Connect("greedy"), other = *c.Connect("other"), big = *c.Connect("big");
+  const StableHloFunctionDef psum = Spmd(1);
+  ASSERT_EQ(DefinitionBytes(psum), 42);  // "psum", "module" and two specs of rank 1.
   NativeFunctionBuilder b("inc");
   int x = b.Input({DType::kF32, Shape({1})});
   const NativeFunctionDef inc = b.Build({b.Op("add_scalar", {x}, {{"value", 1.0}})});
-  auto fn = c.RegisterFunction(greedy, inc);
+  ASSERT_EQ(DefinitionBytes(inc), 50);  // Name, input spec, output, the op and its attribute.
+  ASSERT_TRUE(c.RegisterFunction(greedy, psum).ok());
+  auto fn = c.RegisterFunction(greedy, inc);  // 92 bytes in all.
   ASSERT_TRUE(fn.ok()) << fn.status();
   auto over_count = c.RegisterFunction(greedy, inc);
   EXPECT_EQ(over_count.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(over_count.status().message()),
               HasSubstr("has 2 functions registered, its limit (pw controller "
                         "--max-client-functions)"));
+  StableHloFunctionDef large = Spmd(1);
+  large.module.assign(100, 'm');
+  auto over_bytes = c.RegisterFunction(big, large);
+  EXPECT_EQ(over_bytes.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(over_bytes.status().message()),
+              HasSubstr("(136 bytes of definition) was not registered: " + big.ToString() +
+                        "'s functions already hold 0 bytes, and its limit is 100 (pw controller "
+                        "--max-client-function-bytes)"));
   auto slice = c.AllocateSlice(greedy, {.num_devices = 2});
   ASSERT_TRUE(slice.ok());
   const ArraySpec g{DType::kF32, Shape({2})};
@@ -334,7 +339,7 @@ TEST(ControllerTest, AClientsRegistrationsPastItsLimitsAreRefusedNamingTheFlag) 
   EXPECT_EQ(c.registry().functions, 2u);
   EXPECT_EQ(c.registry().programs, 1u);
   // Another client has room of its own.
-  EXPECT_TRUE(c.RegisterFunction(other, six).ok());
+  EXPECT_TRUE(c.RegisterFunction(other, psum).ok());
   // Leaving frees the greedy client's room (a new connection starts empty).
   ASSERT_TRUE(c.Disconnect(greedy).ok());
   ClientId again = *c.Connect("greedy");

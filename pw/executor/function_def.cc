@@ -9,6 +9,28 @@ const std::string& FunctionName(const FunctionDef& def) {
   return std::visit([](const auto& d) -> const std::string& { return d.name; }, def);
 }
 
+namespace {
+int64_t SpecBytes(const std::vector<ArraySpec>& specs) {
+  int64_t n = 0;
+  for (const ArraySpec& s : specs) n += 8 + 8 * s.shape.rank();
+  return n;
+}
+}  // namespace
+
+int64_t DefinitionBytes(const FunctionDef& def) {
+  if (const auto* native = std::get_if<NativeFunctionDef>(&def)) {
+    int64_t n = native->name.size() + SpecBytes(native->inputs) +
+                sizeof(int) * native->outputs.size();
+    for (const NativeOpDef& op : native->ops) {
+      n += op.kernel.size() + sizeof(int) * op.operands.size();
+      for (const auto& [key, value] : op.attrs) n += key.size() + sizeof(value);
+    }
+    return n;
+  }
+  const auto& hlo = std::get<StableHloFunctionDef>(def);
+  return hlo.name.size() + hlo.module.size() + SpecBytes(hlo.inputs) + SpecBytes(hlo.outputs);
+}
+
 absl::StatusOr<FunctionSignature> SignatureOf(const FunctionDef& def, int num_shards) {
   if (const auto* native = std::get_if<NativeFunctionDef>(&def)) {
     PW_ASSIGN_OR_RETURN(ExecutableRef exe, CompileNative(*native, num_shards));

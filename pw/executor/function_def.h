@@ -40,6 +40,9 @@ struct FunctionSignature {
 };
 
 const std::string& FunctionName(const FunctionDef& def);
+// About the bytes `def` holds (a module's text, a native function's ops and their attributes,
+// names and specs): what keeping it registered costs (Controller::Options::definitions).
+int64_t DefinitionBytes(const FunctionDef& def);
 // Checks `def` for a slice of `num_shards` devices and returns its signature. Native functions are
 // compiled against the kernel registry; StableHLO ones are checked for a module and valid specs
 // (XLA compiles them on the workers).
