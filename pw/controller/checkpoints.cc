@@ -74,7 +74,8 @@ absl::StatusOr<std::string> Controller::CheckpointPath(const std::string& path) 
 }
 
 Future<> Controller::SaveArray(ClientId client, BufferId id, const std::string& path) {
-  if (absl::Status s = CheckClient(client); !s.ok()) return Future<>::Ready(s);
+  absl::StatusOr<ClientRegistry::Visit> visit = clients_.Enter(client);
+  if (!visit.ok()) return Future<>::Ready(visit.status());
   absl::StatusOr<std::string> dir = CheckpointPath(path);
   if (!dir.ok()) return Future<>::Ready(dir.status());
   auto lb = buffers_.LookupAndPin(client, id);
@@ -122,7 +123,7 @@ Future<> Controller::SaveArray(ClientId client, BufferId id, const std::string& 
 absl::StatusOr<ArrayInfo> Controller::LoadArray(ClientId client, SliceId slice,
                                                 const Sharding& sharding, const ArraySpec& spec,
                                                 const std::string& path) {
-  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(const ClientRegistry::Visit visit, clients_.Enter(client));
   PW_ASSIGN_OR_RETURN(const std::string dir, CheckpointPath(path));
   // Checked here too (the workers check again), so a wrong path or shape fails the call.
   PW_ASSIGN_OR_RETURN(const checkpoint::ZarrArray z, checkpoint::ReadZarray(dir));
@@ -148,7 +149,7 @@ absl::StatusOr<ArrayInfo> Controller::LoadArray(ClientId client, SliceId slice,
 absl::StatusOr<std::string> Controller::CommitCheckpoint(
     ClientId client, const std::string& path,
     const std::vector<std::pair<std::string, std::string>>& files, const std::string& final_path) {
-  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(const ClientRegistry::Visit visit, clients_.Enter(client));
   PW_ASSIGN_OR_RETURN(const std::string dir, CheckpointPath(path));
   PW_ASSIGN_OR_RETURN(const std::string final_dir, CheckpointPath(final_path));
   if (files.size() > kMaxCommitFiles)

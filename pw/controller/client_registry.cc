@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -60,38 +61,86 @@ absl::StatusOr<ClientId> ClientRegistry::Connect(const std::string& name,
   return id;
 }
 
-absl::Status ClientRegistry::Disconnect(ClientId client) {
+absl::Status ClientRegistry::NotConnected(ClientId client) {
+  return absl::UnauthenticatedError(absl::StrCat(client.ToString(), " is not connected"));
+}
+
+const ClientRegistry::Client* ClientRegistry::LiveLocked(ClientId client) const {
+  auto it = clients_.find(client);
+  return it == clients_.end() || it->second.leaving ? nullptr : &it->second;
+}
+
+absl::StatusOr<ClientRegistry::Visit> ClientRegistry::Enter(ClientId client) {
   pw::MutexLock lock(&mu_);
   auto it = clients_.find(client);
-  if (it == clients_.end())
-    return absl::UnauthenticatedError(absl::StrCat(client.ToString(), " is not connected"));
+  if (it == clients_.end() || it->second.leaving) return NotConnected(client);
+  ++it->second.visits;
+  return Visit(this, client, it->second.tenant);
+}
+
+ClientRegistry::Visit::Visit(Visit&& other) noexcept
+    : registry_(std::exchange(other.registry_, nullptr)),
+      client_(other.client_),
+      tenant_(std::move(other.tenant_)) {}
+
+ClientRegistry::Visit::~Visit() {
+  if (registry_ != nullptr) registry_->Exit(client_);
+}
+
+void ClientRegistry::Exit(ClientId client) {
+  absl::AnyInvocable<void() &&> cleanup;
+  {
+    pw::MutexLock lock(&mu_);
+    auto it = clients_.find(client);
+    if (it == clients_.end() || --it->second.visits > 0 || !it->second.leaving) return;
+    cleanup = std::move(it->second.cleanup);
+  }
+  Forget(client, std::move(cleanup));
+}
+
+absl::Status ClientRegistry::Disconnect(ClientId client, absl::AnyInvocable<void() &&> cleanup) {
+  {
+    pw::MutexLock lock(&mu_);
+    auto it = clients_.find(client);
+    if (it == clients_.end() || it->second.leaving) return NotConnected(client);
+    it->second.leaving = true;
+    if (it->second.visits > 0) {
+      it->second.cleanup = std::move(cleanup);  // The last visit's end runs it.
+      return absl::OkStatus();
+    }
+  }
+  Forget(client, std::move(cleanup));
+  return absl::OkStatus();
+}
+
+void ClientRegistry::Forget(ClientId client, absl::AnyInvocable<void() &&> cleanup) {
+  if (cleanup) std::move(cleanup)();  // Outside the lock: it may take others' locks.
+  pw::MutexLock lock(&mu_);
+  auto it = clients_.find(client);
+  if (it == clients_.end()) return;
   auto t = tenants_.find(it->second.tenant->name());
   clients_.erase(it);
   if (t != tenants_.end() && --t->second.clients == 0 && !t->second.pinned) tenants_.erase(t);
-  return absl::OkStatus();
 }
 
 absl::Status ClientRegistry::Check(ClientId client) const {
   pw::MutexLock lock(&mu_);
-  if (!clients_.contains(client))
-    return absl::UnauthenticatedError(absl::StrCat(client.ToString(), " is not connected"));
+  if (LiveLocked(client) == nullptr) return NotConnected(client);
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<const Tenant>> ClientRegistry::TenantOf(ClientId client) const {
   pw::MutexLock lock(&mu_);
-  auto it = clients_.find(client);
-  if (it == clients_.end())
-    return absl::UnauthenticatedError(absl::StrCat(client.ToString(), " is not connected"));
-  return it->second.tenant;
+  const Client* c = LiveLocked(client);
+  if (c == nullptr) return NotConnected(client);
+  return c->tenant;
 }
 
 absl::StatusOr<ClientRegistry::Quota> ClientRegistry::QuotaOf(ClientId client) const {
   pw::MutexLock lock(&mu_);
-  auto it = clients_.find(client);
-  if (it == clients_.end())
-    return absl::UnauthenticatedError(absl::StrCat(client.ToString(), " is not connected"));
-  const Tenant& tenant = *it->second.tenant;
+  const Client* c = LiveLocked(client);
+  if (c == nullptr) return NotConnected(client);
+  const Tenant& tenant = *c->tenant;
   auto t = tenants_.find(tenant.name());
   return Quota{tenant.id(), tenant.name(), t == tenants_.end() ? 0 : t->second.memory_quota};
 }

@@ -6,6 +6,11 @@
 // settings (SetTenant) pin it. Limits, checked here: tenant names (kMaxTenantName characters of
 // letters, digits and ._-:), shares (Tenant::kMinShare ... kMaxShare), at most kMaxPinnedTenants
 // pinned tenants.
+//
+// A client's calls visit it (Enter .. the Visit's end); Disconnect refuses the client's new calls
+// at once but frees its state (`cleanup`) only once no call of it is in progress, so a call past
+// its check never leaves a slice, buffer, function, program or run behind for a client that is
+// gone, nor meets its state half freed.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +20,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "pw/base/future.h"
 #include "pw/base/ids.h"
@@ -35,10 +41,34 @@ class ClientRegistry {
     int clients = 0;
   };
 
+  // One call of a connected client in progress; the client's state stays while it lives.
+  // Move-only; its end (destruction) may run the client's cleanup (see Disconnect).
+  class Visit {
+   public:
+    Visit(Visit&& other) noexcept;
+    Visit& operator=(Visit&&) = delete;
+    ~Visit();
+    const std::shared_ptr<const Tenant>& tenant() const { return tenant_; }
+
+   private:
+    friend class ClientRegistry;
+    Visit(ClientRegistry* registry, ClientId client, std::shared_ptr<const Tenant> tenant)
+        : registry_(registry), client_(client), tenant_(std::move(tenant)) {}
+    ClientRegistry* registry_;  // Null once moved from.
+    ClientId client_;
+    std::shared_ptr<const Tenant> tenant_;
+  };
+
   absl::StatusOr<ClientId> Connect(const std::string& name, const ConnectOptions& options);
-  // Forgets the client (and its tenant, if that has no other clients and is not pinned).
-  absl::Status Disconnect(ClientId client);
-  // Unauthenticated naming the client if it is not connected.
+  // Starts a call of the client: Unauthenticated naming it if it is not connected, or is
+  // disconnecting.
+  absl::StatusOr<Visit> Enter(ClientId client);
+  // The client leaves: its new calls are refused from now on (Enter, Check, TenantOf, QuotaOf);
+  // `cleanup` (may be null) runs once none of its calls is in progress — at once, on this
+  // thread, if none is, else on the thread that ends the last — and then the client is forgotten
+  // (and its tenant, if that has no other clients and is not pinned). Never waits.
+  absl::Status Disconnect(ClientId client, absl::AnyInvocable<void() &&> cleanup = nullptr);
+  // Unauthenticated naming the client if it is not connected (or is disconnecting).
   absl::Status Check(ClientId client) const;
   absl::StatusOr<std::shared_ptr<const Tenant>> TenantOf(ClientId client) const;
   // The client's tenant's id and memory quota (0: none), for charging its arrays.
@@ -68,7 +98,17 @@ class ClientRegistry {
     std::string name;
     std::shared_ptr<Tenant> tenant;
     Future<> last_handed = Future<>::Ready(absl::OkStatus());
+    int64_t visits = 0;    // Calls in progress.
+    bool leaving = false;  // Disconnect was called: `cleanup` runs after the last visit.
+    absl::AnyInvocable<void() &&> cleanup;
   };
+  // The visit of `client` ended.
+  void Exit(ClientId client);
+  // Runs the cleanup of a client that has left and no visit holds, then forgets it.
+  void Forget(ClientId client, absl::AnyInvocable<void() &&> cleanup);
+  // The client, if it is connected and not leaving; else null.
+  const Client* LiveLocked(ClientId client) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static absl::Status NotConnected(ClientId client);
   static absl::Status CheckTenantName(const std::string& name);
   static absl::Status CheckShare(double share, const std::string& tenant);
   TenantInfo& TenantLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

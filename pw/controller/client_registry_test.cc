@@ -1,5 +1,7 @@
 #include "pw/controller/client_registry.h"
 
+#include <optional>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -28,6 +30,37 @@ TEST(ClientRegistryTest, ClientsJoinTenantsWithSharesAndEachOtherwiseIsItsOwn) {
   EXPECT_EQ(r.Tenants().size(), 2u);
   EXPECT_TRUE(absl::IsUnauthenticated(r.Check(a)));
   EXPECT_TRUE(absl::IsUnauthenticated(r.Disconnect(a)));
+}
+
+// A client disconnecting while calls of it are in progress: refused from then on, and its
+// cleanup runs once, when the last call ends (on that call's thread), then it is forgotten.
+TEST(ClientRegistryTest, ACleanupWaitsForTheClientsCallsInProgress) {
+  ClientRegistry r;
+  ClientId a = *r.Connect("a", {});
+  int cleanups = 0;
+  {
+    auto first = r.Enter(a);
+    ASSERT_TRUE(first.ok());
+    EXPECT_EQ(first->tenant()->name(), "a:0");
+    std::optional<ClientRegistry::Visit> second(*std::move(r.Enter(a)));
+    ASSERT_TRUE(r.Disconnect(a, [&] { ++cleanups; }).ok());
+    EXPECT_THAT(std::string(r.Enter(a).status().message()), HasSubstr("is not connected"));
+    EXPECT_TRUE(absl::IsUnauthenticated(r.Check(a)));
+    EXPECT_TRUE(absl::IsUnauthenticated(r.QuotaOf(a).status()));
+    EXPECT_TRUE(absl::IsUnauthenticated(r.Disconnect(a)));  // Once.
+    ClientRegistry::Visit moved(*std::move(first));  // Still one visit.
+    second.reset();
+    EXPECT_EQ(cleanups, 0);
+    EXPECT_EQ(r.size(), 1u);
+  }
+  EXPECT_EQ(cleanups, 1);
+  EXPECT_EQ(r.size(), 0u);
+  EXPECT_TRUE(r.Tenants().empty());
+  // With no call in progress it runs at once.
+  ClientId b = *r.Connect("b", {});
+  ASSERT_TRUE(r.Disconnect(b, [&] { ++cleanups; }).ok());
+  EXPECT_EQ(cleanups, 2);
+  EXPECT_EQ(r.size(), 0u);
 }
 
 TEST(ClientRegistryTest, AnAdminsSettingsPinATenantAndWinOverClients) {

@@ -148,14 +148,17 @@ absl::StatusOr<ClientId> Controller::Connect(const std::string& name,
   return clients_.Connect(name, options);
 }
 
-absl::Status Controller::CheckClient(ClientId client) const { return clients_.Check(client); }
-
 absl::Status Controller::SetTenant(const TenantSettings& settings) {
   return clients_.SetTenant(settings);
 }
 
 absl::Status Controller::Disconnect(ClientId client) {
-  PW_RETURN_IF_ERROR(CheckClient(client));
+  // The client's calls are refused from here; what it holds goes once none of its calls is in
+  // progress (ClientRegistry::Disconnect), so nothing such a call makes outlives it.
+  return clients_.Disconnect(client, [this, client] { FreeClient(client); });
+}
+
+void Controller::FreeClient(ClientId client) {
   // Runs still in flight are cancelled: what has not launched yet (on any island) fails
   // instead of running. Told before the buffers go, so nothing waiting on freed memory runs.
   runs_.CancelClient(client, absl::CancelledError(absl::StrCat(client.ToString(), " disconnected")),
@@ -191,7 +194,6 @@ absl::Status Controller::Disconnect(ClientId client) {
     }
   }
   const std::vector<WorkerInterface*> workers = members_.Workers();
-  (void)clients_.Disconnect(client);  // Connected until here (CheckClient above).
   // The workers' copies go too (compiled executables, host programs and their plans), after
   // the runs' cancellations.
   for (WorkerInterface* w : workers) {
@@ -202,7 +204,6 @@ absl::Status Controller::Disconnect(ClientId client) {
       programs = std::move(it->second);
     if (!functions.empty() || !programs.empty()) w->Unload(functions, programs);
   }
-  return absl::OkStatus();
 }
 
 absl::Status Controller::CancelRun(RunId run, const absl::Status& why) {
@@ -216,18 +217,18 @@ std::vector<RunId> Controller::CancelClientRuns(ClientId client, const absl::Sta
 size_t Controller::num_clients() const { return clients_.size(); }
 
 absl::StatusOr<SliceInfo> Controller::AllocateSlice(ClientId client, const SliceRequest& request) {
-  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(const ClientRegistry::Visit visit, clients_.Enter(client));
   return rm_.AllocateSlice(client, request);
 }
 
 absl::Status Controller::ReleaseSlice(ClientId client, SliceId slice) {
-  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(const ClientRegistry::Visit visit, clients_.Enter(client));
   return rm_.ReleaseSlice(client, slice);
 }
 
 absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
                                                           const FunctionDef& def) {
-  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(const ClientRegistry::Visit visit, clients_.Enter(client));
   // Kernels and shapes, before anything runs (SPMD modules for their own partition count).
   const auto* hlo = std::get_if<StableHloFunctionDef>(&def);
   if (hlo != nullptr) {
@@ -329,7 +330,7 @@ absl::StatusOr<FunctionSignature> Controller::Signature(ClientId client, Functio
 absl::StatusOr<std::vector<ArraySpec>> Controller::LoadFunction(ClientId client,
                                                                 FunctionId function,
                                                                 SliceId slice) {
-  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(const ClientRegistry::Visit visit, clients_.Enter(client));
   PW_ASSIGN_OR_RETURN(SliceInfo s, rm_.ResolveSlice(client, slice));
   PW_ASSIGN_OR_RETURN(FunctionSignature sig,
                       Signature(client, function, static_cast<int>(s.devices.size())));
@@ -447,7 +448,7 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
 }
 
 absl::StatusOr<ProgramId> Controller::RegisterProgram(ClientId client, const ProgramIr& ir) {
-  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(const ClientRegistry::Visit visit, clients_.Enter(client));
   const std::string prog = absl::StrCat("program '", ir.name.empty() ? "program" : ir.name, "'");
   if (static_cast<int64_t>(ir.nodes.size()) > options_.max_program_nodes)
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -513,7 +514,7 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::PlanFor(
 }
 
 absl::StatusOr<std::string> Controller::ExplainProgram(ClientId client, ProgramId id) {
-  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(const ClientRegistry::Visit visit, clients_.Enter(client));
   std::shared_ptr<const Plan> plan = programs_.AnyPlan(client, id);
   if (plan == nullptr) return NotRegistered(id);
   return plan->lowered.ToString();
@@ -549,8 +550,9 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   trace::Span span(trace::ControllerTrack(client), "submit", "submit", client.value());
   const absl::Duration timeout =
       options.timeout > absl::ZeroDuration() ? options.timeout : options_.default_run_timeout;
-  absl::StatusOr<std::shared_ptr<const Tenant>> tenant = clients_.TenantOf(client);
-  if (!tenant.ok()) return Future<RunInfo>::Ready(tenant.status());
+  absl::StatusOr<ClientRegistry::Visit> visit = clients_.Enter(client);
+  if (!visit.ok()) return Future<RunInfo>::Ready(visit.status());
+  const std::shared_ptr<const Tenant>& tenant = visit->tenant();
   // Arguments are pinned as they are looked up, so a concurrent release cannot free them before
   // the run is dispatched; the run unpins them when it finishes.
   std::vector<Placement> placements;
@@ -621,7 +623,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   unpin.insert(unpin.end(), pinned.begin(), pinned.end());
 
   if (span.active()) {
-    span.Arg("run", run.value()).Arg("program", lp.name).Arg("tenant", (*tenant)->name());
+    span.Arg("run", run.value()).Arg("program", lp.name).Arg("tenant", tenant->name());
     span.Arg("nodes", static_cast<int64_t>(lp.nodes.size()));
     if (options.trace_flow != 0) span.FlowIn(options.trace_flow);
     for (const auto& [island, hosts] : plan.islands)
@@ -639,7 +641,7 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   std::vector<std::pair<IslandId, IslandWork>> works;
   for (size_t i = 0; i < plan.islands.size(); ++i) {
     const auto& [island, hosts] = plan.islands[i];
-    works.emplace_back(island, IslandWork{run, client, *tenant, lp.name, mode, buffers, hosts, 0,
+    works.emplace_back(island, IslandWork{run, client, tenant, lp.name, mode, buffers, hosts, 0,
                                           plan.islands.size() > 1, plan.island_devices[i]});
   }
   Future<absl::Time> enqueued;
@@ -712,7 +714,7 @@ absl::Status Controller::NotMade(ClientId client, BufferId id, const absl::Statu
 }
 
 absl::StatusOr<BufferId> Controller::ReserveBufferIds(ClientId client, int64_t count) {
-  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(const ClientRegistry::Visit visit, clients_.Enter(client));
   PW_RETURN_IF_ERROR(output_ids_.CheckLease(client, count));
   const BufferId first = buffers_.NewIds(count);
   PW_RETURN_IF_ERROR(output_ids_.Lease(client, first, count));
@@ -773,7 +775,6 @@ void Controller::Free(const std::vector<LogicalBuffer>& freed) {
 absl::StatusOr<ArrayInfo> Controller::NewPutArray(ClientId client, SliceId slice_id,
                                                   const Sharding& sharding, const ArraySpec& spec,
                                                   Future<> ready) {
-  PW_RETURN_IF_ERROR(CheckClient(client));
   PW_ASSIGN_OR_RETURN(SliceInfo slice, rm_.ResolveSlice(client, slice_id));
   PW_RETURN_IF_ERROR(spec.Validate());
   PW_RETURN_IF_ERROR(sharding.Validate(spec.shape));
@@ -793,6 +794,7 @@ absl::StatusOr<ArrayInfo> Controller::NewPutArray(ClientId client, SliceId slice
 
 absl::StatusOr<ArrayInfo> Controller::PutArray(ClientId client, SliceId slice_id,
                                                const Sharding& sharding, HostArray value) {
+  PW_ASSIGN_OR_RETURN(const ClientRegistry::Visit visit, clients_.Enter(client));
   PW_RETURN_IF_ERROR(value.spec.Validate());
   if (static_cast<int64_t>(value.bytes.size()) != value.spec.size_bytes()) {
     return absl::InvalidArgumentError(absl::StrCat("array ", value.spec.ToString(), " needs ",
@@ -831,6 +833,8 @@ absl::StatusOr<ArrayInfo> Controller::PutArray(ClientId client, SliceId slice_id
 
 Future<DirectPut> Controller::BeginPut(ClientId client, SliceId slice_id, const Sharding& sharding,
                                        const ArraySpec& spec) {
+  absl::StatusOr<ClientRegistry::Visit> visit = clients_.Enter(client);
+  if (!visit.ok()) return Future<DirectPut>::Ready(visit.status());
   Promise<> ready;
   absl::StatusOr<ArrayInfo> info = NewPutArray(client, slice_id, sharding, spec, ready.future());
   if (!info.ok()) return Future<DirectPut>::Ready(info.status());
@@ -868,7 +872,8 @@ Future<DirectPut> Controller::BeginPut(ClientId client, SliceId slice_id, const 
 }
 
 Future<LocatedArray> Controller::LocateArray(ClientId client, BufferId id, bool inline_only) {
-  if (absl::Status s = CheckClient(client); !s.ok()) return Future<LocatedArray>::Ready(s);
+  absl::StatusOr<ClientRegistry::Visit> visit = clients_.Enter(client);
+  if (!visit.ok()) return Future<LocatedArray>::Ready(visit.status());
   auto lb = buffers_.LookupAndPin(client, id);
   if (!lb.ok()) return Future<LocatedArray>::Ready(NotMade(client, id, lb.status()));
   std::shared_ptr<const Placement> pl = lb->placement;
@@ -921,7 +926,8 @@ Future<LocatedArray> Controller::LocateArray(ClientId client, BufferId id, bool 
 }
 
 Future<HostArray> Controller::FetchArray(ClientId client, BufferId id) {
-  if (absl::Status s = CheckClient(client); !s.ok()) return Future<HostArray>::Ready(s);
+  absl::StatusOr<ClientRegistry::Visit> visit = clients_.Enter(client);
+  if (!visit.ok()) return Future<HostArray>::Ready(visit.status());
   // Pinned until the copy is done, so releasing the handle meanwhile cannot free the shards.
   auto lb = buffers_.LookupAndPin(client, id);
   if (!lb.ok()) return Future<HostArray>::Ready(NotMade(client, id, lb.status()));
@@ -987,14 +993,15 @@ Future<HostArray> Controller::FetchPinned(BufferId id, std::shared_ptr<const Pla
 }
 
 Future<> Controller::ArrayReady(ClientId client, BufferId id) {
-  if (absl::Status s = CheckClient(client); !s.ok()) return Future<>::Ready(s);
+  absl::StatusOr<ClientRegistry::Visit> visit = clients_.Enter(client);
+  if (!visit.ok()) return Future<>::Ready(visit.status());
   auto lb = buffers_.Lookup(client, id);
   if (!lb.ok()) return Future<>::Ready(NotMade(client, id, lb.status()));
   return lb->ready;
 }
 
 absl::Status Controller::ReleaseArray(ClientId client, BufferId id) {
-  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(const ClientRegistry::Visit visit, clients_.Enter(client));
   auto freed = buffers_.ReleaseHandle(client, id);
   if (!freed.ok() && output_ids_.Forget(client, id)) return absl::OkStatus();  // Never made.
   PW_RETURN_IF_ERROR(freed.status());
@@ -1004,7 +1011,7 @@ absl::Status Controller::ReleaseArray(ClientId client, BufferId id) {
 
 absl::StatusOr<std::string> Controller::ShareArray(ClientId client, BufferId id,
                                                    const ShareOptions& options) {
-  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(const ClientRegistry::Visit visit, clients_.Enter(client));
   PW_RETURN_IF_ERROR(buffers_.Lookup(client, id).status());  // Only what it holds.
   pw::MutexLock lock(&shares_mu_);
   if (options.token.empty()) return shares_.Create(client, id, options.writable);
@@ -1013,7 +1020,7 @@ absl::StatusOr<std::string> Controller::ShareArray(ClientId client, BufferId id,
 }
 
 absl::StatusOr<ArrayInfo> Controller::ImportArray(ClientId client, const std::string& token) {
-  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(const ClientRegistry::Visit visit, clients_.Enter(client));
   pw::MutexLock lock(&shares_mu_);
   PW_ASSIGN_OR_RETURN(BufferId id, shares_.Import(client, token));
   PW_ASSIGN_OR_RETURN(LogicalBuffer lb, buffers_.AddHandle(client, id));
@@ -1022,7 +1029,7 @@ absl::StatusOr<ArrayInfo> Controller::ImportArray(ClientId client, const std::st
 }
 
 absl::Status Controller::RevokeShare(ClientId client, const std::string& token) {
-  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(const ClientRegistry::Visit visit, clients_.Enter(client));
   std::vector<LogicalBuffer> freed;
   {
     pw::MutexLock lock(&shares_mu_);

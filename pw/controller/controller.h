@@ -187,7 +187,9 @@ class Controller final : public ControllerInterface {
                               absl::flat_hash_map<HostId, std::vector<uint64_t>>& out);
   class Lowering;
 
-  absl::Status CheckClient(ClientId client) const;
+  // Frees what a client that left held (its runs cancelled; its slices, arrays, functions,
+  // programs and trace), once none of its calls is in progress (Disconnect).
+  void FreeClient(ClientId client);
   // The client-chosen ids of a run's outputs (RunOptions::outputs), by lowered value, claimed;
   // empty when it chose none.
   absl::StatusOr<absl::flat_hash_map<int, BufferId>> ChosenOutputs(
@@ -210,7 +212,7 @@ class Controller final : public ControllerInterface {
   // A client's checkpoint `path` as an absolute path within the checkpoint root, or why not.
   absl::StatusOr<std::string> CheckpointPath(const std::string& path) const;
   // A new array of `spec` on `slice_id` for `client` (a put's checks and quota), not yet ready:
-  // its ready future is `ready`'s.
+  // its ready future is `ready`'s. Called within a visit of the client.
   absl::StatusOr<ArrayInfo> NewPutArray(ClientId client, SliceId slice_id, const Sharding& sharding,
                                         const ArraySpec& spec, Future<> ready);
   IslandScheduler* Scheduler(IslandId island) const;

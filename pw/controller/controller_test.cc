@@ -2,6 +2,9 @@
 #include "pw/controller/controller.h"
 
 #include <set>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
 
 #include "pw/executor/native_function.h"
 
@@ -207,6 +210,42 @@ TEST(ControllerTest, AFunctionLoadsOnlyOnTheHostsOfItsSlices) {
   c.DetachWorker(HostId(1));
   ASSERT_TRUE(c.AttachWorker(HostId(1), IslandId(1), &w1).ok());  // A fresh process: reloaded.
   ASSERT_TRUE(c.Disconnect(client).ok());
+}
+
+// A client that disconnects while one of its calls is in progress: its new calls are refused at
+// once, and what it held is freed once that call ends, including what the call made. Seen
+// failing: the function a worker was still loading when its client left was never unloaded
+// there (the disconnect freed the function before the load had marked the host).
+TEST(ControllerTest, AClientLeavingMidCallIsFreedWhenTheCallEnds) {
+  Controller c(*ClusterSpec::Uniform(1, 1, 2));
+  NiceMock<MockWorker> w(HostId(0));
+  ASSERT_TRUE(c.AttachWorker(HostId(0), IslandId(0), &w).ok());
+  Promise<> loaded;
+  absl::Notification loading;
+  const Future<> load = loaded.future();
+  EXPECT_CALL(w, LoadFunction(FunctionId(0), _)).WillOnce([&](FunctionId, const FunctionDef&) {
+    loading.Notify();
+    return load;
+  });
+  EXPECT_CALL(w, Unload(std::vector<FunctionId>{FunctionId(0)}, _)).Times(1);
+  ClientId client = *c.Connect("leaves");
+  auto fn = c.RegisterFunction(client, Spmd(1));
+  auto slice = c.AllocateSlice(client, {.num_devices = 2});
+  ASSERT_TRUE(fn.ok() && slice.ok());
+  std::thread call([&] { EXPECT_TRUE(c.LoadFunction(client, fn->id, slice->id).ok()); });
+  loading.WaitForNotification();
+  ASSERT_TRUE(c.Disconnect(client).ok());  // Does not wait for the call.
+  auto refused = c.AllocateSlice(client, {.num_devices = 1});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("is not connected"));
+  EXPECT_EQ(c.Disconnect(client).code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(c.registry().functions, 1u);  // Held for the call in progress.
+  EXPECT_EQ(c.registry().clients, 1u);
+  loaded.Set();
+  call.join();
+  EXPECT_EQ(c.registry().functions, 0u);
+  EXPECT_EQ(c.registry().clients, 0u);
+  EXPECT_EQ(c.registry().tenants, 0u);
 }
 
 // A worker that fails to load a function fails the binding, naming it; a later binding retries.

@@ -9,7 +9,7 @@
 namespace pw {
 
 absl::StatusOr<int64_t> Controller::StartTrace(ClientId client) {
-  PW_RETURN_IF_ERROR(CheckClient(client));
+  PW_ASSIGN_OR_RETURN(const ClientRegistry::Visit visit, clients_.Enter(client));
   {
     pw::MutexLock lock(&mu_);
     if (traces_.contains(client))
