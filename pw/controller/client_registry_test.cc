@@ -1,6 +1,9 @@
 #include "pw/controller/client_registry.h"
 
+#include <atomic>
 #include <optional>
+#include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -47,6 +50,7 @@ TEST(ClientRegistryTest, ACleanupWaitsForTheClientsCallsInProgress) {
     EXPECT_THAT(std::string(r.Enter(a).status().message()), HasSubstr("is not connected"));
     EXPECT_TRUE(absl::IsUnauthenticated(r.Check(a)));
     EXPECT_TRUE(absl::IsUnauthenticated(r.QuotaOf(a).status()));
+    EXPECT_TRUE(absl::IsUnauthenticated(r.TenantOf(a).status()));
     EXPECT_TRUE(absl::IsUnauthenticated(r.Disconnect(a)));  // Once.
     ClientRegistry::Visit moved(*std::move(first));  // Still one visit.
     second.reset();
@@ -61,6 +65,35 @@ TEST(ClientRegistryTest, ACleanupWaitsForTheClientsCallsInProgress) {
   ASSERT_TRUE(r.Disconnect(b, [&] { ++cleanups; }).ok());
   EXPECT_EQ(cleanups, 2);
   EXPECT_EQ(r.size(), 0u);
+}
+
+// Calls coming and going on other threads while the client disconnects: none sees its cleanup,
+// which runs exactly once, after the last of them.
+TEST(ClientRegistryTest, ACleanupRunsOnceAfterCallsOnOtherThreads) {
+  for (int round = 0; round < 100; ++round) {
+    ClientRegistry r;
+    ClientId a = *r.Connect("a", {});
+    std::atomic<int> cleanups{0}, in_calls{0};
+    std::vector<std::thread> calls;
+    for (int t = 0; t < 4; ++t) {
+      calls.emplace_back([&] {
+        for (int i = 0; i < 100; ++i) {
+          auto visit = r.Enter(a);
+          if (!visit.ok()) return;
+          in_calls.fetch_add(1);
+          EXPECT_EQ(cleanups.load(), 0);
+          in_calls.fetch_sub(1);
+        }
+      });
+    }
+    ASSERT_TRUE(r.Disconnect(a, [&] {
+                   EXPECT_EQ(in_calls.load(), 0);
+                   cleanups.fetch_add(1);
+                 }).ok());
+    for (std::thread& t : calls) t.join();
+    EXPECT_EQ(cleanups.load(), 1);
+    EXPECT_EQ(r.size(), 0u);
+  }
 }
 
 TEST(ClientRegistryTest, AnAdminsSettingsPinATenantAndWinOverClients) {

@@ -545,14 +545,14 @@ std::pair<Future<absl::Time>, Future<>> Controller::HandToSchedulers(
 
 Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
                                    const std::vector<BufferId>& args, const RunOptions& options) {
+  absl::StatusOr<ClientRegistry::Visit> visit = clients_.Enter(client);  // Ends last.
+  if (!visit.ok()) return Future<RunInfo>::Ready(visit.status());
+  const std::shared_ptr<const Tenant>& tenant = visit->tenant();
   const DispatchMode mode = options.mode;
   const absl::Time submitted = absl::Now();
   trace::Span span(trace::ControllerTrack(client), "submit", "submit", client.value());
   const absl::Duration timeout =
       options.timeout > absl::ZeroDuration() ? options.timeout : options_.default_run_timeout;
-  absl::StatusOr<ClientRegistry::Visit> visit = clients_.Enter(client);
-  if (!visit.ok()) return Future<RunInfo>::Ready(visit.status());
-  const std::shared_ptr<const Tenant>& tenant = visit->tenant();
   // Arguments are pinned as they are looked up, so a concurrent release cannot free them before
   // the run is dispatched; the run unpins them when it finishes.
   std::vector<Placement> placements;

@@ -160,7 +160,7 @@ class Controller final : public ControllerInterface {
   absl::StatusOr<ClusterStatus> Status() override;
   absl::StatusOr<int64_t> StartTrace(ClientId client) override;
   Future<trace::Chunk> StopTrace(ClientId client, bool all_tenants) override;
-  // Clients connected now.
+  // Clients connected now (with those leaving whose last call has not ended).
   size_t num_clients() const;
 
  private:

@@ -3,7 +3,9 @@
 
 #include <set>
 #include <thread>
+#include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/notification.h"
 
 #include "pw/executor/native_function.h"
@@ -233,7 +235,12 @@ TEST(ControllerTest, AClientLeavingMidCallIsFreedWhenTheCallEnds) {
   auto slice = c.AllocateSlice(client, {.num_devices = 2});
   ASSERT_TRUE(fn.ok() && slice.ok());
   std::thread call([&] { EXPECT_TRUE(c.LoadFunction(client, fn->id, slice->id).ok()); });
-  loading.WaitForNotification();
+  bool ended = false;
+  auto end_call = absl::MakeCleanup([&] {  // On every path, so the thread is always joined.
+    if (!std::exchange(ended, true)) loaded.Set();
+    call.join();
+  });
+  ASSERT_TRUE(loading.WaitForNotificationWithTimeout(absl::Seconds(60)));
   ASSERT_TRUE(c.Disconnect(client).ok());  // Does not wait for the call.
   auto refused = c.AllocateSlice(client, {.num_devices = 1});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated);
@@ -241,8 +248,7 @@ TEST(ControllerTest, AClientLeavingMidCallIsFreedWhenTheCallEnds) {
   EXPECT_EQ(c.Disconnect(client).code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(c.registry().functions, 1u);  // Held for the call in progress.
   EXPECT_EQ(c.registry().clients, 1u);
-  loaded.Set();
-  call.join();
+  std::move(end_call).Invoke();
   EXPECT_EQ(c.registry().functions, 0u);
   EXPECT_EQ(c.registry().clients, 0u);
   EXPECT_EQ(c.registry().tenants, 0u);

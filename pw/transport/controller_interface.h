@@ -121,7 +121,8 @@ class ControllerInterface {
   virtual absl::StatusOr<ClientId> Connect(const std::string& name,
                                            const ConnectOptions& options) = 0;
   absl::StatusOr<ClientId> Connect(const std::string& name) { return Connect(name, {}); }
-  // Releases the client's slices and buffers.
+  // Refuses the client's calls from now on and releases its slices, buffers, functions and
+  // programs (the controller: once none of its calls is in progress; it does not wait).
   virtual absl::Status Disconnect(ClientId client) = 0;
 
   virtual absl::StatusOr<SliceInfo> AllocateSlice(ClientId client, const SliceRequest& request) = 0;
