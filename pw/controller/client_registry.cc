@@ -65,17 +65,18 @@ absl::Status ClientRegistry::NotConnected(ClientId client) {
   return absl::UnauthenticatedError(absl::StrCat(client.ToString(), " is not connected"));
 }
 
-const ClientRegistry::Client* ClientRegistry::LiveLocked(ClientId client) const {
-  auto it = clients_.find(client);
-  return it == clients_.end() || it->second.leaving ? nullptr : &it->second;
+template <typename Clients>
+auto* ClientRegistry::Live(Clients& clients, ClientId client) {
+  auto it = clients.find(client);
+  return it == clients.end() || it->second.leaving ? nullptr : &it->second;
 }
 
 absl::StatusOr<ClientRegistry::Visit> ClientRegistry::Enter(ClientId client) {
   pw::MutexLock lock(&mu_);
-  auto it = clients_.find(client);
-  if (it == clients_.end() || it->second.leaving) return NotConnected(client);
-  ++it->second.visits;
-  return Visit(this, client, it->second.tenant);
+  Client* c = Live(clients_, client);
+  if (c == nullptr) return NotConnected(client);
+  ++c->visits;
+  return Visit(this, client, c->tenant);
 }
 
 ClientRegistry::Visit::Visit(Visit&& other) noexcept
@@ -101,11 +102,11 @@ void ClientRegistry::Exit(ClientId client) {
 absl::Status ClientRegistry::Disconnect(ClientId client, absl::AnyInvocable<void() &&> cleanup) {
   {
     pw::MutexLock lock(&mu_);
-    auto it = clients_.find(client);
-    if (it == clients_.end() || it->second.leaving) return NotConnected(client);
-    it->second.leaving = true;
-    if (it->second.visits > 0) {
-      it->second.cleanup = std::move(cleanup);  // The last visit's end runs it.
+    Client* c = Live(clients_, client);
+    if (c == nullptr) return NotConnected(client);
+    c->leaving = true;
+    if (c->visits > 0) {
+      c->cleanup = std::move(cleanup);  // The last visit's end runs it.
       return absl::OkStatus();
     }
   }
@@ -123,22 +124,9 @@ void ClientRegistry::Forget(ClientId client, absl::AnyInvocable<void() &&> clean
   if (t != tenants_.end() && --t->second.clients == 0 && !t->second.pinned) tenants_.erase(t);
 }
 
-absl::Status ClientRegistry::Check(ClientId client) const {
-  pw::MutexLock lock(&mu_);
-  if (LiveLocked(client) == nullptr) return NotConnected(client);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::shared_ptr<const Tenant>> ClientRegistry::TenantOf(ClientId client) const {
-  pw::MutexLock lock(&mu_);
-  const Client* c = LiveLocked(client);
-  if (c == nullptr) return NotConnected(client);
-  return c->tenant;
-}
-
 absl::StatusOr<ClientRegistry::Quota> ClientRegistry::QuotaOf(ClientId client) const {
   pw::MutexLock lock(&mu_);
-  const Client* c = LiveLocked(client);
+  const Client* c = Live(clients_, client);
   if (c == nullptr) return NotConnected(client);
   const Tenant& tenant = *c->tenant;
   auto t = tenants_.find(tenant.name());

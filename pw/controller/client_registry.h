@@ -63,14 +63,11 @@ class ClientRegistry {
   // Starts a call of the client: Unauthenticated naming it if it is not connected, or is
   // disconnecting.
   absl::StatusOr<Visit> Enter(ClientId client);
-  // The client leaves: its new calls are refused from now on (Enter, Check, TenantOf, QuotaOf);
+  // The client leaves: its new calls are refused from now on (Enter, QuotaOf);
   // `cleanup` (may be null) runs once none of its calls is in progress — at once, on this
   // thread, if none is, else on the thread that ends the last — and then the client is forgotten
   // (and its tenant, if that has no other clients and is not pinned). Never waits.
   absl::Status Disconnect(ClientId client, absl::AnyInvocable<void() &&> cleanup = nullptr);
-  // Unauthenticated naming the client if it is not connected (or is disconnecting).
-  absl::Status Check(ClientId client) const;
-  absl::StatusOr<std::shared_ptr<const Tenant>> TenantOf(ClientId client) const;
   // The client's tenant's id and memory quota (0: none), for charging its arrays.
   struct Quota {
     int64_t tenant = -1;
@@ -106,8 +103,10 @@ class ClientRegistry {
   void Exit(ClientId client);
   // Runs the cleanup of a client that has left and no visit holds, then forgets it.
   void Forget(ClientId client, absl::AnyInvocable<void() &&> cleanup);
-  // The client, if it is connected and not leaving; else null.
-  const Client* LiveLocked(ClientId client) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The client in `clients` (clients_, const or not), if it is connected and not leaving; else
+  // null. Under mu_.
+  template <typename Clients>
+  static auto* Live(Clients& clients, ClientId client);
   static absl::Status NotConnected(ClientId client);
   static absl::Status CheckTenantName(const std::string& name);
   static absl::Status CheckShare(double share, const std::string& tenant);

@@ -19,19 +19,19 @@ TEST(ClientRegistryTest, ClientsJoinTenantsWithSharesAndEachOtherwiseIsItsOwn) {
   ClientId b = *r.Connect("trainer", {.tenant = "train"});
   ClientId c = *r.Connect("lonely", {});
   ClientId d = *r.Connect("lonely", {});
-  EXPECT_EQ(r.TenantOf(a).value(), r.TenantOf(b).value());
-  EXPECT_EQ(r.TenantOf(a).value()->share(), 4);
+  EXPECT_EQ(r.Enter(a)->tenant(), r.Enter(b)->tenant());
+  EXPECT_EQ(r.Enter(a)->tenant()->share(), 4);
   // Clients without a tenant each get one of their own, even with the same name.
-  EXPECT_NE(r.TenantOf(c).value(), r.TenantOf(d).value());
-  EXPECT_EQ(r.TenantOf(c).value()->share(), 1);
-  EXPECT_THAT(r.TenantOf(c).value()->name(), HasSubstr("lonely:"));
+  EXPECT_NE(r.Enter(c)->tenant(), r.Enter(d)->tenant());
+  EXPECT_EQ(r.Enter(c)->tenant()->share(), 1);
+  EXPECT_THAT(r.Enter(c)->tenant()->name(), HasSubstr("lonely:"));
   EXPECT_EQ(r.Tenants().size(), 3u);
   // A tenant goes with its last client.
   ASSERT_TRUE(r.Disconnect(a).ok());
   EXPECT_EQ(r.Tenants().size(), 3u);
   ASSERT_TRUE(r.Disconnect(b).ok());
   EXPECT_EQ(r.Tenants().size(), 2u);
-  EXPECT_TRUE(absl::IsUnauthenticated(r.Check(a)));
+  EXPECT_TRUE(absl::IsUnauthenticated(r.Enter(a).status()));
   EXPECT_TRUE(absl::IsUnauthenticated(r.Disconnect(a)));
 }
 
@@ -48,9 +48,7 @@ TEST(ClientRegistryTest, ACleanupWaitsForTheClientsCallsInProgress) {
     std::optional<ClientRegistry::Visit> second(*std::move(r.Enter(a)));
     ASSERT_TRUE(r.Disconnect(a, [&] { ++cleanups; }).ok());
     EXPECT_THAT(std::string(r.Enter(a).status().message()), HasSubstr("is not connected"));
-    EXPECT_TRUE(absl::IsUnauthenticated(r.Check(a)));
     EXPECT_TRUE(absl::IsUnauthenticated(r.QuotaOf(a).status()));
-    EXPECT_TRUE(absl::IsUnauthenticated(r.TenantOf(a).status()));
     EXPECT_TRUE(absl::IsUnauthenticated(r.Disconnect(a)));  // Once.
     ClientRegistry::Visit moved(*std::move(first));  // Still one visit.
     second.reset();
@@ -100,7 +98,7 @@ TEST(ClientRegistryTest, AnAdminsSettingsPinATenantAndWinOverClients) {
   ClientRegistry r;
   ASSERT_TRUE(r.SetTenant({.name = "serve", .share = 2, .memory_bytes = 1 << 20}).ok());
   ClientId a = *r.Connect("server", {.tenant = "serve", .share = 100});
-  EXPECT_EQ(r.TenantOf(a).value()->share(), 2);  // The admin's, not the client's.
+  EXPECT_EQ(r.Enter(a)->tenant()->share(), 2);  // The admin's, not the client's.
   ClientRegistry::Quota q = *r.QuotaOf(a);
   EXPECT_EQ(q.bytes, 1 << 20);
   EXPECT_EQ(q.name, "serve");
