@@ -265,13 +265,19 @@ absl::StatusOr<std::vector<MultitenantBenchResult>> RunMultitenantBench(
   const int64_t lead = 3'000'000'000;  // Clients connect, compile and warm up meanwhile.
   std::vector<MultitenantBenchResult> results;
   int run = 0;
-  for (double compute : o.compute_ms) {
-    // One client alone, for the baseline.
+  // One client alone: its calls/s.
+  auto run_alone = [&](double compute) -> absl::StatusOr<double> {
     std::vector<TenantProcess> alone = {{absl::StrCat("alone", run++), 1}};
-    int64_t start = NowNs() + lead;
+    const int64_t start = NowNs() + lead;
     PW_RETURN_IF_ERROR(RunClients(o, address, dir, compute, start, start + seconds, 0, alone));
     const double single = CountIn(alone, start, start + seconds) / o.seconds;
     std::fprintf(stderr, "multitenant bench: %.3g ms, 1 client: %.0f calls/s\n", compute, single);
+    return single;
+  };
+  for (double compute : o.compute_ms) {
+    // The baseline of each K clients' run is one client alone just before it and just after it
+    // (their mean), so a drift of this shared machine's speed over the runs hits both sides.
+    PW_ASSIGN_OR_RETURN(double single_before, run_alone(compute));
     for (int k : o.clients) {
       std::vector<TenantProcess> clients;
       double total_share = 0;
@@ -280,7 +286,7 @@ absl::StatusOr<std::vector<MultitenantBenchResult>> RunMultitenantBench(
         total_share += clients.back().share;
       }
       ++run;
-      start = NowNs() + lead;
+      const int64_t start = NowNs() + lead;
       const int64_t end = start + seconds;
       const int64_t join = o.late_join && k > 1 ? start + seconds / 2 : 0;
       // Samples at a fifth of a window, so windows (from a sample to the first one a window later)
@@ -289,11 +295,16 @@ absl::StatusOr<std::vector<MultitenantBenchResult>> RunMultitenantBench(
       absl::Status ran = RunClients(o, address, dir, compute, start, end, join, clients);
       std::vector<DeviceTimeSampler::Sample> samples = sampler.Take();
       PW_RETURN_IF_ERROR(ran);
+      PW_ASSIGN_OR_RETURN(const double single_after, run_alone(compute));
+      const double single = (single_before + single_after) / 2;
       MultitenantBenchResult r;
       r.clients = k;
       r.compute_ms = compute;
       r.single_client_per_second = single;
+      r.single_client_before = single_before;
+      r.single_client_after = single_after;
       r.single_utilization = single * compute / 1000;
+      single_before = single_after;
       // Shares over the part every client ran (after the join, if one joined late); windows
       // after the first.
       const int64_t from = join > 0 ? join : start;
@@ -379,6 +390,8 @@ std::string MultitenantBenchJson(const std::vector<MultitenantBenchResult>& resu
                         {"compute_ms", r.compute_ms},
                         {"aggregate_per_second", r.aggregate_per_second},
                         {"single_client_per_second", r.single_client_per_second},
+                        {"single_client_per_second_before", r.single_client_before},
+                        {"single_client_per_second_after", r.single_client_after},
                         {"utilization", r.utilization},
                         {"single_utilization", r.single_utilization},
                         {"shares", nlohmann::json::array()}};

@@ -4,7 +4,8 @@
 // kernel would keep its device without the host's CPU), then an all-reduce over the island (so
 // the island's gang order matters). Each client keeps `in_flight` calls in flight and records
 // when each finishes. Reported per (clients, compute time): the aggregate calls/s beside one
-// client alone (measured in the same run), the utilization this implies (calls/s x compute
+// client alone (measured in the same run, just before and just after the K clients: their
+// mean, so that a drift of the machine's speed over the runs hits both alike), the utilization this implies (calls/s x compute
 // time: each call holds every device of the island), and each tenant's achieved share of
 // the device time beside its configured share, over the run and in its worst window. Device
 // time is the cluster's own account: the workers measure each device's part of each client's
@@ -41,7 +42,8 @@ struct MultitenantBenchResult {
   int clients = 0;
   double compute_ms = 0;
   double aggregate_per_second = 0;
-  double single_client_per_second = 0;
+  double single_client_per_second = 0;  // The mean of one client alone before and after.
+  double single_client_before = 0, single_client_after = 0;
   double utilization = 0;         // aggregate_per_second x compute_ms / 1000.
   double single_utilization = 0;  // The same for one client alone.
   struct Share {

@@ -516,6 +516,9 @@ def test_multitenant_bench_prints_its_json(cluster):
     [res] = out["results"]
     assert res["clients"] == 2 and res["compute_ms"] == 0.5
     assert res["aggregate_per_second"] > 0 and res["single_client_per_second"] > 0
+    # The baseline: one client alone just before and just after the two, their mean.
+    assert res["single_client_per_second"] == pytest.approx(
+        (res["single_client_per_second_before"] + res["single_client_per_second_after"]) / 2)
     assert res["utilization"] == pytest.approx(res["aggregate_per_second"] * 0.5 / 1000)
     shares = res["shares"]
     assert [s["configured"] for s in shares] == pytest.approx([0.25, 0.75])
