@@ -5,12 +5,13 @@
 // the island's gang order matters). Each client keeps `in_flight` calls in flight and records
 // when each finishes. Reported per (clients, compute time): the aggregate calls/s beside one
 // client alone (measured in the same run, just before and just after the K clients: their
-// mean, so that a drift of the machine's speed over the runs hits both alike), the utilization this implies (calls/s x compute
-// time: each call holds every device of the island), and each tenant's achieved share of
-// the device time beside its configured share, over the run and in its worst window. Device
-// time is the cluster's own account: the workers measure each device's part of each client's
-// work as it ends (pw status's hosts' client_device_seconds), sampled five times a window;
-// a window runs from one sample to the first at least a window later.
+// mean, so that a drift of the machine's speed over the runs hits both alike), the
+// utilization this implies (calls/s x compute time: each call holds every device of the
+// island), and each tenant's achieved share of the device time beside its configured share,
+// over the run and in its worst window. Device time is the cluster's own account: the workers
+// measure each device's part of each client's work as it ends (pw status's hosts'
+// client_device_seconds), sampled five times a window; a window runs from one sample to the
+// first at least a window later.
 //
 // Without a cluster address it starts `pw up --islands 1 --hosts-per-island 1
 // --devices-per-host 8` (one 8-device island in one worker process, proportional-share
