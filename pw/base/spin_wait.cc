@@ -10,7 +10,7 @@
 namespace pw {
 
 bool SpinYieldUntil(bool (*pred)(const void*), const void* arg) {
-  for (int i = 0; i < kSpinYields; ++i) {
+  for (int i = 0; i < kYieldsUntil; ++i) {
     if (pred(arg)) return true;
     sched_yield();
   }

@@ -56,5 +56,20 @@ TEST(SpinWaitTest, WaitReturnsAtOnceWhenTheWordAlreadyChanged) {
   EXPECT_EQ(sleepers.load(), 0u);
 }
 
+// SpinYieldUntil looks at its predicate before each yield and once after the last, then gives
+// up (the caller sleeps instead); a predicate that comes true within the bound ends it there.
+TEST(SpinWaitTest, SpinYieldUntilGivesUpAfterItsBound) {
+  int looks = 0;
+  EXPECT_FALSE(SpinYieldUntil([&] {
+    ++looks;
+    return false;
+  }));
+  EXPECT_EQ(looks, kYieldsUntil + 1);
+
+  looks = 0;
+  EXPECT_TRUE(SpinYieldUntil([&] { return ++looks == 3; }));
+  EXPECT_EQ(looks, 3);
+}
+
 }  // namespace
 }  // namespace pw
