@@ -153,7 +153,8 @@ void ClusterCommands::AddSchedulingFlags(CLI::App* command) {
       ->check(CLI::IsMember({"share", "fifo"}));
   command->add_option("--scheduling-window-ms", scheduling_window_ms_,
                       "Estimated device time each island keeps in flight per device (default "
-                      "2): the scheduler decides what runs next at about this granularity")
+                      "2), beyond what covers its measured round trip to the hosts: the "
+                      "scheduler decides what runs next at about this granularity")
       ->check(CLI::Range(0.001, 10000.0));
 }
 

@@ -85,6 +85,11 @@ int IslandScheduler::in_flight() const {
   return in_flight_;
 }
 
+absl::Duration IslandScheduler::round_trip() const {
+  pw::MutexLock lock(&mu_);
+  return absl::Nanoseconds(round_trip_ns_);
+}
+
 void IslandScheduler::DropGoneTenantsLocked() {
   // Held only here (and by finished_ records, which name it by id): no client, nothing queued or
   // in flight.
@@ -117,8 +122,8 @@ std::vector<IslandScheduler::TenantLoad> IslandScheduler::TenantLoads() const {
 
 bool IslandScheduler::MayDispatch() const {
   if (stopping_ || in_flight_ == 0) return true;
-  const int64_t window =
-      absl::ToInt64Nanoseconds(options_.window) * std::max(1, options_.devices);
+  const int64_t window = (absl::ToInt64Nanoseconds(options_.window) + 2 * round_trip_ns_) *
+                         std::max(1, options_.devices);
   return in_flight_ < options_.max_in_flight && in_flight_ns_ < window;
 }
 
@@ -190,6 +195,7 @@ void IslandScheduler::Dispatch(std::unique_ptr<ScheduleRequest> r) {
     return ContinueSequential(std::move(seq));
   }
   // One message per host with all of its nodes; no waiting (nor a separate enqueue ack).
+  const absl::Time sent = options_.now();
   std::vector<Future<absl::Time>> enqueued;
   std::vector<Future<int64_t>> done;
   for (const auto& [host, program] : w.hosts) {
@@ -207,11 +213,17 @@ void IslandScheduler::Dispatch(std::unique_ptr<ScheduleRequest> r) {
     enqueued.push_back(std::move(ack.enqueued));
     done.push_back(std::move(ack.done));
   }
-  LatestOf(enqueued).OnReady(
+  Future<absl::Time> latest = LatestOf(enqueued);
+  latest.OnReady(
       [p = std::move(r->enqueued)](const absl::StatusOr<absl::Time>& t) mutable { p.Set(t); });
   std::shared_ptr<ScheduleRequest> held(std::move(r));
-  SumFutures(done).OnReady(
-      [this, held](const absl::StatusOr<int64_t>& ran) { OnFinished(*held, ran); });
+  SumFutures(done).OnReady([this, held, latest, sent](const absl::StatusOr<int64_t>& ran) {
+    // Every host has answered: its answer said when it enqueued the work.
+    absl::Duration round_trip;
+    if (latest.IsReady() && latest.status().ok())
+      round_trip = std::clamp(*latest.Await() - sent, absl::ZeroDuration(), kMaxRoundTrip);
+    OnFinished(*held, ran, round_trip);
+  });
 }
 
 void IslandScheduler::ContinueSequential(std::shared_ptr<Sequential> seq) {
@@ -257,11 +269,12 @@ void IslandScheduler::ContinueSequential(std::shared_ptr<Sequential> seq) {
       });
   std::shared_ptr<ScheduleRequest> held(std::move(seq->request));
   SumFutures(seq->done).OnReady([this, held](const absl::StatusOr<int64_t>& ran) {
-    OnFinished(*held, ran);
+    OnFinished(*held, ran, absl::ZeroDuration());  // Its nodes went one by one: no sample.
   });
 }
 
-void IslandScheduler::OnFinished(ScheduleRequest& r, const absl::StatusOr<int64_t>& ran) {
+void IslandScheduler::OnFinished(ScheduleRequest& r, const absl::StatusOr<int64_t>& ran,
+                                 absl::Duration round_trip) {
   // A failed request is charged its estimate (what it took is unknown).
   const int64_t took = ran.ok() ? *ran : r.estimated_ns;
   const absl::Time now = options_.now();
@@ -275,6 +288,8 @@ void IslandScheduler::OnFinished(ScheduleRequest& r, const absl::StatusOr<int64_
       int64_t& e = estimates_[ProgramKey(r.work)];
       e = e == 0 ? took : (3 * e + took) / 4;
       if (estimates_.size() > 4096) estimates_.clear();  // Programs come and go; relearned.
+      if (round_trip > absl::ZeroDuration())
+        round_trip_ns_ = (3 * round_trip_ns_ + absl::ToInt64Nanoseconds(round_trip)) / 4;
     }
     finished_.push_back({now, r.work.tenant->id(), took});
     if (auto t = tenants_.find(r.work.tenant->id()); t != tenants_.end()) t->second.device_ns += took;

@@ -13,6 +13,15 @@
 // estimate is its program's measured device time (DispatchAck::done), averaged over its recent
 // runs; a program's first run counts as Options::first_estimate per device.
 //
+// The window is kept on top of the island's control round trip: a device that finishes its work
+// gets more only after its host's answer has reached the scheduler and the next dispatch has
+// reached the host. So the scheduler measures that round trip (from a parallel request's
+// dispatch to the instant its last host enqueued it, as the hosts' answers report it: a moving
+// average, each sample at most kMaxRoundTrip) and lets `window + 2 x round trip` per device be
+// in flight (once for finished work whose answer is on its way, once for the refill). Where
+// hosts answer in microseconds this is the window; where answers take milliseconds (a loaded
+// machine) the devices still stay fed (measured in pw/scheduler/README.md).
+//
 // Parallel dispatch sends each host one message holding all its nodes of the request and moves
 // on. Sequential dispatch sends node by node, each once the previous is enqueued on all of its
 // hosts; the scheduler thread does not wait for it (the acks continue it), but no other request
@@ -50,6 +59,8 @@ class IslandScheduler {
     // dispatch (queue empty, window full, or a sequential dispatch under way) and waits.
     std::function<void()> on_wait;
   };
+  // The most one round-trip sample counts as (a stall must not open the window for long).
+  static constexpr absl::Duration kMaxRoundTrip = absl::Milliseconds(50);
   // What one tenant has on this island.
   struct TenantLoad {
     std::shared_ptr<const Tenant> tenant;
@@ -74,6 +85,8 @@ class IslandScheduler {
   size_t queue_depth() const;
   int64_t dispatched() const;
   int in_flight() const;
+  // The control round trip the window is kept on top of (zero until measured).
+  absl::Duration round_trip() const;
   std::vector<TenantLoad> TenantLoads() const;
 
  private:
@@ -93,7 +106,9 @@ class IslandScheduler {
   void ContinueSequential(std::shared_ptr<Sequential> seq);
   // Accounts for a dispatched request that finished (`ran`: its device time), then sets its
   // done.
-  void OnFinished(ScheduleRequest& r, const absl::StatusOr<int64_t>& ran);
+  // `round_trip`: from its dispatch to its hosts' enqueue, where known (else zero).
+  void OnFinished(ScheduleRequest& r, const absl::StatusOr<int64_t>& ran,
+                  absl::Duration round_trip);
   int64_t EstimateLocked(const IslandWork& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropOldFinishedLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -107,6 +122,7 @@ class IslandScheduler {
   int64_t dispatched_ ABSL_GUARDED_BY(mu_) = 0;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t in_flight_ns_ ABSL_GUARDED_BY(mu_) = 0;  // Their estimates.
+  int64_t round_trip_ns_ ABSL_GUARDED_BY(mu_) = 0;  // A moving average.
   bool sequential_busy_ ABSL_GUARDED_BY(mu_) = false;
   // Measured device time per program (its first host program's id), a moving average.
   absl::flat_hash_map<uint64_t, int64_t> estimates_ ABSL_GUARDED_BY(mu_);

@@ -256,6 +256,52 @@ TEST(IslandSchedulerTest, KeepsAWindowOfDeviceTimeInFlightAndFeedsTheDevicesOnCo
   EXPECT_EQ(s.in_flight(), 0);
 }
 
+// The window is kept on top of the island's control round trip (dispatch to the hosts'
+// enqueue, as their answers report it), so hosts that answer slowly still keep their devices fed.
+TEST(IslandSchedulerTest, WidensTheWindowByTheMeasuredRoundTrip) {
+  FakeWorker w0(HostId(0));
+  Waits waits;
+  const absl::Time now = absl::FromUnixSeconds(1000);
+  IslandScheduler::Options o;
+  o.devices = 1;
+  o.window = absl::Milliseconds(1);
+  o.first_estimate = absl::Milliseconds(1);
+  o.now = [now] { return now; };  // Every dispatch goes at `now`.
+  o.on_wait = waits.hook();
+  IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
+                    [&](HostId) -> WorkerInterface* { return &w0; }, o);
+  auto program = std::make_shared<HostProgram>();
+  program->id = 78;
+  program->nodes.push_back({0, "n", ComputeWork{}});
+  int64_t since = waits.count();
+  for (int i = 0; i < 16; ++i) s.Submit(Chain(1, 1, DispatchMode::kParallel, i, nullptr, program));
+  waits.Settled(since);
+  EXPECT_EQ(w0.runs().size(), 1u);  // 1 ms estimated fills the 1 ms window.
+  EXPECT_EQ(s.round_trip(), absl::ZeroDuration());
+  // Its host says it enqueued the work 4 ms after the dispatch; it took 1 ms. The round trip
+  // (a moving average: a quarter of the first sample) counts twice on top of the window:
+  // 1 + 2 x 1 ms = 3 ms, three requests of 1 ms.
+  since = waits.count();
+  w0.AckAll(now + absl::Milliseconds(4));
+  w0.Finish(0, 1'000'000);
+  waits.Settled(since);
+  EXPECT_EQ(s.round_trip(), absl::Milliseconds(1));
+  EXPECT_EQ(s.in_flight(), 3);
+  EXPECT_EQ(w0.runs().size(), 4u);
+  // A sample past kMaxRoundTrip (a stalled host) counts as kMaxRoundTrip.
+  since = waits.count();
+  w0.AckAll(now + absl::Hours(1));
+  w0.Finish(1, 1'000'000);
+  waits.Settled(since);
+  EXPECT_EQ(s.round_trip(),
+            (3 * absl::Milliseconds(1) + IslandScheduler::kMaxRoundTrip) / 4);
+  for (size_t i = 2; i < 16; ++i) {
+    WaitFor([&] { return w0.runs().size() > i; });
+    w0.Finish(i, 1'000'000);
+  }
+  EXPECT_EQ(s.in_flight(), 0);
+}
+
 // Through the scheduler: tenants' requests interleave by share, and the tenants' loads report
 // what each was given.
 TEST(IslandSchedulerTest, TenantsShareTheIslandByTheirShares) {
