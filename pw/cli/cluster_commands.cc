@@ -619,6 +619,8 @@ int ClusterCommands::Status() {
       "queues:",
       Bytes(ici).c_str(), Bytes(ici_wire).c_str(), Bytes(dcn).c_str(), Bytes(dcn_wire).c_str());
   for (int64_t q : st->scheduler_queue_depth()) std::printf(" %lld", (long long)q);
+  std::printf("; round trips to the hosts:");
+  for (int64_t ns : st->scheduler_round_trip_ns()) std::printf(" %.3f ms", ns / 1e6);
   const int64_t saved = j["checkpoint_bytes_saved"], loaded = j["checkpoint_bytes_loaded"];
   if (saved > 0 || loaded > 0)
     std::printf("\ncheckpoints: %s written, %s read by the workers", Bytes(saved).c_str(),

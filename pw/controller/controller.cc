@@ -1061,8 +1061,10 @@ Controller::Registry Controller::registry() const {
 absl::StatusOr<ClusterStatus> Controller::Status() {
   ClusterStatus s;
   const std::vector<Membership::Member> workers = members_.Members();
-  for (IslandScheduler* sched : members_.Schedulers())
+  for (IslandScheduler* sched : members_.Schedulers()) {
     s.scheduler_queue_depth.push_back(sched->queue_depth());
+    s.scheduler_round_trip_ns.push_back(absl::ToInt64Nanoseconds(sched->round_trip()));
+  }
   RunManager::Counts runs = runs_.Snapshot(ClusterStatus::kMaxRunningListed);
   s.runs_in_flight = static_cast<size_t>(runs.in_flight);
   s.runs_completed = runs.completed;

@@ -161,6 +161,10 @@ Families ClusterFamilies(const ClusterStatus& s, size_t clients) {
   for (size_t i = 0; i < s.scheduler_queue_depth.size(); ++i)
     b.Add("pw_scheduler_queue_depth", "Runs waiting in an island's gang scheduler.", kGauge,
           {{"island", absl::StrCat(i)}}, static_cast<double>(s.scheduler_queue_depth[i]));
+  for (size_t i = 0; i < s.scheduler_round_trip_ns.size(); ++i)
+    b.Add("pw_scheduler_round_trip_seconds",
+          "The control round trip an island's gang scheduler keeps its window on top of.", kGauge,
+          {{"island", absl::StrCat(i)}}, static_cast<double>(s.scheduler_round_trip_ns[i]) / 1e9);
   for (const ClusterStatus::Tenant& t : s.tenants) {
     b.Add("pw_tenant_share", "A tenant's configured share of each island's device time.", kGauge,
           {{"tenant", t.name}}, t.share);

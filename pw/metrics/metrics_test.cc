@@ -71,10 +71,12 @@ TEST(MetricsTest, TheClustersStatusAndItsRuns) {
   c.runs_completed = 9;
   c.logical_buffers = 7;
   c.scheduler_queue_depth = {0, 3};
+  c.scheduler_round_trip_ns = {0, 1'500'000};
   const std::string text = Text(ClusterFamilies(c, 4));
   EXPECT_THAT(text, HasSubstr("pw_clients 4"));
   EXPECT_THAT(text, HasSubstr("pw_runs_completed_total 9"));
   EXPECT_THAT(text, HasSubstr("pw_scheduler_queue_depth{island=\"1\"} 3"));
+  EXPECT_THAT(text, HasSubstr("pw_scheduler_round_trip_seconds{island=\"1\"} 0.0015"));
   RunMetrics runs;
   runs.Observe(absl::Milliseconds(3), absl::OkStatus());
   runs.Observe(absl::Milliseconds(30), absl::OkStatus());

@@ -709,6 +709,8 @@ void ToProto(const ClusterStatus& c, v1::ClusterStatus* out) {
   out->set_runs_completed(c.runs_completed);
   out->mutable_scheduler_queue_depth()->Assign(c.scheduler_queue_depth.begin(),
                                                c.scheduler_queue_depth.end());
+  out->mutable_scheduler_round_trip_ns()->Assign(c.scheduler_round_trip_ns.begin(),
+                                                 c.scheduler_round_trip_ns.end());
   for (const auto& r : c.running) {
     v1::RunningProgram* o = out->add_running();
     o->set_run(r.run.value());
@@ -741,6 +743,11 @@ absl::StatusOr<ClusterStatus> FromProto(const v1::ClusterStatus& p) {
     PW_ASSIGN_OR_RETURN(size_t depth, Count(p.scheduler_queue_depth(i),
                                             absl::StrCat("scheduler_queue_depth[", i, "]")));
     c.scheduler_queue_depth.push_back(depth);
+  }
+  for (int i = 0; i < p.scheduler_round_trip_ns_size(); ++i) {
+    PW_ASSIGN_OR_RETURN(size_t ns, Count(p.scheduler_round_trip_ns(i),
+                                         absl::StrCat("scheduler_round_trip_ns[", i, "]")));
+    c.scheduler_round_trip_ns.push_back(static_cast<int64_t>(ns));
   }
   for (const v1::RunningProgram& r : p.running()) {
     PW_ASSIGN_OR_RETURN(RunId run, IdOf<RunId>(r.run(), "running run"));

@@ -221,7 +221,7 @@ TEST(WireTest, HostAndClusterStatusRoundTrip) {
 
   v1::ClusterStatus p;
   p.set_clients(4);  // Not part of pw::ClusterStatus: left as it is.
-  ToProto(ClusterStatus{{h}, 6, 1, 10, {0, 2}}, &p);
+  ToProto(ClusterStatus{{h}, 6, 1, 10, {0, 2}, {0, 1'500'000}}, &p);
   EXPECT_EQ(p.clients(), 4);
   auto c = FromProto(p);
   ASSERT_TRUE(c.ok()) << c.status();
@@ -230,6 +230,9 @@ TEST(WireTest, HostAndClusterStatusRoundTrip) {
   EXPECT_EQ(c->runs_in_flight, 1u);
   EXPECT_EQ(c->runs_completed, 10);
   EXPECT_EQ(c->scheduler_queue_depth, (std::vector<size_t>{0, 2}));
+  EXPECT_EQ(c->scheduler_round_trip_ns, (std::vector<int64_t>{0, 1'500'000}));
+  p.set_scheduler_round_trip_ns(1, -1);
+  ExpectInvalid(FromProto(p).status(), "scheduler_round_trip_ns[1]");
 }
 
 TEST(WireTest, RejectsMalformedMessages) {

@@ -67,6 +67,9 @@ std::string StatusJson(const v1::ClusterStatus& st, const std::string& address) 
   j["logical_buffers"] = st.logical_buffers();
   j["scheduler_queue_depth"] = std::vector<int64_t>(st.scheduler_queue_depth().begin(),
                                                     st.scheduler_queue_depth().end());
+  // Per island: the round trip its scheduler's window is kept on top of.
+  j["scheduler_round_trip_ms"] = nlohmann::json::array();
+  for (int64_t ns : st.scheduler_round_trip_ns()) j["scheduler_round_trip_ms"].push_back(ns / 1e6);
   j["running"] = nlohmann::json::array();  // Oldest first; at most kMaxRunningListed.
   for (const auto& r : st.running())
     j["running"].push_back({{"run", r.run()}, {"client", r.client()}, {"program", r.program()}});

@@ -91,6 +91,9 @@ struct ClusterStatus {
   size_t runs_in_flight = 0;
   int64_t runs_completed = 0;
   std::vector<size_t> scheduler_queue_depth;  // Per island.
+  // Per island: the control round trip its scheduler keeps its window on top of (zero until
+  // measured; pw/scheduler/README.md).
+  std::vector<int64_t> scheduler_round_trip_ns;
   struct Running {
     RunId run;
     ClientId client;

@@ -269,7 +269,9 @@ def test_jit_on_a_slice_spanning_processes_is_refused_at_bind_naming_what_to_do(
 def test_status_in_python_is_pw_status_json():
     st = pw.status()
     assert {"clients", "runs_in_flight", "runs_completed", "logical_buffers", "hosts",
-            "scheduler_queue_depth", "running", "ici_bytes_received"} <= set(st)
+            "scheduler_queue_depth", "scheduler_round_trip_ms", "running",
+            "ici_bytes_received"} <= set(st)
+    assert len(st["scheduler_round_trip_ms"]) == len(st["scheduler_queue_depth"])
     assert st["clients"] >= 1 and all(h["alive"] for h in st["hosts"])
     if ON_CLUSTER:
         assert st["address"] == os.environ["PW_CLUSTER"]
