@@ -85,6 +85,11 @@ int IslandScheduler::in_flight() const {
   return in_flight_;
 }
 
+bool IslandScheduler::settled() const {
+  pw::MutexLock lock(&mu_);
+  return waiting_on_ == generation_;
+}
+
 absl::Duration IslandScheduler::round_trip() const {
   pw::MutexLock lock(&mu_);
   return absl::Nanoseconds(round_trip_ns_);
@@ -141,12 +146,9 @@ std::unique_ptr<ScheduleRequest> IslandScheduler::Next() {
       if (next == nullptr && stopping_ && policy_->size() == 0 && in_flight_ == 0) return nullptr;
     }
     const uint64_t seen = generation_;
-    if (options_.on_wait) {
-      mu_.Unlock();
-      options_.on_wait();
-      mu_.Lock();
-    }
+    waiting_on_ = seen;
     mu_.Await([this, seen]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return generation_ != seen; });
+    waiting_on_.reset();
   }
   std::unique_ptr<ScheduleRequest> r = policy_->Pop();
   ++in_flight_;

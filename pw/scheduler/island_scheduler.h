@@ -32,6 +32,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -55,9 +56,6 @@ class IslandScheduler {
     int max_in_flight = 256;  // Requests, whatever their estimates.
     absl::Duration first_estimate = absl::Milliseconds(1);  // Per device of the request.
     std::function<absl::Time()> now = [] { return absl::Now(); };  // Tenants' recent usage.
-    // A hook for tests: called on the scheduler thread each time it finds nothing it may
-    // dispatch (queue empty, window full, or a sequential dispatch under way) and waits.
-    std::function<void()> on_wait;
   };
   // The most one round-trip sample counts as (a stall must not open the window for long).
   static constexpr absl::Duration kMaxRoundTrip = absl::Milliseconds(50);
@@ -87,6 +85,10 @@ class IslandScheduler {
   int in_flight() const;
   // The control round trip the window is kept on top of (zero until measured).
   absl::Duration round_trip() const;
+  // Whether the scheduler thread waits, having found nothing it may dispatch (queue empty,
+  // window full, or a sequential dispatch under way), and nothing has changed since it looked:
+  // what was submitted or finished before this call has been acted on. Tests wait for this.
+  bool settled() const;
   std::vector<TenantLoad> TenantLoads() const;
 
  private:
@@ -119,6 +121,8 @@ class IslandScheduler {
   std::unique_ptr<SchedulingPolicy> policy_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // Bumped by whatever may let one more go.
+  // The generation the scheduler thread waits for a change of, while it waits.
+  std::optional<uint64_t> waiting_on_ ABSL_GUARDED_BY(mu_);
   int64_t dispatched_ ABSL_GUARDED_BY(mu_) = 0;
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t in_flight_ns_ ABSL_GUARDED_BY(mu_) = 0;  // Their estimates.

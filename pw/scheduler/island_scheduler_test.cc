@@ -89,34 +89,6 @@ class FakeWorker final : public WorkerInterface {
   std::vector<Promise<int64_t>> done_ ABSL_GUARDED_BY(mu_);
 };
 
-// Counts the scheduler's waits (IslandScheduler::Options::on_wait), so a test can wait until it
-// has looked at everything and found nothing more it may dispatch.
-class Waits {
- public:
-  std::function<void()> hook() {
-    return [this] {
-      pw::MutexLock lock(&mu_);
-      ++n_;
-    };
-  }
-  int64_t count() {
-    pw::MutexLock lock(&mu_);
-    return n_;
-  }
-  // Waits (bounded: fails the test after 10 s) until the scheduler has waited again after
-  // `since` waits, i.e. has settled after what the test did.
-  void Settled(int64_t since) {
-    pw::MutexLock lock(&mu_);
-    const bool ok = mu_.AwaitWithTimeout(
-        [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return n_ > since; }, absl::Seconds(10));
-    EXPECT_TRUE(ok) << "the scheduler never settled";
-  }
-
- private:
-  pw::Mutex mu_;
-  int64_t n_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
 IslandWork Chain(int nodes, int hosts, DispatchMode mode, int64_t run = 1,
                  std::shared_ptr<const Tenant> tenant = nullptr,
                  std::shared_ptr<HostProgram> program = nullptr) {
@@ -142,6 +114,12 @@ void WaitFor(Pred pred) {
   ASSERT_TRUE(pred()) << "not within 10 s";
 }
 
+// Waits (bounded) until the scheduler has acted on everything the test did and found nothing
+// more it may dispatch.
+void Settle(const IslandScheduler& s) {
+  WaitFor([&] { return s.settled(); });
+}
+
 TEST(IslandSchedulerTest, ParallelSendsOneMessagePerHost) {
   FakeWorker w0(HostId(0)), w1(HostId(1));
   IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
@@ -163,9 +141,7 @@ TEST(IslandSchedulerTest, ParallelSendsOneMessagePerHost) {
 
 TEST(IslandSchedulerTest, SequentialWaitsForEachNodeToBeEnqueuedWithoutHoldingTheThread) {
   FakeWorker w0(HostId(0)), w1(HostId(1));
-  Waits waits;
   IslandScheduler::Options o;
-  o.on_wait = waits.hook();
   o.window = absl::Hours(1);  // Only the sequential dispatch holds anything back.
   IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
                     [&](HostId h) -> WorkerInterface* { return h.value() == 0 ? &w0 : &w1; }, o);
@@ -174,9 +150,8 @@ TEST(IslandSchedulerTest, SequentialWaitsForEachNodeToBeEnqueuedWithoutHoldingTh
     WaitFor([&] { return w1.messages().size() == static_cast<size_t>(node + 1); });
     // Nothing further goes out until this node's enqueue is acknowledged, and the scheduler's
     // thread is free meanwhile: it takes a parallel request, and holds it (one order).
-    const int64_t since = waits.count();
     DispatchAck other = s.Submit(Chain(1, 1, DispatchMode::kParallel, 100 + node));
-    waits.Settled(since);
+    Settle(s);
     EXPECT_EQ(w0.messages().size(), static_cast<size_t>(node + 1));
     EXPECT_EQ(w0.messages().back(), std::vector<int>{node});
     w0.AckAll();
@@ -218,32 +193,28 @@ TEST(IslandSchedulerTest, FifoOrderAcrossRequestsAndMissingWorker) {
 // next request as work completes; measured device time replaces the first estimate.
 TEST(IslandSchedulerTest, KeepsAWindowOfDeviceTimeInFlightAndFeedsTheDevicesOnCompletion) {
   FakeWorker w0(HostId(0));
-  Waits waits;
   IslandScheduler::Options o;
   o.devices = 1;
   o.window = absl::Milliseconds(2);
   o.first_estimate = absl::Milliseconds(1);
-  o.on_wait = waits.hook();
   IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
                     [&](HostId) -> WorkerInterface* { return &w0; }, o);
   auto program = std::make_shared<HostProgram>();
   program->id = 77;
   program->nodes.push_back({0, "n", ComputeWork{}});
   std::vector<DispatchAck> acks;
-  int64_t since = waits.count();
   for (int i = 0; i < 8; ++i)
     acks.push_back(s.Submit(Chain(1, 1, DispatchMode::kParallel, i, nullptr, program)));
   // 1 ms estimated each: two fill the 2 ms window; the rest wait.
   WaitFor([&] { return w0.runs().size() == 2; });
-  waits.Settled(since);
+  Settle(s);
   EXPECT_EQ(w0.runs().size(), 2u);
   EXPECT_EQ(s.queue_depth(), 6u);
   EXPECT_EQ(s.in_flight(), 2);
   // The first finishes, having taken 0.5 ms: the next goes, estimated at 0.5 ms from now on.
-  since = waits.count();
   w0.Finish(0, 500'000);
   WaitFor([&] { return w0.runs().size() >= 3; });
-  waits.Settled(since);
+  Settle(s);
   // In flight: run 1 (1 ms estimated), then 0.5 ms ones until 2 ms: runs 2 and 3.
   EXPECT_EQ(w0.runs().size(), 4u);
   EXPECT_TRUE(acks[0].done.Await().ok());
@@ -260,39 +231,34 @@ TEST(IslandSchedulerTest, KeepsAWindowOfDeviceTimeInFlightAndFeedsTheDevicesOnCo
 // enqueue, as their answers report it), so hosts that answer slowly still keep their devices fed.
 TEST(IslandSchedulerTest, WidensTheWindowByTheMeasuredRoundTrip) {
   FakeWorker w0(HostId(0));
-  Waits waits;
   const absl::Time now = absl::FromUnixSeconds(1000);
   IslandScheduler::Options o;
   o.devices = 1;
   o.window = absl::Milliseconds(1);
   o.first_estimate = absl::Milliseconds(1);
   o.now = [now] { return now; };  // Every dispatch goes at `now`.
-  o.on_wait = waits.hook();
   IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
                     [&](HostId) -> WorkerInterface* { return &w0; }, o);
   auto program = std::make_shared<HostProgram>();
   program->id = 78;
   program->nodes.push_back({0, "n", ComputeWork{}});
-  int64_t since = waits.count();
   for (int i = 0; i < 16; ++i) s.Submit(Chain(1, 1, DispatchMode::kParallel, i, nullptr, program));
-  waits.Settled(since);
+  Settle(s);
   EXPECT_EQ(w0.runs().size(), 1u);  // 1 ms estimated fills the 1 ms window.
   EXPECT_EQ(s.round_trip(), absl::ZeroDuration());
   // Its host says it enqueued the work 4 ms after the dispatch; it took 1 ms. The round trip
   // (a moving average: a quarter of the first sample) counts twice on top of the window:
   // 1 + 2 x 1 ms = 3 ms, three requests of 1 ms.
-  since = waits.count();
   w0.AckAll(now + absl::Milliseconds(4));
   w0.Finish(0, 1'000'000);
-  waits.Settled(since);
+  Settle(s);
   EXPECT_EQ(s.round_trip(), absl::Milliseconds(1));
   EXPECT_EQ(s.in_flight(), 3);
   EXPECT_EQ(w0.runs().size(), 4u);
   // A sample past kMaxRoundTrip (a stalled host) counts as kMaxRoundTrip.
-  since = waits.count();
   w0.AckAll(now + absl::Hours(1));
   w0.Finish(1, 1'000'000);
-  waits.Settled(since);
+  Settle(s);
   EXPECT_EQ(s.round_trip(),
             (3 * absl::Milliseconds(1) + IslandScheduler::kMaxRoundTrip) / 4);
   for (size_t i = 2; i < 16; ++i) {
@@ -310,8 +276,6 @@ TEST(IslandSchedulerTest, TenantsShareTheIslandByTheirShares) {
   IslandScheduler::Options o;
   o.window = absl::Nanoseconds(1);  // One at a time: the policy picks each.
   o.now = [&now] { return now; };
-  Waits waits;
-  o.on_wait = waits.hook();
   auto a = std::make_shared<Tenant>(0, "a", 1), b = std::make_shared<Tenant>(1, "b", 3);
   IslandScheduler s(IslandId(0), std::make_unique<SharePolicy>(),
                     [&](HostId) -> WorkerInterface* { return &w0; }, o);
@@ -321,12 +285,11 @@ TEST(IslandSchedulerTest, TenantsShareTheIslandByTheirShares) {
   pa->nodes.push_back({0, "n", ComputeWork{}});
   pb->nodes.push_back({0, "n", ComputeWork{}});
   // Both backlogged (submitted before the first finishes: the first goes at once).
-  int64_t since = waits.count();
   for (int i = 0; i < 40; ++i) {
     s.Submit(Chain(1, 1, DispatchMode::kParallel, i, a, pa));
     s.Submit(Chain(1, 1, DispatchMode::kParallel, 100 + i, b, pb));
   }
-  waits.Settled(since);
+  Settle(s);
   for (size_t i = 0; i < 40; ++i) {
     WaitFor([&] { return w0.runs().size() > i; });
     w0.Finish(i, 1'000'000);
