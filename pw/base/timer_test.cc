@@ -19,16 +19,22 @@ TEST(TimerTest, RunsClosuresInDeadlineOrderAndCancelledOnesNever) {
     pw::MutexLock lock(&mu);
     order.push_back(i);
   };
+  // The first closure holds the timer's thread until everything is scheduled, so the order
+  // below is the deadlines' whatever the test thread's delays (a slow machine once ran a
+  // closure due in 10 ms before the test had scheduled the rest).
+  Promise<> open;
+  t.Schedule(now - absl::Seconds(1), [gate = open.future()] { (void)gate.Await(); });
   t.Schedule(now + absl::Milliseconds(30), [&] { record(3); });
   const Timer::Id cancelled = t.Schedule(now + absl::Milliseconds(20), [&] { record(99); });
   t.Schedule(now + absl::Milliseconds(10), [&] { record(1); });
-  t.Schedule(now - absl::Seconds(1), [&] { record(0); });  // Past: at once.
+  t.Schedule(now - absl::Seconds(1), [&] { record(0); });  // Past: at once (after the gate).
   t.Schedule(now + absl::Milliseconds(40), [&, p = std::move(last)]() mutable {
     record(4);
     p.Set();
   });
   EXPECT_TRUE(t.Cancel(cancelled));
   EXPECT_FALSE(t.Cancel(cancelled));
+  open.Set();
   ASSERT_TRUE(done.AwaitFor(absl::Seconds(60)));  // Deadlock guard, not a timing goal.
   pw::MutexLock lock(&mu);
   EXPECT_EQ(order, (std::vector<int>{0, 1, 3, 4}));
