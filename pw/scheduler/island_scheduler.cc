@@ -194,6 +194,7 @@ void IslandScheduler::Dispatch(std::unique_ptr<ScheduleRequest> r) {
     seq->order.erase(std::unique(seq->order.begin(), seq->order.end()), seq->order.end());
     seq->next.assign(w.hosts.size(), 0);
     seq->request = std::move(r);
+    span.End();  // Before the run can finish (a trace read then holds it).
     return ContinueSequential(std::move(seq));
   }
   // One message per host with all of its nodes; no waiting (nor a separate enqueue ack).
@@ -215,6 +216,7 @@ void IslandScheduler::Dispatch(std::unique_ptr<ScheduleRequest> r) {
     enqueued.push_back(std::move(ack.enqueued));
     done.push_back(std::move(ack.done));
   }
+  span.End();  // Before the run can finish (a trace read then holds it).
   Future<absl::Time> latest = LatestOf(enqueued);
   latest.OnReady(
       [p = std::move(r->enqueued)](const absl::StatusOr<absl::Time>& t) mutable { p.Set(t); });

@@ -314,6 +314,7 @@ void Worker::DispatchSegments(std::shared_ptr<const HostWork> work, Promise<absl
     });
   }
   enqueued.Set(absl::Now());
+  span.End();  // Before the run can finish (a trace read then holds it).
   d->done.future().OnReady([done = std::move(done), d](const absl::Status& s) mutable {
     if (!s.ok()) return done.Set(s);
     done.Set(d->device_ns.load(std::memory_order_relaxed));  // Every segment has added its own.

@@ -376,6 +376,7 @@ void Worker::DispatchTransfer(const HostWork& work, const NodeWork& node, const 
         }
         CountReceived(t.link, copied, wire);
         if (span.has_value()) span->Arg("bytes", copied);
+        span.reset();  // Before the run can finish (a trace read then holds it).
         out.Set(DeviceBufferRef(std::move(dst)));
         shard_done->Done();
       });
