@@ -260,6 +260,7 @@ absl::StatusOr<std::vector<MultitenantBenchResult>> RunMultitenantBench(
   const char* token = std::getenv("PW_TOKEN");
   PW_ASSIGN_OR_RETURN(auto remote,
                       rpc::RemoteController::Dial(address, {.token = token ? token : ""}));
+  PW_ASSIGN_OR_RETURN(const int devices, IslandDevices(*remote));
   const int64_t window = static_cast<int64_t>(o.window_ms * 1e6);
   const int64_t seconds = static_cast<int64_t>(o.seconds * 1e9);
   const int64_t lead = 3'000'000'000;  // Clients connect, compile and warm up meanwhile.
@@ -318,6 +319,8 @@ absl::StatusOr<std::vector<MultitenantBenchResult>> RunMultitenantBench(
       if (span.size() < 3)
         return absl::InternalError(
             "multitenant bench: too few samples of the tenants' device time");
+      const double span_seconds = (span.back()->at - span.front()->at) / 1e9;
+      r.device_busy = Between(*span.front(), *span.back(), -1).second / (devices * span_seconds);
       // Windows after the first, each from one sample to the first at least a window later (a
       // sample the loaded machine took late would otherwise leave a short window behind it).
       std::vector<std::pair<const DeviceTimeSampler::Sample*, const DeviceTimeSampler::Sample*>>
@@ -370,9 +373,9 @@ absl::StatusOr<std::vector<MultitenantBenchResult>> RunMultitenantBench(
         }
       }
       std::fprintf(stderr, "multitenant bench: %.3g ms, %d clients: %.0f calls/s (%.2fx one), "
-                           "utilization %.2f\n",
+                           "utilization %.2f, devices measured busy %.2f\n",
                    compute, k, r.aggregate_per_second, r.aggregate_per_second / single,
-                   r.utilization);
+                   r.utilization, r.device_busy);
       for (const auto& s : r.shares)
         std::fprintf(stderr, "  %-10s configured %.3f achieved %.3f worst window %.3f\n",
                      s.tenant.c_str(), s.configured, s.achieved, s.worst_window);
@@ -394,6 +397,7 @@ std::string MultitenantBenchJson(const std::vector<MultitenantBenchResult>& resu
                         {"single_client_per_second_after", r.single_client_after},
                         {"utilization", r.utilization},
                         {"single_utilization", r.single_utilization},
+                        {"device_busy", r.device_busy},
                         {"shares", nlohmann::json::array()}};
     for (const auto& s : r.shares)
       x["shares"].push_back({{"tenant", s.tenant}, {"configured", s.configured},

@@ -47,6 +47,10 @@ struct MultitenantBenchResult {
   double single_client_before = 0, single_client_after = 0;
   double utilization = 0;         // aggregate_per_second x compute_ms / 1000.
   double single_utilization = 0;  // The same for one client alone.
+  // Measured: the clients' device time (the cluster's account) over the island's devices' time,
+  // over the run. Beside `utilization` (nominal) it shows what each call costs the devices
+  // beyond its compute (launch, collective, wake-ups): 1 is saturated.
+  double device_busy = 0;
   struct Share {
     std::string tenant;
     double configured = 0;  // Fractions of the whole.
