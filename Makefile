@@ -58,7 +58,7 @@ tsan: deps
 	# is invisible to TSan (e.g. a Worker built on the main thread and used on the thread a gRPC
 	# request reaches it through is reported), so the PJRT and gRPC cluster tests run in the other
 	# builds only. The shared-memory mailbox (no gRPC) is checked here.
-	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan.supp" ctest --output-on-failure -j $(JOBS) -E "^(Pjrt|Xla|GrpcCluster|NetnsCluster)"
+	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan.supp" ctest --output-on-failure -j $(JOBS) -E "^(Pjrt|Xla|GrpcCluster|GrpcInProcess|NetnsCluster)"
 
 clean:
 	rm -rf $(BUILD_DIR) build-asan build-tsan build-python

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pw/base/heap.h"
@@ -68,13 +69,20 @@ absl::Status CallStatus(const absl::StatusOr<std::vector<Array>>& outs) {
   return outs->empty() ? absl::OkStatus() : outs->front().Ready().status();
 }
 
-// Every test runs on both transports: the embedded cluster (in-process) and a gRPC cluster on
-// loopback (a ControllerServer and one WorkerServer per host, clients through RemoteController).
-enum class Transport { kInProcess, kGrpc };
+// Every test runs on both transports: the embedded cluster (in-process) and a gRPC cluster (a
+// ControllerServer and one WorkerServer per host, clients through RemoteController), on loopback
+// sockets and on gRPC's in-process transport (rpc/in_process.h: the same messages, no socket).
+enum class Transport { kInProcess, kGrpc, kGrpcInProcess };
 
 class ClusterTest : public ::testing::TestWithParam<Transport> {
  protected:
-  bool grpc() const { return GetParam() == Transport::kGrpc; }
+  bool grpc() const { return GetParam() != Transport::kInProcess; }
+  // "127.0.0.1:0", or a fresh in-process name.
+  static std::string Listen(Transport t) {
+    static std::atomic<int> next{0};
+    return t == Transport::kGrpcInProcess ? absl::StrCat("inproc:cluster-test-", next++)
+                                          : "127.0.0.1:0";
+  }
   void Start(int islands, int hosts, int devices, int64_t memory = ClusterSpec::kDefaultDeviceMemory) {
     const ClusterSpec spec = *ClusterSpec::Uniform(islands, hosts, devices, memory);
     if (!grpc()) {
@@ -94,11 +102,13 @@ class ClusterTest : public ::testing::TestWithParam<Transport> {
     o.definitions = definitions_;
     o.checkpoint_root = checkpoint_root_;
     o.clients.max_runs_in_flight = runs_in_flight_limit_;
+    o.listen = Listen(GetParam());
     auto server = server::ControllerServer::Start(spec, o);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     for (const HostSpec& h : spec.hosts()) {
       auto w = server::WorkerServer::Start({.controller = server_->address(), .host = h.id,
+                                            .listen = Listen(GetParam()),
                                             .channel = {.token = server_->cluster_token()}});
       ASSERT_TRUE(w.ok()) << w.status();
       workers_.push_back(*std::move(w));
@@ -1535,8 +1545,10 @@ TEST_P(ClusterTest, ATraceShowsEveryStageOfEveryRunLinkedByFlowsInGangOrder) {
 }
 
 INSTANTIATE_TEST_SUITE_P(InProcess, ClusterTest, ::testing::Values(Transport::kInProcess));
-// "GrpcCluster": make tsan leaves gRPC (uninstrumented) tests out by this prefix.
+// "GrpcCluster", "GrpcInProcess": make tsan leaves gRPC (uninstrumented) tests out by these
+// prefixes.
 INSTANTIATE_TEST_SUITE_P(GrpcCluster, ClusterTest, ::testing::Values(Transport::kGrpc));
+INSTANTIATE_TEST_SUITE_P(GrpcInProcess, ClusterTest, ::testing::Values(Transport::kGrpcInProcess));
 
 }  // namespace
 }  // namespace pw

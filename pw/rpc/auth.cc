@@ -69,7 +69,7 @@ bool IsLoopback(absl::string_view address) {
 
 absl::Status CheckListenAddress(absl::string_view address, const std::string& token, bool tls,
                                 bool insecure) {
-  if (IsLoopback(address)) return absl::OkStatus();
+  if (IsLoopback(address) || IsInProcess(address)) return absl::OkStatus();
   if (token.empty())
     return absl::FailedPreconditionError(absl::StrCat(
         "listening on ", address, " (not loopback) requires a token: pass --token or set PW_TOKEN"));
@@ -87,6 +87,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Cha
   // Reconnect quickly to a restarted peer.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  if (IsInProcess(address)) return InProcessChannel(address, args);
   if (o.tls == nullptr)
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   if (!o.tls->server_name.empty()) args.SetSslTargetNameOverride(o.tls->server_name);
@@ -95,6 +96,11 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Cha
   ssl.pem_private_key = o.tls->key_pem;
   ssl.pem_cert_chain = o.tls->cert_pem;
   return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
+}
+
+bool WaitForConnected(grpc::Channel& channel, const std::string& address, absl::Time deadline) {
+  if (IsInProcess(address)) return InProcessServed(address);
+  return channel.WaitForConnected(absl::ToChronoTime(deadline));
 }
 
 namespace {
@@ -150,8 +156,9 @@ absl::StatusOr<Serving> StartServer(const std::string& listen, const ChannelOpti
   const int limit = static_cast<int>(std::min<int64_t>(o.max_message_bytes, INT32_MAX));
   grpc::ServerBuilder builder;
   Serving s;
+  const bool in_process = IsInProcess(listen);
   std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
-  if (o.tls != nullptr) {
+  if (o.tls != nullptr && !in_process) {
     grpc::SslServerCredentialsOptions ssl(
         require_peer_certificate ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
                                  : GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
@@ -159,7 +166,7 @@ absl::StatusOr<Serving> StartServer(const std::string& listen, const ChannelOpti
     ssl.pem_key_cert_pairs.push_back({o.tls->key_pem, o.tls->cert_pem});
     credentials = grpc::SslServerCredentials(ssl);
   }
-  builder.AddListeningPort(listen, credentials, &s.port);
+  if (!in_process) builder.AddListeningPort(listen, credentials, &s.port);
   builder.SetMaxReceiveMessageSize(limit);
   builder.SetMaxSendMessageSize(limit);
   builder.RegisterService(service);
@@ -167,9 +174,23 @@ absl::StatusOr<Serving> StartServer(const std::string& listen, const ChannelOpti
   interceptors.push_back(std::make_unique<MalformedBodyInterceptors>());
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   s.server = builder.BuildAndStart();
-  if (s.server == nullptr || s.port == 0)
+  if (s.server == nullptr || (s.port == 0 && !in_process))
     return absl::UnavailableError(absl::StrCat("cannot listen on ", listen));
+  if (in_process) {
+    absl::StatusOr<std::unique_ptr<InProcessName>> name =
+        InProcessName::Register(listen, s.server.get());
+    if (!name.ok()) {
+      s.server->Shutdown();
+      return name.status();
+    }
+    s.name = *std::move(name);
+  }
   return s;
+}
+
+void Serving::Shutdown(absl::Time deadline) {
+  name.reset();
+  if (server != nullptr) server->Shutdown(absl::ToChronoTime(deadline));
 }
 
 }  // namespace pw::rpc

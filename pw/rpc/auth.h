@@ -18,9 +18,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "pw/base/secret.h"
 #include "pw/dataplane/tls.h"
+#include "pw/rpc/in_process.h"
 
 namespace pw::rpc {
 
@@ -45,19 +47,32 @@ std::string Metadata(const grpc::ServerContextBase* ctx, absl::string_view key);
 std::string HostOf(absl::string_view address);
 // Whether "host:port" names a loopback address (127.0.0.0/8, ::1, localhost).
 bool IsLoopback(absl::string_view address);
-// Listening on a non-loopback address needs a token, and TLS unless `insecure` (--insecure).
+// Listening on a non-loopback address needs a token, and TLS unless `insecure` (--insecure). An
+// in-process address (in_process.h) is reachable only from this process, as loopback is from
+// this machine.
 absl::Status CheckListenAddress(absl::string_view address, const std::string& token,
                                 bool tls = false, bool insecure = false);
 
+// A channel to `address`: "host:port", or "inproc:NAME" (in_process.h; no TLS there, as there
+// is no wire).
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const ChannelOptions& o);
-// Serves `service` on `listen` ("host:port"; port 0: any free port) with the message limit.
+// Whether `channel` (MakeChannel's to `address`) connects by `deadline`; in process, whether the
+// name is served.
+bool WaitForConnected(grpc::Channel& channel, const std::string& address, absl::Time deadline);
+// Serves `service` on `listen` ("host:port", port 0: any free port; or "inproc:NAME") with the
+// message limit.
 struct Serving {
   std::unique_ptr<grpc::Server> server;
-  int port = 0;  // The bound port.
+  int port = 0;  // The bound port (0 in process).
+  std::unique_ptr<InProcessName> name;  // In process: the name served (dropped first).
+  // Stops serving the name (if any), then shuts the server down, pending calls ending by
+  // `deadline`.
+  void Shutdown(absl::Time deadline);
 };
 // With TLS (`o.tls`), the server presents its certificate; `require_peer_certificate`: every
 // caller must present one the CA signed (workers: only the controller and peers call them);
 // otherwise a certificate a caller presents is verified (the controller's clients need none).
+// An in-process server has neither TLS nor a port.
 absl::StatusOr<Serving> StartServer(const std::string& listen, const ChannelOptions& o,
                                     grpc::Service* service, bool require_peer_certificate);
 

@@ -24,7 +24,7 @@ absl::StatusOr<std::unique_ptr<RemoteController>> RemoteController::Dial(
     PW_ASSIGN_OR_RETURN(o.tls, dataplane::TlsFromEnvironment());
   }
   std::unique_ptr<RemoteController> c(new RemoteController(address, o));
-  if (!c->core_->channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
+  if (!WaitForConnected(*c->core_->channel, address, absl::Now() + timeout)) {
     return absl::UnavailableError(absl::StrCat(
         "cannot reach a pathways controller at ", address, " within ",
         absl::FormatDuration(timeout),

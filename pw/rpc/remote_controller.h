@@ -117,8 +117,10 @@ class RemoteController final : public ControllerInterface {
     absl::Status Where(const grpc::Status& s) const;
     ClientIo io;  // Large arrays' shards to and from the workers.
   };
-  // Whether arrays go beside the controller (no TLS).
-  bool direct_io() const { return core_->options.tls == nullptr; }
+  // Whether arrays go beside the controller (no TLS, not in process: in_process.h).
+  bool direct_io() const {
+    return core_->options.tls == nullptr && !IsInProcess(core_->address);
+  }
   // Whether an array of `spec` held in `bytes` bytes goes beside the controller.
   bool SendsDirectly(const ArraySpec& spec, size_t bytes);
   // Puts it so, sending the shards from `bytes` (BeginPut, then ClientIo::Send).

@@ -8,6 +8,7 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -93,12 +94,31 @@ ControllerServer::Options Patient() {
   return o;
 }
 
+// The sockets this process holds ("socket:[inode]"), from /proc/self/fd.
+std::set<std::string> Sockets() {
+  std::set<std::string> out;
+  std::error_code ec;
+  for (auto it = std::filesystem::directory_iterator("/proc/self/fd", ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    std::error_code link_ec;
+    const std::string target = std::filesystem::read_symlink(it->path(), link_ec).string();
+    if (!link_ec && absl::StartsWith(target, "socket:")) out.insert(target);
+  }
+  return out;
+}
+
 class GrpcClusterTest : public ::testing::Test {
  protected:
+  // A fresh in-process name (rpc/in_process.h) when in_process_, else loopback, any port.
+  std::string Listen() {
+    static int next = 0;
+    return in_process_ ? absl::StrCat("inproc:grpc-cluster-test-", next++) : "127.0.0.1:0";
+  }
   void Start(int islands, int hosts, int devices, ControllerServer::Options o = Patient(),
              bool worker_processes = false,
              int64_t memory = ClusterSpec::kDefaultDeviceMemory) {
     spec_ = *ClusterSpec::Uniform(islands, hosts, devices, memory);
+    if (in_process_) o.listen = Listen();
     auto c = ControllerServer::Start(spec_, o);
     ASSERT_TRUE(c.ok()) << c.status();
     controller_ = *std::move(c);
@@ -110,8 +130,8 @@ class GrpcClusterTest : public ::testing::Test {
       } else {
         rpc::ChannelOptions channel = o.channel;
         channel.token = controller_->cluster_token();
-        auto w = WorkerServer::Start(
-            {.controller = controller_->address(), .host = h.id, .channel = channel});
+        auto w = WorkerServer::Start({.controller = controller_->address(), .host = h.id,
+                                      .listen = Listen(), .channel = channel});
         ASSERT_TRUE(w.ok()) << w.status();
         workers_.push_back(*std::move(w));
       }
@@ -186,6 +206,7 @@ class GrpcClusterTest : public ::testing::Test {
     }
   }
 
+  bool in_process_ = false;  // Start serves on in-process names, not loopback ports.
   ClusterSpec spec_;
   std::string token_;
   std::shared_ptr<const dataplane::Tls> tls_;  // The cluster's, if it serves TLS.
@@ -203,6 +224,70 @@ TEST_F(GrpcClusterTest, Figure2) {
   // The transfers between islands went worker to worker and were counted as DCN.
   EXPECT_GT(ReceivedBytes(*remote_).value().dcn, 0);
   ExpectNothingLeft();
+}
+
+// On in-process names the whole wire path runs (every message serialized, limited, parsed, its
+// token checked) and no socket is opened: Figure 2 across islands, a large array to the workers
+// and back, a call without the client token refused.
+TEST_F(GrpcClusterTest, InProcessNamesServeTheWirePathWithoutASocket) {
+  const std::set<std::string> before = Sockets();
+  in_process_ = true;
+  token_ = "client-token";
+  ControllerServer::Options o = Patient();
+  o.channel.token = token_;
+  Start(2, 2, 2, o);
+  EXPECT_THAT(controller_->address(), ::testing::StartsWith("inproc:"));
+  auto r = RunFigure2(remote_.get());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->ToString(), "(array([3., 5.]), array([2., 4.]))");
+  EXPECT_GT(ReceivedBytes(*remote_).value().dcn, 0);  // Worker to worker, between islands.
+
+  auto c = *remote_->Connect("c");
+  auto slice = remote_->AllocateSlice(c, {.num_devices = 4});
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  HostArray big{{DType::kF32, Shape({4, 1 << 17})}, Bytes(4 << 19, 0)};  // 2 MiB.
+  for (size_t i = 0; i < big.bytes.size(); ++i) big.bytes[i] = static_cast<uint8_t>(i * 131 + 3);
+  auto a = remote_->PutArray(c, slice->id, Sharding::Split({4}, 2, 0), big);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto back = remote_->FetchArray(c, a->id).Await();
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(back->bytes == big.bytes);
+  ASSERT_TRUE(remote_->ReleaseArray(c, a->id).ok());
+
+  auto stub = v1::Controller::NewStub(rpc::MakeChannel(controller_->address(), {}));
+  v1::ConnectRequest req;
+  req.set_protocol_version(rpc::kProtocolVersion);
+  req.set_name("no-token");
+  v1::ConnectResponse resp;
+  grpc::ClientContext ctx;
+  EXPECT_THAT(rpc::FromGrpc(stub->Connect(&ctx, req, &resp)),
+              StatusIs(absl::StatusCode::kUnauthenticated, ::testing::_));
+  ExpectNothingLeft();
+  for (const std::string& s : Sockets()) EXPECT_TRUE(before.contains(s)) << "opened " << s;
+}
+
+// A name is served by one server at a time; one no server holds fails calls naming it, and so
+// do dials to it.
+TEST(GrpcInProcessNameTest, ANameIsServedOnceAndAnUnservedOneFailsNamingIt) {
+  const ClusterSpec spec = *ClusterSpec::Uniform(1, 1, 1);
+  ControllerServer::Options o = Patient();
+  o.listen = "inproc:name-test";
+  auto first = ControllerServer::Start(spec, o);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_THAT(ControllerServer::Start(spec, o).status(),
+              StatusIs(absl::StatusCode::kAlreadyExists, ::testing::HasSubstr("inproc:name-test")));
+  first->reset();  // The name is free again.
+  auto stub = v1::Controller::NewStub(rpc::MakeChannel("inproc:name-test", {}));
+  v1::Empty req;
+  v1::Text resp;
+  grpc::ClientContext ctx;
+  EXPECT_THAT(rpc::FromGrpc(stub->GetClusterSpec(&ctx, req, &resp)),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       ::testing::HasSubstr("no server of this process serves inproc:name-test")));
+  EXPECT_THAT(rpc::RemoteController::Dial("inproc:name-test", {}).status(),
+              StatusIs(absl::StatusCode::kUnavailable, ::testing::HasSubstr("inproc:name-test")));
+  auto again = ControllerServer::Start(spec, o);
+  EXPECT_TRUE(again.ok()) << again.status();
 }
 
 TEST_F(GrpcClusterTest, CollectivesSpanWorkerProcessesAndDispatchBenchChecksResults) {

@@ -59,13 +59,14 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
   s->service_ = std::make_unique<rpc::ControllerService>(
       s->controller_.get(), s.get(), s->options_.channel.token, s->options_.cluster_token,
       s->options_.clients);
-  PW_ASSIGN_OR_RETURN(rpc::Serving serving,
+  PW_ASSIGN_OR_RETURN(s->serving_,
                       rpc::StartServer(s->options_.listen, s->options_.channel, s->service_.get(),
                                        /*require_peer_certificate=*/false));
-  s->server_ = std::move(serving.server);
-  const int port = serving.port;
   const std::string host = s->options_.listen.substr(0, s->options_.listen.rfind(':'));
-  s->address_ = absl::StrCat(host == "0.0.0.0" || host == "[::]" ? "127.0.0.1" : host, ":", port);
+  s->address_ = rpc::IsInProcess(s->options_.listen)
+                    ? s->options_.listen
+                    : absl::StrCat(host == "0.0.0.0" || host == "[::]" ? "127.0.0.1" : host, ":",
+                                   s->serving_.port);
   if (!s->options_.metrics_listen.empty()) {
     PW_ASSIGN_OR_RETURN(s->metrics_,
                         metrics::MetricsServer::Start(
@@ -88,14 +89,14 @@ std::string ControllerServer::metrics_address() const {
 ControllerServer::~ControllerServer() {
   metrics_.reset();  // No scrape reads the controller from here on.
   Shutdown();
-  monitor_.join();
+  if (monitor_.joinable()) monitor_.join();  // Not started when Start failed.
   // Fail what is outstanding on the workers first, so no run waits on a worker that will not
   // answer; then stop serving (pending calls end), then stop the controller.
   {
     pw::MutexLock lock(&mu_);
     for (auto& w : workers_) w->Fail("the controller is shutting down");
   }
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  serving_.Shutdown(absl::Now() + absl::Seconds(2));
   controller_.reset();
   service_.reset();
   trace_queue_.reset();  // Ends the traces still being gathered (failed workers are skipped).

@@ -29,7 +29,8 @@ namespace pw::server {
 class ControllerServer final : public rpc::ClusterMembership {
  public:
   struct Options {
-    std::string listen = "127.0.0.1:0";  // Port 0: any free port (see address()).
+    // Port 0: any free port (see address()); "inproc:NAME": no socket (tests: rpc/in_process.h).
+    std::string listen = "127.0.0.1:0";
     rpc::ChannelOptions channel;          // Client token, message limit, TLS (to clients and workers).
     // Listening off loopback needs TLS (channel.tls) unless this is set (--insecure).
     bool insecure = false;
@@ -56,7 +57,7 @@ class ControllerServer final : public rpc::ClusterMembership {
   // Stops serving, fails what is outstanding, stops the controller.
   ~ControllerServer() override;
 
-  // The address clients and workers dial ("127.0.0.1:port").
+  // The address clients and workers dial ("127.0.0.1:port", or the in-process name).
   const std::string& address() const { return address_; }
   // Where its metrics are served ("host:port"), or empty.
   std::string metrics_address() const;
@@ -105,7 +106,7 @@ class ControllerServer final : public rpc::ClusterMembership {
   std::unique_ptr<Controller> controller_;
   std::unique_ptr<rpc::ControllerService> service_;
   std::unique_ptr<metrics::MetricsServer> metrics_;  // Stopped first: it reads the controller.
-  std::unique_ptr<grpc::Server> server_;
+  rpc::Serving serving_;
   std::string address_;
 
   mutable pw::Mutex mu_;

@@ -41,7 +41,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   std::unique_ptr<WorkerServer> s(new WorkerServer(std::move(options)));
   dataplane::RemoveStaleSegments();  // Segments of killed workers on this machine.
   auto channel = rpc::MakeChannel(s->options_.controller, s->options_.channel);
-  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(10))))
+  if (!rpc::WaitForConnected(*channel, s->options_.controller, absl::Now() + absl::Seconds(10)))
     return absl::UnavailableError(
         absl::StrCat("cannot reach the controller at ", s->options_.controller));
   s->controller_ = v1::Controller::NewStub(channel);
@@ -82,9 +82,14 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   dataplane::BulkServer::ClientLimits client_limits;
   client_limits.max_client_bytes = 0;
   for (const DeviceSpec& d : devices) client_limits.max_client_bytes += d.memory_bytes;
-  PW_ASSIGN_OR_RETURN(s->bulk_, dataplane::BulkServer::Start(
-                                    rpc::HostOf(s->options_.listen), s->options_.bulk_port,
-                                    s->options_.channel.token, std::move(bulk_tls), client_limits));
+  // In process (rpc/in_process.h) every peer shares this machine and no client dials directly:
+  // no bulk stream, and no socket.
+  if (!rpc::IsInProcess(s->options_.listen)) {
+    PW_ASSIGN_OR_RETURN(s->bulk_, dataplane::BulkServer::Start(
+                                      rpc::HostOf(s->options_.listen), s->options_.bulk_port,
+                                      s->options_.channel.token, std::move(bulk_tls),
+                                      client_limits));
+  }
   s->service_ = std::make_unique<rpc::WorkerService>(
       s->worker_.get(), s->options_.channel.token,
       [p = s.get()](const v1::CollectiveContribution& c) { return p->ReceiveCollective(c); },
@@ -93,15 +98,15 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
                              Future<DeviceBufferRef> buffer) {
         return w->PutShardLater(id, d, spec, std::move(buffer));
       });
-  PW_ASSIGN_OR_RETURN(rpc::Serving serving,
+  PW_ASSIGN_OR_RETURN(s->serving_,
                       rpc::StartServer(s->options_.listen, s->options_.channel, s->service_.get(),
                                        /*require_peer_certificate=*/true));
-  s->server_ = std::move(serving.server);
-  const int port = serving.port;
   // A wildcard listen address is advertised as this machine's name, which peers can dial.
   const std::string listen_host = s->options_.listen.substr(0, s->options_.listen.rfind(':'));
   const bool wildcard = listen_host == "0.0.0.0" || listen_host == "[::]";
-  s->address_ = absl::StrCat(wildcard ? HostName() : listen_host, ":", port);
+  s->address_ = rpc::IsInProcess(s->options_.listen)
+                    ? s->options_.listen
+                    : absl::StrCat(wildcard ? HostName() : listen_host, ":", s->serving_.port);
   if (!s->options_.metrics_listen.empty()) {
     PW_ASSIGN_OR_RETURN(s->metrics_, metrics::MetricsServer::Start(
                                          s->options_.metrics_listen, [p = s.get()] {
@@ -119,8 +124,7 @@ WorkerServer::~WorkerServer() {
   metrics_.reset();  // No scrape reads the worker from here on.
   Stop();
   if (heartbeat_.joinable()) heartbeat_.join();
-  if (server_ != nullptr)
-    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  serving_.Shutdown(absl::Now() + absl::Seconds(2));
   // No transfer runs from here on (what was not taken fails): before the worker, whose buffers
   // the sends read. The server itself lives until the worker has drained: the worker's last
   // callbacks (a client fetch whose shard became ready, say) still offer on it, and are refused.

@@ -37,7 +37,7 @@ class WorkerServer final : public CollectivePeers {
   struct Options {
     std::string controller;               // The controller's address.
     HostId host;                          // Which host of the cluster spec this worker serves.
-    std::string listen = "127.0.0.1:0";
+    std::string listen = "127.0.0.1:0";  // Or "inproc:NAME" (tests: rpc/in_process.h).
     // The bulk stream's port (large shards to peers on other machines), on listen's host; 0: a
     // free one (peers learn it with each shard).
     int bulk_port = 0;
@@ -66,7 +66,7 @@ class WorkerServer final : public CollectivePeers {
 
   const std::string& address() const { return address_; }
   HostId host() const { return options_.host; }
-  // Serves large shards to peers on other machines.
+  // Serves large shards to peers on other machines (none on an in-process name: do not call).
   const dataplane::BulkServer& bulk() const { return *bulk_; }
   // Blocks until Stop(), the controller has been unreachable too long, or it no longer counts
   // this worker as live (it declared the host failed, or it restarted): then this worker's state
@@ -127,7 +127,7 @@ class WorkerServer final : public CollectivePeers {
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<dataplane::BulkServer> bulk_;  // Before service_, which uses it.
   std::unique_ptr<rpc::WorkerService> service_;
-  std::unique_ptr<grpc::Server> server_;
+  rpc::Serving serving_;
   std::unique_ptr<metrics::MetricsServer> metrics_;  // Reads worker_.
   std::string address_;
   absl::Duration heartbeat_interval_ = absl::Milliseconds(200);
