@@ -12,11 +12,16 @@
 namespace pw::rpc {
 namespace {
 
-// The servers of this process by address. Channels are made under the lock, so a server is not
-// shut down while one is being made to it (InProcessName's destructor takes the lock first).
+// The servers of this process by address. Channels are made under the lock, and a name is
+// withdrawn only once no InProcessCall holds it, so its server is not shut down while a channel
+// or such a call is being made to it (InProcessName's destructor takes the lock first).
+struct Served {
+  grpc::Server* server = nullptr;
+  int calls = 0;  // InProcessCalls holding it.
+};
 struct Registry {
   pw::Mutex mu;
-  absl::flat_hash_map<std::string, grpc::Server*> servers ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<std::string, Served> servers ABSL_GUARDED_BY(mu);
 };
 
 Registry& Servers() {
@@ -37,7 +42,7 @@ absl::StatusOr<std::unique_ptr<InProcessName>> InProcessName::Register(std::stri
         absl::StrCat("'", address, "' is not an in-process address (inproc:NAME)"));
   Registry& r = Servers();
   pw::MutexLock lock(&r.mu);
-  if (!r.servers.emplace(address, server).second)
+  if (!r.servers.emplace(address, Served{server, 0}).second)
     return absl::AlreadyExistsError(
         absl::StrCat("another server of this process already serves ", address));
   return std::unique_ptr<InProcessName>(new InProcessName(std::move(address)));
@@ -46,7 +51,24 @@ absl::StatusOr<std::unique_ptr<InProcessName>> InProcessName::Register(std::stri
 InProcessName::~InProcessName() {
   Registry& r = Servers();
   pw::MutexLock lock(&r.mu);
+  r.mu.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return r.servers.at(address_).calls == 0; });
   r.servers.erase(address_);
+}
+
+InProcessCall::InProcessCall(std::string address) : address_(std::move(address)) {
+  if (!IsInProcess(address_)) return;
+  Registry& r = Servers();
+  pw::MutexLock lock(&r.mu);
+  auto it = r.servers.find(address_);
+  ok_ = held_ = it != r.servers.end();
+  if (held_) ++it->second.calls;
+}
+
+InProcessCall::~InProcessCall() {
+  if (!held_) return;
+  Registry& r = Servers();
+  pw::MutexLock lock(&r.mu);
+  --r.servers.at(address_).calls;
 }
 
 bool InProcessServed(const std::string& address) {
@@ -60,7 +82,7 @@ std::shared_ptr<grpc::Channel> InProcessChannel(const std::string& address,
   Registry& r = Servers();
   pw::MutexLock lock(&r.mu);
   auto it = r.servers.find(address);
-  if (it != r.servers.end()) return it->second->InProcessChannel(args);
+  if (it != r.servers.end()) return it->second.server->InProcessChannel(args);
   const std::string why = absl::StrCat("no server of this process serves ", address);
   return grpc::CreateChannelInternal(
       "", grpc_lame_client_channel_create(address.c_str(), GRPC_STATUS_UNAVAILABLE, why.c_str()),

@@ -35,6 +35,27 @@ class InProcessName {
   const std::string address_;
 };
 
+// Holds off the end of serving `address` (InProcessName's destructor waits) while a call to it is
+// created and runs: Debian's gRPC (1.51) crashes on a call created on an in-process channel
+// after its server shut down (grpc/grpc#38645, fixed upstream in 1.71). A caller that calls on
+// its own clock, not in answer to the server (the worker's heartbeat), makes its call while one
+// of these says ok(); the others call servers their tests keep serving. Not in process: always
+// ok(), holding nothing.
+class InProcessCall {
+ public:
+  explicit InProcessCall(std::string address);
+  ~InProcessCall();
+  InProcessCall(const InProcessCall&) = delete;
+  InProcessCall& operator=(const InProcessCall&) = delete;
+  // False: `address` is in process and no longer served; do not call it.
+  bool ok() const { return ok_; }
+
+ private:
+  const std::string address_;
+  bool held_ = false;  // Counted on the served name.
+  bool ok_ = true;
+};
+
 // Whether a server of this process serves `address` now.
 bool InProcessServed(const std::string& address);
 

@@ -290,6 +290,27 @@ TEST(GrpcInProcessNameTest, ANameIsServedOnceAndAnUnservedOneFailsNamingIt) {
   EXPECT_TRUE(again.ok()) << again.status();
 }
 
+// A worker whose in-process controller has gone keeps its heartbeat off the dead channel (a call
+// made there crashes Debian's gRPC) and stops as a worker whose controller is unreachable does.
+TEST(GrpcInProcessNameTest, AWorkerOutlivingItsControllerStopsAsUnreachable) {
+  const ClusterSpec spec = *ClusterSpec::Uniform(1, 1, 1);
+  ControllerServer::Options o = Patient();
+  o.listen = "inproc:outlived-controller";
+  auto controller = ControllerServer::Start(spec, o);
+  ASSERT_TRUE(controller.ok()) << controller.status();
+  auto worker = WorkerServer::Start({.controller = (*controller)->address(),
+                                     .host = HostId(0),
+                                     .listen = "inproc:outliving-worker",
+                                     .channel = {.token = (*controller)->cluster_token()},
+                                     .controller_lost_timeout = absl::Milliseconds(300)});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  controller->reset();
+  EXPECT_THAT((*worker)->WaitForStop(),
+              StatusIs(absl::StatusCode::kUnavailable,
+                       ::testing::AllOf(::testing::HasSubstr("controller unreachable"),
+                                        ::testing::HasSubstr("inproc:outlived-controller"))));
+}
+
 TEST_F(GrpcClusterTest, CollectivesSpanWorkerProcessesAndDispatchBenchChecksResults) {
   Start(1, 4, 2);
   DispatchBenchOptions o;

@@ -183,7 +183,10 @@ void WorkerServer::HeartbeatLoop() {
     v1::HeartbeatResponse resp;
     grpc::ClientContext ctx;
     const int64_t t0 = trace::Now();
-    absl::Status s = rpc::FromGrpc(controller_->Heartbeat(Prepare(&ctx, absl::Seconds(2)), req, &resp));
+    const rpc::InProcessCall call(options_.controller);  // Not a crash if it stopped serving.
+    absl::Status s =
+        call.ok() ? rpc::FromGrpc(controller_->Heartbeat(Prepare(&ctx, absl::Seconds(2)), req, &resp))
+                  : absl::UnavailableError(absl::StrCat(options_.controller, " is not served"));
     if (s.ok()) service_->controller_clock().Sample(t0, resp.clock_ns(), trace::Now());
     if (absl::IsFailedPrecondition(s)) {
       // Declared failed (say, after a stall) or the controller restarted: what this process
