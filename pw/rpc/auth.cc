@@ -80,14 +80,19 @@ absl::Status CheckListenAddress(absl::string_view address, const std::string& to
   return absl::OkStatus();
 }
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const ChannelOptions& o) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const ChannelOptions& o,
+                                           uint64_t* in_process_generation) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(o.max_message_bytes, INT32_MAX)));
   args.SetMaxSendMessageSize(static_cast<int>(std::min<int64_t>(o.max_message_bytes, INT32_MAX)));
   // Reconnect quickly to a restarted peer.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  if (IsInProcess(address)) return InProcessChannel(address, args);
+  if (IsInProcess(address)) {
+    auto [channel, generation] = InProcessChannel(address, args);
+    if (in_process_generation != nullptr) *in_process_generation = generation;
+    return channel;
+  }
   if (o.tls == nullptr)
     return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
   if (!o.tls->server_name.empty()) args.SetSslTargetNameOverride(o.tls->server_name);
@@ -188,9 +193,9 @@ absl::StatusOr<Serving> StartServer(const std::string& listen, const ChannelOpti
   return s;
 }
 
-void Serving::Shutdown(absl::Time deadline) {
+void Serving::Shutdown(absl::Duration grace) {
   name.reset();
-  if (server != nullptr) server->Shutdown(absl::ToChronoTime(deadline));
+  if (server != nullptr) server->Shutdown(absl::ToChronoTime(absl::Now() + grace));
 }
 
 }  // namespace pw::rpc

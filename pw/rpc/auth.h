@@ -54,8 +54,10 @@ absl::Status CheckListenAddress(absl::string_view address, const std::string& to
                                 bool tls = false, bool insecure = false);
 
 // A channel to `address`: "host:port", or "inproc:NAME" (in_process.h; no TLS there, as there
-// is no wire).
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const ChannelOptions& o);
+// is no wire; `in_process_generation`, if given, gets the generation of the server it reaches,
+// for InProcessCall).
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const ChannelOptions& o,
+                                           uint64_t* in_process_generation = nullptr);
 // Whether `channel` (MakeChannel's to `address`) connects by `deadline`; in process, whether the
 // name is served.
 bool WaitForConnected(grpc::Channel& channel, const std::string& address, absl::Time deadline);
@@ -65,9 +67,9 @@ struct Serving {
   std::unique_ptr<grpc::Server> server;
   int port = 0;  // The bound port (0 in process).
   std::unique_ptr<InProcessName> name;  // In process: the name served (dropped first).
-  // Stops serving the name (if any), then shuts the server down, pending calls ending by
-  // `deadline`.
-  void Shutdown(absl::Time deadline);
+  // Stops serving the name (if any; waits for the InProcessCalls holding it), then shuts the
+  // server down, pending calls cancelled after `grace`.
+  void Shutdown(absl::Duration grace);
 };
 // With TLS (`o.tls`), the server presents its certificate; `require_peer_certificate`: every
 // caller must present one the CA signed (workers: only the controller and peers call them);

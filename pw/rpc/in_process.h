@@ -2,12 +2,23 @@
 // a channel to "inproc:NAME" made in the same process reaches it through gRPC's in-process
 // transport. Every message is still serialized, checked against its limits, parsed and validated
 // by the services as it is on the wire (tokens, client keys, malformed bodies); only the socket is
-// gone. A name is served once at a time; a channel to a name that no server of this process holds
-// fails every call (UNAVAILABLE, naming it). Thread-safe.
+// gone. A name is served by one server at a time; each registration is a new generation.
+//
+// Unlike a TCP channel, an in-process channel is bound to the server it was made to:
+// - made while no server holds the name, it fails every call UNAVAILABLE ("no server of this
+//   process serves inproc:NAME"), even after a server takes the name;
+// - made to a server that has since shut down, a new call on it crashes Debian's gRPC (1.51;
+//   grpc/grpc#38645, fixed upstream in 1.71). A caller that calls on its own clock, not in answer
+//   to the server (the worker's heartbeat), makes each call while an InProcessCall for the
+//   channel's generation says ok(). Other callers call servers that the tests keep serving while
+//   they run (teardown: clients, then the controller, then the workers).
+// Thread-safe.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -21,7 +32,7 @@ inline constexpr absl::string_view kInProcessScheme = "inproc:";
 bool IsInProcess(absl::string_view address);
 
 // `server` reachable as `address` ("inproc:NAME") while this lives; drop it before shutting the
-// server down (Serving does).
+// server down (Serving does). The destructor waits until no InProcessCall holds the name.
 class InProcessName {
  public:
   static absl::StatusOr<std::unique_ptr<InProcessName>> Register(std::string address,
@@ -35,19 +46,16 @@ class InProcessName {
   const std::string address_;
 };
 
-// Holds off the end of serving `address` (InProcessName's destructor waits) while a call to it is
-// created and runs: Debian's gRPC (1.51) crashes on a call created on an in-process channel
-// after its server shut down (grpc/grpc#38645, fixed upstream in 1.71). A caller that calls on
-// its own clock, not in answer to the server (the worker's heartbeat), makes its call while one
-// of these says ok(); the others call servers their tests keep serving. Not in process: always
-// ok(), holding nothing.
+// Holds off the end of serving `address` while a call made in its scope runs, if the server of
+// generation `generation` (InProcessChannel's) still serves it; then ok(). Not in process: ok(),
+// holding nothing.
 class InProcessCall {
  public:
-  explicit InProcessCall(std::string address);
+  InProcessCall(std::string address, uint64_t generation);
   ~InProcessCall();
   InProcessCall(const InProcessCall&) = delete;
   InProcessCall& operator=(const InProcessCall&) = delete;
-  // False: `address` is in process and no longer served; do not call it.
+  // False: the channel's server no longer serves `address`; do not call on it.
   bool ok() const { return ok_; }
 
  private:
@@ -59,9 +67,10 @@ class InProcessCall {
 // Whether a server of this process serves `address` now.
 bool InProcessServed(const std::string& address);
 
-// A channel to the server of this process registered as `address`, with `args`. (Such a channel
-// has no connectivity state to watch: see WaitForConnected in auth.h.)
-std::shared_ptr<grpc::Channel> InProcessChannel(const std::string& address,
-                                                const grpc::ChannelArguments& args);
+// A channel to the server of this process registered as `address`, with `args`, and that
+// registration's generation (0: none, the channel fails every call). Such a channel has no
+// connectivity state to watch: see WaitForConnected in auth.h.
+std::pair<std::shared_ptr<grpc::Channel>, uint64_t> InProcessChannel(
+    const std::string& address, const grpc::ChannelArguments& args);
 
 }  // namespace pw::rpc

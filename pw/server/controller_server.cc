@@ -96,7 +96,7 @@ ControllerServer::~ControllerServer() {
     pw::MutexLock lock(&mu_);
     for (auto& w : workers_) w->Fail("the controller is shutting down");
   }
-  serving_.Shutdown(absl::Now() + absl::Seconds(2));
+  serving_.Shutdown(absl::Seconds(2));
   controller_.reset();
   service_.reset();
   trace_queue_.reset();  // Ends the traces still being gathered (failed workers are skipped).

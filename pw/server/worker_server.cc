@@ -40,7 +40,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
                                              options.channel.tls != nullptr, options.insecure));
   std::unique_ptr<WorkerServer> s(new WorkerServer(std::move(options)));
   dataplane::RemoveStaleSegments();  // Segments of killed workers on this machine.
-  auto channel = rpc::MakeChannel(s->options_.controller, s->options_.channel);
+  auto channel = rpc::MakeChannel(s->options_.controller, s->options_.channel,
+                                  &s->controller_generation_);
   if (!rpc::WaitForConnected(*channel, s->options_.controller, absl::Now() + absl::Seconds(10)))
     return absl::UnavailableError(
         absl::StrCat("cannot reach the controller at ", s->options_.controller));
@@ -124,7 +125,7 @@ WorkerServer::~WorkerServer() {
   metrics_.reset();  // No scrape reads the worker from here on.
   Stop();
   if (heartbeat_.joinable()) heartbeat_.join();
-  serving_.Shutdown(absl::Now() + absl::Seconds(2));
+  serving_.Shutdown(absl::Seconds(2));
   // No transfer runs from here on (what was not taken fails): before the worker, whose buffers
   // the sends read. The server itself lives until the worker has drained: the worker's last
   // callbacks (a client fetch whose shard became ready, say) still offer on it, and are refused.
@@ -183,10 +184,14 @@ void WorkerServer::HeartbeatLoop() {
     v1::HeartbeatResponse resp;
     grpc::ClientContext ctx;
     const int64_t t0 = trace::Now();
-    const rpc::InProcessCall call(options_.controller);  // Not a crash if it stopped serving.
+    // In process, not on a channel whose server has gone (rpc/in_process.h).
+    const rpc::InProcessCall call(options_.controller, controller_generation_);
     absl::Status s =
-        call.ok() ? rpc::FromGrpc(controller_->Heartbeat(Prepare(&ctx, absl::Seconds(2)), req, &resp))
-                  : absl::UnavailableError(absl::StrCat(options_.controller, " is not served"));
+        call.ok()
+            ? rpc::FromGrpc(controller_->Heartbeat(Prepare(&ctx, absl::Seconds(2)), req, &resp))
+            : absl::UnavailableError(absl::StrCat(options_.controller,
+                                                  " is no longer served by the controller this "
+                                                  "worker joined"));
     if (s.ok()) service_->controller_clock().Sample(t0, resp.clock_ns(), trace::Now());
     if (absl::IsFailedPrecondition(s)) {
       // Declared failed (say, after a stall) or the controller restarted: what this process

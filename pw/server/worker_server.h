@@ -123,6 +123,7 @@ class WorkerServer final : public CollectivePeers {
   std::string machine_;
   ClusterSpec spec_;
   std::unique_ptr<::pathways::v1::Controller::Stub> controller_;
+  uint64_t controller_generation_ = 0;  // Its channel's server, in process (rpc/in_process.h).
   Collectives collectives_;
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<dataplane::BulkServer> bulk_;  // Before service_, which uses it.
