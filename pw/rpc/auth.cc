@@ -103,8 +103,9 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const Cha
   return grpc::CreateCustomChannel(address, grpc::SslCredentials(ssl), args);
 }
 
-bool WaitForConnected(grpc::Channel& channel, const std::string& address, absl::Time deadline) {
-  if (IsInProcess(address)) return InProcessServed(address);
+bool WaitForConnected(grpc::Channel& channel, const std::string& address,
+                      uint64_t in_process_generation, absl::Time deadline) {
+  if (IsInProcess(address)) return InProcessServes(address, in_process_generation);
   return channel.WaitForConnected(absl::ToChronoTime(deadline));
 }
 

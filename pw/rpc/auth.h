@@ -59,8 +59,9 @@ absl::Status CheckListenAddress(absl::string_view address, const std::string& to
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, const ChannelOptions& o,
                                            uint64_t* in_process_generation = nullptr);
 // Whether `channel` (MakeChannel's to `address`) connects by `deadline`; in process, whether the
-// name is served.
-bool WaitForConnected(grpc::Channel& channel, const std::string& address, absl::Time deadline);
+// server it reaches (`in_process_generation`, MakeChannel's) still serves the name.
+bool WaitForConnected(grpc::Channel& channel, const std::string& address,
+                      uint64_t in_process_generation, absl::Time deadline);
 // Serves `service` on `listen` ("host:port", port 0: any free port; or "inproc:NAME") with the
 // message limit.
 struct Serving {

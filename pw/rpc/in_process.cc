@@ -75,10 +75,11 @@ InProcessCall::~InProcessCall() {
   --r.servers.at(address_).calls;
 }
 
-bool InProcessServed(const std::string& address) {
+bool InProcessServes(const std::string& address, uint64_t generation) {
   Registry& r = Servers();
   pw::MutexLock lock(&r.mu);
-  return r.servers.contains(address);
+  auto it = r.servers.find(address);
+  return it != r.servers.end() && it->second.generation == generation;
 }
 
 std::pair<std::shared_ptr<grpc::Channel>, uint64_t> InProcessChannel(

@@ -64,8 +64,8 @@ class InProcessCall {
   bool ok_ = true;
 };
 
-// Whether a server of this process serves `address` now.
-bool InProcessServed(const std::string& address);
+// Whether the server of generation `generation` (InProcessChannel's) still serves `address`.
+bool InProcessServes(const std::string& address, uint64_t generation);
 
 // A channel to the server of this process registered as `address`, with `args`, and that
 // registration's generation (0: none, the channel fails every call). Such a channel has no

@@ -13,7 +13,7 @@ RemoteController::RemoteController(std::string address, const ChannelOptions& op
     : core_(std::make_shared<Core>()) {
   core_->address = std::move(address);
   core_->options = options;
-  core_->channel = MakeChannel(core_->address, options);
+  core_->channel = MakeChannel(core_->address, options, &core_->in_process_generation);
   core_->stub = v1::Controller::NewStub(core_->channel);
 }
 
@@ -24,7 +24,8 @@ absl::StatusOr<std::unique_ptr<RemoteController>> RemoteController::Dial(
     PW_ASSIGN_OR_RETURN(o.tls, dataplane::TlsFromEnvironment());
   }
   std::unique_ptr<RemoteController> c(new RemoteController(address, o));
-  if (!WaitForConnected(*c->core_->channel, address, absl::Now() + timeout)) {
+  if (!WaitForConnected(*c->core_->channel, address, c->core_->in_process_generation,
+                        absl::Now() + timeout)) {
     return absl::UnavailableError(absl::StrCat(
         "cannot reach a pathways controller at ", address, " within ",
         absl::FormatDuration(timeout),

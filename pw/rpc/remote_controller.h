@@ -96,6 +96,7 @@ class RemoteController final : public ControllerInterface {
     std::string address;
     ChannelOptions options;
     std::shared_ptr<grpc::Channel> channel;
+    uint64_t in_process_generation = 0;  // The server `channel` reaches, in process.
     std::unique_ptr<::pathways::v1::Controller::Stub> stub;
     mutable pw::Mutex mu;
     absl::flat_hash_map<ClientId, std::string> keys ABSL_GUARDED_BY(mu);

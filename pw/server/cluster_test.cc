@@ -287,8 +287,16 @@ TEST(GrpcInProcessNameTest, ANameIsServedOnceAndAnUnservedOneFailsNamingIt) {
                        ::testing::HasSubstr("no server of this process serves inproc:name-test")));
   EXPECT_THAT(rpc::RemoteController::Dial("inproc:name-test", {}).status(),
               StatusIs(absl::StatusCode::kUnavailable, ::testing::HasSubstr("inproc:name-test")));
+  uint64_t lame_generation = 1;
+  auto lame = rpc::MakeChannel("inproc:name-test", {}, &lame_generation);
+  EXPECT_EQ(lame_generation, 0u);
   auto again = ControllerServer::Start(spec, o);
-  EXPECT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(again.ok()) << again.status();
+  // A channel made while nobody served the name stays lame: it does not connect to the new one.
+  EXPECT_FALSE(rpc::WaitForConnected(*lame, "inproc:name-test", lame_generation, absl::Now()));
+  uint64_t generation = 0;
+  auto served = rpc::MakeChannel("inproc:name-test", {}, &generation);
+  EXPECT_TRUE(rpc::WaitForConnected(*served, "inproc:name-test", generation, absl::Now()));
 }
 
 // A worker whose in-process controller has gone keeps its heartbeat off the dead channel (a call

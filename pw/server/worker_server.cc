@@ -42,7 +42,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   dataplane::RemoveStaleSegments();  // Segments of killed workers on this machine.
   auto channel = rpc::MakeChannel(s->options_.controller, s->options_.channel,
                                   &s->controller_generation_);
-  if (!rpc::WaitForConnected(*channel, s->options_.controller, absl::Now() + absl::Seconds(10)))
+  if (!rpc::WaitForConnected(*channel, s->options_.controller, s->controller_generation_,
+                             absl::Now() + absl::Seconds(10)))
     return absl::UnavailableError(
         absl::StrCat("cannot reach the controller at ", s->options_.controller));
   s->controller_ = v1::Controller::NewStub(channel);
