@@ -167,6 +167,21 @@ std::pair<double, double> Between(const DeviceTimeSampler::Sample& a,
   return {mine, all};
 }
 
+// Every client's device time over the devices' time, between the first and the last sample in
+// [from, to]; 0 with fewer than two samples there.
+double DeviceBusy(const std::vector<DeviceTimeSampler::Sample>& samples, int64_t from, int64_t to,
+                  int devices) {
+  const DeviceTimeSampler::Sample* first = nullptr;
+  const DeviceTimeSampler::Sample* last = nullptr;
+  for (const auto& x : samples) {
+    if (x.at < from || x.at > to) continue;
+    if (first == nullptr) first = &x;
+    last = &x;
+  }
+  if (first == nullptr || last->at <= first->at) return 0;
+  return Between(*first, *last, -1).second / (devices * ((last->at - first->at) / 1e9));
+}
+
 }  // namespace
 
 absl::Status RunMultitenantClient(const MultitenantClientOptions& o) {
@@ -266,19 +281,28 @@ absl::StatusOr<std::vector<MultitenantBenchResult>> RunMultitenantBench(
   const int64_t lead = 3'000'000'000;  // Clients connect, compile and warm up meanwhile.
   std::vector<MultitenantBenchResult> results;
   int run = 0;
-  // One client alone: its calls/s.
-  auto run_alone = [&](double compute) -> absl::StatusOr<double> {
+  // One client alone: its calls/s, and how busy it kept the devices (as device_busy).
+  struct Alone {
+    double per_second = 0, device_busy = 0;
+  };
+  auto run_alone = [&](double compute) -> absl::StatusOr<Alone> {
     std::vector<TenantProcess> alone = {{absl::StrCat("alone", run++), 1}};
     const int64_t start = NowNs() + lead;
-    PW_RETURN_IF_ERROR(RunClients(o, address, dir, compute, start, start + seconds, 0, alone));
-    const double single = CountIn(alone, start, start + seconds) / o.seconds;
-    std::fprintf(stderr, "multitenant bench: %.3g ms, 1 client: %.0f calls/s\n", compute, single);
-    return single;
+    DeviceTimeSampler sampler(remote.get(), window, start + seconds);
+    absl::Status ran = RunClients(o, address, dir, compute, start, start + seconds, 0, alone);
+    std::vector<DeviceTimeSampler::Sample> samples = sampler.Take();
+    PW_RETURN_IF_ERROR(ran);
+    Alone a;
+    a.per_second = CountIn(alone, start, start + seconds) / o.seconds;
+    a.device_busy = DeviceBusy(samples, start, start + seconds, devices);
+    std::fprintf(stderr, "multitenant bench: %.3g ms, 1 client: %.0f calls/s, devices measured "
+                 "busy %.2f\n", compute, a.per_second, a.device_busy);
+    return a;
   };
   for (double compute : o.compute_ms) {
     // The baseline of each K clients' run is one client alone just before it and just after it
     // (their mean), so a drift of this shared machine's speed over the runs hits both sides.
-    PW_ASSIGN_OR_RETURN(double single_before, run_alone(compute));
+    PW_ASSIGN_OR_RETURN(Alone before, run_alone(compute));
     for (int k : o.clients) {
       std::vector<TenantProcess> clients;
       double total_share = 0;
@@ -296,16 +320,17 @@ absl::StatusOr<std::vector<MultitenantBenchResult>> RunMultitenantBench(
       absl::Status ran = RunClients(o, address, dir, compute, start, end, join, clients);
       std::vector<DeviceTimeSampler::Sample> samples = sampler.Take();
       PW_RETURN_IF_ERROR(ran);
-      PW_ASSIGN_OR_RETURN(const double single_after, run_alone(compute));
-      const double single = (single_before + single_after) / 2;
+      PW_ASSIGN_OR_RETURN(const Alone after, run_alone(compute));
+      const double single = (before.per_second + after.per_second) / 2;
       MultitenantBenchResult r;
       r.clients = k;
       r.compute_ms = compute;
       r.single_client_per_second = single;
-      r.single_client_before = single_before;
-      r.single_client_after = single_after;
+      r.single_client_before = before.per_second;
+      r.single_client_after = after.per_second;
       r.single_utilization = single * compute / 1000;
-      single_before = single_after;
+      r.single_device_busy = (before.device_busy + after.device_busy) / 2;
+      before = after;
       // Shares over the part every client ran (after the join, if one joined late); windows
       // after the first.
       const int64_t from = join > 0 ? join : start;
@@ -319,8 +344,7 @@ absl::StatusOr<std::vector<MultitenantBenchResult>> RunMultitenantBench(
       if (span.size() < 3)
         return absl::InternalError(
             "multitenant bench: too few samples of the tenants' device time");
-      const double span_seconds = (span.back()->at - span.front()->at) / 1e9;
-      r.device_busy = Between(*span.front(), *span.back(), -1).second / (devices * span_seconds);
+      r.device_busy = DeviceBusy(samples, from, end, devices);
       // Windows after the first, each from one sample to the first at least a window later (a
       // sample the loaded machine took late would otherwise leave a short window behind it).
       std::vector<std::pair<const DeviceTimeSampler::Sample*, const DeviceTimeSampler::Sample*>>
@@ -373,9 +397,9 @@ absl::StatusOr<std::vector<MultitenantBenchResult>> RunMultitenantBench(
         }
       }
       std::fprintf(stderr, "multitenant bench: %.3g ms, %d clients: %.0f calls/s (%.2fx one), "
-                           "utilization %.2f, devices measured busy %.2f\n",
+                           "utilization %.2f, devices measured busy %.2f (one client: %.2f)\n",
                    compute, k, r.aggregate_per_second, r.aggregate_per_second / single,
-                   r.utilization, r.device_busy);
+                   r.utilization, r.device_busy, r.single_device_busy);
       for (const auto& s : r.shares)
         std::fprintf(stderr, "  %-10s configured %.3f achieved %.3f worst window %.3f\n",
                      s.tenant.c_str(), s.configured, s.achieved, s.worst_window);
@@ -398,6 +422,7 @@ std::string MultitenantBenchJson(const std::vector<MultitenantBenchResult>& resu
                         {"utilization", r.utilization},
                         {"single_utilization", r.single_utilization},
                         {"device_busy", r.device_busy},
+                        {"single_device_busy", r.single_device_busy},
                         {"shares", nlohmann::json::array()}};
     for (const auto& s : r.shares)
       x["shares"].push_back({{"tenant", s.tenant}, {"configured", s.configured},

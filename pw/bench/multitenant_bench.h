@@ -51,6 +51,7 @@ struct MultitenantBenchResult {
   // over the run. Beside `utilization` (nominal) it shows what each call costs the devices
   // beyond its compute (launch, collective, wake-ups): 1 is saturated.
   double device_busy = 0;
+  double single_device_busy = 0;  // The same for one client alone (the mean of before and after).
   struct Share {
     std::string tenant;
     double configured = 0;  // Fractions of the whole.

@@ -522,6 +522,7 @@ def test_multitenant_bench_prints_its_json(cluster):
     assert res["utilization"] == pytest.approx(res["aggregate_per_second"] * 0.5 / 1000)
     # Measured from the cluster's account of the clients' device time (not implied by calls/s).
     assert 0 < res["device_busy"] <= 1.5, res
+    assert 0 < res["single_device_busy"] <= 1.5, res
     shares = res["shares"]
     assert [s["configured"] for s in shares] == pytest.approx([0.25, 0.75])
     assert sum(s["achieved"] for s in shares) == pytest.approx(1.0)
