@@ -63,18 +63,30 @@ grpc::ServerUnaryReactor* WorkerService::LoadFunction(grpc::CallbackServerContex
 // Commands come in batches, applied in order. Events are written from a queue, those queued
 // during a write together in the next (BatchQueue); futures' callbacks reach the stream through
 // `sink`, which outlives the reactor and forgets it once the RPC is done.
+struct WorkerService::CommandSink {
+  pw::Mutex mu;
+  CommandStream* stream ABSL_GUARDED_BY(mu) = nullptr;
+};
+
 class WorkerService::CommandStream final
     : public grpc::ServerBidiReactor<v1::CommandBatch, v1::CommandEventBatch> {
  public:
-  struct Sink {
-    pw::Mutex mu;
-    CommandStream* stream ABSL_GUARDED_BY(mu) = nullptr;
-  };
+  using Sink = CommandSink;
 
   CommandStream(WorkerService* service, grpc::CallbackServerContext* ctx)
       : service_(service), sink_(std::make_shared<Sink>()) {
     if (absl::Status s = CheckClusterToken(ctx, service->token_); !s.ok()) {
       Finish(ToGrpc(s));
+      return;
+    }
+    std::optional<absl::Status> ended;
+    {
+      pw::MutexLock lock(&service_->mu_);
+      ended = service_->streams_ended_;
+      if (!ended.has_value()) service_->command_sinks_.insert(sink_);
+    }
+    if (ended.has_value()) {
+      Finish(ToGrpc(*ended));
       return;
     }
     {
@@ -93,12 +105,36 @@ class WorkerService::CommandStream final
       MaybeFinish();
       return;
     }
+    {
+      pw::MutexLock lock(&mu_);
+      applying_ = true;
+    }
     service_->commands_received_.fetch_add(commands_.items_size(), std::memory_order_relaxed);
     service_->command_messages_received_.fetch_add(1, std::memory_order_relaxed);
     for (v1::Command& c : *commands_.mutable_items()) Apply(c);
     AnswerFetches();
     commands_.Clear();
+    bool ending;
+    {
+      pw::MutexLock lock(&mu_);
+      applying_ = false;
+      ending = ending_;
+    }
+    if (ending) return MaybeFinish();  // No read after the stream is to end.
     StartRead(&commands_);
+  }
+
+  // Ends the stream with `why` (EndStreams): at once, or when its write or the commands being
+  // applied are done.
+  static void End(const std::shared_ptr<Sink>& sink, const absl::Status& why) {
+    CommandStream* stream = nullptr;
+    {
+      // The stream lives while its sink names it (OnDone clears that first).
+      pw::MutexLock lock(&sink->mu);
+      if (sink->stream != nullptr && sink->stream->ClaimEnd(why)) stream = sink->stream;
+    }
+    // Claimed: no other Finish, so no OnDone, until this one.
+    if (stream != nullptr) stream->Finish(ToGrpc(why));
   }
 
   // gRPC calls (Start*, Finish) are made without holding mu_: a reaction may run inline.
@@ -108,8 +144,8 @@ class WorkerService::CommandStream final
     {
       pw::MutexLock lock(&mu_);
       events_.WriteDone();
-      if (!ok) {
-        write_failed_ = true;
+      if (!ok || ending_) {
+        write_failed_ = write_failed_ || !ok;
         events_.DropWaiting();
       }
       next = events_.StartNext();
@@ -124,6 +160,10 @@ class WorkerService::CommandStream final
     {
       pw::MutexLock lock(&sink_->mu);
       sink_->stream = nullptr;
+    }
+    {
+      pw::MutexLock lock(&service_->mu_);
+      service_->command_sinks_.erase(sink_);
     }
     delete this;
   }
@@ -188,7 +228,7 @@ class WorkerService::CommandStream final
     v1::CommandEventBatch* first = nullptr;
     {
       pw::MutexLock lock(&mu_);
-      if (write_failed_ || finished_) return;
+      if (write_failed_ || finished_ || ending_) return;
       service_->events_sent_.fetch_add(static_cast<int64_t>(es.size()), std::memory_order_relaxed);
       for (v1::CommandEvent& e : es) events_.Push(std::move(e));
       first = events_.StartNext();
@@ -238,12 +278,27 @@ class WorkerService::CommandStream final
   }
 
   void MaybeFinish() {
+    grpc::Status status;
     {
       pw::MutexLock lock(&mu_);
-      if (finished_ || events_.writing() || !(reads_done_ || write_failed_)) return;
+      if (finished_ || events_.writing() || applying_ || !(reads_done_ || write_failed_ || ending_))
+        return;
       finished_ = true;
+      if (ending_) status = ToGrpc(end_status_);
     }
-    Finish(grpc::Status::OK);
+    Finish(status);
+  }
+
+  // Whether the caller is to Finish the stream now (EndStreams); else it ends once its write or
+  // the commands being applied are done (MaybeFinish).
+  bool ClaimEnd(const absl::Status& why) {
+    pw::MutexLock lock(&mu_);
+    if (finished_ || ending_) return false;
+    ending_ = true;
+    end_status_ = why;
+    if (events_.writing() || applying_) return false;
+    finished_ = true;
+    return true;
   }
 
   // Takes what it keeps out of `c` (a put shard's bytes), which the read path then reuses.
@@ -531,11 +586,24 @@ class WorkerService::CommandStream final
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool applying_ ABSL_GUARDED_BY(mu_) = false;  // A batch of commands is being applied.
+  bool ending_ ABSL_GUARDED_BY(mu_) = false;    // EndStreams: no more reads or writes.
+  absl::Status end_status_ ABSL_GUARDED_BY(mu_);
 };
 
 grpc::ServerBidiReactor<v1::CommandBatch, v1::CommandEventBatch>* WorkerService::Commands(
     grpc::CallbackServerContext* ctx) {
   return new CommandStream(this, ctx);
+}
+
+void WorkerService::EndStreams(const absl::Status& why) {
+  std::vector<std::shared_ptr<CommandSink>> sinks;
+  {
+    pw::MutexLock lock(&mu_);
+    if (!streams_ended_.has_value()) streams_ended_ = why;
+    sinks.assign(command_sinks_.begin(), command_sinks_.end());
+  }
+  for (const auto& sink : sinks) CommandStream::End(sink, why);
 }
 
 // ---------------------------------------------------------------- the data plane's read side

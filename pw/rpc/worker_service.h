@@ -15,9 +15,11 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "pw/base/mutex.h"
 #include "pw/dataplane/bulk_server.h"
 #include "pw/dataplane/shm_arena.h"
@@ -78,6 +80,11 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   // The controller's clock minus this process's: sampled at registration and each heartbeat
   // (pw/server).
   trace::ClockOffset& controller_clock() { return controller_clock_; }
+  // Ends every command stream it serves (the controller's and peers'), and each opened from now
+  // on, with `why`: events not yet written are dropped. A stopping worker calls it before its
+  // server shuts down, which otherwise waits out its grace for streams that their callers keep
+  // open.
+  void EndStreams(const absl::Status& why);
 
   // Chunk size of FetchShard streams, for readers that do not take the bulk stream: chunks that
   // stay in cache while protobuf and gRPC copy them (on 64 MiB transfers, 1 MiB and 512 KiB
@@ -96,6 +103,7 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
 
  private:
   class CommandStream;
+  struct CommandSink;
   class ShardStream;
   // Drops cached host programs (their client disconnected; RemoteWorker::Unload).
   void ForgetPrograms(const std::vector<uint64_t>& ids);
@@ -115,6 +123,9 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   pw::Mutex mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<const HostProgram>> programs_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> traces_ ABSL_GUARDED_BY(mu_);  // The controller's traces' starts, oldest first.
+  // The command streams being served, and why they end (EndStreams: set once).
+  absl::flat_hash_set<std::shared_ptr<CommandSink>> command_sinks_ ABSL_GUARDED_BY(mu_);
+  std::optional<absl::Status> streams_ended_ ABSL_GUARDED_BY(mu_);
   // Read from command streams (HostStatus::commands_received, command_messages_received).
   std::atomic<int64_t> commands_received_{0};
   std::atomic<int64_t> command_messages_received_{0};

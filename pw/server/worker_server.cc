@@ -126,6 +126,11 @@ WorkerServer::~WorkerServer() {
   metrics_.reset();  // No scrape reads the worker from here on.
   Stop();
   if (heartbeat_.joinable()) heartbeat_.join();
+  // Streams into this worker end now: their callers (the controller, peers) keep them open, and
+  // the server would wait out its grace for them.
+  if (service_ != nullptr)  // Not made when Start failed before it.
+    service_->EndStreams(
+        absl::UnavailableError(absl::StrCat(options_.host.ToString(), " is stopping")));
   serving_.Shutdown(absl::Seconds(2));
   // No transfer runs from here on (what was not taken fails): before the worker, whose buffers
   // the sends read. The server itself lives until the worker has drained: the worker's last
