@@ -91,12 +91,14 @@ ControllerServer::~ControllerServer() {
   Shutdown();
   if (monitor_.joinable()) monitor_.join();  // Not started when Start failed.
   // Fail what is outstanding on the workers first, so no run waits on a worker that will not
-  // answer; then stop serving (pending calls end), then stop the controller.
+  // answer; then stop serving, then stop the controller. Calls in flight get kShutdownGrace to
+  // end; then gRPC cancels them, and so the clients' Session streams, which their clients keep
+  // open (a connected client held `pw down` for the whole grace, 2 s before).
   {
     pw::MutexLock lock(&mu_);
     for (auto& w : workers_) w->Fail("the controller is shutting down");
   }
-  serving_.Shutdown(absl::Seconds(2));
+  serving_.Shutdown(kShutdownGrace);
   controller_.reset();
   service_.reset();
   trace_queue_.reset();  // Ends the traces still being gathered (failed workers are skipped).

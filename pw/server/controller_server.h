@@ -28,6 +28,8 @@ namespace pw::server {
 
 class ControllerServer final : public rpc::ClusterMembership {
  public:
+  // How long a stopping controller lets calls in flight end before gRPC cancels them.
+  static constexpr absl::Duration kShutdownGrace = absl::Milliseconds(250);
   struct Options {
     // Port 0: any free port (see address()); "inproc:NAME": no socket (tests: rpc/in_process.h).
     std::string listen = "127.0.0.1:0";
