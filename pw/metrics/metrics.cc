@@ -2,6 +2,7 @@
 
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -264,6 +265,8 @@ void Knock(const std::string& address) {
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
     const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
     if (fd < 0) continue;
+    const timeval bound{0, 100'000};  // connect() waits at most this (a full backlog).
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &bound, sizeof(bound));
     const bool connected = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
     close(fd);
     if (connected) break;

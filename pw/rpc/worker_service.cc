@@ -144,10 +144,8 @@ class WorkerService::CommandStream final
     {
       pw::MutexLock lock(&mu_);
       events_.WriteDone();
-      if (!ok || ending_) {
-        write_failed_ = write_failed_ || !ok;
-        events_.DropWaiting();
-      }
+      if (!ok) write_failed_ = true;
+      if (!ok || ending_) events_.DropWaiting();
       next = events_.StartNext();
       more = events_.more();
       if (next != nullptr) service_->event_messages_sent_.fetch_add(1, std::memory_order_relaxed);
