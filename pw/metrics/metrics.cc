@@ -105,6 +105,9 @@ Families HostFamilies(const HostStatus& s) {
         host, static_cast<double>(s.events_sent));
   b.Add("pw_host_event_messages_sent_total", "The messages those events went in (each a batch).",
         kCounter, host, static_cast<double>(s.event_messages_sent));
+  b.Add("pw_host_events_mailed_total",
+        "Answers to peers' fetches sent through their shared-memory mailboxes instead.", kCounter,
+        host, static_cast<double>(s.events_mailed));
   b.Add("pw_host_dispatch_queue_depth", "Host programs waiting on the host's dispatch thread.",
         kGauge, host, static_cast<double>(s.dispatch_queue_depth));
   b.Add("pw_host_cancelled_shards_total", "Shards of cancelled runs that were not run.", kCounter,

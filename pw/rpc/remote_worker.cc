@@ -22,6 +22,11 @@ constexpr auto kControlDeadline = std::chrono::seconds(30);
 std::chrono::system_clock::time_point Deadline() {
   return std::chrono::system_clock::now() + kControlDeadline;
 }
+
+uint64_t NextMailId() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
 }  // namespace
 
 // The command stream: commands are written from a queue, those queued during a write together
@@ -158,7 +163,17 @@ RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOption
                                : dataplane::PeerChannel::Bulk(HostOf(address_), options.token,
                                                               BulkTls(options))),
       channel_(MakeChannel(address_, options)),
-      stub_(v1::Worker::NewStub(channel_)) {}
+      stub_(v1::Worker::NewStub(channel_)),
+      mail_id_(NextMailId()) {}
+
+void RemoteWorker::AnswerByMailbox(HostId self) {
+  reply_host_.store(self.value(), std::memory_order_relaxed);
+}
+
+void RemoteWorker::OnMailedEvents(const v1::MailedEvents& mail) {
+  if (mail.from_host() != host_.value() || mail.stub() != mail_id_) return;  // Not ours.
+  for (const v1::CommandEvent& e : mail.events()) OnEvent(e);
+}
 
 RemoteWorker::~RemoteWorker() {
   Fail("the controller closed its connection");
@@ -703,6 +718,7 @@ std::vector<Future<DeviceBufferRef>> RemoteWorker::FetchShards(
     BufferId id, const std::vector<DeviceId>& devices) {
   std::vector<Future<DeviceBufferRef>> shards;
   std::vector<std::pair<v1::Command, Pending>> fetches;
+  const int64_t reply_host = reply_host_.load(std::memory_order_relaxed);
   for (DeviceId device : devices) {
     Pending p;
     p.fetched.emplace();
@@ -712,6 +728,10 @@ std::vector<Future<DeviceBufferRef>> RemoteWorker::FetchShards(
     v1::Command c;
     c.mutable_fetch_shard()->set_buffer(id.value());
     c.mutable_fetch_shard()->set_device(device.value());
+    if (reply_host >= 0) {
+      c.mutable_fetch_shard()->set_reply_host(reply_host);
+      c.mutable_fetch_shard()->set_reply_stub(mail_id_);
+    }
     fetches.emplace_back(std::move(c), std::move(p));
   }
   SendAll(std::move(fetches));

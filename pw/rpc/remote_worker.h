@@ -85,6 +85,15 @@ class RemoteWorker final : public WorkerInterface {
   // that dies while idle is noticed at once, by the stream breaking.
   void OpenCommandStream();
 
+  // Fetches ask the worker (on this machine) to answer them through the mailbox of host `self`,
+  // this process, as MailedEvents naming mail_id(); the process hands those to OnMailedEvents.
+  // The command stream still carries the requests, and its end still fails what is pending.
+  void AnswerByMailbox(HostId self);
+  // This stub among the process's stubs (unique in the process, never 0).
+  uint64_t mail_id() const { return mail_id_; }
+  // Events the worker mailed (answers to fetches), as if they came on the stream.
+  void OnMailedEvents(const ::pathways::v1::MailedEvents& mail);
+
   // Fetches in flight from this worker: Fail() cancels them, as a stalled worker never answers.
   // Calls in flight to the worker outside the command stream (fetches, unary calls): cancelled
   // and waited for when this goes.
@@ -149,6 +158,8 @@ class RemoteWorker final : public WorkerInterface {
   absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<uint64_t> programs_sent_ ABSL_GUARDED_BY(mu_);  // On stream_.
   const std::shared_ptr<Fetches> fetches_ = std::make_shared<Fetches>();
+  const uint64_t mail_id_;
+  std::atomic<int64_t> reply_host_{-1};  // AnswerByMailbox's host; -1: answers on the stream.
 };
 
 }  // namespace pw::rpc

@@ -651,6 +651,7 @@ void ToProto(const HostStatus& h, v1::HostStatus* out) {
   out->set_command_messages_received(h.command_messages_received);
   out->set_events_sent(h.events_sent);
   out->set_event_messages_sent(h.event_messages_sent);
+  out->set_events_mailed(h.events_mailed);
   out->set_dispatch_queue_depth(static_cast<int64_t>(h.dispatch_queue_depth));
   out->set_cancelled_shards(h.cancelled_shards);
   out->set_functions(static_cast<int64_t>(h.functions));
@@ -683,6 +684,7 @@ absl::StatusOr<HostStatus> FromProto(const v1::HostStatus& p) {
   h.command_messages_received = p.command_messages_received();
   h.events_sent = p.events_sent();
   h.event_messages_sent = p.event_messages_sent();
+  h.events_mailed = p.events_mailed();
   PW_ASSIGN_OR_RETURN(h.dispatch_queue_depth,
                       Count(p.dispatch_queue_depth(), "host status dispatch_queue_depth"));
   PW_ASSIGN_OR_RETURN(h.cancelled_shards,

@@ -18,13 +18,14 @@ namespace v1 = ::pathways::v1;
 
 WorkerService::WorkerService(WorkerInterface* worker, std::string token,
                              CollectiveReceiver receive_collective, dataplane::BulkServer* bulk,
-                             HostsReceiver on_hosts, PutLater put_later)
+                             HostsReceiver on_hosts, PutLater put_later, Mailer mail)
     : worker_(worker),
       token_(std::move(token)),
       receive_collective_(std::move(receive_collective)),
       bulk_(bulk),
       on_hosts_(std::move(on_hosts)),
-      put_later_(std::move(put_later)) {}
+      put_later_(std::move(put_later)),
+      mail_(std::move(mail)) {}
 
 absl::StatusOr<std::shared_ptr<const HostProgram>> WorkerService::Program(
     uint64_t id, const v1::HostProgram* body) {
@@ -183,6 +184,19 @@ class WorkerService::CommandStream final
     pw::MutexLock lock(&sink->mu);
     if (sink->stream != nullptr) sink->stream->EnqueueAll(absl::MakeSpan(es));
   }
+  // Fetch answers: to the reader's mailbox where it asked for that (`reply_stub` nonzero) and
+  // they fit, else on the stream. Under the sink's lock: the stream, so the service, is alive.
+  static void AnswerAll(const std::shared_ptr<Sink>& sink, HostId reply_host, uint64_t reply_stub,
+                        std::vector<v1::CommandEvent> es) {
+    pw::MutexLock lock(&sink->mu);
+    if (sink->stream == nullptr) return;
+    WorkerService* service = sink->stream->service_;
+    if (reply_stub != 0 && service->mail_ != nullptr && service->mail_(reply_host, reply_stub, es)) {
+      service->events_mailed_.fetch_add(static_cast<int64_t>(es.size()), std::memory_order_relaxed);
+      return;
+    }
+    sink->stream->EnqueueAll(absl::MakeSpan(es));
+  }
   // The answer to fetch `seq`, given to `done`: shard `b`'s bytes (copied to host memory first
   // where they are not there), too_large, or the error.
   static void MakeShardEvent(uint64_t seq, const absl::StatusOr<DeviceBufferRef>& b,
@@ -237,13 +251,18 @@ class WorkerService::CommandStream final
 
   // Answers the fetches that came in one batch of commands: those of one buffer together, in
   // one write, once all are ready (a reader asks for a buffer's shards together, FetchShards;
-  // they are made by one computation, so none waits long for the others).
+  // they are made by one computation, so none waits long for the others). A reader on this
+  // machine that asked for it gets them in its mailbox (AnswerAll).
   void AnswerFetches() {
     while (!fetches_.empty()) {
-      const BufferId buffer = fetches_.front().buffer;
+      const Fetch& first = fetches_.front();
+      const BufferId buffer = first.buffer;
+      const HostId reply_host = first.reply_host;
+      const uint64_t reply_stub = first.reply_stub;
       std::vector<Fetch> group;
-      auto others = std::stable_partition(fetches_.begin(), fetches_.end(),
-                                          [&](const Fetch& f) { return f.buffer == buffer; });
+      auto others = std::stable_partition(fetches_.begin(), fetches_.end(), [&](const Fetch& f) {
+        return f.buffer == buffer && f.reply_host == reply_host && f.reply_stub == reply_stub;
+      });
       std::move(fetches_.begin(), others, std::back_inserter(group));
       fetches_.erase(fetches_.begin(), others);
       struct Answers {
@@ -258,9 +277,9 @@ class WorkerService::CommandStream final
         answers->left = group.size();
       }
       for (size_t i = 0; i < group.size(); ++i) {
-        group[i].shard.OnReady([sink = sink_, answers, i, seq = group[i].seq](
-                                   const absl::StatusOr<DeviceBufferRef>& b) {
-          MakeShardEvent(seq, b, [sink, answers, i](v1::CommandEvent e) {
+        group[i].shard.OnReady([sink = sink_, answers, i, seq = group[i].seq, reply_host,
+                                reply_stub](const absl::StatusOr<DeviceBufferRef>& b) {
+          MakeShardEvent(seq, b, [sink, answers, i, reply_host, reply_stub](v1::CommandEvent e) {
             std::vector<v1::CommandEvent> all;
             {
               pw::MutexLock lock(&answers->mu);
@@ -268,7 +287,7 @@ class WorkerService::CommandStream final
               if (--answers->left > 0) return;
               all = std::move(answers->events);
             }
-            DeliverAll(sink, std::move(all));
+            AnswerAll(sink, reply_host, reply_stub, std::move(all));
           });
         });
       }
@@ -369,7 +388,8 @@ class WorkerService::CommandStream final
           return fail(absl::InvalidArgumentError("fetch shard: negative buffer or device id"), false);
         // Answered with the batch's other fetches of the buffer (AnswerFetches).
         fetches_.push_back({BufferId(f.buffer()), seq,
-                            worker->FetchShard(BufferId(f.buffer()), DeviceId(f.device()))});
+                            worker->FetchShard(BufferId(f.buffer()), DeviceId(f.device())),
+                            HostId(f.reply_host()), f.reply_stub()});
         return;
       }
       case v1::Command::kClientUpload:
@@ -577,6 +597,8 @@ class WorkerService::CommandStream final
     BufferId buffer;
     uint64_t seq;
     Future<DeviceBufferRef> shard;
+    HostId reply_host;    // Where to mail the answer (ShardRequest.reply_host)...
+    uint64_t reply_stub;  // ...to which stub; 0: on the stream.
   };
   std::vector<Fetch> fetches_;
   pw::Mutex mu_;
@@ -866,8 +888,9 @@ grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx
   const int64_t messages = command_messages_received_.load(std::memory_order_relaxed);
   const int64_t events = events_sent_.load(std::memory_order_relaxed);
   const int64_t event_messages = event_messages_sent_.load(std::memory_order_relaxed);
-  worker_->Status().OnReady([r, resp, programs, commands, messages, events,
-                             event_messages](const absl::StatusOr<HostStatus>& status) {
+  const int64_t mailed = events_mailed_.load(std::memory_order_relaxed);
+  worker_->Status().OnReady([r, resp, programs, commands, messages, events, event_messages,
+                             mailed](const absl::StatusOr<HostStatus>& status) {
     if (status.ok()) {
       HostStatus s = *status;
       s.programs = programs;
@@ -875,6 +898,7 @@ grpc::ServerUnaryReactor* WorkerService::Status(grpc::CallbackServerContext* ctx
       s.command_messages_received = messages;
       s.events_sent = events;
       s.event_messages_sent = event_messages;
+      s.events_mailed = mailed;
       ToProto(s, resp);
     }
     r->Finish(ToGrpc(status.status()));

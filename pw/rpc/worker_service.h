@@ -46,9 +46,16 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
       std::function<Future<>(BufferId, DeviceId, const ArraySpec&, Future<DeviceBufferRef>)>;
   // `on_hosts` takes each host table the controller pushes (the process's peer directory).
   using HostsReceiver = std::function<void(const ::pathways::v1::HostTable&)>;
+  // `mail` sends the answers to a peer's fetches that asked for them by mailbox
+  // (ShardRequest.reply_host, reply_stub) as MailedEvents to that host's mailbox; false when it
+  // cannot (no mailbox there, or it is full): they go on the stream then. Called while the
+  // stream is served (the service alive).
+  using Mailer = std::function<bool(HostId reply_host, uint64_t reply_stub,
+                                    const std::vector<::pathways::v1::CommandEvent>& events)>;
   WorkerService(WorkerInterface* worker, std::string cluster_token,
                 CollectiveReceiver receive_collective, dataplane::BulkServer* bulk = nullptr,
-                HostsReceiver on_hosts = nullptr, PutLater put_later = nullptr);
+                HostsReceiver on_hosts = nullptr, PutLater put_later = nullptr,
+                Mailer mail = nullptr);
   // Hands a peer's contribution (from RPC or shared memory) to `collectives`.
   static absl::Status Deliver(Collectives* collectives,
                               const ::pathways::v1::CollectiveContribution& c);
@@ -117,6 +124,7 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   dataplane::BulkServer* const bulk_;
   const HostsReceiver on_hosts_;
   const PutLater put_later_;
+  const Mailer mail_;
   // Readers' arena segments that shard streams write into.
   dataplane::ShmWriterCache arena_writer_;
   trace::ClockOffset controller_clock_;
@@ -131,6 +139,7 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   std::atomic<int64_t> command_messages_received_{0};
   std::atomic<int64_t> events_sent_{0};
   std::atomic<int64_t> event_messages_sent_{0};
+  std::atomic<int64_t> events_mailed_{0};
 };
 
 }  // namespace pw::rpc

@@ -130,8 +130,10 @@ class GrpcClusterTest : public ::testing::Test {
       } else {
         rpc::ChannelOptions channel = o.channel;
         channel.token = controller_->cluster_token();
+        const size_t i = static_cast<size_t>(h.id.value());
         auto w = WorkerServer::Start({.controller = controller_->address(), .host = h.id,
-                                      .listen = Listen(), .channel = channel});
+                                      .listen = Listen(), .channel = channel,
+                                      .machine = i < machines_.size() ? machines_[i] : ""});
         ASSERT_TRUE(w.ok()) << w.status();
         workers_.push_back(*std::move(w));
       }
@@ -205,8 +207,11 @@ class GrpcClusterTest : public ::testing::Test {
       for (const auto& d : h.devices) EXPECT_EQ(d.memory_in_use, 0) << d.id;
     }
   }
+  // A transfer between two hosts, on one machine or two; its messages counted.
+  void TransferBetweenTwoHosts(bool same_machine);
 
   bool in_process_ = false;  // Start serves on in-process names, not loopback ports.
+  std::vector<std::string> machines_;  // Each in-process worker's machine, by host ("": ours).
   ClusterSpec spec_;
   std::string token_;
   std::shared_ptr<const dataplane::Tls> tls_;  // The cluster's, if it serves TLS.
@@ -828,8 +833,10 @@ TEST_F(GrpcClusterTest, AParallelDispatchIsAnsweredOnceSequentialTwice) {
 
 // Issue 23, item 1: the shards a transfer reads from one host are asked for in one message and
 // answered in one (RemoteWorker::FetchShards; the worker answers a batch's fetches of one buffer
-// together), not with a request and an answer per shard.
-TEST_F(GrpcClusterTest, AHostsShardsOfATransferAreAskedForAndAnsweredInOneMessage) {
+// together), not with a request and an answer per shard. The answer goes on the command stream
+// to a reader on another machine, and through the reader's mailbox to one on the same machine.
+void GrpcClusterTest::TransferBetweenTwoHosts(bool same_machine) {
+  if (!same_machine) machines_ = {"machine-a", "machine-b"};
   ControllerServer::Options o = Patient();
   o.lazy_command_flush = absl::Seconds(5);  // Releases travel with the next dispatch.
   Start(1, 2, 2, o);
@@ -858,23 +865,39 @@ TEST_F(GrpcClusterTest, AHostsShardsOfATransferAreAskedForAndAnsweredInOneMessag
     const ClusterStatus status = StatusOfEveryHost(*remote_).value();
     for (const HostStatus& h : status.hosts)
       if (h.host == from)
-        return std::array<int64_t, 4>{h.commands_received, h.command_messages_received,
-                                      h.events_sent, h.event_messages_sent};
+        return std::array<int64_t, 5>{h.commands_received, h.command_messages_received,
+                                      h.events_sent, h.event_messages_sent, h.events_mailed};
     ADD_FAILURE() << "no status of " << from.ToString();
-    return std::array<int64_t, 4>{};
+    return std::array<int64_t, 5>{};
   };
-  const std::array<int64_t, 4> before = counts();
+  const std::array<int64_t, 5> before = counts();
   constexpr int kCalls = 10;
   for (int i = 0; i < kCalls; ++i) call();
-  const std::array<int64_t, 4> after = counts();
+  const std::array<int64_t, 5> after = counts();
   const int64_t commands = after[0] - before[0], command_messages = after[1] - before[1];
   const int64_t events = after[2] - before[2], event_messages = after[3] - before[3];
+  const int64_t mailed = after[4] - before[4];
   // Each call: fa's dispatch (with the previous call's release) from the controller, and two
   // fetches from fb's host; fa's end and the two shards back.
   EXPECT_GE(commands, 3 * kCalls);
   EXPECT_EQ(command_messages, 2 * kCalls) << commands << " commands";
-  EXPECT_EQ(events, 3 * kCalls);
-  EXPECT_EQ(event_messages, 2 * kCalls);
+  if (same_machine) {
+    EXPECT_EQ(events, kCalls);  // fa's end, to the controller.
+    EXPECT_EQ(event_messages, kCalls);
+    EXPECT_EQ(mailed, 2 * kCalls);
+  } else {
+    EXPECT_EQ(events, 3 * kCalls);
+    EXPECT_EQ(event_messages, 2 * kCalls);
+    EXPECT_EQ(mailed, 0);
+  }
+}
+
+TEST_F(GrpcClusterTest, AHostsShardsOfATransferAreAskedForAndAnsweredInOneMessage) {
+  TransferBetweenTwoHosts(/*same_machine=*/false);
+}
+
+TEST_F(GrpcClusterTest, AnswersToAReaderOnTheSameMachineGoThroughItsMailbox) {
+  TransferBetweenTwoHosts(/*same_machine=*/true);
 }
 
 // Review of issue 23's client I/O: any client could reset the controller's peak-memory counter

@@ -30,6 +30,7 @@ nlohmann::json HostJson(const v1::HostStatus& hs) {
   h["command_messages_received"] = hs.command_messages_received();
   h["events_sent"] = hs.events_sent();
   h["event_messages_sent"] = hs.event_messages_sent();
+  h["events_mailed"] = hs.events_mailed();
   h["dispatch_queue_depth"] = hs.dispatch_queue_depth();
   h["cancelled_shards"] = hs.cancelled_shards();
   h["functions"] = hs.functions();

@@ -67,12 +67,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
   s->worker_ = std::make_unique<Worker>(
       host, hs.island, devices, &s->collectives_, [p = s.get()](HostId h) { return p->Peer(h); },
       std::make_shared<pjrt::PjrtBackend>(s->options_.pjrt_plugin, hs.devices));
-  // Peers on this machine send collective inputs through shared memory.
-  PW_ASSIGN_OR_RETURN(s->mailbox_,
-                      dataplane::ShmMailbox::Create([p = s.get()](absl::string_view m) {
-                        v1::CollectiveContribution c;
-                        if (c.ParseFromArray(m.data(), static_cast<int>(m.size())))
-                          (void)p->ReceiveCollective(c);
+  // Peers on this machine send collective inputs and answers to fetches through shared memory.
+  PW_ASSIGN_OR_RETURN(s->mailbox_, dataplane::ShmMailbox::Create([p = s.get()](
+                                                                      absl::string_view m) {
+                        p->ReceiveMail(m);
                       }));
   // Large shards for readers on other machines, on the interface that gRPC listens on, with the
   // same TLS.
@@ -99,6 +97,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
       [w = s->worker_.get()](BufferId id, DeviceId d, const ArraySpec& spec,
                              Future<DeviceBufferRef> buffer) {
         return w->PutShardLater(id, d, spec, std::move(buffer));
+      },
+      [p = s.get()](HostId reply_host, uint64_t reply_stub,
+                    const std::vector<v1::CommandEvent>& events) {
+        return p->MailEvents(reply_host, reply_stub, events);
       });
   PW_ASSIGN_OR_RETURN(s->serving_,
                       rpc::StartServer(s->options_.listen, s->options_.channel, s->service_.get(),
@@ -293,7 +295,10 @@ rpc::RemoteWorker* WorkerServer::RemotePeer(HostId host) {
     if (mailbox != nullptr && !mailboxes_.contains(host)) mailboxes_[host] = std::move(mailbox);
     auto& slot = peers_[host];
     if (slot == nullptr) {
+      // Small shards fetched from a worker on this machine come back through our mailbox.
+      if (same_machine) stub->AnswerByMailbox(options_.host);
       slot = stub.get();
+      stubs_by_mail_id_[stub->mail_id()] = stub.get();
       stubs_.push_back(std::move(stub));
     }
     return slot;
@@ -318,7 +323,11 @@ void WorkerServer::SendTo(HostId h, const v1::CollectiveContribution& c,
     auto it = mailboxes_.find(h);
     if (it != mailboxes_.end()) mailbox = it->second;
   }
-  if (mailbox != nullptr && mailbox->Send(c.SerializeAsString()).ok()) return;
+  if (mailbox != nullptr) {
+    v1::PeerMail mail;
+    *mail.mutable_collective() = c;
+    if (mailbox->Send(mail.SerializeAsString()).ok()) return;
+  }
   if (peer == nullptr)
     return on_error(absl::UnavailableError(absl::StrCat("cannot find the worker of ", h.ToString())));
   peer->SendCollective(c, [this, c, h, peer, on_error](const absl::Status& s) {
@@ -388,6 +397,43 @@ void WorkerServer::SendPiece(const CollectiveKey& key, absl::Span<const DeviceId
   SendTo(hosts[to], c, [this, key, all](const absl::Status& s) {
     collectives_.FailLaunch(key.run, key.node, Annotate(s, "collective"), all);
   });
+}
+
+std::shared_ptr<dataplane::ShmMailbox> WorkerServer::MailboxOf(HostId host) {
+  if (host == options_.host) return nullptr;
+  (void)RemotePeer(host);  // Opens the mailbox of a listed peer on this machine.
+  pw::MutexLock lock(&mu_);
+  auto it = mailboxes_.find(host);
+  return it == mailboxes_.end() ? nullptr : it->second;
+}
+
+bool WorkerServer::MailEvents(HostId reply_host, uint64_t reply_stub,
+                              const std::vector<v1::CommandEvent>& events) {
+  std::shared_ptr<dataplane::ShmMailbox> mailbox = MailboxOf(reply_host);
+  if (mailbox == nullptr) return false;
+  v1::PeerMail mail;
+  v1::MailedEvents* m = mail.mutable_events();
+  m->set_from_host(options_.host.value());
+  m->set_stub(reply_stub);
+  for (const v1::CommandEvent& e : events) *m->add_events() = e;
+  return mailbox->Send(mail.SerializeAsString()).ok();
+}
+
+void WorkerServer::ReceiveMail(absl::string_view message) {
+  v1::PeerMail mail;
+  if (!mail.ParseFromArray(message.data(), static_cast<int>(message.size()))) return;
+  if (mail.has_collective()) {
+    (void)ReceiveCollective(mail.collective());
+    return;
+  }
+  if (!mail.has_events()) return;
+  rpc::RemoteWorker* stub = nullptr;
+  {
+    pw::MutexLock lock(&mu_);
+    auto it = stubs_by_mail_id_.find(mail.events().stub());
+    if (it != stubs_by_mail_id_.end()) stub = it->second;  // Stubs live as long as this server.
+  }
+  if (stub != nullptr) stub->OnMailedEvents(mail.events());
 }
 
 absl::Status WorkerServer::ReceiveCollective(const v1::CollectiveContribution& c) {

@@ -118,6 +118,15 @@ class WorkerServer final : public CollectivePeers {
   // A peer's collective contribution, by mailbox or RPC: delivered to collectives_, its inputs
   // counted as received over ICI or DCN (by the sender's island).
   absl::Status ReceiveCollective(const ::pathways::v1::CollectiveContribution& c);
+  // A message in our mailbox (a PeerMail): a collective contribution, or a peer's answers to
+  // fetches one of our stubs sent it (handed to that stub).
+  void ReceiveMail(absl::string_view message);
+  // The mailbox of peer `host` if it runs on this machine (opened on first use), else null.
+  std::shared_ptr<dataplane::ShmMailbox> MailboxOf(HostId host);
+  // WorkerService's Mailer: answers to a peer's fetches, to its stub `reply_stub` through its
+  // mailbox; false where there is none or it is full.
+  bool MailEvents(HostId reply_host, uint64_t reply_stub,
+                  const std::vector<::pathways::v1::CommandEvent>& events);
 
   const Options options_;
   std::string machine_;
@@ -140,6 +149,8 @@ class WorkerServer final : public CollectivePeers {
       ABSL_GUARDED_BY(mu_);
   std::unique_ptr<dataplane::ShmMailbox> mailbox_;  // Ours.
   std::vector<std::unique_ptr<rpc::RemoteWorker>> stubs_ ABSL_GUARDED_BY(mu_);  // Never freed early.
+  // The same stubs by RemoteWorker::mail_id(): where mailed answers go.
+  absl::flat_hash_map<uint64_t, rpc::RemoteWorker*> stubs_by_mail_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<HostId, ::pathways::v1::HostAddress> hosts_ ABSL_GUARDED_BY(mu_);
   int64_t hosts_version_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -193,6 +193,8 @@ struct HostStatus {
   int64_t command_messages_received = 0;
   int64_t events_sent = 0;  // Its answers on that stream (enqueued, done).
   int64_t event_messages_sent = 0;  // The messages they went in.
+  // Answers to peers' small fetches mailed to them (same machine) instead.
+  int64_t events_mailed = 0;
 };
 
 }  // namespace pw
