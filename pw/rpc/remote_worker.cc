@@ -166,7 +166,9 @@ RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOption
       stub_(v1::Worker::NewStub(channel_)),
       mail_id_(NextMailId()) {}
 
-void RemoteWorker::AnswerByMailbox(HostId self) {
+void RemoteWorker::UseMailboxes(HostId self,
+                                std::function<bool(const v1::PeerMail&)> send_to_worker) {
+  send_to_worker_ = std::move(send_to_worker);
   reply_host_.store(self.value(), std::memory_order_relaxed);
 }
 
@@ -734,8 +736,45 @@ std::vector<Future<DeviceBufferRef>> RemoteWorker::FetchShards(
     }
     fetches.emplace_back(std::move(c), std::move(p));
   }
-  SendAll(std::move(fetches));
+  if (reply_host >= 0 && send_to_worker_ != nullptr) {
+    MailAll(std::move(fetches), reply_host);
+  } else {
+    SendAll(std::move(fetches));
+  }
   return shards;
+}
+
+void RemoteWorker::MailAll(std::vector<std::pair<v1::Command, Pending>> commands,
+                           int64_t reply_host) {
+  v1::PeerMail mail;
+  v1::MailedFetches* m = mail.mutable_fetches();
+  m->set_from_host(reply_host);
+  m->set_stub(mail_id_);
+  std::string failed;
+  {
+    pw::MutexLock lock(&mu_);
+    if (failed_.empty()) {
+      OpenStreamLocked();  // Its end fails what is pending, mailed or not.
+      for (auto& [c, p] : commands) {
+        const uint64_t seq = next_seq_++;
+        c.set_seq(seq);
+        pending_.emplace(seq, std::move(p));
+        *m->add_commands() = c;
+      }
+    } else {
+      failed = failed_;
+    }
+  }
+  if (!failed.empty()) {
+    for (auto& [c, p] : commands) FailPending(p, Where(absl::UnavailableError(failed)));
+    return;
+  }
+  if (send_to_worker_(mail)) return;
+  // The mailbox is full: on the stream (if it ended meanwhile, what was pending failed).
+  std::vector<v1::Command> batch;
+  for (auto& [c, p] : commands) batch.push_back(std::move(c));
+  pw::MutexLock lock(&mu_);
+  if (stream_ != nullptr && failed_.empty()) stream_->WriteAll(absl::MakeSpan(batch));
 }
 
 UploadAck RemoteWorker::ExpectUpload(BufferId id, DeviceId device, const ArraySpec& spec) {
@@ -819,6 +858,22 @@ void RemoteWorker::SendCollective(v1::CollectiveContribution c,
       [call, on_error = std::move(on_error), this](grpc::Status s) {
         if (!s.ok()) on_error(Where(FromGrpc(s)));
       });
+}
+
+void RemoteWorker::SendMail(v1::PeerMail mail, std::function<void(const absl::Status&)> done) {
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::PeerMail req;
+    v1::Empty resp;
+  };
+  auto call = std::make_shared<Call>();
+  call->req = std::move(mail);
+  AddToken(&call->ctx, options_.token);
+  call->ctx.set_deadline(Deadline());
+  stub_->async()->Mail(&call->ctx, &call->req, &call->resp,
+                       [call, done = std::move(done), where = Where()](grpc::Status s) {
+                         done(s.ok() ? absl::OkStatus() : Annotate(FromGrpc(s), where));
+                       });
 }
 
 }  // namespace pw::rpc

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -77,6 +78,8 @@ class RemoteWorker final : public WorkerInterface {
   // Sends a collective contribution (fire and forget); `on_error` runs if it cannot be delivered.
   void SendCollective(::pathways::v1::CollectiveContribution c,
                       std::function<void(const absl::Status&)> on_error);
+  // Sends mail by RPC (the worker's mailbox was full); `done` runs with the call's outcome.
+  void SendMail(::pathways::v1::PeerMail mail, std::function<void(const absl::Status&)> done);
   // Fails every outstanding and later command with Unavailable: "<host> at <address>: <reason>".
   void Fail(const std::string& reason);
   // Why commands fail now ("" while the worker is reachable).
@@ -87,8 +90,11 @@ class RemoteWorker final : public WorkerInterface {
 
   // Fetches ask the worker (on this machine) to answer them through the mailbox of host `self`,
   // this process, as MailedEvents naming mail_id(); the process hands those to OnMailedEvents.
-  // The command stream still carries the requests, and its end still fails what is pending.
-  void AnswerByMailbox(HostId self);
+  // With `send_to_worker` (the worker's mailbox: false if the mail did not fit), the fetches
+  // themselves go by mail too (MailedFetches), else on the command stream. The stream is
+  // opened either way: its end fails what is pending. Call before the stub's first use.
+  void UseMailboxes(HostId self,
+                    std::function<bool(const ::pathways::v1::PeerMail&)> send_to_worker);
   // This stub among the process's stubs (unique in the process, never 0).
   uint64_t mail_id() const { return mail_id_; }
   // Events the worker mailed (answers to fetches), as if they came on the stream.
@@ -133,6 +139,10 @@ class RemoteWorker final : public WorkerInterface {
   void Send(::pathways::v1::Command c, Pending p, const HostProgram* program = nullptr);
   // Sends `commands` in one write (each kept with its Pending until answered).
   void SendAll(std::vector<std::pair<::pathways::v1::Command, Pending>> commands);
+  // Sends fetches `commands` in one mail to the worker's mailbox (on the stream if it is full),
+  // asking for the answers in host `reply_host`'s.
+  void MailAll(std::vector<std::pair<::pathways::v1::Command, Pending>> commands,
+               int64_t reply_host);
   void OpenStreamLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A command no event answers (deletes, cancellations): dropped once the worker has failed.
   // A lazy one (deletes, forgotten runs) goes in the next write, at the latest after lazy_flush_.
@@ -159,7 +169,9 @@ class RemoteWorker final : public WorkerInterface {
   absl::flat_hash_set<uint64_t> programs_sent_ ABSL_GUARDED_BY(mu_);  // On stream_.
   const std::shared_ptr<Fetches> fetches_ = std::make_shared<Fetches>();
   const uint64_t mail_id_;
-  std::atomic<int64_t> reply_host_{-1};  // AnswerByMailbox's host; -1: answers on the stream.
+  // UseMailboxes': this process's host (-1: answers on the stream), and the worker's mailbox.
+  std::atomic<int64_t> reply_host_{-1};
+  std::function<bool(const ::pathways::v1::PeerMail&)> send_to_worker_;
 };
 
 }  // namespace pw::rpc

@@ -18,14 +18,16 @@ namespace v1 = ::pathways::v1;
 
 WorkerService::WorkerService(WorkerInterface* worker, std::string token,
                              CollectiveReceiver receive_collective, dataplane::BulkServer* bulk,
-                             HostsReceiver on_hosts, PutLater put_later, Mailer mail)
+                             HostsReceiver on_hosts, PutLater put_later, Mailer mail,
+                             MailReceiver on_mail)
     : worker_(worker),
       token_(std::move(token)),
       receive_collective_(std::move(receive_collective)),
       bulk_(bulk),
       on_hosts_(std::move(on_hosts)),
       put_later_(std::move(put_later)),
-      mail_(std::move(mail)) {}
+      mail_(std::move(mail)),
+      on_mail_(std::move(on_mail)) {}
 
 absl::StatusOr<std::shared_ptr<const HostProgram>> WorkerService::Program(
     uint64_t id, const v1::HostProgram* body) {
@@ -254,17 +256,39 @@ class WorkerService::CommandStream final
   // they are made by one computation, so none waits long for the others). A reader on this
   // machine that asked for it gets them in its mailbox (AnswerAll).
   void AnswerFetches() {
-    while (!fetches_.empty()) {
-      const Fetch& first = fetches_.front();
+    AnswerByBuffer(std::move(fetches_),
+                   [sink = sink_](HostId reply_host, uint64_t reply_stub,
+                                  std::vector<v1::CommandEvent> events) {
+                     AnswerAll(sink, reply_host, reply_stub, std::move(events));
+                   });
+    fetches_.clear();
+  }
+
+ public:
+  // A fetch asked for, and where its answer goes.
+  struct Fetch {
+    BufferId buffer;
+    uint64_t seq;
+    Future<DeviceBufferRef> shard;
+    HostId reply_host;    // Where to mail the answer (ShardRequest.reply_host)...
+    uint64_t reply_stub;  // ...to which stub; 0: on the stream.
+  };
+  using Answer = std::function<void(HostId reply_host, uint64_t reply_stub,
+                                    std::vector<v1::CommandEvent> events)>;
+  // Hands `answer` the events answering `fetches`: those of one buffer and reader together,
+  // once all of them are ready.
+  static void AnswerByBuffer(std::vector<Fetch> fetches, Answer answer) {
+    while (!fetches.empty()) {
+      const Fetch& first = fetches.front();
       const BufferId buffer = first.buffer;
       const HostId reply_host = first.reply_host;
       const uint64_t reply_stub = first.reply_stub;
       std::vector<Fetch> group;
-      auto others = std::stable_partition(fetches_.begin(), fetches_.end(), [&](const Fetch& f) {
+      auto others = std::stable_partition(fetches.begin(), fetches.end(), [&](const Fetch& f) {
         return f.buffer == buffer && f.reply_host == reply_host && f.reply_stub == reply_stub;
       });
-      std::move(fetches_.begin(), others, std::back_inserter(group));
-      fetches_.erase(fetches_.begin(), others);
+      std::move(fetches.begin(), others, std::back_inserter(group));
+      fetches.erase(fetches.begin(), others);
       struct Answers {
         pw::Mutex mu;
         std::vector<v1::CommandEvent> events ABSL_GUARDED_BY(mu);
@@ -277,9 +301,9 @@ class WorkerService::CommandStream final
         answers->left = group.size();
       }
       for (size_t i = 0; i < group.size(); ++i) {
-        group[i].shard.OnReady([sink = sink_, answers, i, seq = group[i].seq, reply_host,
+        group[i].shard.OnReady([answer, answers, i, seq = group[i].seq, reply_host,
                                 reply_stub](const absl::StatusOr<DeviceBufferRef>& b) {
-          MakeShardEvent(seq, b, [sink, answers, i, reply_host, reply_stub](v1::CommandEvent e) {
+          MakeShardEvent(seq, b, [answer, answers, i, reply_host, reply_stub](v1::CommandEvent e) {
             std::vector<v1::CommandEvent> all;
             {
               pw::MutexLock lock(&answers->mu);
@@ -287,13 +311,14 @@ class WorkerService::CommandStream final
               if (--answers->left > 0) return;
               all = std::move(answers->events);
             }
-            AnswerAll(sink, reply_host, reply_stub, std::move(all));
+            answer(reply_host, reply_stub, std::move(all));
           });
         });
       }
     }
   }
 
+ private:
   void MaybeFinish() {
     grpc::Status status;
     {
@@ -593,13 +618,6 @@ class WorkerService::CommandStream final
   const std::shared_ptr<Sink> sink_;
   v1::CommandBatch commands_;  // Only the gRPC read path touches it.
   // A batch's fetches, answered after it (AnswerFetches). Only the gRPC read path touches it.
-  struct Fetch {
-    BufferId buffer;
-    uint64_t seq;
-    Future<DeviceBufferRef> shard;
-    HostId reply_host;    // Where to mail the answer (ShardRequest.reply_host)...
-    uint64_t reply_stub;  // ...to which stub; 0: on the stream.
-  };
   std::vector<Fetch> fetches_;
   pw::Mutex mu_;
   BatchQueue<v1::CommandEventBatch> events_ ABSL_GUARDED_BY(mu_);
@@ -933,6 +951,47 @@ grpc::ServerUnaryReactor* WorkerService::Collective(grpc::CallbackServerContext*
                                                     v1::Empty*) {
   if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
   return Reply(ctx, receive_collective_(*req));
+}
+
+grpc::ServerUnaryReactor* WorkerService::Mail(grpc::CallbackServerContext* ctx,
+                                              const v1::PeerMail* req, v1::Empty*) {
+  if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
+  if (on_mail_ == nullptr) return Reply(ctx, absl::UnimplementedError("this worker takes no mail"));
+  on_mail_(*req);
+  return Reply(ctx, absl::OkStatus());
+}
+
+void WorkerService::AnswerMailedFetches(
+    const v1::MailedFetches& mail,
+    std::function<bool(const std::vector<v1::CommandEvent>&)> answer) {
+  const HostId reader(mail.from_host());
+  std::vector<CommandStream::Fetch> fetches;
+  std::vector<v1::CommandEvent> refused;
+  for (const v1::Command& c : mail.commands()) {
+    const v1::ShardRequest& f = c.fetch_shard();
+    if (!c.has_fetch_shard() || f.buffer() < 0 || f.device() < 0) {
+      v1::CommandEvent e;
+      e.set_seq(c.seq());
+      e.set_kind(v1::CommandEvent::DONE);
+      ToProto(absl::InvalidArgumentError(absl::StrCat(
+                  "mailed command ", c.seq(), ": only fetches of non-negative buffer and device "
+                  "ids come by mail")),
+              e.mutable_status());
+      refused.push_back(std::move(e));
+      continue;
+    }
+    fetches.push_back({BufferId(f.buffer()), c.seq(),
+                       worker_->FetchShard(BufferId(f.buffer()), DeviceId(f.device())), reader,
+                       mail.stub()});
+  }
+  // Counted here while the answer's owner says it is alive (it mailed them).
+  auto answered = [this, answer = std::move(answer)](HostId, uint64_t,
+                                                      std::vector<v1::CommandEvent> events) {
+    if (answer(events))
+      events_mailed_.fetch_add(static_cast<int64_t>(events.size()), std::memory_order_relaxed);
+  };
+  if (!refused.empty()) answered(reader, mail.stub(), std::move(refused));
+  CommandStream::AnswerByBuffer(std::move(fetches), std::move(answered));
 }
 
 absl::Status WorkerService::Deliver(Collectives* collectives, const v1::CollectiveContribution& c) {

@@ -6,7 +6,8 @@
 // streams a shard once it is ready (the data plane's read side): in chunks, through shared
 // memory (a reader on this machine), or, for a large shard and a reader on another machine, as
 // a ticket to pull its bytes from the bulk stream (bulk_server.h); Collective delivers a
-// peer's inputs to this process's Collectives. Every call needs the cluster token: only the
+// peer's inputs to this process's Collectives; Mail takes what a peer on this machine could not
+// put in this process's mailbox (PeerMail). Every call needs the cluster token: only the
 // controller and peer workers may call a worker.
 //
 // Thread-safe: gRPC calls the handlers on its own threads; all state is under mu_.
@@ -52,10 +53,19 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   // stream is served (the service alive).
   using Mailer = std::function<bool(HostId reply_host, uint64_t reply_stub,
                                     const std::vector<::pathways::v1::CommandEvent>& events)>;
+  // `on_mail` takes what peers send by the Mail RPC (mail that did not fit in a mailbox).
+  using MailReceiver = std::function<void(const ::pathways::v1::PeerMail&)>;
   WorkerService(WorkerInterface* worker, std::string cluster_token,
                 CollectiveReceiver receive_collective, dataplane::BulkServer* bulk = nullptr,
                 HostsReceiver on_hosts = nullptr, PutLater put_later = nullptr,
-                Mailer mail = nullptr);
+                Mailer mail = nullptr, MailReceiver on_mail = nullptr);
+  // A peer's fetches that came by mail (a reader on this machine): each answered as on the
+  // command stream, those of one buffer together once ready, handed to `answer`, which says
+  // whether they went through the reader's mailbox (counted as events_mailed). `answer` runs
+  // on whichever thread makes the last shard ready; it must not outlive what it uses.
+  void AnswerMailedFetches(
+      const ::pathways::v1::MailedFetches& mail,
+      std::function<bool(const std::vector<::pathways::v1::CommandEvent>&)> answer);
   // Hands a peer's contribution (from RPC or shared memory) to `collectives`.
   static absl::Status Deliver(Collectives* collectives,
                               const ::pathways::v1::CollectiveContribution& c);
@@ -79,6 +89,9 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   grpc::ServerUnaryReactor* Collective(grpc::CallbackServerContext* ctx,
                                        const ::pathways::v1::CollectiveContribution* req,
                                        ::pathways::v1::Empty* resp) override;
+  grpc::ServerUnaryReactor* Mail(grpc::CallbackServerContext* ctx,
+                                 const ::pathways::v1::PeerMail* req,
+                                 ::pathways::v1::Empty* resp) override;
   // The controller's trace of the cluster: starts this process's recorder, or stops it and
   // answers its events on the controller's clock (controller_clock()).
   grpc::ServerUnaryReactor* Trace(grpc::CallbackServerContext* ctx,
@@ -125,6 +138,7 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   const HostsReceiver on_hosts_;
   const PutLater put_later_;
   const Mailer mail_;
+  const MailReceiver on_mail_;
   // Readers' arena segments that shard streams write into.
   dataplane::ShmWriterCache arena_writer_;
   trace::ClockOffset controller_clock_;

@@ -101,7 +101,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
       [p = s.get()](HostId reply_host, uint64_t reply_stub,
                     const std::vector<v1::CommandEvent>& events) {
         return p->MailEvents(reply_host, reply_stub, events);
-      });
+      },
+      [p = s.get()](const v1::PeerMail& mail) { p->ReceivePeerMail(mail); });
   PW_ASSIGN_OR_RETURN(s->serving_,
                       rpc::StartServer(s->options_.listen, s->options_.channel, s->service_.get(),
                                        /*require_peer_certificate=*/true));
@@ -125,6 +126,10 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
 }
 
 WorkerServer::~WorkerServer() {
+  {
+    pw::MutexLock lock(&mail_gate_->mu);
+    mail_gate_->server = nullptr;  // Mailed fetches whose shards become ready are not answered.
+  }
   metrics_.reset();  // No scrape reads the worker from here on.
   Stop();
   if (heartbeat_.joinable()) heartbeat_.join();
@@ -292,11 +297,19 @@ rpc::RemoteWorker* WorkerServer::RemotePeer(HostId host) {
     pw::MutexLock lock(&mu_);
     auto now = hosts_.find(host);
     if (now == hosts_.end() || now->second.address() != listed.address()) continue;  // Moved.
-    if (mailbox != nullptr && !mailboxes_.contains(host)) mailboxes_[host] = std::move(mailbox);
+    if (mailbox != nullptr && !mailboxes_.contains(host)) mailboxes_[host] = mailbox;
     auto& slot = peers_[host];
     if (slot == nullptr) {
-      // Small shards fetched from a worker on this machine come back through our mailbox.
-      if (same_machine) stub->AnswerByMailbox(options_.host);
+      // Fetches of small shards from a worker on this machine go to its mailbox, and come back
+      // through ours.
+      if (same_machine) {
+        stub->UseMailboxes(
+            options_.host,
+            mailbox == nullptr ? nullptr : std::function<bool(const v1::PeerMail&)>(
+                                               [mailbox](const v1::PeerMail& m) {
+                                                 return mailbox->Send(m.SerializeAsString()).ok();
+                                               }));
+      }
       slot = stub.get();
       stubs_by_mail_id_[stub->mail_id()] = stub.get();
       stubs_.push_back(std::move(stub));
@@ -407,23 +420,55 @@ std::shared_ptr<dataplane::ShmMailbox> WorkerServer::MailboxOf(HostId host) {
   return it == mailboxes_.end() ? nullptr : it->second;
 }
 
+namespace {
+v1::PeerMail MailOfEvents(HostId from, uint64_t reply_stub,
+                          const std::vector<v1::CommandEvent>& events) {
+  v1::PeerMail mail;
+  v1::MailedEvents* m = mail.mutable_events();
+  m->set_from_host(from.value());
+  m->set_stub(reply_stub);
+  for (const v1::CommandEvent& e : events) *m->add_events() = e;
+  return mail;
+}
+}  // namespace
+
 bool WorkerServer::MailEvents(HostId reply_host, uint64_t reply_stub,
                               const std::vector<v1::CommandEvent>& events) {
   std::shared_ptr<dataplane::ShmMailbox> mailbox = MailboxOf(reply_host);
   if (mailbox == nullptr) return false;
-  v1::PeerMail mail;
-  v1::MailedEvents* m = mail.mutable_events();
-  m->set_from_host(options_.host.value());
-  m->set_stub(reply_stub);
-  for (const v1::CommandEvent& e : events) *m->add_events() = e;
-  return mailbox->Send(mail.SerializeAsString()).ok();
+  return mailbox->Send(MailOfEvents(options_.host, reply_stub, events).SerializeAsString()).ok();
+}
+
+bool WorkerServer::AnswerMailedFetches(HostId reader, uint64_t reply_stub,
+                                       const std::vector<v1::CommandEvent>& events) {
+  if (MailEvents(reader, reply_stub, events)) return true;
+  // No room in its mailbox (or none: it left): by RPC, whose failure means the reader is gone,
+  // and with it what waits for these.
+  rpc::RemoteWorker* peer = RemotePeer(reader);
+  if (peer != nullptr)
+    peer->SendMail(MailOfEvents(options_.host, reply_stub, events), [](const absl::Status&) {});
+  return false;
 }
 
 void WorkerServer::ReceiveMail(absl::string_view message) {
   v1::PeerMail mail;
-  if (!mail.ParseFromArray(message.data(), static_cast<int>(message.size()))) return;
+  if (mail.ParseFromArray(message.data(), static_cast<int>(message.size())))
+    ReceivePeerMail(mail);
+}
+
+void WorkerServer::ReceivePeerMail(const v1::PeerMail& mail) {
   if (mail.has_collective()) {
     (void)ReceiveCollective(mail.collective());
+    return;
+  }
+  if (mail.has_fetches()) {
+    const HostId reader(mail.fetches().from_host());
+    const uint64_t stub = mail.fetches().stub();
+    service_->AnswerMailedFetches(
+        mail.fetches(), [gate = mail_gate_, reader, stub](const std::vector<v1::CommandEvent>& e) {
+          pw::MutexLock lock(&gate->mu);
+          return gate->server != nullptr && gate->server->AnswerMailedFetches(reader, stub, e);
+        });
     return;
   }
   if (!mail.has_events()) return;

@@ -118,9 +118,14 @@ class WorkerServer final : public CollectivePeers {
   // A peer's collective contribution, by mailbox or RPC: delivered to collectives_, its inputs
   // counted as received over ICI or DCN (by the sender's island).
   absl::Status ReceiveCollective(const ::pathways::v1::CollectiveContribution& c);
-  // A message in our mailbox (a PeerMail): a collective contribution, or a peer's answers to
-  // fetches one of our stubs sent it (handed to that stub).
+  // A message in our mailbox (a PeerMail), or by the Mail RPC: a collective contribution, a
+  // peer's fetches (answered by mail), or a peer's answers to fetches one of our stubs sent it
+  // (handed to that stub).
   void ReceiveMail(absl::string_view message);
+  void ReceivePeerMail(const ::pathways::v1::PeerMail& mail);
+  // Answers to a peer's mailed fetches: to its mailbox (true), else by the Mail RPC.
+  bool AnswerMailedFetches(HostId reader, uint64_t reply_stub,
+                           const std::vector<::pathways::v1::CommandEvent>& events);
   // The mailbox of peer `host` if it runs on this machine (opened on first use), else null.
   std::shared_ptr<dataplane::ShmMailbox> MailboxOf(HostId host);
   // WorkerService's Mailer: answers to a peer's fetches, to its stub `reply_stub` through its
@@ -148,6 +153,13 @@ class WorkerServer final : public CollectivePeers {
   absl::flat_hash_map<HostId, std::shared_ptr<dataplane::ShmMailbox>> mailboxes_
       ABSL_GUARDED_BY(mu_);
   std::unique_ptr<dataplane::ShmMailbox> mailbox_;  // Ours.
+  // What answers to mailed fetches reach this server through; closed (null) when it stops.
+  struct MailGate {
+    explicit MailGate(WorkerServer* s) : server(s) {}
+    pw::Mutex mu;
+    WorkerServer* server ABSL_GUARDED_BY(mu);
+  };
+  const std::shared_ptr<MailGate> mail_gate_ = std::make_shared<MailGate>(this);
   std::vector<std::unique_ptr<rpc::RemoteWorker>> stubs_ ABSL_GUARDED_BY(mu_);  // Never freed early.
   // The same stubs by RemoteWorker::mail_id(): where mailed answers go.
   absl::flat_hash_map<uint64_t, rpc::RemoteWorker*> stubs_by_mail_id_ ABSL_GUARDED_BY(mu_);
