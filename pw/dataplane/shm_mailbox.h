@@ -1,6 +1,7 @@
 // ShmMailbox: a multi-producer, single-consumer message ring in a POSIX shared-memory segment,
-// for small messages between worker processes on one machine (native collectives' inputs) at
-// futex latency instead of an RPC round trip.
+// for small messages between worker processes on one machine (native collectives' inputs,
+// fetches of small shards and their answers: pw/server's PeerMail) at futex latency instead of
+// an RPC round trip.
 //
 // The owner creates the mailbox and runs one receiver thread that hands each message to a
 // callback (threads of the owner waiting for a message may hand them on too: Poll); other

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <optional>
+#include <random>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -23,9 +24,12 @@ std::chrono::system_clock::time_point Deadline() {
   return std::chrono::system_clock::now() + kControlDeadline;
 }
 
-uint64_t NextMailId() {
-  static std::atomic<uint64_t> next{1};
-  return next.fetch_add(1, std::memory_order_relaxed);
+// Random, so that no other sender can guess which stub an answer would reach.
+uint64_t NewMailId() {
+  std::random_device random;
+  uint64_t id = 0;
+  while (id == 0) id = (uint64_t{random()} << 32) ^ random();
+  return id;
 }
 }  // namespace
 
@@ -164,11 +168,12 @@ RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOption
                                                               BulkTls(options))),
       channel_(MakeChannel(address_, options)),
       stub_(v1::Worker::NewStub(channel_)),
-      mail_id_(NextMailId()) {}
+      mail_id_(NewMailId()) {}
 
-void RemoteWorker::UseMailboxes(HostId self,
+void RemoteWorker::UseMailboxes(HostId self, std::string self_mailbox,
                                 std::function<bool(const v1::PeerMail&)> send_to_worker) {
   send_to_worker_ = std::move(send_to_worker);
+  self_mailbox_ = std::move(self_mailbox);
   reply_host_.store(self.value(), std::memory_order_relaxed);
 }
 
@@ -733,6 +738,7 @@ std::vector<Future<DeviceBufferRef>> RemoteWorker::FetchShards(
     if (reply_host >= 0) {
       c.mutable_fetch_shard()->set_reply_host(reply_host);
       c.mutable_fetch_shard()->set_reply_stub(mail_id_);
+      c.mutable_fetch_shard()->set_reply_mailbox(self_mailbox_);
     }
     fetches.emplace_back(std::move(c), std::move(p));
   }
@@ -750,6 +756,7 @@ void RemoteWorker::MailAll(std::vector<std::pair<v1::Command, Pending>> commands
   v1::MailedFetches* m = mail.mutable_fetches();
   m->set_from_host(reply_host);
   m->set_stub(mail_id_);
+  m->set_reply_mailbox(self_mailbox_);
   std::string failed;
   {
     pw::MutexLock lock(&mu_);

@@ -93,9 +93,10 @@ class RemoteWorker final : public WorkerInterface {
   // With `send_to_worker` (the worker's mailbox: false if the mail did not fit), the fetches
   // themselves go by mail too (MailedFetches), else on the command stream. The stream is
   // opened either way: its end fails what is pending. Call before the stub's first use.
-  void UseMailboxes(HostId self,
+  // `self_mailbox` is this process's mailbox's name.
+  void UseMailboxes(HostId self, std::string self_mailbox,
                     std::function<bool(const ::pathways::v1::PeerMail&)> send_to_worker);
-  // This stub among the process's stubs (unique in the process, never 0).
+  // This stub among the process's stubs (random, never 0).
   uint64_t mail_id() const { return mail_id_; }
   // Events the worker mailed (answers to fetches), as if they came on the stream.
   void OnMailedEvents(const ::pathways::v1::MailedEvents& mail);
@@ -172,6 +173,7 @@ class RemoteWorker final : public WorkerInterface {
   // UseMailboxes': this process's host (-1: answers on the stream), and the worker's mailbox.
   std::atomic<int64_t> reply_host_{-1};
   std::function<bool(const ::pathways::v1::PeerMail&)> send_to_worker_;
+  std::string self_mailbox_;
 };
 
 }  // namespace pw::rpc

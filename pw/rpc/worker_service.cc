@@ -188,13 +188,13 @@ class WorkerService::CommandStream final
   }
   // Fetch answers: to the reader's mailbox where it asked for that (`reply_stub` nonzero) and
   // they fit, else on the stream. Under the sink's lock: the stream, so the service, is alive.
-  static void AnswerAll(const std::shared_ptr<Sink>& sink, HostId reply_host, uint64_t reply_stub,
+  static void AnswerAll(const std::shared_ptr<Sink>& sink, const ReplyTo& reply,
                         std::vector<v1::CommandEvent> es) {
     pw::MutexLock lock(&sink->mu);
     if (sink->stream == nullptr) return;
     WorkerService* service = sink->stream->service_;
-    if (reply_stub != 0 && service->mail_ != nullptr && service->mail_(reply_host, reply_stub, es)) {
-      service->events_mailed_.fetch_add(static_cast<int64_t>(es.size()), std::memory_order_relaxed);
+    if (reply.stub != 0 && service->mail_ != nullptr && service->mail_(reply, es)) {
+      service->CountMailedEvents(static_cast<int64_t>(es.size()));
       return;
     }
     sink->stream->EnqueueAll(absl::MakeSpan(es));
@@ -257,9 +257,8 @@ class WorkerService::CommandStream final
   // machine that asked for it gets them in its mailbox (AnswerAll).
   void AnswerFetches() {
     AnswerByBuffer(std::move(fetches_),
-                   [sink = sink_](HostId reply_host, uint64_t reply_stub,
-                                  std::vector<v1::CommandEvent> events) {
-                     AnswerAll(sink, reply_host, reply_stub, std::move(events));
+                   [sink = sink_](const ReplyTo& reply, std::vector<v1::CommandEvent> events) {
+                     AnswerAll(sink, reply, std::move(events));
                    });
     fetches_.clear();
   }
@@ -270,22 +269,19 @@ class WorkerService::CommandStream final
     BufferId buffer;
     uint64_t seq;
     Future<DeviceBufferRef> shard;
-    HostId reply_host;    // Where to mail the answer (ShardRequest.reply_host)...
-    uint64_t reply_stub;  // ...to which stub; 0: on the stream.
+    ReplyTo reply;
   };
-  using Answer = std::function<void(HostId reply_host, uint64_t reply_stub,
-                                    std::vector<v1::CommandEvent> events)>;
+  using Answer = std::function<void(const ReplyTo& reply, std::vector<v1::CommandEvent> events)>;
   // Hands `answer` the events answering `fetches`: those of one buffer and reader together,
   // once all of them are ready.
   static void AnswerByBuffer(std::vector<Fetch> fetches, Answer answer) {
     while (!fetches.empty()) {
-      const Fetch& first = fetches.front();
-      const BufferId buffer = first.buffer;
-      const HostId reply_host = first.reply_host;
-      const uint64_t reply_stub = first.reply_stub;
+      const BufferId buffer = fetches.front().buffer;
+      const ReplyTo reply = fetches.front().reply;
       std::vector<Fetch> group;
       auto others = std::stable_partition(fetches.begin(), fetches.end(), [&](const Fetch& f) {
-        return f.buffer == buffer && f.reply_host == reply_host && f.reply_stub == reply_stub;
+        return f.buffer == buffer && f.reply.host == reply.host && f.reply.stub == reply.stub &&
+               f.reply.mailbox == reply.mailbox;
       });
       std::move(fetches.begin(), others, std::back_inserter(group));
       fetches.erase(fetches.begin(), others);
@@ -301,9 +297,9 @@ class WorkerService::CommandStream final
         answers->left = group.size();
       }
       for (size_t i = 0; i < group.size(); ++i) {
-        group[i].shard.OnReady([answer, answers, i, seq = group[i].seq, reply_host,
-                                reply_stub](const absl::StatusOr<DeviceBufferRef>& b) {
-          MakeShardEvent(seq, b, [answer, answers, i, reply_host, reply_stub](v1::CommandEvent e) {
+        group[i].shard.OnReady([answer, answers, i, seq = group[i].seq,
+                                reply](const absl::StatusOr<DeviceBufferRef>& b) {
+          MakeShardEvent(seq, b, [answer, answers, i, reply](v1::CommandEvent e) {
             std::vector<v1::CommandEvent> all;
             {
               pw::MutexLock lock(&answers->mu);
@@ -311,7 +307,7 @@ class WorkerService::CommandStream final
               if (--answers->left > 0) return;
               all = std::move(answers->events);
             }
-            answer(reply_host, reply_stub, std::move(all));
+            answer(reply, std::move(all));
           });
         });
       }
@@ -414,7 +410,7 @@ class WorkerService::CommandStream final
         // Answered with the batch's other fetches of the buffer (AnswerFetches).
         fetches_.push_back({BufferId(f.buffer()), seq,
                             worker->FetchShard(BufferId(f.buffer()), DeviceId(f.device())),
-                            HostId(f.reply_host()), f.reply_stub()});
+                            ReplyTo{HostId(f.reply_host()), f.reply_stub(), f.reply_mailbox()}});
         return;
       }
       case v1::Command::kClientUpload:
@@ -957,41 +953,41 @@ grpc::ServerUnaryReactor* WorkerService::Mail(grpc::CallbackServerContext* ctx,
                                               const v1::PeerMail* req, v1::Empty*) {
   if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
   if (on_mail_ == nullptr) return Reply(ctx, absl::UnimplementedError("this worker takes no mail"));
+  if (req->has_fetches())
+    return Reply(ctx, absl::InvalidArgumentError("mail: fetches come only through the mailbox"));
+  if (req->events().events_size() > kMaxMailItems)
+    return Reply(ctx, absl::InvalidArgumentError(absl::StrCat(
+                          "mail: ", req->events().events_size(), " events; at most ",
+                          kMaxMailItems)));
   on_mail_(*req);
   return Reply(ctx, absl::OkStatus());
 }
 
 void WorkerService::AnswerMailedFetches(
     const v1::MailedFetches& mail,
-    std::function<bool(const std::vector<v1::CommandEvent>&)> answer) {
-  const HostId reader(mail.from_host());
+    std::function<void(const ReplyTo&, std::vector<v1::CommandEvent>)> answer) {
+  const ReplyTo reply{HostId(mail.from_host()), mail.stub(), mail.reply_mailbox()};
   std::vector<CommandStream::Fetch> fetches;
   std::vector<v1::CommandEvent> refused;
-  for (const v1::Command& c : mail.commands()) {
+  for (int i = 0; i < mail.commands_size(); ++i) {
+    const v1::Command& c = mail.commands(i);
     const v1::ShardRequest& f = c.fetch_shard();
-    if (!c.has_fetch_shard() || f.buffer() < 0 || f.device() < 0) {
+    if (i >= kMaxMailItems || !c.has_fetch_shard() || f.buffer() < 0 || f.device() < 0) {
       v1::CommandEvent e;
       e.set_seq(c.seq());
       e.set_kind(v1::CommandEvent::DONE);
       ToProto(absl::InvalidArgumentError(absl::StrCat(
                   "mailed command ", c.seq(), ": only fetches of non-negative buffer and device "
-                  "ids come by mail")),
+                  "ids come by mail, at most ", kMaxMailItems)),
               e.mutable_status());
       refused.push_back(std::move(e));
       continue;
     }
     fetches.push_back({BufferId(f.buffer()), c.seq(),
-                       worker_->FetchShard(BufferId(f.buffer()), DeviceId(f.device())), reader,
-                       mail.stub()});
+                       worker_->FetchShard(BufferId(f.buffer()), DeviceId(f.device())), reply});
   }
-  // Counted here while the answer's owner says it is alive (it mailed them).
-  auto answered = [this, answer = std::move(answer)](HostId, uint64_t,
-                                                      std::vector<v1::CommandEvent> events) {
-    if (answer(events))
-      events_mailed_.fetch_add(static_cast<int64_t>(events.size()), std::memory_order_relaxed);
-  };
-  if (!refused.empty()) answered(reader, mail.stub(), std::move(refused));
-  CommandStream::AnswerByBuffer(std::move(fetches), std::move(answered));
+  if (!refused.empty()) answer(reply, std::move(refused));
+  CommandStream::AnswerByBuffer(std::move(fetches), std::move(answer));
 }
 
 absl::Status WorkerService::Deliver(Collectives* collectives, const v1::CollectiveContribution& c) {

@@ -47,12 +47,20 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
       std::function<Future<>(BufferId, DeviceId, const ArraySpec&, Future<DeviceBufferRef>)>;
   // `on_hosts` takes each host table the controller pushes (the process's peer directory).
   using HostsReceiver = std::function<void(const ::pathways::v1::HostTable&)>;
-  // `mail` sends the answers to a peer's fetches that asked for them by mailbox
-  // (ShardRequest.reply_host, reply_stub) as MailedEvents to that host's mailbox; false when it
-  // cannot (no mailbox there, or it is full): they go on the stream then. Called while the
-  // stream is served (the service alive).
-  using Mailer = std::function<bool(HostId reply_host, uint64_t reply_stub,
+  // Where a fetch's answer goes: on the stream (stub 0), or as MailedEvents to stub `stub` of
+  // host `host` through its mailbox `mailbox` (ShardRequest.reply_*, MailedFetches).
+  struct ReplyTo {
+    HostId host;
+    uint64_t stub = 0;
+    std::string mailbox;
+  };
+  // `mail` sends the answers to a peer's fetches that asked for them by mailbox; false when it
+  // cannot (the mailbox is gone, or full): they go on the stream then. Called while the stream
+  // is served (the service alive).
+  using Mailer = std::function<bool(const ReplyTo& reply,
                                     const std::vector<::pathways::v1::CommandEvent>& events)>;
+  // The most commands or events one PeerMail by the Mail RPC, or one MailedFetches, carries.
+  static constexpr int kMaxMailItems = 1024;
   // `on_mail` takes what peers send by the Mail RPC (mail that did not fit in a mailbox).
   using MailReceiver = std::function<void(const ::pathways::v1::PeerMail&)>;
   WorkerService(WorkerInterface* worker, std::string cluster_token,
@@ -60,12 +68,14 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
                 HostsReceiver on_hosts = nullptr, PutLater put_later = nullptr,
                 Mailer mail = nullptr, MailReceiver on_mail = nullptr);
   // A peer's fetches that came by mail (a reader on this machine): each answered as on the
-  // command stream, those of one buffer together once ready, handed to `answer`, which says
-  // whether they went through the reader's mailbox (counted as events_mailed). `answer` runs
-  // on whichever thread makes the last shard ready; it must not outlive what it uses.
+  // command stream, those of one buffer together once ready, handed to `answer` (on whichever
+  // thread makes the last shard ready; it must not use what may be gone by then). At most
+  // kMaxMailItems commands, and only fetches: the others are answered with an error.
   void AnswerMailedFetches(
       const ::pathways::v1::MailedFetches& mail,
-      std::function<bool(const std::vector<::pathways::v1::CommandEvent>&)> answer);
+      std::function<void(const ReplyTo&, std::vector<::pathways::v1::CommandEvent>)> answer);
+  // Answers that went through readers' mailboxes (HostStatus::events_mailed).
+  void CountMailedEvents(int64_t n) { events_mailed_.fetch_add(n, std::memory_order_relaxed); }
   // Hands a peer's contribution (from RPC or shared memory) to `collectives`.
   static absl::Status Deliver(Collectives* collectives,
                               const ::pathways::v1::CollectiveContribution& c);

@@ -447,52 +447,58 @@ TEST_F(GrpcClusterTest, AStoppingWorkerEndsTheStreamsIntoItNamingItself) {
   EXPECT_THAT(peer.failure(), ::testing::HasSubstr("host:0 is stopping"));
 }
 
-// Mail that did not fit in a worker's mailbox comes by the Mail RPC, which takes the same
-// messages: fetches are answered (through the reader's mailbox) and commands other than fetches
-// refused with an event; without the cluster token it is refused.
-TEST_F(GrpcClusterTest, MailByRpcIsAnsweredAsInTheMailboxAndNeedsTheToken) {
+// Mail that did not fit in a worker's mailbox comes by the Mail RPC: answers (events, bounded
+// in number) and collective contributions; fetches only through the mailbox (else anyone with
+// the token could have a worker mail shards wherever it names); without the token, nothing.
+TEST_F(GrpcClusterTest, TheMailRpcTakesAnswersOnlyAndNeedsTheToken) {
   Start(1, 2, 1);
-  auto c = *remote_->Connect("c");
-  auto slice = remote_->AllocateSlice(c, {.num_devices = 1});
-  ASSERT_TRUE(slice.ok()) << slice.status();
-  auto array = remote_->PutArray(c, slice->id, Sharding::Split({1}, 1, 0), F32({7}));
-  ASSERT_TRUE(array.ok()) << array.status();
-  ASSERT_TRUE(remote_->ArrayReady(c, array->id).status().ok());
-  const HostId holder = spec_.device(slice->devices[0]).host;
-  const HostId reader(1 - holder.value());
-  const auto mailed = [&] {
-    const ClusterStatus status = StatusOfEveryHost(*remote_).value();
-    for (const HostStatus& h : status.hosts)
-      if (h.host == holder) return h.events_mailed;
-    return int64_t{-1};
-  };
-  const int64_t before = mailed();
-  v1::PeerMail mail;
-  v1::MailedFetches* m = mail.mutable_fetches();
-  m->set_from_host(reader.value());
-  m->set_stub(12345);  // No stub of the reader's: it drops the answers, as a stale one's.
-  v1::Command* fetch = m->add_commands();
-  fetch->set_seq(1);
-  fetch->mutable_fetch_shard()->set_buffer(array->id.value());
-  fetch->mutable_fetch_shard()->set_device(slice->devices[0].value());
-  v1::Command* other = m->add_commands();
-  other->set_seq(2);
-  other->mutable_delete_buffers()->add_buffers(array->id.value());
-  const auto send = [&](const std::string& token) {
-    rpc::RemoteWorker to(holder, workers_[holder.value()]->address(), {.token = token});
+  const auto send = [&](const v1::PeerMail& mail, const std::string& token) {
+    rpc::RemoteWorker to(HostId(0), workers_[0]->address(), {.token = token});
     auto sent = std::make_shared<Promise<>>();
     Future<> outcome = sent->future();
     to.SendMail(mail, [sent](const absl::Status& s) { sent->Set(s); });
     return outcome.status();
   };
-  EXPECT_THAT(send("not-the-token"),
+  const std::string token = controller_->cluster_token();
+  v1::PeerMail answers;
+  answers.mutable_events()->set_from_host(1);
+  answers.mutable_events()->set_stub(12345);  // No stub of host 0's: dropped, as a stale one's.
+  answers.mutable_events()->add_events()->set_seq(1);
+  EXPECT_TRUE(send(answers, token).ok());
+  EXPECT_THAT(send(answers, "not-the-token"),
               StatusIs(absl::StatusCode::kUnauthenticated, ::testing::HasSubstr("token")));
-  ASSERT_TRUE(send(controller_->cluster_token()).ok());
-  // The shard's answer and the refusal, mailed to the reader.
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (mailed() < before + 2 && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
-  EXPECT_EQ(mailed(), before + 2);
-  EXPECT_TRUE(remote_->ArrayReady(c, array->id).status().ok());  // Not deleted by mail.
+  v1::PeerMail fetches;
+  fetches.mutable_fetches()->set_from_host(1);
+  fetches.mutable_fetches()->add_commands()->mutable_fetch_shard()->set_buffer(1);
+  EXPECT_THAT(send(fetches, token), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             ::testing::HasSubstr("only through the mailbox")));
+  v1::PeerMail many = answers;
+  for (int i = 0; i < rpc::WorkerService::kMaxMailItems; ++i) many.mutable_events()->add_events();
+  EXPECT_THAT(send(many, token), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          ::testing::HasSubstr("at most")));
+}
+
+// A fetch that went by mail is still failed by the end of the reader's command stream to the
+// worker (opened for that), even if its answer never comes.
+TEST_F(GrpcClusterTest, AMailedFetchFailsWithTheStreamToItsWorker) {
+  Start(1, 1, 1);
+  auto c = *remote_->Connect("c");
+  auto array = remote_->PutArray(c, remote_->AllocateSlice(c, {.num_devices = 1})->id,
+                                 Sharding::Split({1}, 1, 0), F32({7}));
+  ASSERT_TRUE(array.ok()) << array.status();
+  rpc::RemoteWorker peer(HostId(0), workers_[0]->address(),
+                         {.token = controller_->cluster_token()}, /*same_machine=*/true);
+  int mailed = 0;
+  peer.UseMailboxes(HostId(1), "", [&](const v1::PeerMail& m) {
+    mailed += m.fetches().commands_size();
+    return true;  // Lost on the way: no answer comes.
+  });
+  Future<DeviceBufferRef> fetched = peer.FetchShard(array->id, DeviceId(0));
+  EXPECT_EQ(mailed, 1);
+  workers_[0].reset();
+  ASSERT_TRUE(fetched.AwaitFor(absl::Seconds(30)));
+  EXPECT_THAT(fetched.status(), StatusIs(absl::StatusCode::kUnavailable,
+                                         ::testing::HasSubstr("host:0 is stopping")));
 }
 
 TEST_F(GrpcClusterTest, PeersOnOtherMachinesReadLargeShardsFromTheBulkStream) {

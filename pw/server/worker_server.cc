@@ -98,9 +98,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(Options option
                              Future<DeviceBufferRef> buffer) {
         return w->PutShardLater(id, d, spec, std::move(buffer));
       },
-      [p = s.get()](HostId reply_host, uint64_t reply_stub,
+      [p = s.get()](const rpc::WorkerService::ReplyTo& reply,
                     const std::vector<v1::CommandEvent>& events) {
-        return p->MailEvents(reply_host, reply_stub, events);
+        return p->MailEvents(reply, events);
       },
       [p = s.get()](const v1::PeerMail& mail) { p->ReceivePeerMail(mail); });
   PW_ASSIGN_OR_RETURN(s->serving_,
@@ -263,6 +263,7 @@ void WorkerServer::SetHosts(const v1::HostTable& table) {
       continue;
     peers_.erase(it->first);
     mailboxes_.erase(it->first);
+    reply_mailboxes_.erase(it->first);
   }
   hosts_ = std::move(hosts);
 }
@@ -304,7 +305,7 @@ rpc::RemoteWorker* WorkerServer::RemotePeer(HostId host) {
       // through ours.
       if (same_machine) {
         stub->UseMailboxes(
-            options_.host,
+            options_.host, mailbox_->name(),
             mailbox == nullptr ? nullptr : std::function<bool(const v1::PeerMail&)>(
                                                [mailbox](const v1::PeerMail& m) {
                                                  return mailbox->Send(m.SerializeAsString()).ok();
@@ -412,14 +413,6 @@ void WorkerServer::SendPiece(const CollectiveKey& key, absl::Span<const DeviceId
   });
 }
 
-std::shared_ptr<dataplane::ShmMailbox> WorkerServer::MailboxOf(HostId host) {
-  if (host == options_.host) return nullptr;
-  (void)RemotePeer(host);  // Opens the mailbox of a listed peer on this machine.
-  pw::MutexLock lock(&mu_);
-  auto it = mailboxes_.find(host);
-  return it == mailboxes_.end() ? nullptr : it->second;
-}
-
 namespace {
 v1::PeerMail MailOfEvents(HostId from, uint64_t reply_stub,
                           const std::vector<v1::CommandEvent>& events) {
@@ -432,22 +425,42 @@ v1::PeerMail MailOfEvents(HostId from, uint64_t reply_stub,
 }
 }  // namespace
 
-bool WorkerServer::MailEvents(HostId reply_host, uint64_t reply_stub,
-                              const std::vector<v1::CommandEvent>& events) {
-  std::shared_ptr<dataplane::ShmMailbox> mailbox = MailboxOf(reply_host);
-  if (mailbox == nullptr) return false;
-  return mailbox->Send(MailOfEvents(options_.host, reply_stub, events).SerializeAsString()).ok();
+std::shared_ptr<dataplane::ShmMailbox> WorkerServer::ReplyMailbox(HostId host,
+                                                                 const std::string& name) {
+  {
+    pw::MutexLock lock(&mu_);
+    auto it = reply_mailboxes_.find(host);
+    if (it != reply_mailboxes_.end() && it->second->name() == name) return it->second;
+  }
+  // Not opened yet, or the host's worker is a new process: by the name the reader gave, not
+  // the host table, which may not list it yet (or still list its predecessor).
+  auto opened = dataplane::ShmMailbox::Open(name);
+  if (!opened.ok()) return nullptr;  // Gone (or not a mailbox).
+  std::shared_ptr<dataplane::ShmMailbox> mailbox = *std::move(opened);
+  pw::MutexLock lock(&mu_);
+  reply_mailboxes_[host] = mailbox;
+  return mailbox;
 }
 
-bool WorkerServer::AnswerMailedFetches(HostId reader, uint64_t reply_stub,
+bool WorkerServer::MailEvents(const rpc::WorkerService::ReplyTo& reply,
+                              const std::vector<v1::CommandEvent>& events) {
+  if (reply.host == options_.host) return false;
+  std::shared_ptr<dataplane::ShmMailbox> mailbox = ReplyMailbox(reply.host, reply.mailbox);
+  return mailbox != nullptr &&
+         mailbox->Send(MailOfEvents(options_.host, reply.stub, events).SerializeAsString()).ok();
+}
+
+void WorkerServer::AnswerMailedFetches(const rpc::WorkerService::ReplyTo& reply,
                                        const std::vector<v1::CommandEvent>& events) {
-  if (MailEvents(reader, reply_stub, events)) return true;
-  // No room in its mailbox (or none: it left): by RPC, whose failure means the reader is gone,
-  // and with it what waits for these.
-  rpc::RemoteWorker* peer = RemotePeer(reader);
+  if (MailEvents(reply, events)) {
+    service_->CountMailedEvents(static_cast<int64_t>(events.size()));
+    return;
+  }
+  // No room in its mailbox (or it is gone): by RPC, whose failure means the reader is gone or
+  // unreachable, and with it what waits for these (its stream to us ends too).
+  rpc::RemoteWorker* peer = RemotePeer(reply.host);
   if (peer != nullptr)
-    peer->SendMail(MailOfEvents(options_.host, reply_stub, events), [](const absl::Status&) {});
-  return false;
+    peer->SendMail(MailOfEvents(options_.host, reply.stub, events), [](const absl::Status&) {});
 }
 
 void WorkerServer::ReceiveMail(absl::string_view message) {
@@ -462,12 +475,11 @@ void WorkerServer::ReceivePeerMail(const v1::PeerMail& mail) {
     return;
   }
   if (mail.has_fetches()) {
-    const HostId reader(mail.fetches().from_host());
-    const uint64_t stub = mail.fetches().stub();
     service_->AnswerMailedFetches(
-        mail.fetches(), [gate = mail_gate_, reader, stub](const std::vector<v1::CommandEvent>& e) {
+        mail.fetches(), [gate = mail_gate_](const rpc::WorkerService::ReplyTo& reply,
+                                            std::vector<v1::CommandEvent> events) {
           pw::MutexLock lock(&gate->mu);
-          return gate->server != nullptr && gate->server->AnswerMailedFetches(reader, stub, e);
+          if (gate->server != nullptr) gate->server->AnswerMailedFetches(reply, events);
         });
     return;
   }

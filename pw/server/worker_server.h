@@ -123,14 +123,14 @@ class WorkerServer final : public CollectivePeers {
   // (handed to that stub).
   void ReceiveMail(absl::string_view message);
   void ReceivePeerMail(const ::pathways::v1::PeerMail& mail);
-  // Answers to a peer's mailed fetches: to its mailbox (true), else by the Mail RPC.
-  bool AnswerMailedFetches(HostId reader, uint64_t reply_stub,
+  // Answers to a peer's mailed fetches: to its mailbox (counted), else by the Mail RPC.
+  void AnswerMailedFetches(const rpc::WorkerService::ReplyTo& reply,
                            const std::vector<::pathways::v1::CommandEvent>& events);
-  // The mailbox of peer `host` if it runs on this machine (opened on first use), else null.
-  std::shared_ptr<dataplane::ShmMailbox> MailboxOf(HostId host);
-  // WorkerService's Mailer: answers to a peer's fetches, to its stub `reply_stub` through its
-  // mailbox; false where there is none or it is full.
-  bool MailEvents(HostId reply_host, uint64_t reply_stub,
+  // The mailbox `name` of peer `host` (on this machine), opened on first use; null if gone.
+  std::shared_ptr<dataplane::ShmMailbox> ReplyMailbox(HostId host, const std::string& name);
+  // WorkerService's Mailer: answers to a peer's fetches, to the stub and mailbox `reply`
+  // names; false where the mailbox is gone or full.
+  bool MailEvents(const rpc::WorkerService::ReplyTo& reply,
                   const std::vector<::pathways::v1::CommandEvent>& events);
 
   const Options options_;
@@ -161,6 +161,9 @@ class WorkerServer final : public CollectivePeers {
   };
   const std::shared_ptr<MailGate> mail_gate_ = std::make_shared<MailGate>(this);
   std::vector<std::unique_ptr<rpc::RemoteWorker>> stubs_ ABSL_GUARDED_BY(mu_);  // Never freed early.
+  // Peers' mailboxes that answers to their fetches go to (by the name each fetch gives).
+  absl::flat_hash_map<HostId, std::shared_ptr<dataplane::ShmMailbox>> reply_mailboxes_
+      ABSL_GUARDED_BY(mu_);
   // The same stubs by RemoteWorker::mail_id(): where mailed answers go.
   absl::flat_hash_map<uint64_t, rpc::RemoteWorker*> stubs_by_mail_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<HostId, ::pathways::v1::HostAddress> hosts_ ABSL_GUARDED_BY(mu_);
