@@ -849,38 +849,47 @@ std::string RemoteWorker::FetchWhere(BufferId id, DeviceId device) const {
                       host_.ToString(), " at ", address_);
 }
 
-void RemoteWorker::SendCollective(v1::CollectiveContribution c,
-                                  std::function<void(const absl::Status&)> on_error) {
+namespace {
+// A unary call to the worker whose answer is only its outcome: `start(ctx, req, resp, done)`
+// starts it; `done` gets OK or the error, annotated with `where`.
+template <typename Request, typename Start>
+void CallForOutcome(const std::string& token, const std::string& where, Request req,
+                    Start start, std::function<void(const absl::Status&)> done) {
   struct Call {
     grpc::ClientContext ctx;
-    v1::CollectiveContribution req;
+    Request req;
     v1::Empty resp;
   };
   auto call = std::make_shared<Call>();
-  call->req = std::move(c);
-  AddToken(&call->ctx, options_.token);
+  call->req = std::move(req);
+  AddToken(&call->ctx, token);
   call->ctx.set_deadline(Deadline());
-  stub_->async()->Collective(
-      &call->ctx, &call->req, &call->resp,
-      [call, on_error = std::move(on_error), this](grpc::Status s) {
-        if (!s.ok()) on_error(Where(FromGrpc(s)));
+  start(&call->ctx, &call->req, &call->resp,
+        [call, done = std::move(done), where](grpc::Status s) {
+          done(s.ok() ? absl::OkStatus() : Annotate(FromGrpc(s), where));
+        });
+}
+}  // namespace
+
+void RemoteWorker::SendCollective(v1::CollectiveContribution c,
+                                  std::function<void(const absl::Status&)> on_error) {
+  CallForOutcome(
+      options_.token, Where(), std::move(c),
+      [this](auto* ctx, auto* req, auto* resp, auto cb) {
+        stub_->async()->Collective(ctx, req, resp, std::move(cb));
+      },
+      [on_error = std::move(on_error)](const absl::Status& s) {
+        if (!s.ok()) on_error(s);
       });
 }
 
 void RemoteWorker::SendMail(v1::PeerMail mail, std::function<void(const absl::Status&)> done) {
-  struct Call {
-    grpc::ClientContext ctx;
-    v1::PeerMail req;
-    v1::Empty resp;
-  };
-  auto call = std::make_shared<Call>();
-  call->req = std::move(mail);
-  AddToken(&call->ctx, options_.token);
-  call->ctx.set_deadline(Deadline());
-  stub_->async()->Mail(&call->ctx, &call->req, &call->resp,
-                       [call, done = std::move(done), where = Where()](grpc::Status s) {
-                         done(s.ok() ? absl::OkStatus() : Annotate(FromGrpc(s), where));
-                       });
+  CallForOutcome(
+      options_.token, Where(), std::move(mail),
+      [this](auto* ctx, auto* req, auto* resp, auto cb) {
+        stub_->async()->Mail(ctx, req, resp, std::move(cb));
+      },
+      std::move(done));
 }
 
 }  // namespace pw::rpc
