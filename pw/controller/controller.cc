@@ -96,7 +96,12 @@ Controller::~Controller() { WaitIdle(); }
 
 void Controller::WaitIdle() { runs_.WaitIdle(); }
 
-absl::Status Controller::AttachWorker(HostId host, IslandId island, WorkerInterface* worker) {
+absl::Status Controller::JoinHost(HostId host, IslandId island, WorkerInterface* worker) {
+  // Back in service, and the other workers' collectives told, before any work can name it.
+  for (DeviceId d : HostDevices(host)) {
+    PW_RETURN_IF_ERROR(rm_.RestoreDevice(d));
+    for (WorkerInterface* w : AllWorkers()) (void)w->RestoreDevice(d);  // Best effort.
+  }
   // Attached before the functions to load are read: LoadOnHosts (under mu_) either finds the
   // worker and loads a function itself, or marks the host for the loop below.
   members_.Attach(host, island, worker);
@@ -111,7 +116,19 @@ absl::Status Controller::AttachWorker(HostId host, IslandId island, WorkerInterf
   return JoinFutures(loads).Await();
 }
 
-void Controller::DetachWorker(HostId host) { members_.Detach(host); }
+void Controller::FailHost(HostId host, const std::string& reason) {
+  members_.Detach(host);
+  const std::string why = absl::StrCat(host.ToString(), " failed: ", reason);
+  for (DeviceId d : HostDevices(host)) (void)RemoveDevice(d, why);
+  buffers_.LoseHost(host, absl::UnavailableError(why));
+}
+
+std::vector<DeviceId> Controller::HostDevices(HostId host) const {
+  std::vector<DeviceId> devices;
+  for (const DeviceState& d : rm_.Devices())
+    if (d.spec.host == host) devices.push_back(d.spec.id);
+  return devices;
+}
 
 std::vector<WorkerInterface*> Controller::AllWorkers() const { return members_.Workers(); }
 
@@ -135,12 +152,6 @@ Future<> Controller::RemoveDevice(DeviceId device, const std::string& reason) {
     if (w->host() == spec->host) owner = told;
   }
   return owner;
-}
-
-absl::Status Controller::RestoreDevice(DeviceId device) {
-  PW_RETURN_IF_ERROR(rm_.RestoreDevice(device));
-  for (WorkerInterface* w : AllWorkers()) (void)w->RestoreDevice(device);  // Best effort.
-  return absl::OkStatus();
 }
 
 absl::StatusOr<ClientId> Controller::Connect(const std::string& name,
@@ -293,7 +304,7 @@ absl::Status Controller::LoadOnHosts(FunctionId function, const std::vector<Host
       if (f.loaded_on.contains(h)) continue;
       WorkerInterface* w = members_.Worker(h);
       if (w == nullptr)
-        f.loaded_on.insert(h);  // AttachWorker loads it.
+        f.loaded_on.insert(h);  // JoinHost loads it.
       else if (std::find(workers.begin(), workers.end(), w) == workers.end())
         workers.push_back(w);
     }

@@ -89,21 +89,26 @@ class Controller final : public ControllerInterface {
   // Waits for runs in flight, then stops the schedulers.
   ~Controller() override;
 
-  // --- Cluster membership (the embedded cluster or worker registration calls these).
-  // Connects the worker of a host that the resource manager knows; loads on it the functions
-  // that were loaded on that host before (a rejoining worker is a fresh process).
-  absl::Status AttachWorker(HostId host, IslandId island, WorkerInterface* worker);
-  // Forgets the worker of a failed host: later work for it fails as Unavailable at once. The
-  // worker object must stay alive (work in flight may still hold it).
-  void DetachWorker(HostId host);
+  // --- Cluster membership: the embedded cluster and the process cluster's worker registration
+  // and failure monitor (pw/server) call these, so a host joins and fails the same way in both.
+  // `host` (known to the resource manager) serves through `worker`: its devices are in service
+  // again (removed ones come back; every attached worker is told, without waiting), then the
+  // worker is attached and gets the functions that were loaded on that host before (a rejoining
+  // worker is a fresh process). Returns when they are loaded.
+  absl::Status JoinHost(HostId host, IslandId island, WorkerInterface* worker);
+  // `host`'s worker has failed (its process died or stopped answering, a new one registered for
+  // the host, or EmbeddedCluster::FailHost). The caller has failed the worker's own outstanding
+  // work. It is detached (later work for the host fails as Unavailable at once; the worker object
+  // must stay alive, as work in flight may hold it), then each of its devices leaves service
+  // with the reason "host:H failed: <reason>" (RemoveDevice: the other workers abort their
+  // collectives that wait on it). Arrays with a shard there are lost: reading one, or passing it
+  // to a run, fails with DataLoss naming it and the host (BufferTable::LoseHost).
+  void FailHost(HostId host, const std::string& reason);
   ResourceManager& resource_manager() { return rm_; }
   // Takes a device out of service: new programs on its slices fail naming it at once; every
   // worker is told in parallel (work queued on the device fails, collectives that include it are
   // aborted). The future is the device's own worker's answer.
   Future<> RemoveDevice(DeviceId device, const std::string& reason);
-  // Puts a removed device back in service (its host's worker has rejoined); the workers are told
-  // without waiting.
-  absl::Status RestoreDevice(DeviceId device);
   // Blocks until no run is in flight.
   void WaitIdle();
   // Cancels a run in flight (an admin's `pw cancel`, a timeout): what has not launched fails
@@ -233,6 +238,7 @@ class Controller final : public ControllerInterface {
   void FinishRun(RunId run, const std::vector<BufferId>& unpin, const Plan& plan,
                  const std::vector<BufferId>& ids, const absl::Status& s);
   std::vector<WorkerInterface*> AllWorkers() const;
+  std::vector<DeviceId> HostDevices(HostId host) const;  // The resource manager's.
   // Assembles buffer `id` (pinned by the caller) into host memory once `ready`.
   Future<HostArray> FetchPinned(BufferId id, std::shared_ptr<const Placement> placement,
                                 Future<> ready);

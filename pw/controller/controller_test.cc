@@ -196,8 +196,8 @@ TEST(ControllerTest, SpmdModuleSpansHostsOfOneProcess) {  // The embedded cluste
 TEST(ControllerTest, AFunctionLoadsOnlyOnTheHostsOfItsSlices) {
   Controller c(*ClusterSpec::Uniform(2, 1, 2));
   NiceMock<MockWorker> w0(HostId(0)), w1(HostId(1));
-  ASSERT_TRUE(c.AttachWorker(HostId(0), IslandId(0), &w0).ok());
-  ASSERT_TRUE(c.AttachWorker(HostId(1), IslandId(1), &w1).ok());
+  ASSERT_TRUE(c.JoinHost(HostId(0), IslandId(0), &w0).ok());
+  ASSERT_TRUE(c.JoinHost(HostId(1), IslandId(1), &w1).ok());
   EXPECT_CALL(w0, LoadFunction).Times(0);
   EXPECT_CALL(w0, Unload).Times(0);
   EXPECT_CALL(w1, LoadFunction(FunctionId(0), _)).Times(2);  // Bound, then the host rejoined.
@@ -209,8 +209,8 @@ TEST(ControllerTest, AFunctionLoadsOnlyOnTheHostsOfItsSlices) {
   ASSERT_TRUE(slice.ok()) << slice.status();
   ASSERT_TRUE(c.LoadFunction(client, fn->id, slice->id).ok());
   ASSERT_TRUE(c.LoadFunction(client, fn->id, slice->id).ok());  // Loaded there already.
-  c.DetachWorker(HostId(1));
-  ASSERT_TRUE(c.AttachWorker(HostId(1), IslandId(1), &w1).ok());  // A fresh process: reloaded.
+  c.FailHost(HostId(1), "its process died");
+  ASSERT_TRUE(c.JoinHost(HostId(1), IslandId(1), &w1).ok());  // A fresh process: reloaded.
   ASSERT_TRUE(c.Disconnect(client).ok());
 }
 
@@ -221,7 +221,7 @@ TEST(ControllerTest, AFunctionLoadsOnlyOnTheHostsOfItsSlices) {
 TEST(ControllerTest, AClientLeavingMidCallIsFreedWhenTheCallEnds) {
   Controller c(*ClusterSpec::Uniform(1, 1, 2));
   NiceMock<MockWorker> w(HostId(0));
-  ASSERT_TRUE(c.AttachWorker(HostId(0), IslandId(0), &w).ok());
+  ASSERT_TRUE(c.JoinHost(HostId(0), IslandId(0), &w).ok());
   Promise<> loaded;
   absl::Notification loading;
   const Future<> load = loaded.future();
@@ -258,7 +258,7 @@ TEST(ControllerTest, AClientLeavingMidCallIsFreedWhenTheCallEnds) {
 TEST(ControllerTest, AFailedLoadFailsTheBindingAndIsRetried) {
   Controller c(*ClusterSpec::Uniform(1, 1, 1));
   NiceMock<MockWorker> w(HostId(0));
-  ASSERT_TRUE(c.AttachWorker(HostId(0), IslandId(0), &w).ok());
+  ASSERT_TRUE(c.JoinHost(HostId(0), IslandId(0), &w).ok());
   EXPECT_CALL(w, LoadFunction)
       .WillOnce(Return(
           Future<>::Ready(absl::InvalidArgumentError("host 0: compiling function 'psum'"))))
@@ -399,8 +399,8 @@ TEST(ControllerTest, AClientsRegistrationsPastItsLimitsAreRefusedNamingTheFlag) 
 TEST(ControllerTest, RemovingADeviceWaitsForNoWorker) {
   Controller c(*ClusterSpec::Uniform(1, 2, 1));
   NiceMock<MockWorker> w0(HostId(0)), stalled(HostId(1));
-  ASSERT_TRUE(c.AttachWorker(HostId(0), IslandId(0), &w0).ok());
-  ASSERT_TRUE(c.AttachWorker(HostId(1), IslandId(0), &stalled).ok());
+  ASSERT_TRUE(c.JoinHost(HostId(0), IslandId(0), &w0).ok());
+  ASSERT_TRUE(c.JoinHost(HostId(1), IslandId(0), &stalled).ok());
   Promise<> never;  // The stalled worker's answer.
   EXPECT_CALL(w0, RemoveDevice).WillRepeatedly(Return(Future<>::Ready(absl::OkStatus())));
   EXPECT_CALL(stalled, RemoveDevice).WillRepeatedly(Return(never.future()));
@@ -430,7 +430,7 @@ TEST(ControllerTest, APlanSharesEachSlicesDevicesAcrossNodesAndHosts) {
       return DispatchAck{Future<absl::Time>::Ready(absl::Now()), Future<int64_t>::Ready(0)};
     });
     ON_CALL(*workers.back(), PutShard).WillByDefault(Return(Future<>::Ready(absl::OkStatus())));
-    ASSERT_TRUE(c.AttachWorker(HostId(h), IslandId(0), workers.back().get()).ok());
+    ASSERT_TRUE(c.JoinHost(HostId(h), IslandId(0), workers.back().get()).ok());
   }
   ClientId client = *c.Connect("t");
   auto slice = c.AllocateSlice(client, {.num_devices = 6});
@@ -468,7 +468,7 @@ TEST(ControllerTest, APlanSharesEachSlicesDevicesAcrossNodesAndHosts) {
 TEST(ControllerTest, APlanPerLayoutIsKeptForTheLastSixteenLayouts) {
   Controller c(*ClusterSpec::Uniform(1, 1, 1));
   NiceMock<MockWorker> w(HostId(0));
-  ASSERT_TRUE(c.AttachWorker(HostId(0), IslandId(0), &w).ok());
+  ASSERT_TRUE(c.JoinHost(HostId(0), IslandId(0), &w).ok());
   std::vector<uint64_t> forgotten;
   ON_CALL(w, Unload).WillByDefault([&](const std::vector<FunctionId>&,
                                        const std::vector<uint64_t>& programs) {

@@ -1,7 +1,7 @@
 // Membership: the controller's view of the cluster's members (issue 24's "controller as
 // parts"): each host's island and, once it has joined, its worker; one IslandScheduler per
 // island, made for the spec's islands at start and for an island when its first host joins.
-// Workers come and go (AttachWorker/DetachWorker); schedulers live as long as the membership.
+// Workers come and go (Attach/Detach, from Controller::JoinHost/FailHost); schedulers live as long as the membership.
 //
 // Thread-safe: one lock of its own, never held while calling out (the scheduler factory runs
 // under it, and only constructs).

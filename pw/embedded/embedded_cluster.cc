@@ -78,12 +78,15 @@ EmbeddedCluster::~EmbeddedCluster() {
                  options_.trace_path.c_str());
   }
   absl::flat_hash_map<HostId, std::unique_ptr<Worker>> workers;
+  std::vector<std::unique_ptr<Worker>> failed;
   {
     pw::MutexLock lock(&mu_);
     workers.swap(workers_);
+    failed.swap(failed_);
   }
   // Fail outstanding device work everywhere before any worker's threads are joined.
   workers.clear();
+  failed.clear();
 }
 
 absl::Status EmbeddedCluster::StartWorker(HostId host, IslandId island,
@@ -95,9 +98,48 @@ absl::Status EmbeddedCluster::StartWorker(HostId host, IslandId island,
   Worker* raw = w.get();
   {
     pw::MutexLock lock(&mu_);
+    if (workers_.contains(host))  // Two restarts at once: the first one's worker stays.
+      return absl::FailedPreconditionError(absl::StrCat(host.ToString(), " has a live worker"));
     workers_[host] = std::move(w);
   }
-  return controller_->AttachWorker(host, island, raw);
+  return controller_->JoinHost(host, island, raw);
+}
+
+absl::Status EmbeddedCluster::FailHost(HostId host, const std::string& reason) {
+  Worker* dead = nullptr;
+  {
+    pw::MutexLock lock(&mu_);
+    auto it = workers_.find(host);
+    if (it == workers_.end())
+      return absl::NotFoundError(absl::StrCat(host.ToString(), " has no live worker"));
+    dead = it->second.get();
+    failed_.push_back(std::move(it->second));
+    workers_.erase(it);  // Peers find no worker for it from now on.
+  }
+  dead->Fail(absl::UnavailableError(absl::StrCat(host.ToString(), " failed: ", reason)));
+  controller_->FailHost(host, reason);
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddedCluster::RestartHost(HostId host) {
+  std::shared_ptr<pjrt::PjrtBackend> pjrt;
+  bool failed = false;
+  {
+    pw::MutexLock lock(&mu_);
+    if (workers_.contains(host))
+      return absl::FailedPreconditionError(absl::StrCat(host.ToString(), " has a live worker"));
+    for (const auto& w : failed_) {
+      if (w->host() != host) continue;
+      failed = true;
+      pjrt = w->pjrt_backend();  // The PJRT client it had (SPMD functions span it as before).
+    }
+  }
+  if (!failed)
+    return absl::NotFoundError(absl::StrCat(host.ToString(), " has not failed in this cluster"));
+  std::vector<DeviceSpec> devices;
+  for (const DeviceState& d : controller_->resource_manager().Devices())
+    if (d.spec.host == host) devices.push_back(d.spec);
+  return StartWorker(host, devices.front().island, devices, std::move(pjrt));
 }
 
 absl::StatusOr<HostRegistration> EmbeddedCluster::AddHost(IslandId island, int num_devices,

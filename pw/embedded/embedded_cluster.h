@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -45,6 +46,15 @@ class EmbeddedCluster {
   Future<> RemoveDevice(DeviceId device, const std::string& reason) {
     return controller_->RemoveDevice(device, reason);
   }
+  // Fails `host` as a killed worker process fails on a process cluster (drills, tests): its
+  // outstanding work fails and its devices leave service, naming "host:H failed: <reason>"
+  // (Worker::Fail, then Controller::FailHost, as pw/server's failure monitor does); its shards
+  // are lost; peers' fetches from it fail. NotFound if the host has no live worker.
+  absl::Status FailHost(HostId host, const std::string& reason);
+  // A new worker for a failed host joins, as a restarted worker process rejoins: its devices are
+  // back in service, with nothing in its store. FailedPrecondition if the host has a live worker.
+  // (The failed worker's threads stay until the cluster is destroyed.)
+  absl::Status RestartHost(HostId host);
   // The worker of `host`, or nullptr.
   Worker* worker(HostId host) const;
   // Serves the cluster's Prometheus metrics at http://listen/metrics (the controller's and every
@@ -65,6 +75,8 @@ class EmbeddedCluster {
   std::shared_ptr<pjrt::PjrtBackend> pjrt_;  // The initial hosts' PJRT client (created on use).
   mutable pw::Mutex mu_;
   absl::flat_hash_map<HostId, std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
+  // Failed workers: kept, as peers and work in flight may still hold them.
+  std::vector<std::unique_ptr<Worker>> failed_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Controller> controller_;  // Destroyed first.
 };
 

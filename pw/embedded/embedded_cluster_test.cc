@@ -130,6 +130,37 @@ class ClusterTest : public ::testing::TestWithParam<Transport> {
     embedded_.reset();
     if (!checkpoint_root_.empty()) std::filesystem::remove_all(checkpoint_root_);
   }
+  // The host's worker fails: in process EmbeddedCluster::FailHost; over gRPC its WorkerServer
+  // stops (its streams end, naming it), and the controller's failure monitor notices.
+  void FailHost(HostId host) {
+    if (!grpc()) {
+      const absl::Status failed = embedded_->FailHost(host, "failed by the test");
+      ASSERT_TRUE(failed.ok()) << failed;
+      return;
+    }
+    workers_[host.value()].reset();
+    WaitForAliveHosts(static_cast<int>(workers_.size()) - 1);
+  }
+  // A new worker for the failed host joins.
+  void RestartHost(HostId host) {
+    if (!grpc()) {
+      const absl::Status restarted = embedded_->RestartHost(host);
+      ASSERT_TRUE(restarted.ok()) << restarted;
+      return;
+    }
+    auto w = server::WorkerServer::Start({.controller = server_->address(), .host = host,
+                                          .listen = Listen(GetParam()),
+                                          .channel = {.token = server_->cluster_token()}});
+    ASSERT_TRUE(w.ok()) << w.status();
+    workers_[host.value()] = *std::move(w);
+    WaitForAliveHosts(static_cast<int>(workers_.size()));
+  }
+  void WaitForAliveHosts(int n) {
+    const absl::Time deadline = absl::Now() + kDeadlockTimeout;
+    while (server_->alive_hosts() != n && absl::Now() < deadline)
+      absl::SleepFor(absl::Milliseconds(5));
+    ASSERT_EQ(server_->alive_hosts(), n);
+  }
   // What clients talk to: the controller itself, or its gRPC stub.
   ControllerInterface* api() { return api_; }
   int64_t client_quota_ = 0;  // Controller::Options::max_client_bytes for Start.
@@ -582,6 +613,65 @@ TEST_P(ClusterTest, BackPressureWaitsForMemoryAndNeverFitFails) {
   auto never = big.Call({bx});
   EXPECT_EQ(never.status().code(), absl::StatusCode::kResourceExhausted) << never.status();
   EXPECT_NE(never.status().message().find("device:"), std::string::npos);
+}
+
+// Issue 23 item 5: a host fails and rejoins the same way in the embedded cluster as on a process
+// cluster. Failing first in process, where nothing could fail a host: and with FailHost taking
+// the worker out of service without Worker::Fail, the run waiting for memory on it never ended.
+TEST_P(ClusterTest, AFailedHostsWorkFailsNamingItAndARestartedHostServesAgain) {
+  Start(1, 2, 2, /*memory=*/16);  // Room for four f32 scalars per device.
+  auto c = Connect("drill");
+  Slice all = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 4});
+  BoundFunction reduce = *c->Pmap(ReduceAddFn("reduce"), all);
+  Array x = *c->Put(F32({1, 2, 3, 4}), all.info().id, Sharding::Split({4}, 1, 0));
+  std::vector<Array> held;
+  for (int i = 0; i < 3; ++i) held.push_back((*reduce.Call({x}))[0]);  // Every device full.
+  EXPECT_EQ(Values(held[0]), (std::vector<float>{11, 11, 11, 11}));
+  auto blocked = reduce.Call({x});
+  ASSERT_TRUE(blocked.ok()) << blocked.status();
+  size_t waiters = 0;
+  const absl::Time deadline = absl::Now() + kDeadlockTimeout;
+  while (true) {  // Until every device's reservation waits: the run is on both hosts.
+    waiters = 0;
+    const ClusterStatus st = StatusOfEveryHost(controller()).value();
+    for (const auto& h : st.hosts)
+      for (const auto& d : h.devices) waiters += d.memory_waiters;
+    if (waiters == 4 || absl::Now() >= deadline) break;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(waiters, 4u);
+
+  FailHost(HostId(1));
+  // The run in flight fails naming the host, once host 0's part has its memory.
+  held.pop_back();
+  Future<> ready = (*blocked)[0].Ready();
+  ASSERT_TRUE(ready.AwaitFor(kDeadlockTimeout)) << "a run on a failed host never ended";
+  EXPECT_THAT(ready.status().message(), HasSubstr("host:1")) << ready.status();
+  blocked = absl::UnknownError("dropped");
+  // Its shards are lost, new runs on its devices fail naming it, and its devices cannot be
+  // allocated; host 0 serves on.
+  EXPECT_THAT(x.ToHost().status(),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("host:1 failed")));
+  EXPECT_THAT(CallStatus(reduce.Call({x})).message(), HasSubstr("host:1 failed"));
+  EXPECT_FALSE(c->MakeVirtualDeviceSet().AddSlice({.num_devices = 4}).ok());
+  held.clear();
+  Slice two = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
+  for (DeviceId d : two.info().devices) EXPECT_LT(d.value(), 2);
+  BoundFunction reduce2 = *c->Pmap(ReduceAddFn("reduce2"), two);
+  EXPECT_EQ(Values((*reduce2.Call({*c->Put(F32({1, 2}), two.info().id,
+                                           Sharding::Split({2}, 1, 0))}))[0]),
+            (std::vector<float>{4, 4}));
+
+  // Restarted, it serves the slice it served before (its functions loaded again), holding none
+  // of what the failed worker held.
+  RestartHost(HostId(1));
+  Array x2 = *c->Put(F32({1, 1, 1, 1}), all.info().id, Sharding::Split({4}, 1, 0));
+  EXPECT_EQ(Values((*reduce.Call({x2}))[0]), (std::vector<float>{5, 5, 5, 5}));
+  // What it held stays lost (seen failing: a read of it waited forever for a shard the new
+  // worker would never make, and a run reading it from a peer too).
+  EXPECT_THAT(x.ToHost().status(), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("was lost")));
+  EXPECT_THAT(CallStatus(reduce.Call({x})),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("was lost")));
 }
 
 // Issue 20 item 7: a run that could not finish held its client and its devices forever. With a

@@ -1,5 +1,7 @@
 #include "pw/object_store/buffer_table.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
 
@@ -83,14 +85,29 @@ absl::StatusOr<BufferTable::Entry*> BufferTable::FindHandle(ClientId client, Buf
 absl::StatusOr<LogicalBuffer> BufferTable::Lookup(ClientId client, BufferId id) const {
   pw::MutexLock lock(&mu_);
   PW_ASSIGN_OR_RETURN(Entry * e, FindHandle(client, id));
+  PW_RETURN_IF_ERROR(e->lost);
   return e->buffer;
 }
 
 absl::StatusOr<LogicalBuffer> BufferTable::LookupAndPin(ClientId client, BufferId id) {
   pw::MutexLock lock(&mu_);
   PW_ASSIGN_OR_RETURN(Entry * e, FindHandle(client, id));
+  PW_RETURN_IF_ERROR(e->lost);
   e->pins++;
   return e->buffer;
+}
+
+int BufferTable::LoseHost(HostId host, const absl::Status& why) {
+  int lost = 0;
+  pw::MutexLock lock(&mu_);
+  for (auto& [id, e] : entries_) {
+    if (!e.lost.ok() || e.buffer.placement == nullptr) continue;
+    const std::vector<HostId>& hosts = e.buffer.placement->hosts;
+    if (std::find(hosts.begin(), hosts.end(), host) == hosts.end()) continue;
+    e.lost = absl::DataLossError(absl::StrCat(id.ToString(), " was lost: ", why.message()));
+    ++lost;
+  }
+  return lost;
 }
 
 std::vector<LogicalBuffer> BufferTable::Unpin(const std::vector<BufferId>& ids) {

@@ -59,7 +59,8 @@ class BufferTable {
   // `n` consecutive ids of buffers that are not listed (a run's intermediates, which no client
   // holds and its hosts delete themselves); returns the first.
   BufferId NewIds(int64_t n);
-  // The buffer if it exists and `client` holds a handle to it; NotFound (naming it) if not.
+  // The buffer if it exists and `client` holds a handle to it; NotFound (naming it) if not;
+  // DataLoss if its shards were lost (LoseHost).
   absl::StatusOr<LogicalBuffer> Lookup(ClientId client, BufferId id) const;
   // Lookup and a pin in one step, so the buffer cannot be freed in between.
   absl::StatusOr<LogicalBuffer> LookupAndPin(ClientId client, BufferId id);
@@ -75,6 +76,10 @@ class BufferTable {
   absl::StatusOr<LogicalBuffer> AddHandle(ClientId client, BufferId id);
   // Drops every handle `client` holds to `id` (a revoked share); returns buffers now freed.
   std::vector<LogicalBuffer> DropHandles(ClientId client, BufferId id);
+  // `host` failed: every buffer with a shard there is lost. Lookup and LookupAndPin of one fail
+  // from now on (DataLoss: "<buffer> was lost: <why>"); its handles are released as before.
+  // Returns how many were lost.
+  int LoseHost(HostId host, const absl::Status& why);
   size_t size() const;
 
  private:
@@ -83,6 +88,7 @@ class BufferTable {
     absl::flat_hash_map<ClientId, int> handles;  // Per client holding any; none: absent.
     int pins = 0;
     int64_t charged = 0;
+    absl::Status lost;  // LoseHost's error; OK while its shards exist.
     bool unreferenced() const { return handles.empty() && pins == 0; }
   };
   // Removes the entry and returns its owner's charge; the buffer moves to `freed`.

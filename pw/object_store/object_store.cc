@@ -11,6 +11,7 @@ absl::Status ObjectStore::Put(BufferId id, DeviceId device, Shard shard) {
   Future<DeviceBufferRef> buffer = shard.buffer;
   {
     pw::MutexLock lock(&mu_);
+    if (!closed_.ok()) return closed_;
     auto& shards = buffers_[id];
     for (const auto& [d, _] : shards) {
       if (d == device)
@@ -38,6 +39,7 @@ absl::Status ObjectStore::Put(BufferId id, DeviceId device, Shard shard) {
 
 Future<DeviceBufferRef> ObjectStore::GetWhenCreated(BufferId id, DeviceId device) {
   pw::MutexLock lock(&mu_);
+  if (!closed_.ok()) return Future<DeviceBufferRef>::Ready(closed_);
   auto it = buffers_.find(id);
   if (it != buffers_.end()) {
     for (const auto& [d, shard] : it->second)
@@ -51,6 +53,7 @@ Future<DeviceBufferRef> ObjectStore::GetWhenCreated(BufferId id, DeviceId device
 
 absl::StatusOr<Future<DeviceBufferRef>> ObjectStore::Get(BufferId id, DeviceId device) const {
   pw::MutexLock lock(&mu_);
+  if (!closed_.ok()) return closed_;
   auto it = buffers_.find(id);
   if (it == buffers_.end())
     return absl::NotFoundError(absl::StrCat(id.ToString(), " is not in this host's object store"));
@@ -125,10 +128,27 @@ int ObjectStore::DeleteAll(absl::Span<const BufferId> ids) {
   return count;
 }
 
+void ObjectStore::Close(const absl::Status& why) {
+  absl::flat_hash_map<BufferId, Shards> dropped;  // Destroyed (memory released) unlocked.
+  absl::flat_hash_map<std::pair<BufferId, DeviceId>, std::vector<Promise<DeviceBufferRef>>> waiting;
+  {
+    pw::MutexLock lock(&mu_);
+    if (!closed_.ok()) return;
+    closed_ = why.ok() ? absl::UnavailableError("the object store was closed") : why;
+    dropped.swap(buffers_);
+    waiting.swap(waiting_);
+    bytes_ = 0;
+    shards_ = 0;
+  }
+  for (auto& [key, promises] : waiting)
+    for (auto& p : promises) p.Set(why);
+}
+
 Future<> ObjectStore::Ready(BufferId id) const {
   std::vector<Future<>> fs;
   {
     pw::MutexLock lock(&mu_);
+    if (!closed_.ok()) return Future<>::Ready(closed_);
     auto it = buffers_.find(id);
     if (it == buffers_.end())
       return Future<>::Ready(

@@ -49,6 +49,10 @@ class ObjectStore {
   void DeleteMany(absl::Span<const BufferId> ids);
   // Ready when every shard of `id` on this host is ready (NotFound if there is none).
   Future<> Ready(BufferId id) const;
+  // The host has failed: every shard is dropped (its memory released), peers waiting for a shard
+  // get `why`, and from now on Put, Get and GetWhenCreated fail with `why` (a dead host's
+  // store, as a killed worker process's would, holds and makes nothing).
+  void Close(const absl::Status& why);
 
   size_t num_buffers() const;
   size_t num_shards() const;
@@ -64,6 +68,7 @@ class ObjectStore {
       waiting_ ABSL_GUARDED_BY(mu_);
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   size_t shards_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status closed_ ABSL_GUARDED_BY(mu_);  // Close's `why`; OK while open.
 };
 
 }  // namespace pw

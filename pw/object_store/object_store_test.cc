@@ -1,5 +1,6 @@
 #include "pw/object_store/object_store.h"
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "pw/object_store/buffer_table.h"
 
@@ -52,6 +53,29 @@ TEST(BufferTableTest, RefcountPerLogicalBuffer) {
   ASSERT_EQ(f2.size(), 1u);
   EXPECT_EQ(f2[0].id, id);
   EXPECT_EQ(t.size(), 0u);
+}
+
+TEST(BufferTableTest, BuffersWithAShardOnAFailedHostAreLostAndStillReleased) {
+  BufferTable t;
+  ClientId a(1);
+  auto placed = [](std::vector<int> hosts) {
+    auto p = std::make_shared<Placement>();
+    for (int h : hosts) p->hosts.push_back(HostId(h));
+    return LogicalBuffer{BufferId(), ClientId(1), p, Future<>::Ready(absl::OkStatus())};
+  };
+  const BufferId on_both = t.Create(placed({0, 1}), 1, 0);
+  const BufferId on_zero = t.Create(placed({0, 0}), 1, 0);
+  EXPECT_EQ(t.LoseHost(HostId(1), absl::UnavailableError("host:1 failed: killed")), 1);
+  const absl::Status lost = t.LookupAndPin(a, on_both).status();
+  EXPECT_EQ(lost.code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(lost.message(), absl::StrCat(on_both.ToString(), " was lost: host:1 failed: killed"));
+  EXPECT_EQ(t.Lookup(a, on_both).status(), lost);
+  EXPECT_TRUE(t.LookupAndPin(a, on_zero).ok());
+  EXPECT_EQ(t.LoseHost(HostId(1), absl::UnavailableError("again")), 0);  // Lost once.
+  auto freed = t.ReleaseHandle(a, on_both);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  ASSERT_EQ(freed->size(), 1u);  // Its handle frees it (its hosts delete what is left).
+  EXPECT_EQ(t.size(), 1u);
 }
 
 TEST(BufferTableTest, ReleaseClientFreesUnpinned) {
@@ -171,6 +195,27 @@ TEST(ObjectStoreTest, PeersWaitForShardsNotCreatedYet) {
   store.Delete(BufferId(5));
   ASSERT_TRUE(orphan.IsReady());
   EXPECT_EQ(orphan.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ObjectStoreTest, AClosedStoreDropsEverythingFailsItsWaitersAndHoldsNothingMore) {
+  DeviceMemory mem(DeviceId(0), 100);
+  ObjectStore store;
+  Promise<DeviceBufferRef> p;
+  ASSERT_TRUE(store.Put(BufferId(1), DeviceId(0), {p.future(), mem.Reserve(40), 40}).ok());
+  Future<DeviceBufferRef> waiting = store.GetWhenCreated(BufferId(2), DeviceId(0));
+  const absl::Status dead = absl::UnavailableError("host:3 failed: killed");
+  store.Close(dead);
+  EXPECT_EQ(mem.in_use(), 0);  // Its shards' memory is released.
+  EXPECT_EQ(store.num_buffers(), 0u);
+  EXPECT_EQ(store.bytes(), 0);
+  ASSERT_TRUE(waiting.IsReady());
+  EXPECT_EQ(waiting.status(), dead);
+  EXPECT_EQ(store.Get(BufferId(1), DeviceId(0)).status(), dead);
+  Future<DeviceBufferRef> late = store.GetWhenCreated(BufferId(3), DeviceId(0));
+  ASSERT_TRUE(late.IsReady());
+  EXPECT_EQ(late.status(), dead);
+  EXPECT_EQ(store.Put(BufferId(3), DeviceId(0), {p.future(), mem.Reserve(1), 1}), dead);
+  EXPECT_EQ(mem.in_use(), 0);
 }
 
 }  // namespace

@@ -168,9 +168,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> ControllerServer::RegisterWorker(
     m.listed = true;
     PushHostsLocked();
   }
-  absl::Status attached;
-  for (DeviceId d : spec_.host(host).devices) attached.Update(controller_->RestoreDevice(d));
-  if (attached.ok()) attached = controller_->AttachWorker(host, spec_.host(host).island, w);
+  const absl::Status attached = controller_->JoinHost(host, spec_.host(host).island, w);
   if (!attached.ok()) {  // It never joined: unlisted again.
     pw::MutexLock lock(&mu_);
     members_[host].listed = false;
@@ -283,9 +281,7 @@ void ControllerServer::FailHost(HostId host, const std::string& reason,
   // aborts the other workers' collectives that wait on them. The host counts as alive until
   // all of that is done, so whoever sees it dead also sees its devices gone.
   w->Fail(reason);
-  controller_->DetachWorker(host);
-  for (DeviceId d : spec_.host(host).devices)
-    (void)controller_->RemoveDevice(d, absl::StrCat(host.ToString(), " failed: ", reason));
+  controller_->FailHost(host, reason);
   pw::MutexLock lock(&mu_);
   Member& m = members_[host];
   m.alive = false;

@@ -559,6 +559,14 @@ Future<> Worker::RemoveDevice(DeviceId device_id, const absl::Status& reason) {
   return Future<>::Ready(absl::OkStatus());
 }
 
+void Worker::Fail(const absl::Status& why) {
+  for (auto& [id, dev] : devices_) {
+    dev->Remove(why);
+    collectives_->AbortDevice(id, why);
+  }
+  store_.Close(why);
+}
+
 Future<> Worker::RestoreDevice(DeviceId device_id) {
   if (FindDevice(device_id) != nullptr)
     return Future<>::Ready(absl::FailedPreconditionError(

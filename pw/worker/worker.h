@@ -86,6 +86,11 @@ class Worker final : public WorkerInterface {
   std::vector<Overrun> Overrunning(absl::Time now, absl::Duration grace) const;
   // The PJRT backend this worker runs StableHLO functions on (null: none).
   const std::shared_ptr<pjrt::PjrtBackend>& pjrt_backend() const { return pjrt_; }
+  // The host has failed, as a killed worker process (EmbeddedCluster::FailHost): every device
+  // is removed with `why` (queued and later work fails, its collectives are aborted) and the
+  // object store is closed (shards dropped; peers waiting for one, and later fetches, get `why`).
+  // The worker object stays valid; it serves nothing from then on.
+  void Fail(const absl::Status& why);
   // In process, these answer at once.
   Future<> RemoveDevice(DeviceId device, const absl::Status& reason) override;
   Future<> RestoreDevice(DeviceId device) override;
