@@ -89,7 +89,8 @@ std::unique_ptr<IslandScheduler> Controller::NewScheduler(IslandId island, int d
   o.devices = std::max(1, devices);
   o.window = options_.scheduling.window;
   return std::make_unique<IslandScheduler>(island, std::move(policy),
-                                           [this](HostId h) { return Worker(h); }, o);
+                                           [this](HostId h, uint64_t epoch) { return members_.Worker(h, epoch); },
+                                           o);
 }
 
 Controller::~Controller() { WaitIdle(); }
@@ -97,11 +98,10 @@ Controller::~Controller() { WaitIdle(); }
 void Controller::WaitIdle() { runs_.WaitIdle(); }
 
 absl::Status Controller::JoinHost(HostId host, IslandId island, WorkerInterface* worker) {
-  // Back in service, and the other workers' collectives told, before any work can name it.
-  for (DeviceId d : HostDevices(host)) {
-    PW_RETURN_IF_ERROR(rm_.RestoreDevice(d));
+  const std::vector<DeviceId> devices = HostDevices(host);
+  // The other workers' collectives take its devices back before any work can name them.
+  for (DeviceId d : devices)
     for (WorkerInterface* w : AllWorkers()) (void)w->RestoreDevice(d);  // Best effort.
-  }
   // Attached before the functions to load are read: LoadOnHosts (under mu_) either finds the
   // worker and loads a function itself, or marks the host for the loop below.
   members_.Attach(host, island, worker);
@@ -113,14 +113,23 @@ absl::Status Controller::JoinHost(HostId host, IslandId island, WorkerInterface*
   }
   std::vector<Future<>> loads;  // In parallel.
   for (const auto& [id, def] : fns) loads.push_back(worker->LoadFunction(id, def));
-  return JoinFutures(loads).Await();
+  if (absl::Status loaded = JoinFutures(loads).Await(); !loaded.ok()) {
+    FailHost(host, absl::StrCat("its functions did not load: ", loaded.message()));
+    return loaded;
+  }
+  // Last: slices on its devices resolve again once it can run what they are bound to.
+  for (DeviceId d : devices) PW_RETURN_IF_ERROR(rm_.RestoreDevice(d));
+  return absl::OkStatus();
 }
 
 void Controller::FailHost(HostId host, const std::string& reason) {
-  members_.Detach(host);
   const std::string why = absl::StrCat(host.ToString(), " failed: ", reason);
-  for (DeviceId d : HostDevices(host)) (void)RemoveDevice(d, why);
+  // Lost before the epoch advances (Detach): a run submitted at an earlier epoch is never
+  // dispatched to the host (Membership::Worker), and one submitted at a later epoch finds its
+  // arguments lost.
   buffers_.LoseHost(host, absl::UnavailableError(why));
+  members_.Detach(host);
+  for (DeviceId d : HostDevices(host)) (void)RemoveDevice(d, why);
 }
 
 std::vector<DeviceId> Controller::HostDevices(HostId host) const {
@@ -564,6 +573,9 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   trace::Span span(trace::ControllerTrack(client), "submit", "submit", client.value());
   const absl::Duration timeout =
       options.timeout > absl::ZeroDuration() ? options.timeout : options_.default_run_timeout;
+  // Read before the arguments are looked up: a host that fails after this gets none of the run
+  // (even from a new worker); one that failed before has lost arrays the lookups refuse.
+  const uint64_t membership = members_.epoch();
   // Arguments are pinned as they are looked up, so a concurrent release cannot free them before
   // the run is dispatched; the run unpins them when it finishes.
   std::vector<Placement> placements;
@@ -653,7 +665,8 @@ Future<RunInfo> Controller::Submit(ClientId client, ProgramId program,
   for (size_t i = 0; i < plan.islands.size(); ++i) {
     const auto& [island, hosts] = plan.islands[i];
     works.emplace_back(island, IslandWork{run, client, tenant, lp.name, mode, buffers, hosts, 0,
-                                          plan.islands.size() > 1, plan.island_devices[i]});
+                                          plan.islands.size() > 1, plan.island_devices[i],
+                                          membership});
   }
   Future<absl::Time> enqueued;
   Future<> done;
@@ -1046,7 +1059,7 @@ absl::Status Controller::RevokeShare(ClientId client, const std::string& token) 
     pw::MutexLock lock(&shares_mu_);
     PW_ASSIGN_OR_RETURN(auto imports, shares_.Revoke(client, token));
     for (const auto& [importer, id] : imports) {
-      auto lb = buffers_.Lookup(importer, id);
+      auto lb = buffers_.Lookup(importer, id, /*even_lost=*/true);
       if (!lb.ok() || lb->owner == importer) continue;  // Released already, or its own array.
       for (LogicalBuffer& b : buffers_.DropHandles(importer, id)) freed.push_back(std::move(b));
     }

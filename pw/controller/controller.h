@@ -91,18 +91,20 @@ class Controller final : public ControllerInterface {
 
   // --- Cluster membership: the embedded cluster and the process cluster's worker registration
   // and failure monitor (pw/server) call these, so a host joins and fails the same way in both.
-  // `host` (known to the resource manager) serves through `worker`: its devices are in service
-  // again (removed ones come back; every attached worker is told, without waiting), then the
-  // worker is attached and gets the functions that were loaded on that host before (a rejoining
-  // worker is a fresh process). Returns when they are loaded.
+  // `host` (known to the resource manager) serves through `worker`: the other workers take its
+  // devices back (their collectives), the worker is attached and loads the functions that were
+  // loaded on that host before (a rejoining worker is a fresh process), and then its devices are
+  // in service again. Returns when that is done; if a load fails, the host fails again
+  // (FailHost) and the error is returned.
   absl::Status JoinHost(HostId host, IslandId island, WorkerInterface* worker);
   // `host`'s worker has failed (its process died or stopped answering, a new one registered for
   // the host, or EmbeddedCluster::FailHost). The caller has failed the worker's own outstanding
-  // work. It is detached (later work for the host fails as Unavailable at once; the worker object
-  // must stay alive, as work in flight may hold it), then each of its devices leaves service
-  // with the reason "host:H failed: <reason>" (RemoveDevice: the other workers abort their
-  // collectives that wait on it). Arrays with a shard there are lost: reading one, or passing it
-  // to a run, fails with DataLoss naming it and the host (BufferTable::LoseHost).
+  // work. Arrays with a shard there are lost: reading one, or passing it to a run, fails with
+  // DataLoss naming it and the host (BufferTable::LoseHost). It is detached (work for the host
+  // fails as Unavailable, work submitted before now even once a new worker has joined for it:
+  // IslandWork::membership; the worker object must stay alive, as work in flight may hold it),
+  // then each of its devices leaves service with the reason "host:H failed: <reason>"
+  // (RemoveDevice: the other workers abort their collectives that wait on it).
   void FailHost(HostId host, const std::string& reason);
   ResourceManager& resource_manager() { return rm_; }
   // Takes a device out of service: new programs on its slices fail naming it at once; every

@@ -56,7 +56,9 @@ TEST(MembershipTest, WorkersComeAndGoAndEachIslandHasAScheduler) {
   Membership m(*ClusterSpec::Uniform(2, 1, 2), [&](IslandId island, int devices) {
     made.emplace_back(island, devices);
     return std::make_unique<IslandScheduler>(island, std::make_unique<FifoPolicy>(),
-                                             [](HostId) -> WorkerInterface* { return nullptr; },
+                                             [](HostId, uint64_t) -> WorkerInterface* {
+                                               return nullptr;
+                                             },
                                              IslandScheduler::Options{});
   });
   EXPECT_EQ(made, (std::vector<std::pair<IslandId, int>>{{IslandId(0), 2}, {IslandId(1), 2}}));
@@ -74,6 +76,29 @@ TEST(MembershipTest, WorkersComeAndGoAndEachIslandHasAScheduler) {
   EXPECT_EQ(m.Worker(HostId(0)), nullptr);
   EXPECT_EQ(m.Workers(), std::vector<WorkerInterface*>{&w2});
   EXPECT_EQ(m.HostIslands().at(HostId(0)), IslandId(0));  // Its island stays known.
+}
+
+// Work submitted before a host failed never reaches it, even once a new worker has joined for
+// the host (it holds none of what the work reads); work submitted after does.
+TEST(MembershipTest, WorkFromBeforeAHostFailedFindsNoWorkerForIt) {
+  Membership m(*ClusterSpec::Uniform(1, 2, 1), [](IslandId island, int) {
+    return std::make_unique<IslandScheduler>(island, std::make_unique<FifoPolicy>(),
+                                             [](HostId, uint64_t) -> WorkerInterface* {
+                                               return nullptr;
+                                             },
+                                             IslandScheduler::Options{});
+  });
+  NiceMock<MockWorker> w0(HostId(0)), w1(HostId(1)), again(HostId(1));
+  m.Attach(HostId(0), IslandId(0), &w0);
+  m.Attach(HostId(1), IslandId(0), &w1);
+  const uint64_t before = m.epoch();
+  EXPECT_EQ(m.Worker(HostId(1), before), &w1);
+  m.Detach(HostId(1));
+  m.Attach(HostId(1), IslandId(0), &again);
+  EXPECT_GT(m.epoch(), before);
+  EXPECT_EQ(m.Worker(HostId(1), before), nullptr);
+  EXPECT_EQ(m.Worker(HostId(0), before), &w0);  // Its peers still serve it.
+  EXPECT_EQ(m.Worker(HostId(1), m.epoch()), &again);
 }
 
 // The controller's runs in flight: a cancelled run ends at once with the reason, and the workers

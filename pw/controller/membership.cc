@@ -27,12 +27,21 @@ void Membership::Attach(HostId host, IslandId island, WorkerInterface* worker) {
 void Membership::Detach(HostId host) {
   pw::MutexLock lock(&mu_);
   workers_.erase(host);
+  detached_at_[host] = epoch_.fetch_add(1, std::memory_order_acq_rel) + 1;
 }
 
 WorkerInterface* Membership::Worker(HostId host) const {
   pw::MutexLock lock(&mu_);
   auto it = workers_.find(host);
   return it == workers_.end() ? nullptr : it->second;
+}
+
+WorkerInterface* Membership::Worker(HostId host, uint64_t epoch) const {
+  pw::MutexLock lock(&mu_);
+  auto it = workers_.find(host);
+  if (it == workers_.end()) return nullptr;
+  auto d = detached_at_.find(host);
+  return d != detached_at_.end() && d->second > epoch ? nullptr : it->second;
 }
 
 std::vector<WorkerInterface*> Membership::Workers() const {

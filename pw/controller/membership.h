@@ -1,12 +1,15 @@
 // Membership: the controller's view of the cluster's members (issue 24's "controller as
 // parts"): each host's island and, once it has joined, its worker; one IslandScheduler per
 // island, made for the spec's islands at start and for an island when its first host joins.
-// Workers come and go (Attach/Detach, from Controller::JoinHost/FailHost); schedulers live as long as the membership.
+// Workers come and go (Attach/Detach, from Controller::JoinHost/FailHost); schedulers live as
+// long as the membership.
 //
 // Thread-safe: one lock of its own, never held while calling out (the scheduler factory runs
 // under it, and only constructs).
 #pragma once
 
+#include <atomic>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -29,11 +32,15 @@ class Membership {
 
   // `host` of `island` serves through `worker` (replacing any earlier worker of the host).
   void Attach(HostId host, IslandId island, WorkerInterface* worker);
-  // `host`'s worker is gone (its island stays known).
+  // `host`'s worker is gone (its island stays known); the epoch advances.
   void Detach(HostId host);
 
+  // Counts detaches: work records it when submitted (IslandWork::membership).
+  uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
   // The host's worker, or null if none is attached.
   WorkerInterface* Worker(HostId host) const;
+  // The same for work submitted at `epoch`: also null if the host was detached since.
+  WorkerInterface* Worker(HostId host, uint64_t epoch) const;
   std::vector<WorkerInterface*> Workers() const;
   struct Member {
     HostId host;
@@ -53,6 +60,8 @@ class Membership {
   mutable pw::Mutex mu_;
   absl::flat_hash_map<HostId, IslandId> host_island_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<HostId, WorkerInterface*> workers_ ABSL_GUARDED_BY(mu_);
+  std::atomic<uint64_t> epoch_{0};  // Advanced under mu_; read without it.
+  absl::flat_hash_map<HostId, uint64_t> detached_at_ ABSL_GUARDED_BY(mu_);  // Its last detach.
   std::vector<std::unique_ptr<IslandScheduler>> schedulers_ ABSL_GUARDED_BY(mu_);
 };
 

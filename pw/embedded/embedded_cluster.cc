@@ -106,6 +106,7 @@ absl::Status EmbeddedCluster::StartWorker(HostId host, IslandId island,
 }
 
 absl::Status EmbeddedCluster::FailHost(HostId host, const std::string& reason) {
+  pw::MutexLock serial(&fail_mu_);
   Worker* dead = nullptr;
   {
     pw::MutexLock lock(&mu_);
@@ -122,6 +123,7 @@ absl::Status EmbeddedCluster::FailHost(HostId host, const std::string& reason) {
 }
 
 absl::Status EmbeddedCluster::RestartHost(HostId host) {
+  pw::MutexLock serial(&fail_mu_);
   std::shared_ptr<pjrt::PjrtBackend> pjrt;
   bool failed = false;
   {
@@ -139,6 +141,9 @@ absl::Status EmbeddedCluster::RestartHost(HostId host) {
   std::vector<DeviceSpec> devices;
   for (const DeviceState& d : controller_->resource_manager().Devices())
     if (d.spec.host == host) devices.push_back(d.spec);
+  // The collectives the hosts share: its devices meet again (a restarted process has its own,
+  // fresh; JoinHost tells only the other workers).
+  for (const DeviceSpec& d : devices) collectives_.RestoreDevice(d.id);
   return StartWorker(host, devices.front().island, devices, std::move(pjrt));
 }
 

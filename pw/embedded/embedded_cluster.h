@@ -41,8 +41,8 @@ class EmbeddedCluster {
 
   Controller& controller() { return *controller_; }
   // Adds a host with `num_devices` devices to `island` (or a new island: island == #islands).
-  absl::StatusOr<HostRegistration> AddHost(IslandId island, int num_devices,
-                                           int64_t memory_bytes = ClusterSpec::kDefaultDeviceMemory);
+  absl::StatusOr<HostRegistration> AddHost(
+      IslandId island, int num_devices, int64_t memory_bytes = ClusterSpec::kDefaultDeviceMemory);
   Future<> RemoveDevice(DeviceId device, const std::string& reason) {
     return controller_->RemoveDevice(device, reason);
   }
@@ -75,6 +75,7 @@ class EmbeddedCluster {
   std::shared_ptr<pjrt::PjrtBackend> pjrt_;  // The initial hosts' PJRT client (created on use).
   mutable pw::Mutex mu_;
   absl::flat_hash_map<HostId, std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
+  pw::Mutex fail_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // One FailHost or RestartHost at a time.
   // Failed workers: kept, as peers and work in flight may still hold them.
   std::vector<std::unique_ptr<Worker>> failed_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Controller> controller_;  // Destroyed first.

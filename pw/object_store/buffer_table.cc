@@ -82,10 +82,11 @@ absl::StatusOr<BufferTable::Entry*> BufferTable::FindHandle(ClientId client, Buf
   return const_cast<Entry*>(&it->second);
 }
 
-absl::StatusOr<LogicalBuffer> BufferTable::Lookup(ClientId client, BufferId id) const {
+absl::StatusOr<LogicalBuffer> BufferTable::Lookup(ClientId client, BufferId id,
+                                                 bool even_lost) const {
   pw::MutexLock lock(&mu_);
   PW_ASSIGN_OR_RETURN(Entry * e, FindHandle(client, id));
-  PW_RETURN_IF_ERROR(e->lost);
+  if (!even_lost) PW_RETURN_IF_ERROR(e->lost);
   return e->buffer;
 }
 

@@ -61,7 +61,8 @@ class BufferTable {
   BufferId NewIds(int64_t n);
   // The buffer if it exists and `client` holds a handle to it; NotFound (naming it) if not;
   // DataLoss if its shards were lost (LoseHost).
-  absl::StatusOr<LogicalBuffer> Lookup(ClientId client, BufferId id) const;
+  // `even_lost`: a lost buffer too (to drop handles to it).
+  absl::StatusOr<LogicalBuffer> Lookup(ClientId client, BufferId id, bool even_lost = false) const;
   // Lookup and a pin in one step, so the buffer cannot be freed in between.
   absl::StatusOr<LogicalBuffer> LookupAndPin(ClientId client, BufferId id);
   // Drops one pin from each; returns buffers that are now unreferenced (removed from the table).
@@ -76,8 +77,9 @@ class BufferTable {
   absl::StatusOr<LogicalBuffer> AddHandle(ClientId client, BufferId id);
   // Drops every handle `client` holds to `id` (a revoked share); returns buffers now freed.
   std::vector<LogicalBuffer> DropHandles(ClientId client, BufferId id);
-  // `host` failed: every buffer with a shard there is lost. Lookup and LookupAndPin of one fail
-  // from now on (DataLoss: "<buffer> was lost: <why>"); its handles are released as before.
+  // `host` failed: every buffer with a shard there is lost (a replicated one too, though other
+  // hosts hold its regions). Lookup and LookupAndPin of one fail from now on (DataLoss:
+  // "<buffer> was lost: <why>"); its handles are released as before.
   // Returns how many were lost.
   int LoseHost(HostId host, const absl::Status& why);
   size_t size() const;

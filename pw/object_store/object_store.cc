@@ -134,14 +134,15 @@ void ObjectStore::Close(const absl::Status& why) {
   {
     pw::MutexLock lock(&mu_);
     if (!closed_.ok()) return;
-    closed_ = why.ok() ? absl::UnavailableError("the object store was closed") : why;
+    closed_ = why.ok() ? absl::UnavailableError("the object store was closed") : why;  // As below.
     dropped.swap(buffers_);
     waiting.swap(waiting_);
     bytes_ = 0;
     shards_ = 0;
   }
+  const absl::Status closed = why.ok() ? absl::UnavailableError("the object store was closed") : why;
   for (auto& [key, promises] : waiting)
-    for (auto& p : promises) p.Set(why);
+    for (auto& p : promises) p.Set(closed);
 }
 
 Future<> ObjectStore::Ready(BufferId id) const {

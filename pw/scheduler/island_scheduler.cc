@@ -202,10 +202,11 @@ void IslandScheduler::Dispatch(std::unique_ptr<ScheduleRequest> r) {
   std::vector<Future<absl::Time>> enqueued;
   std::vector<Future<int64_t>> done;
   for (const auto& [host, program] : w.hosts) {
-    WorkerInterface* worker = workers_(host);
+    WorkerInterface* worker = workers_(host, w.membership);
     if (worker == nullptr) {
       const absl::Status s = absl::UnavailableError(absl::StrCat(
-          w.run.ToString(), " program '", w.program, "': ", host.ToString(), " has no worker"));
+          w.run.ToString(), " program '", w.program, "': ", host.ToString(),
+          " has no worker (it failed, or has failed since the run was submitted)"));
       enqueued.push_back(Future<absl::Time>::Ready(s));
       done.push_back(Future<int64_t>::Ready(s));
       continue;
@@ -242,10 +243,11 @@ void IslandScheduler::ContinueSequential(std::shared_ptr<Sequential> seq) {
       if (seq->next[h] >= program->nodes.size() || program->nodes[seq->next[h]].node != node)
         continue;
       const size_t at = seq->next[h]++;
-      WorkerInterface* worker = workers_(host);
+      WorkerInterface* worker = workers_(host, w.membership);
       if (worker == nullptr) {
         const absl::Status s = absl::UnavailableError(absl::StrCat(
-            w.run.ToString(), " program '", w.program, "': ", host.ToString(), " has no worker"));
+            w.run.ToString(), " program '", w.program, "': ", host.ToString(),
+          " has no worker (it failed, or has failed since the run was submitted)"));
         node_enqueued.push_back(Future<absl::Time>::Ready(s));
         seq->done.push_back(Future<int64_t>::Ready(s));
         continue;

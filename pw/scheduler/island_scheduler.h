@@ -47,7 +47,10 @@ namespace pw {
 
 class IslandScheduler {
  public:
-  using WorkerLookup = std::function<WorkerInterface*(HostId)>;
+  // The worker of `host` for work submitted at membership epoch `membership`
+  // (IslandWork::membership): null if the host has none, or has failed since (its worker now, if
+  // any, is a new one holding none of what the work reads).
+  using WorkerLookup = std::function<WorkerInterface*(HostId host, uint64_t membership)>;
   struct Options {
     int devices = 1;  // The island's.
     // Estimated device time in flight, per device of the island: the next request is

@@ -123,7 +123,7 @@ void Settle(const IslandScheduler& s) {
 TEST(IslandSchedulerTest, ParallelSendsOneMessagePerHost) {
   FakeWorker w0(HostId(0)), w1(HostId(1));
   IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
-                    [&](HostId h) -> WorkerInterface* { return h.value() == 0 ? &w0 : &w1; }, {});
+                    [&](HostId h, uint64_t) -> WorkerInterface* { return h.value() == 0 ? &w0 : &w1; }, {});
   DispatchAck ack = s.Submit(Chain(5, 2, DispatchMode::kParallel));
   WaitFor([&] { return !w1.messages().empty(); });
   EXPECT_EQ(w0.messages(), (std::vector<std::vector<int>>{{0, 1, 2, 3, 4}}));
@@ -144,7 +144,7 @@ TEST(IslandSchedulerTest, SequentialWaitsForEachNodeToBeEnqueuedWithoutHoldingTh
   IslandScheduler::Options o;
   o.window = absl::Hours(1);  // Only the sequential dispatch holds anything back.
   IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
-                    [&](HostId h) -> WorkerInterface* { return h.value() == 0 ? &w0 : &w1; }, o);
+                    [&](HostId h, uint64_t) -> WorkerInterface* { return h.value() == 0 ? &w0 : &w1; }, o);
   DispatchAck ack = s.Submit(Chain(3, 2, DispatchMode::kSequential));
   for (int node = 0; node < 3; ++node) {
     WaitFor([&] { return w1.messages().size() == static_cast<size_t>(node + 1); });
@@ -175,7 +175,7 @@ TEST(IslandSchedulerTest, FifoOrderAcrossRequestsAndMissingWorker) {
   IslandScheduler::Options o;
   o.window = absl::Hours(1);  // Everything at once.
   IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
-                    [&](HostId h) -> WorkerInterface* { return h.value() == 0 ? &w0 : nullptr; },
+                    [&](HostId h, uint64_t) -> WorkerInterface* { return h.value() == 0 ? &w0 : nullptr; },
                     o);
   std::vector<DispatchAck> acks;
   for (int i = 0; i < 10; ++i) acks.push_back(s.Submit(Chain(1, 1, DispatchMode::kParallel, i)));
@@ -198,7 +198,7 @@ TEST(IslandSchedulerTest, KeepsAWindowOfDeviceTimeInFlightAndFeedsTheDevicesOnCo
   o.window = absl::Milliseconds(2);
   o.first_estimate = absl::Milliseconds(1);
   IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
-                    [&](HostId) -> WorkerInterface* { return &w0; }, o);
+                    [&](HostId, uint64_t) -> WorkerInterface* { return &w0; }, o);
   auto program = std::make_shared<HostProgram>();
   program->id = 77;
   program->nodes.push_back({0, "n", ComputeWork{}});
@@ -238,7 +238,7 @@ TEST(IslandSchedulerTest, WidensTheWindowByTheMeasuredRoundTrip) {
   o.first_estimate = absl::Milliseconds(1);
   o.now = [now] { return now; };  // Every dispatch goes at `now`.
   IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
-                    [&](HostId) -> WorkerInterface* { return &w0; }, o);
+                    [&](HostId, uint64_t) -> WorkerInterface* { return &w0; }, o);
   auto program = std::make_shared<HostProgram>();
   program->id = 78;
   program->nodes.push_back({0, "n", ComputeWork{}});
@@ -278,7 +278,7 @@ TEST(IslandSchedulerTest, TenantsShareTheIslandByTheirShares) {
   o.now = [&now] { return now; };
   auto a = std::make_shared<Tenant>(0, "a", 1), b = std::make_shared<Tenant>(1, "b", 3);
   IslandScheduler s(IslandId(0), std::make_unique<SharePolicy>(),
-                    [&](HostId) -> WorkerInterface* { return &w0; }, o);
+                    [&](HostId, uint64_t) -> WorkerInterface* { return &w0; }, o);
   auto pa = std::make_shared<HostProgram>(), pb = std::make_shared<HostProgram>();
   pa->id = 1001;
   pb->id = 1002;

@@ -36,6 +36,9 @@ struct IslandWork {
   int64_t seq = 0;              // Submission order, one count over every island.
   bool spans_islands = false;   // Its run has work on other islands too.
   int devices = 1;              // Devices of this island it computes on (for its estimate).
+  // The membership epoch when the run was submitted (Membership::epoch): a host that has failed
+  // since gets none of it, even if a new worker has joined for it.
+  uint64_t membership = 0;
 };
 
 struct ScheduleRequest {

@@ -146,7 +146,12 @@ absl::StatusOr<v1::RegisterWorkerResponse> ControllerServer::RegisterWorker(
       shm_unlink(it->second.data_address.c_str());
   }
   // A host registering again replaces its old worker (which may not have been noticed dead yet).
-  if (rejoin) FailHost(host, "its worker registered again");
+  if (rejoin) {
+    FailHost(host, "its worker registered again");
+    // A failure the monitor had under way ends first: it must not detach the new worker.
+    pw::MutexLock lock(&mu_);
+    mu_.Await([&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return !members_[host].failing; });
+  }
   rpc::ChannelOptions to_worker = options_.channel;
   to_worker.token = options_.cluster_token;
   auto worker = std::make_unique<rpc::RemoteWorker>(host, req.address(), to_worker,
