@@ -148,6 +148,27 @@ NB_MODULE(_pathways, m) {
              }
              Check(s);
            })
+      // Failure drills: fails a host as a killed worker process fails on a process cluster (its
+      // work fails, its devices leave service, its arrays are lost: DataLoss), and starts a new
+      // worker for it, as a restarted process rejoins (EmbeddedCluster::FailHost/RestartHost).
+      .def("fail_host",
+           [](EmbeddedCluster& cluster, int64_t host, const std::string& reason) {
+             absl::Status s;
+             {
+               nb::gil_scoped_release release;
+               s = cluster.FailHost(HostId(host), reason);
+             }
+             Check(s);
+           })
+      .def("restart_host",
+           [](EmbeddedCluster& cluster, int64_t host) {
+             absl::Status s;
+             {
+               nb::gil_scoped_release release;
+               s = cluster.RestartHost(HostId(host));
+             }
+             Check(s);
+           })
       // pw status --json's object, as a JSON string (pathways.status()).
       .def("status_json", [](EmbeddedCluster& cluster) {
         absl::StatusOr<ClusterStatus> st;

@@ -18,6 +18,40 @@ def test_figure2_example_prints_the_papers_output():
     assert out.stdout.strip() == "(array([3., 5.]), array([2., 4.]))"
 
 
+def test_a_failed_embedded_host_loses_its_arrays_and_a_restarted_one_serves_again():
+    # As a killed worker on `pw up` (test_cluster.py), in an embedded cluster of its own.
+    code = """
+import numpy as np
+import pathways as pw
+cluster = pw._default_connection().cluster
+s = pw.make_virtual_device_set().add_slice(devices=4)
+assert sorted(set(s.hosts)) == [0, 1], s.hosts
+double = pw.pmap(lambda x: x * 2.0, devices=s)
+x = pw.device_put(np.arange(4, dtype=np.float32), s)
+np.testing.assert_array_equal(double(x), [0, 2, 4, 6])
+cluster.fail_host(1, "a drill")
+try:
+    np.asarray(x)
+    raise SystemExit("read an array of a failed host")
+except pw.errors.DataLoss as e:
+    assert "host:1 failed: a drill" in str(e), e
+try:
+    np.asarray(double(np.ones(4, np.float32)))
+    raise SystemExit("ran on a failed host")
+except pw.errors.Unavailable as e:
+    assert "host:1 failed: a drill" in str(e), e
+cluster.restart_host(1)
+np.testing.assert_array_equal(double(np.ones(4, np.float32)), [2, 2, 2, 2])
+print("ok")
+"""
+    env = dict(os.environ, PW_ISLANDS="1", PW_HOSTS_PER_ISLAND="2", PW_DEVICES_PER_HOST="2")
+    env.pop("PW_CLUSTER", None)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.strip() == "ok"
+
+
 def test_program_is_one_dataflow_program():
     s = pw.make_virtual_device_set().add_slice(devices=2)
     double = pw.pmap(lambda x: x * 2.0, devices=s)
