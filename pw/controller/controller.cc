@@ -128,7 +128,7 @@ void Controller::FailHost(HostId host, const std::string& reason) {
   // dispatched to the host (Membership::Worker), and one submitted at a later epoch finds its
   // arguments lost.
   buffers_.LoseHost(host, absl::UnavailableError(why));
-  members_.Detach(host);
+  members_.Detach(host, reason);
   for (DeviceId d : HostDevices(host)) (void)RemoveDevice(d, why);
 }
 
@@ -1093,6 +1093,7 @@ absl::StatusOr<ClusterStatus> Controller::Status() {
   s.runs_in_flight = static_cast<size_t>(runs.in_flight);
   s.runs_completed = runs.completed;
   s.running = std::move(runs.running);
+  for (auto& [host, reason] : members_.Failed()) s.failed_hosts.push_back({host, std::move(reason)});
   std::vector<Future<HostStatus>> asked;  // In parallel; each answers within its deadline.
   for (const Membership::Member& a : workers) asked.push_back(a.worker->Status());
   for (size_t i = 0; i < workers.size(); ++i) {

@@ -72,7 +72,7 @@ TEST(MembershipTest, WorkersComeAndGoAndEachIslandHasAScheduler) {
   EXPECT_NE(m.Scheduler(IslandId(3)), nullptr);
   EXPECT_EQ(m.Scheduler(IslandId(4)), nullptr);
   EXPECT_EQ(m.Members().size(), 2u);
-  m.Detach(HostId(0));
+  m.Detach(HostId(0), "its process died");
   EXPECT_EQ(m.Worker(HostId(0)), nullptr);
   EXPECT_EQ(m.Workers(), std::vector<WorkerInterface*>{&w2});
   EXPECT_EQ(m.HostIslands().at(HostId(0)), IslandId(0));  // Its island stays known.
@@ -93,8 +93,10 @@ TEST(MembershipTest, WorkFromBeforeAHostFailedFindsNoWorkerForIt) {
   m.Attach(HostId(1), IslandId(0), &w1);
   const uint64_t before = m.epoch();
   EXPECT_EQ(m.Worker(HostId(1), before), &w1);
-  m.Detach(HostId(1));
+  m.Detach(HostId(1), "its process died");
+  EXPECT_EQ(m.Failed(), (std::vector<std::pair<HostId, std::string>>{{HostId(1), "its process died"}}));
   m.Attach(HostId(1), IslandId(0), &again);
+  EXPECT_TRUE(m.Failed().empty());
   EXPECT_GT(m.epoch(), before);
   EXPECT_EQ(m.Worker(HostId(1), before), nullptr);
   EXPECT_EQ(m.Worker(HostId(0), before), &w0);  // Its peers still serve it.

@@ -1,5 +1,6 @@
 #include "pw/controller/membership.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace pw {
@@ -19,14 +20,16 @@ void Membership::Attach(HostId host, IslandId island, WorkerInterface* worker) {
   pw::MutexLock lock(&mu_);
   host_island_[host] = island;
   workers_[host] = worker;
+  failed_.erase(host);
   while (static_cast<int64_t>(schedulers_.size()) <= island.value())
     schedulers_.push_back(
         make_scheduler_(IslandId(static_cast<int64_t>(schedulers_.size())), /*devices=*/1));
 }
 
-void Membership::Detach(HostId host) {
+void Membership::Detach(HostId host, std::string reason) {
   pw::MutexLock lock(&mu_);
   workers_.erase(host);
+  failed_[host] = std::move(reason);
   detached_at_[host] = epoch_.fetch_add(1, std::memory_order_acq_rel) + 1;
 }
 
@@ -42,6 +45,13 @@ WorkerInterface* Membership::Worker(HostId host, uint64_t epoch) const {
   if (it == workers_.end()) return nullptr;
   auto d = detached_at_.find(host);
   return d != detached_at_.end() && d->second > epoch ? nullptr : it->second;
+}
+
+std::vector<std::pair<HostId, std::string>> Membership::Failed() const {
+  pw::MutexLock lock(&mu_);
+  std::vector<std::pair<HostId, std::string>> out(failed_.begin(), failed_.end());
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::vector<WorkerInterface*> Membership::Workers() const {

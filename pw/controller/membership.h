@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -32,8 +34,10 @@ class Membership {
 
   // `host` of `island` serves through `worker` (replacing any earlier worker of the host).
   void Attach(HostId host, IslandId island, WorkerInterface* worker);
-  // `host`'s worker is gone (its island stays known); the epoch advances.
-  void Detach(HostId host);
+  // `host`'s worker is gone, for `reason` (its island stays known); the epoch advances.
+  void Detach(HostId host, std::string reason);
+  // Hosts detached and not attached again, and why, by host.
+  std::vector<std::pair<HostId, std::string>> Failed() const;
 
   // Counts detaches: work records it when submitted (IslandWork::membership).
   uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
@@ -62,6 +66,7 @@ class Membership {
   absl::flat_hash_map<HostId, WorkerInterface*> workers_ ABSL_GUARDED_BY(mu_);
   std::atomic<uint64_t> epoch_{0};  // Advanced under mu_; read without it.
   absl::flat_hash_map<HostId, uint64_t> detached_at_ ABSL_GUARDED_BY(mu_);  // Its last detach.
+  absl::flat_hash_map<HostId, std::string> failed_ ABSL_GUARDED_BY(mu_);  // Until attached.
   std::vector<std::unique_ptr<IslandScheduler>> schedulers_ ABSL_GUARDED_BY(mu_);
 };
 

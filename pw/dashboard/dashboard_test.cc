@@ -56,9 +56,7 @@ TEST(DashboardTest, ServesThePageAndTheClusterWithATimelineOfEveryTenant) {
   o.status = [c]() -> absl::StatusOr<std::string> {
     absl::StatusOr<ClusterStatus> st = c->Status();
     if (!st.ok()) return st.status();
-    ::pathways::v1::ClusterStatus p;
-    rpc::ToProto(*st, &p);
-    return server::StatusJson(p, "embedded");
+    return server::StatusJson(*st, 0);
   };
   o.tracer = admin.get();
   o.all_tenants = true;

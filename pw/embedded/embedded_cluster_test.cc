@@ -645,6 +645,12 @@ TEST_P(ClusterTest, AFailedHostsWorkFailsNamingItAndARestartedHostServesAgain) {
   ASSERT_EQ(waiters, 4u);
 
   FailHost(HostId(1));
+  {  // The status lists it as failed, and why, in both modes (pw status, pathways.status()).
+    const ClusterStatus st = controller().Status().value();
+    ASSERT_EQ(st.failed_hosts.size(), 1u);
+    EXPECT_EQ(st.failed_hosts[0].host, HostId(1));
+    EXPECT_THAT(st.failed_hosts[0].reason, HasSubstr(grpc() ? "host:1 is stopping" : "by the test"));
+  }
   // The run in flight fails naming the host, once host 0's part has its memory.
   held.pop_back();
   Future<> ready = (*blocked)[0].Ready();
@@ -675,6 +681,7 @@ TEST_P(ClusterTest, AFailedHostsWorkFailsNamingItAndARestartedHostServesAgain) {
   // Restarted, it serves the slice it served before (its functions loaded again), holding none
   // of what the failed worker held.
   RestartHost(HostId(1));
+  EXPECT_TRUE(controller().Status().value().failed_hosts.empty());
   Array x2 = *c->Put(F32({1, 1, 1, 1}), all.info().id, Sharding::Split({4}, 1, 0));
   EXPECT_EQ(Values((*reduce.Call({x2}))[0]), (std::vector<float>{5, 5, 5, 5}));
   // What it held stays lost (seen failing on every transport: a read of it waited forever for a

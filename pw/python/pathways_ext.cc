@@ -176,10 +176,8 @@ NB_MODULE(_pathways, m) {
           nb::gil_scoped_release release;
           st = cluster.controller().Status();
         }
-        ::pathways::v1::ClusterStatus proto;
-        rpc::ToProto(Unwrap(std::move(st)), &proto);
-        proto.set_clients(static_cast<int64_t>(cluster.controller().num_clients()));
-        return server::StatusJson(proto, "embedded");
+        return server::StatusJson(Unwrap(std::move(st)),
+                                  static_cast<int64_t>(cluster.controller().num_clients()));
       });
 
   nb::class_<metrics::MetricsServer>(m, "MetricsServer")

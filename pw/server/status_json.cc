@@ -1,9 +1,11 @@
 #include "pw/server/status_json.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
 #include "nlohmann/json.hpp"
+#include "pw/rpc/wire.h"
 
 namespace pw::server {
 
@@ -101,10 +103,6 @@ std::string StatusJson(const v1::ClusterStatus& st, const std::string& address) 
       if (hs.host() == host) return &hs;
     return nullptr;
   };
-  if (st.members().empty()) {  // An embedded cluster: every host is in this process.
-    for (const auto& hs : st.hosts())
-      add({{"host", hs.host()}, {"address", "in-process"}, {"alive", true}}, &hs);
-  }
   for (const auto& m : st.members()) {
     nlohmann::json h = {{"host", m.host()}, {"address", m.address()}, {"alive", m.alive()}};
     if (!m.reason().empty()) h["reason"] = m.reason();
@@ -118,6 +116,25 @@ std::string StatusJson(const v1::ClusterStatus& st, const std::string& address) 
   j["checkpoint_bytes_saved"] = saved;
   j["checkpoint_bytes_loaded"] = loaded;
   return j.dump(2);
+}
+
+std::string StatusJson(const ClusterStatus& status, int64_t clients) {
+  v1::ClusterStatus proto;
+  rpc::ToProto(status, &proto);
+  proto.set_clients(clients);
+  std::vector<std::pair<int64_t, const std::string*>> members;  // Host, and why it failed.
+  for (const HostStatus& h : status.hosts) members.emplace_back(h.host.value(), nullptr);
+  for (const ClusterStatus::FailedHost& f : status.failed_hosts)
+    members.emplace_back(f.host.value(), &f.reason);
+  std::sort(members.begin(), members.end());
+  for (const auto& [host, why] : members) {
+    v1::HostMembership* m = proto.add_members();
+    m->set_host(host);
+    m->set_address("in-process");
+    m->set_alive(why == nullptr);
+    if (why != nullptr) m->set_reason(*why);
+  }
+  return StatusJson(proto, "embedded");
 }
 
 }  // namespace pw::server

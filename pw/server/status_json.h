@@ -4,13 +4,17 @@
 
 #include <string>
 
+#include "pw/transport/controller_interface.h"
+
 #include "pw/rpc/proto/pathways.pb.h"
 
 namespace pw::server {
 
 // `status` as a controller process serves it (RemoteController::FullStatus: members and the
-// client count set), or an embedded cluster's (no members: every host reads as alive, with
-// address "in-process"). `address` is the cluster's ("embedded" for one in this process).
+// client count set); `address` is the cluster's.
 std::string StatusJson(const ::pathways::v1::ClusterStatus& status, const std::string& address);
+// An embedded cluster's (`address` "embedded"): every host in this process, those that failed
+// (EmbeddedCluster::FailHost) not alive, with the reason, as a process cluster lists them.
+std::string StatusJson(const ClusterStatus& status, int64_t clients);
 
 }  // namespace pw::server

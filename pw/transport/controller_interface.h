@@ -100,6 +100,12 @@ struct ClusterStatus {
     std::string program;
   };
   std::vector<Running> running;  // Runs in flight, oldest first (at most kMaxRunningListed).
+  struct FailedHost {
+    HostId host;
+    std::string reason;
+  };
+  // Hosts whose worker failed and has not rejoined (Controller::FailHost), by host.
+  std::vector<FailedHost> failed_hosts;
   static constexpr size_t kMaxRunningListed = 64;
   std::string scheduling;  // The islands' policy: "share" or "fifo".
   struct Tenant {

@@ -169,7 +169,8 @@ def trace(path: str, *, all_tenants: bool | None = None, client: Client | None =
 def status() -> dict:
     """The cluster's status, as `pw status --json` prints it: clients, runs, buffers, and per
     host its island, buffers, transfers, compiled functions and devices (memory, queues). For an
-    embedded cluster every host reads as "in-process"."""
+    embedded cluster every host reads as "in-process"; one that failed (a drill: the cluster's
+    fail_host) is not "alive", and says why in "reason", as on a process cluster."""
     return json.loads(_default_connection().cluster.status_json())
 
 

@@ -40,7 +40,11 @@ try:
     raise SystemExit("ran on a failed host")
 except pw.errors.Unavailable as e:
     assert "host:1 failed: a drill" in str(e), e
+hosts = pw.status()["hosts"]
+assert [h["alive"] for h in hosts] == [True, False], hosts
+assert hosts[1]["reason"] == "a drill", hosts[1]
 cluster.restart_host(1)
+assert [h["alive"] for h in pw.status()["hosts"]] == [True, True]
 np.testing.assert_array_equal(double(np.ones(4, np.float32)), [2, 2, 2, 2])
 print("ok")
 """
