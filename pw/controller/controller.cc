@@ -88,9 +88,8 @@ std::unique_ptr<IslandScheduler> Controller::NewScheduler(IslandId island, int d
   IslandScheduler::Options o;
   o.devices = std::max(1, devices);
   o.window = options_.scheduling.window;
-  return std::make_unique<IslandScheduler>(island, std::move(policy),
-                                           [this](HostId h, uint64_t epoch) { return members_.Worker(h, epoch); },
-                                           o);
+  auto workers = [this](HostId h, uint64_t epoch) { return members_.Worker(h, epoch); };
+  return std::make_unique<IslandScheduler>(island, std::move(policy), std::move(workers), o);
 }
 
 Controller::~Controller() { WaitIdle(); }
@@ -1084,7 +1083,9 @@ Controller::Registry Controller::registry() const {
 
 absl::StatusOr<ClusterStatus> Controller::Status() {
   ClusterStatus s;
-  const std::vector<Membership::Member> workers = members_.Members();
+  Membership::Failed failed;
+  const std::vector<Membership::Member> workers = members_.Members(&failed);
+  for (auto& [host, reason] : failed) s.failed_hosts.push_back({host, std::move(reason)});
   for (IslandScheduler* sched : members_.Schedulers()) {
     s.scheduler_queue_depth.push_back(sched->queue_depth());
     s.scheduler_round_trip_ns.push_back(absl::ToInt64Nanoseconds(sched->round_trip()));
@@ -1093,7 +1094,6 @@ absl::StatusOr<ClusterStatus> Controller::Status() {
   s.runs_in_flight = static_cast<size_t>(runs.in_flight);
   s.runs_completed = runs.completed;
   s.running = std::move(runs.running);
-  for (auto& [host, reason] : members_.Failed()) s.failed_hosts.push_back({host, std::move(reason)});
   std::vector<Future<HostStatus>> asked;  // In parallel; each answers within its deadline.
   for (const Membership::Member& a : workers) asked.push_back(a.worker->Status());
   for (size_t i = 0; i < workers.size(); ++i) {

@@ -94,9 +94,12 @@ TEST(MembershipTest, WorkFromBeforeAHostFailedFindsNoWorkerForIt) {
   const uint64_t before = m.epoch();
   EXPECT_EQ(m.Worker(HostId(1), before), &w1);
   m.Detach(HostId(1), "its process died");
-  EXPECT_EQ(m.Failed(), (std::vector<std::pair<HostId, std::string>>{{HostId(1), "its process died"}}));
+  Membership::Failed failed;
+  EXPECT_EQ(m.Members(&failed).size(), 1u);
+  EXPECT_EQ(failed, (Membership::Failed{{HostId(1), "its process died"}}));
   m.Attach(HostId(1), IslandId(0), &again);
-  EXPECT_TRUE(m.Failed().empty());
+  EXPECT_EQ(m.Members(&failed).size(), 2u);
+  EXPECT_TRUE(failed.empty());
   EXPECT_GT(m.epoch(), before);
   EXPECT_EQ(m.Worker(HostId(1), before), nullptr);
   EXPECT_EQ(m.Worker(HostId(0), before), &w0);  // Its peers still serve it.

@@ -47,13 +47,6 @@ WorkerInterface* Membership::Worker(HostId host, uint64_t epoch) const {
   return d != detached_at_.end() && d->second > epoch ? nullptr : it->second;
 }
 
-std::vector<std::pair<HostId, std::string>> Membership::Failed() const {
-  pw::MutexLock lock(&mu_);
-  std::vector<std::pair<HostId, std::string>> out(failed_.begin(), failed_.end());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 std::vector<WorkerInterface*> Membership::Workers() const {
   pw::MutexLock lock(&mu_);
   std::vector<WorkerInterface*> out;
@@ -62,8 +55,12 @@ std::vector<WorkerInterface*> Membership::Workers() const {
   return out;
 }
 
-std::vector<Membership::Member> Membership::Members() const {
+std::vector<Membership::Member> Membership::Members(Failed* failed) const {
   pw::MutexLock lock(&mu_);
+  if (failed != nullptr) {
+    failed->assign(failed_.begin(), failed_.end());
+    std::sort(failed->begin(), failed->end());
+  }
   std::vector<Member> out;
   out.reserve(workers_.size());
   for (const auto& [host, w] : workers_) out.push_back({host, host_island_.at(host), w});

@@ -36,8 +36,7 @@ class Membership {
   void Attach(HostId host, IslandId island, WorkerInterface* worker);
   // `host`'s worker is gone, for `reason` (its island stays known); the epoch advances.
   void Detach(HostId host, std::string reason);
-  // Hosts detached and not attached again, and why, by host.
-  std::vector<std::pair<HostId, std::string>> Failed() const;
+
 
   // Counts detaches: work records it when submitted (IslandWork::membership).
   uint64_t epoch() const { return epoch_.load(std::memory_order_acquire); }
@@ -51,7 +50,10 @@ class Membership {
     IslandId island;
     WorkerInterface* worker;
   };
-  std::vector<Member> Members() const;  // Hosts with a worker attached.
+  // Hosts with a worker attached; with `failed`, also (in the same instant) the hosts detached
+  // and not attached again, and why, by host.
+  using Failed = std::vector<std::pair<HostId, std::string>>;
+  std::vector<Member> Members(Failed* failed = nullptr) const;
   // Every known host's island (joined or in the spec).
   absl::flat_hash_map<HostId, IslandId> HostIslands() const;
 

@@ -102,7 +102,19 @@ absl::Status EmbeddedCluster::StartWorker(HostId host, IslandId island,
       return absl::FailedPreconditionError(absl::StrCat(host.ToString(), " has a live worker"));
     workers_[host] = std::move(w);
   }
-  return controller_->JoinHost(host, island, raw);
+  absl::Status joined = controller_->JoinHost(host, island, raw);
+  if (!joined.ok()) {  // The controller failed the host again: so does its worker.
+    {
+      pw::MutexLock lock(&mu_);
+      auto it = workers_.find(host);
+      if (it != workers_.end() && it->second.get() == raw) {
+        failed_.push_back(std::move(it->second));
+        workers_.erase(it);
+      }
+    }
+    raw->Fail(absl::UnavailableError(absl::StrCat(host.ToString(), " failed: ", joined.message())));
+  }
+  return joined;
 }
 
 absl::Status EmbeddedCluster::FailHost(HostId host, const std::string& reason) {

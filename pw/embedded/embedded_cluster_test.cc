@@ -649,7 +649,8 @@ TEST_P(ClusterTest, AFailedHostsWorkFailsNamingItAndARestartedHostServesAgain) {
     const ClusterStatus st = controller().Status().value();
     ASSERT_EQ(st.failed_hosts.size(), 1u);
     EXPECT_EQ(st.failed_hosts[0].host, HostId(1));
-    EXPECT_THAT(st.failed_hosts[0].reason, HasSubstr(grpc() ? "host:1 is stopping" : "by the test"));
+    EXPECT_THAT(st.failed_hosts[0].reason,
+                HasSubstr(grpc() ? "host:1 is stopping" : "by the test"));
   }
   // The run in flight fails naming the host, once host 0's part has its memory.
   held.pop_back();

@@ -140,7 +140,8 @@ void ObjectStore::Close(const absl::Status& why) {
     bytes_ = 0;
     shards_ = 0;
   }
-  const absl::Status closed = why.ok() ? absl::UnavailableError("the object store was closed") : why;
+  const absl::Status closed =
+      why.ok() ? absl::UnavailableError("the object store was closed") : why;
   for (auto& [key, promises] : waiting)
     for (auto& p : promises) p.Set(closed);
 }

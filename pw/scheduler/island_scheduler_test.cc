@@ -123,7 +123,9 @@ void Settle(const IslandScheduler& s) {
 TEST(IslandSchedulerTest, ParallelSendsOneMessagePerHost) {
   FakeWorker w0(HostId(0)), w1(HostId(1));
   IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
-                    [&](HostId h, uint64_t) -> WorkerInterface* { return h.value() == 0 ? &w0 : &w1; }, {});
+                    [&](HostId h, uint64_t) -> WorkerInterface* {
+                      return h.value() == 0 ? &w0 : &w1;
+                    }, {});
   DispatchAck ack = s.Submit(Chain(5, 2, DispatchMode::kParallel));
   WaitFor([&] { return !w1.messages().empty(); });
   EXPECT_EQ(w0.messages(), (std::vector<std::vector<int>>{{0, 1, 2, 3, 4}}));
@@ -144,7 +146,9 @@ TEST(IslandSchedulerTest, SequentialWaitsForEachNodeToBeEnqueuedWithoutHoldingTh
   IslandScheduler::Options o;
   o.window = absl::Hours(1);  // Only the sequential dispatch holds anything back.
   IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
-                    [&](HostId h, uint64_t) -> WorkerInterface* { return h.value() == 0 ? &w0 : &w1; }, o);
+                    [&](HostId h, uint64_t) -> WorkerInterface* {
+                      return h.value() == 0 ? &w0 : &w1;
+                    }, o);
   DispatchAck ack = s.Submit(Chain(3, 2, DispatchMode::kSequential));
   for (int node = 0; node < 3; ++node) {
     WaitFor([&] { return w1.messages().size() == static_cast<size_t>(node + 1); });
@@ -175,7 +179,9 @@ TEST(IslandSchedulerTest, FifoOrderAcrossRequestsAndMissingWorker) {
   IslandScheduler::Options o;
   o.window = absl::Hours(1);  // Everything at once.
   IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
-                    [&](HostId h, uint64_t) -> WorkerInterface* { return h.value() == 0 ? &w0 : nullptr; },
+                    [&](HostId h, uint64_t) -> WorkerInterface* {
+                      return h.value() == 0 ? &w0 : nullptr;
+                    },
                     o);
   std::vector<DispatchAck> acks;
   for (int i = 0; i < 10; ++i) acks.push_back(s.Submit(Chain(1, 1, DispatchMode::kParallel, i)));

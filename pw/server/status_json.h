@@ -4,9 +4,8 @@
 
 #include <string>
 
-#include "pw/transport/controller_interface.h"
-
 #include "pw/rpc/proto/pathways.pb.h"
+#include "pw/transport/controller_interface.h"
 
 namespace pw::server {
 

@@ -104,7 +104,9 @@ struct ClusterStatus {
     HostId host;
     std::string reason;
   };
-  // Hosts whose worker failed and has not rejoined (Controller::FailHost), by host.
+  // Hosts whose worker failed and has not rejoined (Controller::FailHost), by host. Filled by
+  // an in-process Controller only; a process cluster's status says it through its members
+  // (RemoteController::FullStatus).
   std::vector<FailedHost> failed_hosts;
   static constexpr size_t kMaxRunningListed = 64;
   std::string scheduling;  // The islands' policy: "share" or "fifo".

@@ -46,6 +46,12 @@ assert hosts[1]["reason"] == "a drill", hosts[1]
 cluster.restart_host(1)
 assert [h["alive"] for h in pw.status()["hosts"]] == [True, True]
 np.testing.assert_array_equal(double(np.ones(4, np.float32)), [2, 2, 2, 2])
+for lost in (lambda: np.asarray(x), lambda: np.asarray(double(x))):  # Still lost.
+    try:
+        lost()
+        raise SystemExit("read a lost array after the restart")
+    except pw.errors.DataLoss as e:
+        assert "was lost: host:1 failed: a drill" in str(e), e
 print("ok")
 """
     env = dict(os.environ, PW_ISLANDS="1", PW_HOSTS_PER_ISLAND="2", PW_DEVICES_PER_HOST="2")
