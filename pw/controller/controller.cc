@@ -97,10 +97,10 @@ Controller::~Controller() { WaitIdle(); }
 void Controller::WaitIdle() { runs_.WaitIdle(); }
 
 absl::Status Controller::JoinHost(HostId host, IslandId island, WorkerInterface* worker) {
-  const std::vector<DeviceId> devices = HostDevices(host);
+  const std::vector<DeviceSpec> devices = rm_.HostDevices(host);
   // The other workers' collectives take its devices back before any work can name them.
-  for (DeviceId d : devices)
-    for (WorkerInterface* w : AllWorkers()) (void)w->RestoreDevice(d);  // Best effort.
+  for (const DeviceSpec& d : devices)
+    for (WorkerInterface* w : AllWorkers()) (void)w->RestoreDevice(d.id);  // Best effort.
   // Attached before the functions to load are read: LoadOnHosts (under mu_) either finds the
   // worker and loads a function itself, or marks the host for the loop below.
   members_.Attach(host, island, worker);
@@ -117,7 +117,7 @@ absl::Status Controller::JoinHost(HostId host, IslandId island, WorkerInterface*
     return loaded;
   }
   // Last: slices on its devices resolve again once it can run what they are bound to.
-  for (DeviceId d : devices) PW_RETURN_IF_ERROR(rm_.RestoreDevice(d));
+  for (const DeviceSpec& d : devices) PW_RETURN_IF_ERROR(rm_.RestoreDevice(d.id));
   return absl::OkStatus();
 }
 
@@ -128,14 +128,7 @@ void Controller::FailHost(HostId host, const std::string& reason) {
   // arguments lost.
   buffers_.LoseHost(host, absl::UnavailableError(why));
   members_.Detach(host, reason);
-  for (DeviceId d : HostDevices(host)) (void)RemoveDevice(d, why);
-}
-
-std::vector<DeviceId> Controller::HostDevices(HostId host) const {
-  std::vector<DeviceId> devices;
-  for (const DeviceState& d : rm_.Devices())
-    if (d.spec.host == host) devices.push_back(d.spec.id);
-  return devices;
+  for (const DeviceSpec& d : rm_.HostDevices(host)) (void)RemoveDevice(d.id, why);
 }
 
 std::vector<WorkerInterface*> Controller::AllWorkers() const { return members_.Workers(); }

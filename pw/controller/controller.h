@@ -240,7 +240,6 @@ class Controller final : public ControllerInterface {
   void FinishRun(RunId run, const std::vector<BufferId>& unpin, const Plan& plan,
                  const std::vector<BufferId>& ids, const absl::Status& s);
   std::vector<WorkerInterface*> AllWorkers() const;
-  std::vector<DeviceId> HostDevices(HostId host) const;  // The resource manager's.
   // Assembles buffer `id` (pinned by the caller) into host memory once `ready`.
   Future<HostArray> FetchPinned(BufferId id, std::shared_ptr<const Placement> placement,
                                 Future<> ready);

@@ -103,34 +103,30 @@ absl::Status EmbeddedCluster::StartWorker(HostId host, IslandId island,
     workers_[host] = std::move(w);
   }
   absl::Status joined = controller_->JoinHost(host, island, raw);
-  if (!joined.ok()) {  // The controller failed the host again: so does its worker.
-    {
-      pw::MutexLock lock(&mu_);
-      auto it = workers_.find(host);
-      if (it != workers_.end() && it->second.get() == raw) {
-        failed_.push_back(std::move(it->second));
-        workers_.erase(it);
-      }
-    }
-    raw->Fail(absl::UnavailableError(absl::StrCat(host.ToString(), " failed: ", joined.message())));
-  }
+  // The controller failed the host again: so does its worker.
+  if (!joined.ok()) (void)Retire(host, raw, std::string(joined.message()));
   return joined;
 }
 
 absl::Status EmbeddedCluster::FailHost(HostId host, const std::string& reason) {
   pw::MutexLock serial(&fail_mu_);
+  PW_RETURN_IF_ERROR(Retire(host, nullptr, reason));
+  controller_->FailHost(host, reason);
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddedCluster::Retire(HostId host, Worker* expected, const std::string& reason) {
   Worker* dead = nullptr;
   {
     pw::MutexLock lock(&mu_);
     auto it = workers_.find(host);
-    if (it == workers_.end())
+    if (it == workers_.end() || (expected != nullptr && it->second.get() != expected))
       return absl::NotFoundError(absl::StrCat(host.ToString(), " has no live worker"));
     dead = it->second.get();
     failed_.push_back(std::move(it->second));
     workers_.erase(it);  // Peers find no worker for it from now on.
   }
   dead->Fail(absl::UnavailableError(absl::StrCat(host.ToString(), " failed: ", reason)));
-  controller_->FailHost(host, reason);
   return absl::OkStatus();
 }
 
@@ -150,9 +146,7 @@ absl::Status EmbeddedCluster::RestartHost(HostId host) {
   }
   if (!failed)
     return absl::NotFoundError(absl::StrCat(host.ToString(), " has not failed in this cluster"));
-  std::vector<DeviceSpec> devices;
-  for (const DeviceState& d : controller_->resource_manager().Devices())
-    if (d.spec.host == host) devices.push_back(d.spec);
+  const std::vector<DeviceSpec> devices = controller_->resource_manager().HostDevices(host);
   // The collectives the hosts share: its devices meet again (a restarted process has its own,
   // fresh; JoinHost tells only the other workers).
   for (const DeviceSpec& d : devices) collectives_.RestoreDevice(d.id);

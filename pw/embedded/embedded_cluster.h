@@ -66,6 +66,9 @@ class EmbeddedCluster {
   explicit EmbeddedCluster(Options options) : options_(std::move(options)) {}
   absl::Status StartWorker(HostId host, IslandId island, const std::vector<DeviceSpec>& devices,
                            std::shared_ptr<pjrt::PjrtBackend> pjrt);
+  // Moves `host`'s worker (if it is `expected`, when given) to failed_ and fails it (Worker::Fail)
+  // with "host:H failed: <reason>"; NotFound if there is none.
+  absl::Status Retire(HostId host, Worker* expected, const std::string& reason);
 
   const Options options_;
   int64_t trace_since_ = -1;  // Options::trace_path's trace: its start.

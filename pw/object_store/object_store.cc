@@ -129,19 +129,19 @@ int ObjectStore::DeleteAll(absl::Span<const BufferId> ids) {
 }
 
 void ObjectStore::Close(const absl::Status& why) {
+  const absl::Status closed =
+      why.ok() ? absl::UnavailableError("the object store was closed") : why;
   absl::flat_hash_map<BufferId, Shards> dropped;  // Destroyed (memory released) unlocked.
   absl::flat_hash_map<std::pair<BufferId, DeviceId>, std::vector<Promise<DeviceBufferRef>>> waiting;
   {
     pw::MutexLock lock(&mu_);
     if (!closed_.ok()) return;
-    closed_ = why.ok() ? absl::UnavailableError("the object store was closed") : why;  // As below.
+    closed_ = closed;
     dropped.swap(buffers_);
     waiting.swap(waiting_);
     bytes_ = 0;
     shards_ = 0;
   }
-  const absl::Status closed =
-      why.ok() ? absl::UnavailableError("the object store was closed") : why;
   for (auto& [key, promises] : waiting)
     for (auto& p : promises) p.Set(closed);
 }

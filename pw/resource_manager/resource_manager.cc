@@ -298,6 +298,14 @@ std::vector<DeviceState> ResourceManager::Devices() const {
   return devices_;
 }
 
+std::vector<DeviceSpec> ResourceManager::HostDevices(HostId host) const {
+  pw::MutexLock lock(&mu_);
+  std::vector<DeviceSpec> out;
+  for (const DeviceState& d : devices_)
+    if (d.spec.host == host) out.push_back(d.spec);
+  return out;
+}
+
 int ResourceManager::num_islands() const {
   pw::MutexLock lock(&mu_);
   return num_islands_;

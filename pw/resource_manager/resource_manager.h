@@ -85,6 +85,7 @@ class ResourceManager {
   absl::Status RestoreDevice(DeviceId device);
 
   std::vector<DeviceState> Devices() const;
+  std::vector<DeviceSpec> HostDevices(HostId host) const;  // By device id.
   int num_islands() const;
   absl::StatusOr<DeviceSpec> Device(DeviceId id) const;
 

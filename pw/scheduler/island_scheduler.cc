@@ -21,6 +21,13 @@ uint64_t ProgramKey(const IslandWork& w) {
   return w.hosts.empty() ? 0 : w.hosts.front().second->id;
 }
 
+// Why `host`'s part of `w` is not dispatched: no worker serves it for the run.
+absl::Status NoWorker(const IslandWork& w, HostId host) {
+  return absl::UnavailableError(
+      absl::StrCat(w.run.ToString(), " program '", w.program, "': ", host.ToString(),
+                   " has no worker (it failed, or has failed since the run was submitted)"));
+}
+
 }  // namespace
 
 IslandScheduler::IslandScheduler(IslandId island, std::unique_ptr<SchedulingPolicy> policy,
@@ -204,9 +211,7 @@ void IslandScheduler::Dispatch(std::unique_ptr<ScheduleRequest> r) {
   for (const auto& [host, program] : w.hosts) {
     WorkerInterface* worker = workers_(host, w.membership);
     if (worker == nullptr) {
-      const absl::Status s = absl::UnavailableError(absl::StrCat(
-          w.run.ToString(), " program '", w.program, "': ", host.ToString(),
-          " has no worker (it failed, or has failed since the run was submitted)"));
+      const absl::Status s = NoWorker(w, host);
       enqueued.push_back(Future<absl::Time>::Ready(s));
       done.push_back(Future<int64_t>::Ready(s));
       continue;
@@ -245,9 +250,7 @@ void IslandScheduler::ContinueSequential(std::shared_ptr<Sequential> seq) {
       const size_t at = seq->next[h]++;
       WorkerInterface* worker = workers_(host, w.membership);
       if (worker == nullptr) {
-        const absl::Status s = absl::UnavailableError(absl::StrCat(
-            w.run.ToString(), " program '", w.program, "': ", host.ToString(),
-          " has no worker (it failed, or has failed since the run was submitted)"));
+        const absl::Status s = NoWorker(w, host);
         node_enqueued.push_back(Future<absl::Time>::Ready(s));
         seq->done.push_back(Future<int64_t>::Ready(s));
         continue;

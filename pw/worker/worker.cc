@@ -81,13 +81,7 @@ Worker::Worker(HostId host, IslandId island, const std::vector<DeviceSpec>& devi
   }
 }
 
-Worker::~Worker() {
-  absl::Status reason = absl::CancelledError(absl::StrCat(host_.ToString(), " shut down"));
-  for (auto& [id, dev] : devices_) {
-    dev->Remove(reason);
-    collectives_->AbortDevice(id, reason);
-  }
-}
+Worker::~Worker() { Fail(absl::CancelledError(absl::StrCat(host_.ToString(), " shut down"))); }
 
 Future<> Worker::LoadFunction(FunctionId id, const FunctionDef& def) {
   // A per-shard XLA module is compiled here, when first bound to a slice on this host (on the

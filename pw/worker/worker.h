@@ -47,7 +47,7 @@ class Worker final : public WorkerInterface {
   Worker(HostId host, IslandId island, const std::vector<DeviceSpec>& devices,
          Collectives* collectives, PeerLookup peers,
          std::shared_ptr<pjrt::PjrtBackend> pjrt = nullptr);
-  // Fails outstanding device work, then drains the dispatch and data-plane threads.
+  // Fails outstanding device work (Fail), then drains the dispatch and data-plane threads.
   ~Worker() override;
 
   HostId host() const override { return host_; }
