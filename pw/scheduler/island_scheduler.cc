@@ -57,12 +57,23 @@ DispatchAck IslandScheduler::Submit(IslandWork work) {
   auto r = std::make_unique<ScheduleRequest>();
   r->work = std::move(work);
   DispatchAck ack{r->enqueued.future(), r->done.future()};
-  pw::MutexLock lock(&mu_);
-  if (tenants_.try_emplace(r->work.tenant->id(), TenantTotal{r->work.tenant, 0}).second &&
-      tenants_.size() > 64)
-    DropGoneTenantsLocked();
-  policy_->Add(std::move(r));
-  ++generation_;
+  std::unique_ptr<ScheduleRequest> now;
+  {
+    pw::MutexLock lock(&mu_);
+    if (tenants_.try_emplace(r->work.tenant->id(), TenantTotal{r->work.tenant, 0}).second &&
+        tenants_.size() > 64)
+      DropGoneTenantsLocked();
+    // Nothing queued and nothing being dispatched: the policy would pick this request at once,
+    // so the submitting thread dispatches it itself (no hand-off to the scheduler thread).
+    const bool alone = policy_->size() == 0;
+    policy_->Add(std::move(r));
+    if (alone && MayPopLocked()) {
+      now = PopLocked();
+    } else {
+      ++generation_;
+    }
+  }
+  if (now != nullptr) DispatchAndRelease(std::move(now));
   return ack;
 }
 
@@ -94,7 +105,7 @@ int IslandScheduler::in_flight() const {
 
 bool IslandScheduler::settled() const {
   pw::MutexLock lock(&mu_);
-  return waiting_on_ == generation_;
+  return !dispatching_ && waiting_on_ == generation_;
 }
 
 absl::Duration IslandScheduler::round_trip() const {
@@ -139,34 +150,46 @@ bool IslandScheduler::MayDispatch() const {
   return in_flight_ < options_.max_in_flight && in_flight_ns_ < window;
 }
 
+bool IslandScheduler::MayPopLocked() const {
+  return !dispatching_ && !sequential_busy_ && policy_->Peek() != nullptr && MayDispatch();
+}
+
+std::unique_ptr<ScheduleRequest> IslandScheduler::PopLocked() {
+  ScheduleRequest* next = policy_->Peek();
+  next->estimated_ns = EstimateLocked(next->work);  // What it is counted as from now on.
+  std::unique_ptr<ScheduleRequest> r = policy_->Pop();
+  ++in_flight_;
+  in_flight_ns_ += r->estimated_ns;
+  ++dispatched_;
+  dispatching_ = true;
+  if (r->work.mode == DispatchMode::kSequential) sequential_busy_ = true;
+  return r;
+}
+
 std::unique_ptr<ScheduleRequest> IslandScheduler::Next() {
   pw::MutexLock lock(&mu_);
-  while (true) {
-    if (!sequential_busy_) {
-      ScheduleRequest* next = policy_->Peek();
-      if (next != nullptr && MayDispatch()) {
-        next->estimated_ns = EstimateLocked(next->work);  // What it is counted as from now on.
-        break;
-      }
-      // Stopping: everything submitted has gone; what is in flight must finish first (its
-      // completions use this scheduler).
-      if (next == nullptr && stopping_ && policy_->size() == 0 && in_flight_ == 0) return nullptr;
-    }
+  while (!MayPopLocked()) {
+    // Stopping: everything submitted has gone; what is in flight must finish first (its
+    // completions use this scheduler).
+    if (stopping_ && !dispatching_ && policy_->size() == 0 && in_flight_ == 0) return nullptr;
     const uint64_t seen = generation_;
     waiting_on_ = seen;
     mu_.Await([this, seen]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return generation_ != seen; });
     waiting_on_.reset();
   }
-  std::unique_ptr<ScheduleRequest> r = policy_->Pop();
-  ++in_flight_;
-  in_flight_ns_ += r->estimated_ns;
-  ++dispatched_;
-  if (r->work.mode == DispatchMode::kSequential) sequential_busy_ = true;
-  return r;
+  return PopLocked();
+}
+
+void IslandScheduler::DispatchAndRelease(std::unique_ptr<ScheduleRequest> r) {
+  Dispatch(std::move(r));
+  pw::MutexLock lock(&mu_);
+  dispatching_ = false;
+  // What was submitted meanwhile waited for this dispatch; the scheduler thread takes it.
+  if (policy_->size() > 0 || stopping_) ++generation_;
 }
 
 void IslandScheduler::Loop() {
-  while (std::unique_ptr<ScheduleRequest> r = Next()) Dispatch(std::move(r));
+  while (std::unique_ptr<ScheduleRequest> r = Next()) DispatchAndRelease(std::move(r));
 }
 
 struct IslandScheduler::Sequential {
@@ -303,7 +326,8 @@ void IslandScheduler::OnFinished(ScheduleRequest& r, const absl::StatusOr<int64_
     finished_.push_back({now, r.work.tenant->id(), took});
     if (auto t = tenants_.find(r.work.tenant->id()); t != tenants_.end()) t->second.device_ns += took;
     DropOldFinishedLocked(now);
-    ++generation_;
+    // Wakes the scheduler thread only where it may have something to do now.
+    if (policy_->size() > 0 || stopping_) ++generation_;
     done = std::move(r.done);
   }
   done.Set(ran);

@@ -1,8 +1,10 @@
 // IslandScheduler: the gang scheduler of one island (paper §4.4).
 //
 // Thread-safe. Every computation on the island's devices, from every program and every client,
-// passes through one scheduler thread, which dispatches requests one at a time in the order its
-// policy picks. Since each worker enqueues the messages it receives in arrival order, every
+// is dispatched one request at a time, in the order the scheduler's policy picks: by the
+// scheduler thread, or, when a request arrives with nothing queued or being dispatched and room
+// in the window, by the thread that submits it (the policy would pick it at once; this saves a
+// hand-off per request). Since each worker enqueues the messages it receives in arrival order, every
 // device of the island sees computations in one consistent order, so SPMD computations with
 // collectives cannot deadlock however clients interleave.
 //
@@ -105,6 +107,13 @@ class IslandScheduler {
   std::unique_ptr<ScheduleRequest> Next();
   // Whether the window has room for one more request.
   bool MayDispatch() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the policy's next request may be popped now: one is queued, the window has room, and
+  // no other dispatch is under way (nor a sequential request's nodes still going out).
+  bool MayPopLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pops it and takes the dispatch token (`dispatching_`) for the caller.
+  std::unique_ptr<ScheduleRequest> PopLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Dispatches a request popped by PopLocked, then gives the dispatch token back.
+  void DispatchAndRelease(std::unique_ptr<ScheduleRequest> r) ABSL_LOCKS_EXCLUDED(mu_);
   void Dispatch(std::unique_ptr<ScheduleRequest> r);
   // Sends the sequential request's nodes from `next_node` on, each once the previous is enqueued.
   struct Sequential;
@@ -131,6 +140,9 @@ class IslandScheduler {
   int64_t in_flight_ns_ ABSL_GUARDED_BY(mu_) = 0;  // Their estimates.
   int64_t round_trip_ns_ ABSL_GUARDED_BY(mu_) = 0;  // A moving average.
   bool sequential_busy_ ABSL_GUARDED_BY(mu_) = false;
+  // The dispatch token: a thread (the scheduler's, or a submitting one) is dispatching a
+  // request; no other dispatches until it is done, so the hosts receive one order.
+  bool dispatching_ ABSL_GUARDED_BY(mu_) = false;
   // Measured device time per program (its first host program's id), a moving average.
   absl::flat_hash_map<uint64_t, int64_t> estimates_ ABSL_GUARDED_BY(mu_);
   // Requests finished in the last second, oldest first, and every tenant seen in it.
@@ -143,7 +155,9 @@ class IslandScheduler {
   };
   absl::flat_hash_map<int64_t, TenantTotal> tenants_ ABSL_GUARDED_BY(mu_);
   void DropGoneTenantsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t dispatched_seq_ = 0;  // The scheduler thread's own count (its trace spans' gang position).
+  // Dispatches so far, read and written only by the dispatch token's holder (`dispatching_`
+  // hands it over under mu_): its trace spans' gang position.
+  int64_t dispatched_seq_ = 0;
   std::thread thread_;
 };
 

@@ -1,6 +1,7 @@
 #include "pw/scheduler/island_scheduler.h"
 
 #include <map>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -24,6 +25,7 @@ class FakeWorker final : public WorkerInterface {
     for (size_t i = work.begin; i < work.end; ++i) nodes.push_back(work.program->nodes[i].node);
     messages_.push_back(nodes);
     runs_.push_back(work.run.value());
+    threads_.push_back(std::this_thread::get_id());
     ack_at_once_.push_back(work.ack_enqueue_at_once);
     acks_.emplace_back();
     done_.emplace_back();
@@ -55,6 +57,11 @@ class FakeWorker final : public WorkerInterface {
     pw::MutexLock lock(&mu_);
     return runs_;
   }
+  // Per dispatch: the thread that made it.
+  std::vector<std::thread::id> threads() {
+    pw::MutexLock lock(&mu_);
+    return threads_;
+  }
   // Per dispatch: whether it asked for its enqueue ack at once.
   std::vector<bool> ack_at_once() {
     pw::MutexLock lock(&mu_);
@@ -84,6 +91,7 @@ class FakeWorker final : public WorkerInterface {
   pw::Mutex mu_;
   std::vector<std::vector<int>> messages_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> runs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread::id> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<Promise<absl::Time>> acks_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> ack_at_once_ ABSL_GUARDED_BY(mu_);
   std::vector<Promise<int64_t>> done_ ABSL_GUARDED_BY(mu_);
@@ -118,6 +126,30 @@ void WaitFor(Pred pred) {
 // more it may dispatch.
 void Settle(const IslandScheduler& s) {
   WaitFor([&] { return s.settled(); });
+}
+
+TEST(IslandSchedulerTest, AnIdleIslandDispatchesOnTheSubmittingThreadAndABusyOneQueues) {
+  FakeWorker w0(HostId(0));
+  IslandScheduler::Options options;
+  options.window = absl::Nanoseconds(1);  // Room for one request at a time.
+  options.first_estimate = absl::Milliseconds(1);
+  IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
+                    [&](HostId, uint64_t) -> WorkerInterface* { return &w0; }, options);
+  // Nothing queued, nothing in flight: dispatched before Submit returns, by the caller.
+  s.Submit(Chain(1, 1, DispatchMode::kParallel, 1));
+  EXPECT_THAT(w0.threads(), testing::ElementsAre(std::this_thread::get_id()));
+  WaitFor([&] { return w0.runs().size() == 1; });
+  // The window is full: the next waits in the queue, and the scheduler thread sends it once the
+  // first finishes.
+  s.Submit(Chain(1, 1, DispatchMode::kParallel, 2));
+  Settle(s);
+  EXPECT_EQ(w0.runs(), std::vector<int64_t>{1});
+  EXPECT_EQ(s.queue_depth(), 1u);
+  w0.Finish(0, 10);
+  WaitFor([&] { return w0.runs().size() == 2; });
+  EXPECT_EQ(w0.runs(), (std::vector<int64_t>{1, 2}));
+  EXPECT_NE(w0.threads()[1], std::this_thread::get_id());
+  w0.Finish(1, 10);
 }
 
 TEST(IslandSchedulerTest, ParallelSendsOneMessagePerHost) {
