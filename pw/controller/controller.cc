@@ -536,22 +536,29 @@ std::pair<Future<absl::Time>, Future<>> Controller::HandToSchedulers(
     std::vector<std::pair<IslandId, IslandWork>> works) {
   std::vector<Future<absl::Time>> enqueued;
   std::vector<Future<>> done;
-  // One order over every island: runs spanning islands reach each scheduler in it (`seq`).
-  pw::MutexLock order(&submit_mu_);
-  const int64_t seq = next_seq_++;
-  for (auto& [island, w] : works) {
-    w.seq = seq;
-    IslandScheduler* scheduler = Scheduler(island);
-    if (scheduler == nullptr) {
-      enqueued.push_back(Future<absl::Time>::Ready(absl::Now()));
-      done.push_back(Future<>::Ready(
-          absl::UnavailableError(absl::StrCat(island.ToString(), " has no scheduler"))));
-      continue;
+  // Islands that were idle: their requests are dispatched by this thread, once submit_mu_ is
+  // released (each holds its island's dispatch token, so its place in the order is taken).
+  std::vector<IslandScheduler::InlineDispatch> now(works.size());
+  {
+    // One order over every island: runs spanning islands reach each scheduler in it (`seq`).
+    pw::MutexLock order(&submit_mu_);
+    const int64_t seq = next_seq_++;
+    for (size_t i = 0; i < works.size(); ++i) {
+      auto& [island, w] = works[i];
+      w.seq = seq;
+      IslandScheduler* scheduler = Scheduler(island);
+      if (scheduler == nullptr) {
+        enqueued.push_back(Future<absl::Time>::Ready(absl::Now()));
+        done.push_back(Future<>::Ready(
+            absl::UnavailableError(absl::StrCat(island.ToString(), " has no scheduler"))));
+        continue;
+      }
+      DispatchAck ack = scheduler->Submit(std::move(w), &now[i]);
+      enqueued.push_back(std::move(ack.enqueued));
+      done.push_back(AsStatusFuture(ack.done));
     }
-    DispatchAck ack = scheduler->Submit(std::move(w));
-    enqueued.push_back(std::move(ack.enqueued));
-    done.push_back(AsStatusFuture(ack.done));
   }
+  for (IslandScheduler::InlineDispatch& d : now) d.Run();
   return {LatestOf(enqueued), JoinFutures(done)};
 }
 

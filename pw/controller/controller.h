@@ -227,7 +227,8 @@ class Controller final : public ControllerInterface {
   void AddTenants(ClusterStatus& s) const;
   std::unique_ptr<IslandScheduler> NewScheduler(IslandId island, int devices);
   // Hands one run's island subgraphs to their schedulers, in one order over all islands; the
-  // futures join the islands' acks (enqueued: when the last host enqueued; done).
+  // futures join the islands' acks (enqueued: when the last host enqueued; done). Idle
+  // islands' requests are dispatched on the calling thread, after submit_mu_ is released.
   std::pair<Future<absl::Time>, Future<>> HandToSchedulers(
       std::vector<std::pair<IslandId, IslandWork>> works);
   // Deletes the shards of `freed` on their hosts.

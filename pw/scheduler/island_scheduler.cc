@@ -52,7 +52,11 @@ IslandScheduler::~IslandScheduler() {
   thread_.join();
 }
 
-DispatchAck IslandScheduler::Submit(IslandWork work) {
+void IslandScheduler::InlineDispatch::Run() {
+  if (request_ != nullptr) scheduler_->DispatchAndRelease(std::move(request_));
+}
+
+DispatchAck IslandScheduler::Submit(IslandWork work, InlineDispatch* deferred) {
   if (work.tenant == nullptr) work.tenant = NoTenant();
   auto r = std::make_unique<ScheduleRequest>();
   r->work = std::move(work);
@@ -73,7 +77,14 @@ DispatchAck IslandScheduler::Submit(IslandWork work) {
       ++generation_;
     }
   }
-  if (now != nullptr) DispatchAndRelease(std::move(now));
+  if (now == nullptr) return ack;
+  if (deferred == nullptr) {
+    DispatchAndRelease(std::move(now));
+  } else {
+    deferred->Run();  // What it held before (none, used as documented).
+    deferred->scheduler_ = this;
+    deferred->request_ = std::move(now);
+  }
   return ack;
 }
 

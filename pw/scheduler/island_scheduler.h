@@ -2,9 +2,8 @@
 //
 // Thread-safe. Every computation on the island's devices, from every program and every client,
 // is dispatched one request at a time, in the order the scheduler's policy picks: by the
-// scheduler thread, or, when a request arrives with nothing queued or being dispatched and room
-// in the window, by the thread that submits it (the policy would pick it at once; this saves a
-// hand-off per request). Since each worker enqueues the messages it receives in arrival order, every
+// scheduler thread, or, when a request reaches an idle island, by the thread that submits it
+// (the policy would pick it at once; this saves a hand-off per request). Since each worker enqueues the messages it receives in arrival order, every
 // device of the island sees computations in one consistent order, so SPMD computations with
 // collectives cannot deadlock however clients interleave.
 //
@@ -26,8 +25,9 @@
 //
 // Parallel dispatch sends each host one message holding all its nodes of the request and moves
 // on. Sequential dispatch sends node by node, each once the previous is enqueued on all of its
-// hosts; the scheduler thread does not wait for it (the acks continue it), but no other request
-// of the island is dispatched until its last node is out, which keeps the island's one order.
+// hosts; the dispatching thread does not wait for it (the acks continue it), but no other
+// request of the island is dispatched until its last node is out, which keeps the island's one
+// order.
 #pragma once
 
 #include <cstdint>
@@ -80,8 +80,31 @@ class IslandScheduler {
   IslandScheduler(const IslandScheduler&) = delete;
   IslandScheduler& operator=(const IslandScheduler&) = delete;
 
-  // `done` is the request's device time on this island (DispatchAck::done).
-  DispatchAck Submit(IslandWork work);
+  // A request that its submitter dispatches (Submit's `deferred`): Run dispatches it, on the
+  // calling thread; the destructor does, if Run was not called. Until then it holds the
+  // island's dispatch token (nothing else is dispatched on the island), so run it as soon as
+  // the caller's own locks are released. Not thread-safe.
+  class InlineDispatch {
+   public:
+    InlineDispatch() = default;
+    InlineDispatch(InlineDispatch&&) = default;
+    InlineDispatch& operator=(InlineDispatch&&) = delete;
+    ~InlineDispatch() { Run(); }
+    void Run();
+
+   private:
+    friend class IslandScheduler;
+    IslandScheduler* scheduler_ = nullptr;
+    std::unique_ptr<ScheduleRequest> request_;
+  };
+
+  // `done` is the request's device time on this island (DispatchAck::done). A request that
+  // reaches an idle island (nothing queued or being dispatched, no sequential request's nodes
+  // still going out, room in the window) is dispatched by the calling thread, which saves a
+  // hand-off to the scheduler thread: before Submit returns, or, given `deferred`, when the
+  // caller runs it. Either way WorkerLookup and WorkerInterface::Dispatch run on the caller's
+  // thread, so it must not hold locks they take while it dispatches.
+  DispatchAck Submit(IslandWork work, InlineDispatch* deferred = nullptr);
 
   IslandId island() const { return island_; }
   std::string policy() const;

@@ -1,9 +1,11 @@
 #include "pw/scheduler/island_scheduler.h"
 
+#include <functional>
 #include <map>
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -20,6 +22,7 @@ class FakeWorker final : public WorkerInterface {
     return Future<>::Ready(absl::OkStatus());
   }
   DispatchAck Dispatch(HostWork work) override {
+    if (before_dispatch_) before_dispatch_(work.run.value());
     pw::MutexLock lock(&mu_);
     std::vector<int> nodes;
     for (size_t i = work.begin; i < work.end; ++i) nodes.push_back(work.program->nodes[i].node);
@@ -57,6 +60,8 @@ class FakeWorker final : public WorkerInterface {
     pw::MutexLock lock(&mu_);
     return runs_;
   }
+  // Called at the start of every Dispatch, before it is recorded (set before any dispatch).
+  void set_before_dispatch(std::function<void(int64_t run)> f) { before_dispatch_ = std::move(f); }
   // Per dispatch: the thread that made it.
   std::vector<std::thread::id> threads() {
     pw::MutexLock lock(&mu_);
@@ -88,6 +93,7 @@ class FakeWorker final : public WorkerInterface {
 
  private:
   HostId host_;
+  std::function<void(int64_t run)> before_dispatch_;
   pw::Mutex mu_;
   std::vector<std::vector<int>> messages_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> runs_ ABSL_GUARDED_BY(mu_);
@@ -138,7 +144,6 @@ TEST(IslandSchedulerTest, AnIdleIslandDispatchesOnTheSubmittingThreadAndABusyOne
   // Nothing queued, nothing in flight: dispatched before Submit returns, by the caller.
   s.Submit(Chain(1, 1, DispatchMode::kParallel, 1));
   EXPECT_THAT(w0.threads(), testing::ElementsAre(std::this_thread::get_id()));
-  WaitFor([&] { return w0.runs().size() == 1; });
   // The window is full: the next waits in the queue, and the scheduler thread sends it once the
   // first finishes.
   s.Submit(Chain(1, 1, DispatchMode::kParallel, 2));
@@ -148,7 +153,56 @@ TEST(IslandSchedulerTest, AnIdleIslandDispatchesOnTheSubmittingThreadAndABusyOne
   w0.Finish(0, 10);
   WaitFor([&] { return w0.runs().size() == 2; });
   EXPECT_EQ(w0.runs(), (std::vector<int64_t>{1, 2}));
-  EXPECT_NE(w0.threads()[1], std::this_thread::get_id());
+  EXPECT_THAT(w0.threads(), testing::ElementsAre(std::this_thread::get_id(),
+                                                 testing::Ne(std::this_thread::get_id())));
+  w0.Finish(1, 10);
+}
+
+TEST(IslandSchedulerTest, ARequestSubmittedDuringAnotherThreadsDispatchWaitsItsTurn) {
+  FakeWorker w0(HostId(0));
+  absl::Notification inside, release;
+  w0.set_before_dispatch([&](int64_t run) {
+    if (run != 1) return;
+    inside.Notify();
+    release.WaitForNotification();
+  });
+  IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
+                    [&](HostId, uint64_t) -> WorkerInterface* { return &w0; }, {});
+  std::thread first([&] { s.Submit(Chain(1, 1, DispatchMode::kParallel, 1)); });
+  inside.WaitForNotification();  // `first` is dispatching run 1 (it holds the dispatch token).
+  // The window has room, but the island is being dispatched to: run 2 queues.
+  s.Submit(Chain(1, 1, DispatchMode::kParallel, 2));
+  EXPECT_TRUE(w0.runs().empty());
+  EXPECT_EQ(s.queue_depth(), 1u);
+  const std::thread::id first_id = first.get_id();
+  release.Notify();
+  first.join();
+  // Run 1 went first, from `first`; run 2 after it, from the scheduler thread.
+  WaitFor([&] { return w0.runs().size() == 2; });
+  EXPECT_EQ(w0.runs(), (std::vector<int64_t>{1, 2}));
+  EXPECT_THAT(w0.threads(), testing::ElementsAre(first_id, testing::Ne(std::this_thread::get_id())));
+  w0.Finish(0, 10);
+  w0.Finish(1, 10);
+}
+
+TEST(IslandSchedulerTest, ADeferredDispatchHoldsTheIslandUntilItsSubmitterRunsIt) {
+  FakeWorker w0(HostId(0));
+  IslandScheduler s(IslandId(0), std::make_unique<FifoPolicy>(),
+                    [&](HostId, uint64_t) -> WorkerInterface* { return &w0; }, {});
+  {
+    IslandScheduler::InlineDispatch later;
+    s.Submit(Chain(1, 1, DispatchMode::kParallel, 1), &later);
+    EXPECT_TRUE(w0.runs().empty());  // Popped for this thread, not sent yet.
+    s.Submit(Chain(1, 1, DispatchMode::kParallel, 2));
+    EXPECT_TRUE(w0.runs().empty());  // Run 2 waits behind it (the token is `later`'s).
+    EXPECT_EQ(s.queue_depth(), 1u);
+    later.Run();  // Sends run 1 from this thread; then the scheduler thread takes run 2.
+  }
+  WaitFor([&] { return w0.runs().size() == 2; });
+  EXPECT_EQ(w0.runs(), (std::vector<int64_t>{1, 2}));
+  EXPECT_THAT(w0.threads(), testing::ElementsAre(std::this_thread::get_id(),
+                                                 testing::Ne(std::this_thread::get_id())));
+  w0.Finish(0, 10);
   w0.Finish(1, 10);
 }
 
