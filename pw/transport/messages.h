@@ -174,7 +174,8 @@ struct HostStatus {
   int64_t executable_hits = 0;  // Executable lookups served from the cache (no compile).
   int64_t collectives = 0;      // Collectives this host's shards ran (native and runtime).
   int64_t collective_ns = 0;    // Their time, summed over shards.
-  // Device time (Device::busy_ns's part spent on each client's work), by client.
+  // Device time (Device::busy_ns's part spent on each client's work), by client: launches'
+  // time, the ones running at the snapshot counted up to it (ClientTime).
   std::vector<std::pair<ClientId, int64_t>> client_device_ns;
   // Non-empty when the host's status could not be had (the counts above are then empty).
   std::string error;

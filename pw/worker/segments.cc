@@ -415,7 +415,7 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
       if (!s.ok()) compute.Arg("error", s.ToString());
     }
     if (s.ok()) {
-      const int64_t launched = clock_();
+      client_time_.Start(device.id(), work.client, clock_());
       Executable::Run run = (*step.exe.Await())->Launch(launch);
       ran = std::move(run.ran);
       if (!ran.has_value()) {
@@ -427,7 +427,7 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
         ran = computed.ok() ? run.outputs.Await()
                             : absl::StatusOr<std::vector<DeviceBufferRef>>(computed);
       }
-      took += clock_() - launched;
+      took += client_time_.Stop(device.id(), clock_());
       if (!ran->ok()) s = ran->status();
       else if ((*ran)->size() != step.outputs.size())
         s = absl::InternalError(absl::StrCat((*ran)->size(), " outputs, expected ",
@@ -468,8 +468,6 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
   }
   device.CountExecuted(static_cast<int64_t>(plan.steps.size()) - 1);
   seg.device_ns->fetch_add(took, std::memory_order_relaxed);  // Before the segment's Done.
-  pw::MutexLock lock(&client_time_mu_);
-  client_device_ns_[work.client] += took;
 }
 
 }  // namespace pw

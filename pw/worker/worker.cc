@@ -600,11 +600,7 @@ Future<HostStatus> Worker::Status() const {
   s.executable_hits = executable_hits_.load(std::memory_order_relaxed);
   s.collectives = collectives_->count();
   s.collective_ns = collectives_->total_ns();
-  {
-    pw::MutexLock lock(&client_time_mu_);
-    s.client_device_ns.assign(client_device_ns_.begin(), client_device_ns_.end());
-  }
-  std::sort(s.client_device_ns.begin(), s.client_device_ns.end());
+  s.client_device_ns = client_time_.Snapshot(clock_());
   return Future<HostStatus>::Ready(std::move(s));
 }
 

@@ -32,6 +32,7 @@
 #include "pw/pjrt/pjrt_backend.h"
 #include "pw/trace/trace.h"
 #include "pw/transport/worker_interface.h"
+#include "pw/worker/client_time.h"
 
 namespace pw {
 
@@ -235,9 +236,7 @@ class Worker final : public WorkerInterface {
   std::atomic<size_t> num_plans_{0};  // plans_.size(), for Status.
   std::atomic<int64_t> compiles_{0}, compile_ns_{0}, executable_hits_{0};
   std::function<int64_t()> clock_ = [] { return trace::Now(); };  // Device time's.
-  // Each client's device time (HostStatus::client_device_ns), added per segment.
-  mutable pw::Mutex client_time_mu_;
-  absl::flat_hash_map<ClientId, int64_t> client_device_ns_ ABSL_GUARDED_BY(client_time_mu_);
+  ClientTime client_time_;  // HostStatus::client_device_ns, timed per launch.
   absl::flat_hash_map<DeviceId, std::unique_ptr<Device>> devices_;  // Fixed at construction.
   WorkQueue compile_;   // XLA compiles (drained before the devices go).
   WorkQueue dispatch_;  // Last: destroyed (drained) first.
