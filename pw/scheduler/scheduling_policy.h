@@ -93,13 +93,17 @@ class FifoPolicy final : public SchedulingPolicy {
 
 // Proportional share: start-time fair queueing over device time. Each tenant has a queue (its
 // requests in submission order, so each client's keep theirs) and a virtual finish time; a
-// tenant's head request starts at max(the island's virtual time, the tenant's finish time) and
-// advances that by its estimated device time / the tenant's share. The head with the earliest
-// start goes next (ties: the lower tenant id), and the island's virtual time becomes its start.
+// tenant's head request starts at its finish time (at max(the island's virtual time, its finish
+// time) when it had nothing queued) and advances that by its estimated device time / the
+// tenant's share. The head with the earliest start goes next (ties: the lower tenant id), and
+// the island's virtual time becomes its start if that is later.
 // So a tenant that was idle starts at the current virtual time (no credit for idleness), and
 // tenants with work queued receive device time in proportion to their shares. When a request
-// finishes, its tenant's finish time is corrected by (actual - estimated) / share, so the
-// shares hold over time however rough the estimates. Deterministic: the same submissions give
+// finishes, its tenant's finish time (and its queued head's start) is corrected by
+// (actual - estimated) / share, so the shares hold over time however rough the estimates: a
+// correction may move a backlogged tenant's head before the virtual time (it gets back what
+// its requests took under their estimates, at most their sum; an idle tenant still starts at
+// the virtual time). Deterministic: the same submissions give
 // the same order.
 class SharePolicy final : public SchedulingPolicy {
  public:

@@ -44,9 +44,11 @@ std::unique_ptr<ScheduleRequest> SharePolicy::Pop() {
   q.requests.pop_front();
   --size_;
   if (r->work.spans_islands) spanning_.pop_front();  // It was the earliest (MayGo).
-  virtual_time_ = q.head_start;
+  // A head that corrections moved before the virtual time does not move it back (tenants that
+  // join start at it).
+  virtual_time_ = std::max(virtual_time_, q.head_start);
   q.finish = q.head_start + static_cast<double>(r->estimated_ns) / q.tenant->share();
-  if (!q.requests.empty()) q.head_start = std::max(virtual_time_, q.finish);
+  if (!q.requests.empty()) q.head_start = q.finish;  // Backlogged: it keeps what it is owed.
   // Idle tenants the virtual time has passed would start at it anyway: their entries go.
   if (queues_.size() > 64)
     absl::erase_if(queues_, [this](const auto& kv) {
@@ -61,8 +63,9 @@ void SharePolicy::Finished(const Tenant& tenant, int64_t estimated_ns, int64_t a
   Queue& q = it->second;
   const double correction = static_cast<double>(actual_ns - estimated_ns) / tenant.share();
   q.finish += correction;
-  // Its next request, already tagged, moves with it (never before the virtual time).
-  if (!q.requests.empty()) q.head_start = std::max(virtual_time_, q.head_start + correction);
+  // Its next request, already tagged, moves with it, before the virtual time too: what its
+  // requests took under their estimates is given back (at most their sum).
+  if (!q.requests.empty()) q.head_start += correction;
 }
 
 absl::flat_hash_map<int64_t, int64_t> SharePolicy::QueuedByTenant() const {
