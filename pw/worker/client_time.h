@@ -5,14 +5,18 @@
 // completes; Snapshot adds, to each client's finished time, the part of the computations running
 // at `now`. So a reader sampling every few milliseconds sees device time as it is spent, not in
 // steps of whole computations at their ends (a window of a 0.33 ms computation's eight shards
-// would otherwise be off by up to 2.6 device-ms at each end).
+// would otherwise be off by up to 2.6 device-ms at each end). Each device's account has a lock of
+// its own, so device threads never wait for each other; a snapshot takes them one at a time.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/types/span.h"
 #include "pw/base/ids.h"
 #include "pw/base/mutex.h"
 
@@ -20,7 +24,9 @@ namespace pw {
 
 class ClientTime {
  public:
-  // `device` runs a computation of `client` from `now`. One at a time per device.
+  explicit ClientTime(absl::Span<const DeviceId> devices);
+  // `device` runs a computation of `client` from `now`. One at a time per device; a device not
+  // given at construction is not counted.
   void Start(DeviceId device, ClientId client, int64_t now);
   // It completed at `now`: adds its time to the client's, and returns it (0 without a Start).
   int64_t Stop(DeviceId device, int64_t now);
@@ -32,9 +38,13 @@ class ClientTime {
     ClientId client;
     int64_t since;
   };
-  mutable pw::Mutex mu_;
-  absl::flat_hash_map<ClientId, int64_t> finished_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<DeviceId, Running> running_ ABSL_GUARDED_BY(mu_);
+  struct Account {  // One device's.
+    mutable pw::Mutex mu;
+    std::optional<Running> running ABSL_GUARDED_BY(mu);
+    absl::flat_hash_map<ClientId, int64_t> finished ABSL_GUARDED_BY(mu);
+  };
+  Account* AccountOf(DeviceId device) const;
+  absl::flat_hash_map<DeviceId, std::unique_ptr<Account>> accounts_;  // Fixed at construction.
 };
 
 }  // namespace pw

@@ -13,7 +13,7 @@ using ::testing::Pair;
 // A sample in the middle of a computation counts the part of it run so far: device time as it is
 // spent, not in steps at each computation's end.
 TEST(ClientTimeTest, ASnapshotCountsTheRunningPartOfEachDevicesComputation) {
-  ClientTime t;
+  ClientTime t({DeviceId(0), DeviceId(1)});
   EXPECT_THAT(t.Snapshot(100), IsEmpty());
   t.Start(DeviceId(0), ClientId(7), 1000);
   t.Start(DeviceId(1), ClientId(8), 1200);
@@ -29,10 +29,12 @@ TEST(ClientTimeTest, ASnapshotCountsTheRunningPartOfEachDevicesComputation) {
   EXPECT_THAT(t.Snapshot(9000), ElementsAre(Pair(ClientId(7), 700), Pair(ClientId(8), 900)));
 }
 
-TEST(ClientTimeTest, AStopWithoutAStartAddsNothing) {
-  ClientTime t;
+TEST(ClientTimeTest, AStopWithoutAStartAndAnotherHostsDeviceAddNothing) {
+  ClientTime t({DeviceId(3)});
   EXPECT_EQ(t.Stop(DeviceId(3), 500), 0);
-  EXPECT_THAT(t.Snapshot(600), IsEmpty());
+  t.Start(DeviceId(9), ClientId(1), 500);  // Not this host's.
+  EXPECT_EQ(t.Stop(DeviceId(9), 700), 0);
+  EXPECT_THAT(t.Snapshot(800), IsEmpty());
 }
 
 }  // namespace

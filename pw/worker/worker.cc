@@ -48,6 +48,12 @@ absl::StatusOr<DeviceBufferRef> ReadShardChunks(const ShardFile& file, const Arr
   return DeviceBufferRef(std::move(buffer));
 }
 
+std::vector<DeviceId> IdsOf(const std::vector<DeviceSpec>& devices) {
+  std::vector<DeviceId> ids;
+  for (const DeviceSpec& d : devices) ids.push_back(d.id);
+  return ids;
+}
+
 }  // namespace
 
 std::string Worker::NodeWhere(const HostWork& work, const NodeWork& node, DeviceId device) {
@@ -73,6 +79,7 @@ Worker::Worker(HostId host, IslandId island, const std::vector<DeviceSpec>& devi
       pjrt_(std::move(pjrt)),
       io_(absl::StrCat("pw-io", host.value())),
       data_plane_(absl::StrCat("pw-data", host.value())),
+      client_time_(IdsOf(devices)),
       compile_(absl::StrCat("pw-compile", host.value())),
       dispatch_(absl::StrCat("pw-disp", host.value())) {
   for (size_t i = 0; i < devices.size(); ++i) {
