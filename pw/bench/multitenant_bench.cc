@@ -117,9 +117,9 @@ int64_t CountIn(const std::vector<TenantProcess>& clients, int64_t from, int64_t
   return n;
 }
 
-// Each client's device time (the cluster's own account: the hosts' client_device_ns, which a
-// worker adds as each device finishes its part of the work, so a sample is not late by the
-// acknowledgements still on their way, as the tenants' device_seconds would be) sampled every
+// Each client's device time (the cluster's own account: the hosts' client_device_ns, which
+// count each device's launches, the running ones up to the snapshot, so a sample is not late by
+// the acknowledgements still on their way, as the tenants' device_seconds would be) sampled every
 // `period` from now until `until`, on a thread of its own.
 class DeviceTimeSampler {
  public:

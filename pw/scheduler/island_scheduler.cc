@@ -326,7 +326,7 @@ void IslandScheduler::OnFinished(ScheduleRequest& r, const absl::StatusOr<int64_
     pw::MutexLock lock(&mu_);
     --in_flight_;
     in_flight_ns_ -= r.estimated_ns;
-    policy_->Finished(*r.work.tenant, r.estimated_ns, took);
+    policy_->Finished(r, took);
     if (ran.ok()) {
       int64_t& e = estimates_[ProgramKey(r.work)];
       e = e == 0 ? took : (3 * e + took) / 4;

@@ -49,6 +49,9 @@ struct ScheduleRequest {
   // is next, from the program's earlier runs: what the window and the policy count it as until
   // it finishes.
   int64_t estimated_ns = 0;
+  // The share its tenant had when SharePolicy dispatched it: what its correction is divided by
+  // when it finishes (0: not dispatched by SharePolicy).
+  double charged_share = 0;
 };
 
 class SchedulingPolicy {
@@ -61,9 +64,9 @@ class SchedulingPolicy {
   virtual ScheduleRequest* Peek() = 0;
   // Removes and returns what Peek returned.
   virtual std::unique_ptr<ScheduleRequest> Pop() = 0;
-  // A request `tenant` had dispatched finished after taking `actual_ns` of device time, against
-  // the `estimated_ns` it was counted as.
-  virtual void Finished(const Tenant& tenant, int64_t estimated_ns, int64_t actual_ns) {}
+  // A request this policy popped finished after taking `actual_ns` of device time, against the
+  // `estimated_ns` it was counted as.
+  virtual void Finished(const ScheduleRequest& request, int64_t actual_ns) {}
   virtual size_t size() const = 0;
   // Requests queued, by tenant id.
   virtual absl::flat_hash_map<int64_t, int64_t> QueuedByTenant() const = 0;
@@ -100,18 +103,18 @@ class FifoPolicy final : public SchedulingPolicy {
 // So a tenant that was idle starts at the current virtual time (no credit for idleness), and
 // tenants with work queued receive device time in proportion to their shares. When a request
 // finishes, its tenant's finish time (and its queued head's start) is corrected by
-// (actual - estimated) / share, so the shares hold over time however rough the estimates: a
-// correction may move a backlogged tenant's head before the virtual time (it gets back what
-// its requests took under their estimates, at most their sum; an idle tenant still starts at
-// the virtual time). Deterministic: the same submissions give
-// the same order.
+// (actual - estimated) / the share it was charged at, so the shares hold over time however rough
+// the estimates: a correction may move a backlogged tenant's head before the virtual time (it
+// gets back what its requests took under their estimates, at most their sum), but not before
+// where its queue last started from empty (no credit for idleness, even from requests that
+// were still running then). Deterministic: the same submissions give the same order.
 class SharePolicy final : public SchedulingPolicy {
  public:
   std::string name() const override { return "share"; }
   void Add(std::unique_ptr<ScheduleRequest> r) override;
   ScheduleRequest* Peek() override;
   std::unique_ptr<ScheduleRequest> Pop() override;
-  void Finished(const Tenant& tenant, int64_t estimated_ns, int64_t actual_ns) override;
+  void Finished(const ScheduleRequest& request, int64_t actual_ns) override;
   size_t size() const override { return size_; }
   absl::flat_hash_map<int64_t, int64_t> QueuedByTenant() const override;
   // The island's virtual time (device nanoseconds per unit of share).
@@ -123,6 +126,8 @@ class SharePolicy final : public SchedulingPolicy {
     std::deque<std::unique_ptr<ScheduleRequest>> requests;
     double finish = 0;      // Virtual finish time of its last dispatched request.
     double head_start = 0;  // Virtual start time of requests.front().
+    double floor = 0;       // Where its queue last started from empty: corrections stop there.
+    int64_t running = 0;    // Its requests popped and not finished.
   };
   Queue& QueueOf(const std::shared_ptr<const Tenant>& tenant);
   // Whether `r` may go now: a request spanning islands only when it is the earliest such here.

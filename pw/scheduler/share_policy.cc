@@ -15,8 +15,9 @@ SharePolicy::Queue& SharePolicy::QueueOf(const std::shared_ptr<const Tenant>& te
 void SharePolicy::Add(std::unique_ptr<ScheduleRequest> r) {
   if (r->work.spans_islands) spanning_.push_back(r->work.seq);
   Queue& q = QueueOf(r->work.tenant);
-  // A tenant with nothing queued starts at the island's virtual time: idleness earns nothing.
-  if (q.requests.empty()) q.head_start = std::max(virtual_time_, q.finish);
+  // A tenant with nothing queued starts at the island's virtual time: idleness earns nothing,
+  // and corrections of requests still running from before do not take it back before it.
+  if (q.requests.empty()) q.head_start = q.floor = std::max(virtual_time_, q.finish);
   q.requests.push_back(std::move(r));
   ++size_;
 }
@@ -47,25 +48,32 @@ std::unique_ptr<ScheduleRequest> SharePolicy::Pop() {
   // A head that corrections moved before the virtual time does not move it back (tenants that
   // join start at it).
   virtual_time_ = std::max(virtual_time_, q.head_start);
-  q.finish = q.head_start + static_cast<double>(r->estimated_ns) / q.tenant->share();
+  r->charged_share = q.tenant->share();
+  q.finish = q.head_start + static_cast<double>(r->estimated_ns) / r->charged_share;
   if (!q.requests.empty()) q.head_start = q.finish;  // Backlogged: it keeps what it is owed.
-  // Idle tenants the virtual time has passed would start at it anyway: their entries go.
+  ++q.running;
+  // Idle tenants the virtual time has passed would start at it anyway: their entries go (not
+  // while a request of theirs runs: its correction is still to come).
   if (queues_.size() > 64)
     absl::erase_if(queues_, [this](const auto& kv) {
-      return kv.second.requests.empty() && kv.second.finish <= virtual_time_;
+      return kv.second.requests.empty() && kv.second.running == 0 &&
+             kv.second.finish <= virtual_time_;
     });
   return r;
 }
 
-void SharePolicy::Finished(const Tenant& tenant, int64_t estimated_ns, int64_t actual_ns) {
-  auto it = queues_.find(tenant.id());
-  if (it == queues_.end()) return;  // Idle, and dropped: it starts afresh anyway.
+void SharePolicy::Finished(const ScheduleRequest& r, int64_t actual_ns) {
+  auto it = queues_.find(r.work.tenant->id());
+  if (it == queues_.end() || !(r.charged_share > 0)) return;  // Not dispatched by this policy.
   Queue& q = it->second;
-  const double correction = static_cast<double>(actual_ns - estimated_ns) / tenant.share();
+  --q.running;
+  // At the share it was charged at (one changed since applies to later requests).
+  const double correction = static_cast<double>(actual_ns - r.estimated_ns) / r.charged_share;
   q.finish += correction;
   // Its next request, already tagged, moves with it, before the virtual time too: what its
-  // requests took under their estimates is given back (at most their sum).
-  if (!q.requests.empty()) q.head_start += correction;
+  // requests took under their estimates is given back, down to where its queue last started
+  // from empty (at most their sum; never credit for idleness).
+  if (!q.requests.empty()) q.head_start = std::max(q.floor, q.head_start + correction);
 }
 
 absl::flat_hash_map<int64_t, int64_t> SharePolicy::QueuedByTenant() const {

@@ -37,7 +37,7 @@ std::map<int64_t, int> PopBacklogged(SharePolicy& p, int n, int64_t cost) {
     if (next == nullptr) break;
     std::unique_ptr<ScheduleRequest> r = p.Pop();
     ++got[r->work.tenant->id()];
-    p.Finished(*r->work.tenant, r->estimated_ns, r->estimated_ns);
+    p.Finished(*r, r->estimated_ns);
     p.Add(Req(std::const_pointer_cast<Tenant>(r->work.tenant), cost));
   }
   return got;
@@ -94,7 +94,7 @@ TEST(SharePolicyTest, MeasuredTimeCorrectsWrongEstimates) {
     const int64_t id = r->work.tenant->id();
     const int64_t took = id == 0 ? 100 : 200;
     device_ns[id] += took;
-    p.Finished(*r->work.tenant, r->estimated_ns, took);
+    p.Finished(*r, took);
     p.Add(Req(id == 0 ? a : b, 100));
   }
   EXPECT_NEAR(static_cast<double>(device_ns[0]) / device_ns[1], 1.0, 0.02);
@@ -116,9 +116,12 @@ TEST(SharePolicyTest, TimesScatteredAroundTheEstimatesKeepTheShares) {
   std::uniform_int_distribution<int64_t> took(100, 1900);  // Mean 1000, the estimate.
   std::deque<std::unique_ptr<ScheduleRequest>> in_flight;
   std::map<int64_t, int64_t> device_ns;
+  double virtual_time = 0;
   for (int i = 0; i < 20000; ++i) {
     ASSERT_NE(p.Peek(), nullptr);
     in_flight.push_back(p.Pop());
+    ASSERT_GE(p.virtual_time(), virtual_time);  // A credited head never moves it back.
+    virtual_time = p.virtual_time();
     const auto& tenant = in_flight.back()->work.tenant;
     p.Add(Req(std::const_pointer_cast<Tenant>(tenant), 1000));
     if (in_flight.size() < 8) continue;
@@ -126,9 +129,76 @@ TEST(SharePolicyTest, TimesScatteredAroundTheEstimatesKeepTheShares) {
     in_flight.pop_front();
     const int64_t t = took(random);
     device_ns[r->work.tenant->id()] += t;
-    p.Finished(*r->work.tenant, r->estimated_ns, t);
+    p.Finished(*r, t);
   }
   EXPECT_NEAR(static_cast<double>(device_ns[1]) / device_ns[0], 8.0, 0.25);
+}
+
+// A tenant whose queue emptied while its request ran restarts at the virtual time, and that
+// request finishing under its estimate afterwards does not take it back before it: idleness
+// earns nothing, even through a correction.
+TEST(SharePolicyTest, ARequestFinishingAfterItsTenantWentIdleGivesNoCreditForTheIdleTime) {
+  SharePolicy p;
+  auto b = T(0, 1), a = T(1, 1);
+  p.Add(Req(a, 1000));
+  for (int i = 0; i < 5; ++i) p.Add(Req(b, 1000));
+  ASSERT_EQ(p.Peek()->work.tenant, b);  // Both at 0: the lower id.
+  p.Pop();
+  ASSERT_EQ(p.Peek()->work.tenant, a);
+  std::unique_ptr<ScheduleRequest> a1 = p.Pop();  // A's queue is empty now; a1 runs.
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(p.Peek()->work.tenant, b);
+    p.Pop();
+  }
+  ASSERT_EQ(p.virtual_time(), 2000);
+  p.Add(Req(a, 1000));  // A restarts at 2000, B's head is at 3000.
+  p.Add(Req(a, 1000));
+  p.Finished(*a1, 100);  // 900 under its estimate.
+  ASSERT_EQ(p.Peek()->work.tenant, a);
+  p.Pop();  // From 2000 (from 1100, A would go again next).
+  EXPECT_EQ(p.Peek()->work.tenant, b);  // Both at 3000: the lower id.
+}
+
+// A share changed while a request runs: its correction is at the share it was charged at.
+TEST(SharePolicyTest, ARunningRequestIsCorrectedAtTheShareItWasChargedAt) {
+  SharePolicy p;
+  auto a = T(0, 100), b = T(1, 1);
+  p.Add(Req(a, 1000));
+  p.Add(Req(a, 1000));
+  p.Add(Req(b, 1000));
+  p.Add(Req(b, 1000));
+  ASSERT_EQ(p.Peek()->work.tenant, a);  // Both at 0: the lower id.
+  std::unique_ptr<ScheduleRequest> a1 = p.Pop();  // A's head: 10.
+  ASSERT_EQ(p.Peek()->work.tenant, b);
+  p.Pop();  // B's head: 1000.
+  a->set_share(1);
+  p.Finished(*a1, 2000);  // 1000 over, at share 100: A's head moves to 20 (at share 1: 1010).
+  EXPECT_EQ(p.Peek()->work.tenant, a);
+}
+
+// Idle tenants' entries are dropped once there are many, but not one whose request still runs:
+// what that request took beyond its estimate is still charged when it finishes.
+TEST(SharePolicyTest, AnIdleTenantsEntryStaysWhileItsRequestRuns) {
+  SharePolicy p;
+  for (int i = 0; i < 70; ++i) {  // Enough idle tenants that entries are dropped.
+    p.Add(Req(T(10 + i, 1), 1000));
+    ASSERT_NE(p.Peek(), nullptr);
+    std::unique_ptr<ScheduleRequest> z = p.Pop();
+    p.Finished(*z, 1000);
+  }
+  auto x = T(0, 1), y = T(1, 1);
+  p.Add(Req(x, 1000));
+  for (int i = 0; i < 5; ++i) p.Add(Req(y, 1000));
+  ASSERT_EQ(p.Peek()->work.tenant, x);  // Both at 0: the lower id.
+  std::unique_ptr<ScheduleRequest> x1 = p.Pop();  // X's queue is empty; x1 runs.
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(p.Peek()->work.tenant, y);
+    p.Pop();  // The idle entries go once the virtual time passes their finish times.
+  }
+  ASSERT_EQ(p.virtual_time(), 2000);
+  p.Finished(*x1, 5000);  // 4000 over: X's finish is 5000.
+  p.Add(Req(x, 1000));    // At 5000 (at 2000 had its entry gone), Y's head is at 3000.
+  EXPECT_EQ(p.Peek()->work.tenant, y);
 }
 
 TEST(SharePolicyTest, ATenantThatJoinsLateStartsAtTheVirtualTimeAndGetsItsShareAtOnce) {

@@ -415,7 +415,8 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
       if (!s.ok()) compute.Arg("error", s.ToString());
     }
     if (s.ok()) {
-      client_time_.Start(device.id(), work.client, clock_());
+      const int64_t launched = clock_();
+      client_time_.Start(device.id(), work.client, launched);
       Executable::Run run = (*step.exe.Await())->Launch(launch);
       ran = std::move(run.ran);
       if (!ran.has_value()) {
@@ -427,7 +428,9 @@ void Worker::RunSegment(Segment& seg, absl::Status health) {
         ran = computed.ok() ? run.outputs.Await()
                             : absl::StatusOr<std::vector<DeviceBufferRef>>(computed);
       }
-      took += client_time_.Stop(device.id(), clock_());
+      const int64_t completed = clock_();
+      client_time_.Stop(device.id(), completed);
+      took += completed - launched;
       if (!ran->ok()) s = ran->status();
       else if ((*ran)->size() != step.outputs.size())
         s = absl::InternalError(absl::StrCat((*ran)->size(), " outputs, expected ",
