@@ -17,7 +17,10 @@ void SharePolicy::Add(std::unique_ptr<ScheduleRequest> r) {
   Queue& q = QueueOf(r->work.tenant);
   // A tenant with nothing queued starts at the island's virtual time: idleness earns nothing,
   // and corrections of requests still running from before do not take it back before it.
-  if (q.requests.empty()) q.head_start = q.floor = std::max(virtual_time_, q.finish);
+  if (q.requests.empty()) {
+    q.floor = virtual_time_;
+    q.head_start = std::max(virtual_time_, q.finish);
+  }
   q.requests.push_back(std::move(r));
   ++size_;
 }
@@ -71,9 +74,10 @@ void SharePolicy::Finished(const ScheduleRequest& r, int64_t actual_ns) {
   const double correction = static_cast<double>(actual_ns - r.estimated_ns) / r.charged_share;
   q.finish += correction;
   // Its next request, already tagged, moves with it, before the virtual time too: what its
-  // requests took under their estimates is given back, down to where its queue last started
-  // from empty (at most their sum; never credit for idleness).
-  if (!q.requests.empty()) q.head_start = std::max(q.floor, q.head_start + correction);
+  // requests took under their estimates is given back, down to the virtual time its queue last
+  // started from empty at (at most their sum; never credit for idleness). The same whether the
+  // request finishes before or after its tenant's queue refills.
+  if (!q.requests.empty()) q.head_start = std::max(q.floor, q.finish);
 }
 
 absl::flat_hash_map<int64_t, int64_t> SharePolicy::QueuedByTenant() const {

@@ -159,6 +159,26 @@ TEST(SharePolicyTest, ARequestFinishingAfterItsTenantWentIdleGivesNoCreditForThe
   EXPECT_EQ(p.Peek()->work.tenant, b);  // Both at 3000: the lower id.
 }
 
+// A tenant that was not idle (its finish still ahead of the virtual time when its queue
+// refilled) keeps the credit of a request that finishes after the refill, as it would had the
+// request finished before it.
+TEST(SharePolicyTest, ARequestFinishingAfterItsTenantsQueueRefilledKeepsItsCredit) {
+  SharePolicy p;
+  auto b = T(0, 1), a = T(1, 1);
+  p.Add(Req(a, 1000));
+  for (int i = 0; i < 5; ++i) p.Add(Req(b, 200));
+  ASSERT_EQ(p.Peek()->work.tenant, b);  // Both at 0: the lower id.
+  p.Pop();
+  ASSERT_EQ(p.Peek()->work.tenant, a);
+  std::unique_ptr<ScheduleRequest> a1 = p.Pop();  // A's finish: 1000; its queue is empty.
+  ASSERT_EQ(p.Peek()->work.tenant, b);
+  p.Pop();
+  ASSERT_EQ(p.virtual_time(), 200);
+  p.Add(Req(a, 1000));   // At 1000, A's finish.
+  p.Finished(*a1, 100);  // 900 under: A's finish is 100, so its head goes to 200 (B's: 400).
+  EXPECT_EQ(p.Peek()->work.tenant, a);
+}
+
 // A share changed while a request runs: its correction is at the share it was charged at.
 TEST(SharePolicyTest, ARunningRequestIsCorrectedAtTheShareItWasChargedAt) {
   SharePolicy p;
@@ -249,7 +269,9 @@ TEST(SharePolicyTest, KeepsEachTenantsOrderAndTheOrderOfRequestsSpanningIslands)
       std::unique_ptr<ScheduleRequest> r = p.Pop();
       --queued;
       const int64_t tenant = r->work.tenant->id();
-      if (last_of_tenant.contains(tenant)) EXPECT_GT(r->work.seq, last_of_tenant[tenant]);
+      if (last_of_tenant.contains(tenant)) {
+        EXPECT_GT(r->work.seq, last_of_tenant[tenant]);
+      }
       last_of_tenant[tenant] = r->work.seq;
       if (r->work.spans_islands) {
         EXPECT_GT(r->work.seq, last_spanning);
