@@ -3,9 +3,10 @@
 // Thread-safe. Every computation on the island's devices, from every program and every client,
 // is dispatched one request at a time, in the order the scheduler's policy picks: by the
 // scheduler thread, or, when a request reaches an idle island, by the thread that submits it
-// (the policy would pick it at once; this saves a hand-off per request). Since each worker enqueues the messages it receives in arrival order, every
-// device of the island sees computations in one consistent order, so SPMD computations with
-// collectives cannot deadlock however clients interleave.
+// (the policy would pick it at once; this saves a hand-off per request). Since each worker
+// enqueues the messages it receives in arrival order, every device of the island sees
+// computations in one consistent order, so SPMD computations with collectives cannot deadlock
+// however clients interleave.
 //
 // The scheduler holds the order and feeds the devices as work completes: it keeps at most a
 // window of estimated device time in flight on the island (Options::window per device), so the

@@ -10,6 +10,7 @@
 // ready (the controller holds them), so no other order between clients matters.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -102,14 +103,13 @@ class FifoPolicy final : public SchedulingPolicy {
 // the island's virtual time becomes its start if that is later.
 // So a tenant that was idle starts no earlier than the current virtual time (no credit for
 // idleness), and tenants with work queued receive device time in proportion to their shares.
-// When a request
-// finishes, its tenant's finish time (and its queued head's start) is corrected by
-// (actual - estimated) / the share it was charged at, so the shares hold over time however rough
-// the estimates: a correction may move a backlogged tenant's head before the virtual time (it
-// gets back what its requests took under their estimates, at most their sum), but not before
-// the virtual time at which its queue last started from empty (no credit for idleness, even
-// from requests that were still running then, whether they finish before or after the queue
-// refills). Deterministic: the same submissions give the same order.
+// When a request finishes, its tenant's finish time (and so its queued head's start) is
+// corrected by (actual - estimated) / the share it was charged at, so the shares hold over time
+// however rough the estimates: a correction may move a backlogged tenant's head before the
+// virtual time (it gets back what its requests took under their estimates, at most their sum),
+// but not before the virtual time at which its queue last started from empty (no credit for
+// idleness, even from requests that were still running then, whether they finish before or
+// after the queue refills). Deterministic: the same submissions give the same order.
 class SharePolicy final : public SchedulingPolicy {
  public:
   std::string name() const override { return "share"; }
@@ -126,11 +126,12 @@ class SharePolicy final : public SchedulingPolicy {
   struct Queue {
     std::shared_ptr<const Tenant> tenant;
     std::deque<std::unique_ptr<ScheduleRequest>> requests;
-    double finish = 0;      // Virtual finish time of its last dispatched request.
-    double head_start = 0;  // Virtual start time of requests.front().
-    double floor = 0;       // The virtual time its queue last started from empty at: a
-                            // queued head is never corrected before it.
-    int64_t running = 0;    // Its requests popped and not finished.
+    double finish = 0;    // Virtual finish time of its last dispatched request.
+    double floor = 0;     // The virtual time its queue last started from empty at.
+    int64_t running = 0;  // Its requests popped and not finished.
+    // Virtual start time of requests.front(): where the last one finished (corrections
+    // included), never before the queue's floor.
+    double head_start() const { return std::max(floor, finish); }
   };
   Queue& QueueOf(const std::shared_ptr<const Tenant>& tenant);
   // Whether `r` may go now: a request spanning islands only when it is the earliest such here.

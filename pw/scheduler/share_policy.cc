@@ -15,12 +15,10 @@ SharePolicy::Queue& SharePolicy::QueueOf(const std::shared_ptr<const Tenant>& te
 void SharePolicy::Add(std::unique_ptr<ScheduleRequest> r) {
   if (r->work.spans_islands) spanning_.push_back(r->work.seq);
   Queue& q = QueueOf(r->work.tenant);
-  // A tenant with nothing queued starts at the island's virtual time: idleness earns nothing,
-  // and corrections of requests still running from before do not take it back before it.
-  if (q.requests.empty()) {
-    q.floor = virtual_time_;
-    q.head_start = std::max(virtual_time_, q.finish);
-  }
+  // A tenant with nothing queued starts no earlier than the island's virtual time: idleness
+  // earns nothing, and corrections of requests still running from before do not take it back
+  // before it.
+  if (q.requests.empty()) q.floor = virtual_time_;
   q.requests.push_back(std::move(r));
   ++size_;
 }
@@ -33,8 +31,8 @@ ScheduleRequest* SharePolicy::Peek() {
   picked_ = nullptr;
   for (auto& [id, q] : queues_) {
     if (q.requests.empty() || !MayGo(*q.requests.front())) continue;
-    if (picked_ == nullptr || q.head_start < picked_->head_start ||
-        (q.head_start == picked_->head_start && id < picked_->tenant->id()))
+    if (picked_ == nullptr || q.head_start() < picked_->head_start() ||
+        (q.head_start() == picked_->head_start() && id < picked_->tenant->id()))
       picked_ = &q;
   }
   return picked_ == nullptr ? nullptr : picked_->requests.front().get();
@@ -50,10 +48,10 @@ std::unique_ptr<ScheduleRequest> SharePolicy::Pop() {
   if (r->work.spans_islands) spanning_.pop_front();  // It was the earliest (MayGo).
   // A head that corrections moved before the virtual time does not move it back (tenants that
   // join start at it).
-  virtual_time_ = std::max(virtual_time_, q.head_start);
+  const double start = q.head_start();
+  virtual_time_ = std::max(virtual_time_, start);
   r->charged_share = q.tenant->share();
-  q.finish = q.head_start + static_cast<double>(r->estimated_ns) / r->charged_share;
-  if (!q.requests.empty()) q.head_start = q.finish;  // Backlogged: it keeps what it is owed.
+  q.finish = start + static_cast<double>(r->estimated_ns) / r->charged_share;
   ++q.running;
   // Idle tenants the virtual time has passed would start at it anyway: their entries go (not
   // while a request of theirs runs: its correction is still to come).
@@ -72,12 +70,11 @@ void SharePolicy::Finished(const ScheduleRequest& r, int64_t actual_ns) {
   --q.running;
   // At the share it was charged at (one changed since applies to later requests).
   const double correction = static_cast<double>(actual_ns - r.estimated_ns) / r.charged_share;
-  q.finish += correction;
-  // Its next request, already tagged, moves with it, before the virtual time too: what its
+  // Its next request's start moves with it (head_start), before the virtual time too: what its
   // requests took under their estimates is given back, down to the virtual time its queue last
-  // started from empty at (at most their sum; never credit for idleness). The same whether the
+  // started from empty at (at most their sum; never credit for idleness), the same whether the
   // request finishes before or after its tenant's queue refills.
-  if (!q.requests.empty()) q.head_start = std::max(q.floor, q.finish);
+  q.finish += correction;
 }
 
 absl::flat_hash_map<int64_t, int64_t> SharePolicy::QueuedByTenant() const {

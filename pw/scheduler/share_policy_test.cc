@@ -27,6 +27,15 @@ std::unique_ptr<ScheduleRequest> Req(const std::shared_ptr<Tenant>& t, int64_t c
   return r;
 }
 
+// Pops the next request, which the test expects to be `tenant`'s (null if none may go).
+std::unique_ptr<ScheduleRequest> PopOf(SharePolicy& p, const std::shared_ptr<Tenant>& tenant) {
+  const ScheduleRequest* next = p.Peek();
+  EXPECT_NE(next, nullptr);
+  if (next == nullptr) return nullptr;
+  EXPECT_EQ(next->work.tenant->id(), tenant->id());
+  return p.Pop();
+}
+
 // Pops `n` requests, keeping every tenant backlogged (each pop is replaced by one more of the
 // same tenant); returns how many each tenant got.
 std::map<int64_t, int> PopBacklogged(SharePolicy& p, int n, int64_t cost) {
@@ -142,20 +151,15 @@ TEST(SharePolicyTest, ARequestFinishingAfterItsTenantWentIdleGivesNoCreditForThe
   auto b = T(0, 1), a = T(1, 1);
   p.Add(Req(a, 1000));
   for (int i = 0; i < 5; ++i) p.Add(Req(b, 1000));
-  ASSERT_EQ(p.Peek()->work.tenant, b);  // Both at 0: the lower id.
-  p.Pop();
-  ASSERT_EQ(p.Peek()->work.tenant, a);
-  std::unique_ptr<ScheduleRequest> a1 = p.Pop();  // A's queue is empty now; a1 runs.
-  for (int i = 0; i < 2; ++i) {
-    ASSERT_EQ(p.Peek()->work.tenant, b);
-    p.Pop();
-  }
+  PopOf(p, b);  // Both at 0: the lower id.
+  std::unique_ptr<ScheduleRequest> a1 = PopOf(p, a);  // A's queue is empty now; a1 runs.
+  ASSERT_NE(a1, nullptr);
+  for (int i = 0; i < 2; ++i) PopOf(p, b);
   ASSERT_EQ(p.virtual_time(), 2000);
   p.Add(Req(a, 1000));  // A restarts at 2000, B's head is at 3000.
   p.Add(Req(a, 1000));
   p.Finished(*a1, 100);  // 900 under its estimate.
-  ASSERT_EQ(p.Peek()->work.tenant, a);
-  p.Pop();  // From 2000 (from 1100, A would go again next).
+  PopOf(p, a);  // From 2000 (from 1100, A would go again next).
   EXPECT_EQ(p.Peek()->work.tenant, b);  // Both at 3000: the lower id.
 }
 
@@ -167,12 +171,10 @@ TEST(SharePolicyTest, ARequestFinishingAfterItsTenantsQueueRefilledKeepsItsCredi
   auto b = T(0, 1), a = T(1, 1);
   p.Add(Req(a, 1000));
   for (int i = 0; i < 5; ++i) p.Add(Req(b, 200));
-  ASSERT_EQ(p.Peek()->work.tenant, b);  // Both at 0: the lower id.
-  p.Pop();
-  ASSERT_EQ(p.Peek()->work.tenant, a);
-  std::unique_ptr<ScheduleRequest> a1 = p.Pop();  // A's finish: 1000; its queue is empty.
-  ASSERT_EQ(p.Peek()->work.tenant, b);
-  p.Pop();
+  PopOf(p, b);  // Both at 0: the lower id.
+  std::unique_ptr<ScheduleRequest> a1 = PopOf(p, a);  // A's finish: 1000; its queue is empty.
+  ASSERT_NE(a1, nullptr);
+  PopOf(p, b);
   ASSERT_EQ(p.virtual_time(), 200);
   p.Add(Req(a, 1000));   // At 1000, A's finish.
   p.Finished(*a1, 100);  // 900 under: A's finish is 100, so its head goes to 200 (B's: 400).
@@ -187,10 +189,9 @@ TEST(SharePolicyTest, ARunningRequestIsCorrectedAtTheShareItWasChargedAt) {
   p.Add(Req(a, 1000));
   p.Add(Req(b, 1000));
   p.Add(Req(b, 1000));
-  ASSERT_EQ(p.Peek()->work.tenant, a);  // Both at 0: the lower id.
-  std::unique_ptr<ScheduleRequest> a1 = p.Pop();  // A's head: 10.
-  ASSERT_EQ(p.Peek()->work.tenant, b);
-  p.Pop();  // B's head: 1000.
+  std::unique_ptr<ScheduleRequest> a1 = PopOf(p, a);  // Both at 0: the lower id. A's head: 10.
+  ASSERT_NE(a1, nullptr);
+  PopOf(p, b);  // B's head: 1000.
   a->set_share(1);
   p.Finished(*a1, 2000);  // 1000 over, at share 100: A's head moves to 20 (at share 1: 1010).
   EXPECT_EQ(p.Peek()->work.tenant, a);
@@ -209,12 +210,11 @@ TEST(SharePolicyTest, AnIdleTenantsEntryStaysWhileItsRequestRuns) {
   auto x = T(0, 1), y = T(1, 1);
   p.Add(Req(x, 1000));
   for (int i = 0; i < 5; ++i) p.Add(Req(y, 1000));
-  ASSERT_EQ(p.Peek()->work.tenant, x);  // Both at 0: the lower id.
-  std::unique_ptr<ScheduleRequest> x1 = p.Pop();  // X's queue is empty; x1 runs.
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_EQ(p.Peek()->work.tenant, y);
-    p.Pop();  // The idle entries go once the virtual time passes their finish times.
-  }
+  // Both at 0: the lower id. X's queue is empty; x1 runs.
+  std::unique_ptr<ScheduleRequest> x1 = PopOf(p, x);
+  ASSERT_NE(x1, nullptr);
+  // The idle entries go once the virtual time passes their finish times.
+  for (int i = 0; i < 3; ++i) PopOf(p, y);
   ASSERT_EQ(p.virtual_time(), 2000);
   p.Finished(*x1, 5000);  // 4000 over: X's finish is 5000.
   p.Add(Req(x, 1000));    // At 5000 (at 2000 had its entry gone), Y's head is at 3000.
