@@ -90,6 +90,10 @@ void ShmMailbox::StopReceiver() {
   receiver_.join();
 }
 
+size_t ShmMailbox::max_message_bytes() const {
+  return header_->capacity / 2 - sizeof(uint32_t);
+}
+
 absl::Status ShmMailbox::Send(absl::string_view message) {
   const uint32_t cap = header_->capacity;
   const uint64_t need = sizeof(uint32_t) + message.size();

@@ -1,7 +1,7 @@
 // ShmMailbox: a multi-producer, single-consumer message ring in a POSIX shared-memory segment,
-// for small messages between worker processes on one machine (native collectives' inputs,
-// fetches of small shards and their answers: pw/server's PeerMail) at futex latency instead of
-// an RPC round trip.
+// for small messages between processes on one machine (native collectives' inputs, fetches of
+// small shards and their answers, the controller's commands to a worker and their events:
+// pw/server's PeerMail) at futex latency instead of an RPC.
 //
 // The owner creates the mailbox and runs one receiver thread that hands each message to a
 // callback (threads of the owner waiting for a message may hand them on too: Poll); other
@@ -40,6 +40,8 @@ class ShmMailbox {
   const std::string& name() const { return segment_->name(); }
   // Appends one message; ResourceExhausted if it does not fit now (the caller uses another path).
   absl::Status Send(absl::string_view message);
+  // The largest message Send ever takes (half the ring, less its length word).
+  size_t max_message_bytes() const;
 
   // The owner's side: hands the messages waiting now to the callback on the calling thread, so
   // a thread waiting for one need not wait for the receiver thread to be scheduled. Returns

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "grpcpp/alarm.h"
+#include "pw/base/check.h"
 #include "pw/base/status_macros.h"
 #include "pw/dataplane/shm_segment.h"
 #include "pw/rpc/batch_queue.h"
@@ -42,8 +43,14 @@ uint64_t NewMailId() {
 class RemoteWorker::Stream final
     : public grpc::ClientBidiReactor<v1::CommandBatch, v1::CommandEventBatch> {
  public:
-  Stream(RemoteWorker* owner) : owner_(owner) {
+  // `first_seq`: the seq of the first command it carries (a mail stream says it).
+  Stream(RemoteWorker* owner, uint64_t first_seq) : owner_(owner) {
     AddToken(&ctx_, owner->options_.token);
+    if (owner->mail_commands_) {
+      ctx_.AddMetadata("pw-mail-stub", absl::StrCat(owner->mail_id_));
+      ctx_.AddMetadata("pw-mail-first-seq", absl::StrCat(first_seq));
+      ctx_.AddMetadata("pw-reply-mailbox", owner->self_mailbox_);
+    }
     owner->stub_->async()->Commands(&ctx_, this);
     AddHold();
     StartRead(&events_);
@@ -60,7 +67,7 @@ class RemoteWorker::Stream final
       pw::MutexLock lock(&mu_);
       if (closed_) return;
       for (v1::Command& c : cs) queue_.Push(std::move(c));
-      first = queue_.StartNext();
+      first = NextToWriteLocked();
     }
     if (first != nullptr) StartWrite(first);
   }
@@ -76,6 +83,25 @@ class RemoteWorker::Stream final
   }
   void Cancel() { ctx_.TryCancel(); }
 
+  // The worker's initial metadata: whether it takes this stream's commands by mail.
+  void OnReadInitialMetadataDone(bool ok) override {
+    if (!ok || !owner_->mail_commands_) return;
+    const auto& md = ctx_.GetServerInitialMetadata();
+    auto it = md.find("pw-mail-ok");
+    if (it == md.end() || it->second != "1") return;
+    v1::CommandBatch* next = nullptr;
+    bool more = false;
+    {
+      pw::MutexLock lock(&mu_);
+      mail_ok_ = true;
+      if (!closed_) {
+        next = NextToWriteLocked();
+        more = queue_.more();
+      }
+    }
+    if (next != nullptr) StartWrite(next, Coalesced(more));
+  }
+
   void OnWriteDone(bool ok) override {
     v1::CommandBatch* next = nullptr;
     bool release = false, more = false;
@@ -83,7 +109,7 @@ class RemoteWorker::Stream final
       pw::MutexLock lock(&mu_);
       queue_.WriteDone();
       if (!ok) queue_.DropWaiting();  // The stream is broken; OnDone reports why.
-      next = queue_.StartNext();
+      next = NextToWriteLocked();
       more = queue_.more();
       release = ReleaseLocked();
     }
@@ -123,7 +149,7 @@ class RemoteWorker::Stream final
       pw::MutexLock lock(&mu_);
       alarm_armed_ = false;
       if (!closed_) {
-        next = queue_.StartNext();
+        next = NextToWriteLocked();
         more = queue_.more();
       }
       release = ReleaseLocked();
@@ -131,6 +157,26 @@ class RemoteWorker::Stream final
     if (next != nullptr) StartWrite(next, Coalesced(more));
     if (release) RemoveHold();
   }
+  // The next batch to write on the stream, marked as being written, or null. Once the worker
+  // takes mail, batches go to its mailbox instead (at once, in order: the worker orders them
+  // with those of the stream by seq); one that does not fit goes on the stream.
+  v1::CommandBatch* NextToWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (true) {
+      v1::CommandBatch* next = queue_.StartNext();
+      if (next == nullptr || !mail_ok_) return next;
+      v1::PeerMail mail;
+      v1::MailedCommands* m = mail.mutable_commands();
+      m->set_stub(owner_->mail_id_);
+      m->mutable_commands()->Swap(next->mutable_items());
+      if (!owner_->send_to_worker_(mail)) {
+        m->mutable_commands()->Swap(next->mutable_items());
+        return next;
+      }
+      owner_->commands_mailed_.fetch_add(m->commands_size(), std::memory_order_relaxed);
+      queue_.WriteDone();
+    }
+  }
+
   RemoteWorker* const owner_;
   grpc::ClientContext ctx_;
   v1::CommandEventBatch events_;
@@ -146,6 +192,7 @@ class RemoteWorker::Stream final
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool alarm_armed_ ABSL_GUARDED_BY(mu_) = false;
   bool released_ ABSL_GUARDED_BY(mu_) = false;
+  bool mail_ok_ ABSL_GUARDED_BY(mu_) = false;  // The worker takes this stream's mail.
 };
 
 namespace {
@@ -172,9 +219,20 @@ RemoteWorker::RemoteWorker(HostId host, std::string address, const ChannelOption
 
 void RemoteWorker::UseMailboxes(HostId self, std::string self_mailbox,
                                 std::function<bool(const v1::PeerMail&)> send_to_worker) {
+  // Mailed fetches take seqs that a mail stream would wait for.
+  PW_CHECK(!mail_commands_, "UseMailboxes on a stub that mails its commands");
   send_to_worker_ = std::move(send_to_worker);
   self_mailbox_ = std::move(self_mailbox);
   reply_host_.store(self.value(), std::memory_order_relaxed);
+}
+
+void RemoteWorker::MailCommands(std::string self_mailbox,
+                                std::function<bool(const v1::PeerMail&)> send_to_worker) {
+  PW_CHECK(reply_host_.load(std::memory_order_relaxed) < 0,
+           "MailCommands on a stub that mails fetches (UseMailboxes)");
+  send_to_worker_ = std::move(send_to_worker);
+  self_mailbox_ = std::move(self_mailbox);
+  mail_commands_ = true;
 }
 
 void RemoteWorker::OnMailedEvents(const v1::MailedEvents& mail) {
@@ -359,7 +417,7 @@ void RemoteWorker::OnStreamEnd(Stream* stream, const absl::Status& s) {
 void RemoteWorker::OpenStreamLocked() {
   if (stream_ != nullptr) return;
   programs_sent_.clear();
-  stream_ = new Stream(this);
+  stream_ = new Stream(this, next_seq_);
 }
 
 void RemoteWorker::OpenCommandStream() {

@@ -7,7 +7,8 @@
 // call per shard); a larger one then comes on a FetchShard stream of its own (shared memory on
 // this machine, else the bulk stream). When the stream breaks (the worker died) or Fail() is
 // called (missed heartbeats), every outstanding and later command fails with Unavailable naming
-// the host and why. Thread-safe.
+// the host and why. A controller's stub of a worker on its machine mails the commands instead
+// (MailCommands). Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -96,6 +97,16 @@ class RemoteWorker final : public WorkerInterface {
   // `self_mailbox` is this process's mailbox's name.
   void UseMailboxes(HostId self, std::string self_mailbox,
                     std::function<bool(const ::pathways::v1::PeerMail&)> send_to_worker);
+  // The controller's stub of a worker on its machine: once the worker says it takes them (its
+  // stream's initial metadata), commands go by mail (MailedCommands through `send_to_worker`,
+  // false if the mail did not fit: then that batch goes on the stream) and their events come
+  // back through `self_mailbox`, this process's mailbox, as MailedEvents naming mail_id(); the
+  // process hands those to OnMailedEvents. The worker applies them in seq order. Call before the
+  // stub's first use.
+  void MailCommands(std::string self_mailbox,
+                    std::function<bool(const ::pathways::v1::PeerMail&)> send_to_worker);
+  // Commands that went by mail (MailCommands).
+  int64_t commands_mailed() const { return commands_mailed_.load(std::memory_order_relaxed); }
   // This stub among the process's stubs (random, never 0).
   uint64_t mail_id() const { return mail_id_; }
   // Events the worker mailed (answers to fetches), as if they came on the stream.
@@ -174,6 +185,8 @@ class RemoteWorker final : public WorkerInterface {
   std::atomic<int64_t> reply_host_{-1};
   std::function<bool(const ::pathways::v1::PeerMail&)> send_to_worker_;
   std::string self_mailbox_;
+  bool mail_commands_ = false;  // MailCommands: set before the stream opens.
+  std::atomic<int64_t> commands_mailed_{0};
 };
 
 }  // namespace pw::rpc

@@ -21,7 +21,7 @@ namespace pw::rpc {
 namespace v1 = ::pathways::v1;
 
 // Bumped on every incompatible change to proto/pathways.proto.
-inline constexpr int32_t kProtocolVersion = 9;  // 9: collectives meet in groups.
+inline constexpr int32_t kProtocolVersion = 10;  // 10: commands by mail on one machine.
 
 // Status <-> gRPC status (the codes are numerically identical).
 // A status message longer than this is cut in ToGrpc: it travels in a header, and a peer drops

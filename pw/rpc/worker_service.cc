@@ -1,8 +1,12 @@
 #include "pw/rpc/worker_service.h"
 
 #include <algorithm>
+#include <iterator>
+#include <map>
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "pw/base/heap.h"
@@ -69,7 +73,21 @@ grpc::ServerUnaryReactor* WorkerService::LoadFunction(grpc::CallbackServerContex
 struct WorkerService::CommandSink {
   pw::Mutex mu;
   CommandStream* stream ABSL_GUARDED_BY(mu) = nullptr;
+  uint64_t mail_stub = 0;  // Set before the sink is shared: the stream takes mail (nonzero).
 };
+
+namespace {
+// A command stream's metadata that asks for its commands by mail as well (MailedCommands): the
+// stub naming them, the first command's seq, and the mailbox for the events. The worker's
+// initial metadata says whether it takes them (kMailOk).
+constexpr char kMailStub[] = "pw-mail-stub";
+constexpr char kMailFirstSeq[] = "pw-mail-first-seq";
+constexpr char kReplyMailbox[] = "pw-reply-mailbox";
+constexpr char kMailOk[] = "pw-mail-ok";
+// Commands a mail stream holds behind a missing earlier one, at most (then it ends: the
+// controller skipped a seq, or a mail was lost).
+constexpr size_t kMaxEarlyCommands = 1 << 16;
+}  // namespace
 
 class WorkerService::CommandStream final
     : public grpc::ServerBidiReactor<v1::CommandBatch, v1::CommandEventBatch> {
@@ -92,9 +110,19 @@ class WorkerService::CommandStream final
       Finish(ToGrpc(*ended));
       return;
     }
+    TakeMail(ctx);
     {
       pw::MutexLock lock(&sink_->mu);
       sink_->stream = this;
+    }
+    if (sink_->mail_stub != 0) {
+      // Registered before the controller hears that it may mail (the initial metadata).
+      {
+        pw::MutexLock lock(&service_->mu_);
+        service_->mail_sinks_[sink_->mail_stub] = sink_;
+      }
+      ctx->AddInitialMetadata(kMailOk, "1");
+      StartSendInitialMetadata();
     }
     StartRead(&commands_);
   }
@@ -110,17 +138,21 @@ class WorkerService::CommandStream final
     }
     {
       pw::MutexLock lock(&mu_);
-      applying_ = true;
+      ++applying_;
     }
     service_->commands_received_.fetch_add(commands_.items_size(), std::memory_order_relaxed);
     service_->command_messages_received_.fetch_add(1, std::memory_order_relaxed);
-    for (v1::Command& c : *commands_.mutable_items()) Apply(c);
-    AnswerFetches();
+    if (sink_->mail_stub != 0) {
+      ApplyInOrder(commands_.mutable_items());
+    } else {
+      for (v1::Command& c : *commands_.mutable_items()) Apply(c);
+      AnswerFetches();
+    }
     commands_.Clear();
     bool ending;
     {
       pw::MutexLock lock(&mu_);
-      applying_ = false;
+      --applying_;
       ending = ending_;
     }
     if (ending) return MaybeFinish();  // No read after the stream is to end.
@@ -165,8 +197,27 @@ class WorkerService::CommandStream final
     {
       pw::MutexLock lock(&service_->mu_);
       service_->command_sinks_.erase(sink_);
+      auto it = service_->mail_sinks_.find(sink_->mail_stub);
+      if (it != service_->mail_sinks_.end() && it->second == sink_) service_->mail_sinks_.erase(it);
     }
     delete this;
+  }
+
+  // Commands of stream `sink` that came by mail: applied in seq order with those read from the
+  // stream, unless the stream is over.
+  static void ApplyMailed(const std::shared_ptr<Sink>& sink, v1::MailedCommands& mail) {
+    CommandStream* stream = nullptr;
+    {
+      // While applying_ counts this, the stream does not finish, so it stays alive.
+      pw::MutexLock lock(&sink->mu);
+      if (sink->stream != nullptr && sink->stream->BeginApplying()) stream = sink->stream;
+    }
+    if (stream == nullptr) return;
+    WorkerService* service = stream->service_;
+    service->commands_received_.fetch_add(mail.commands_size(), std::memory_order_relaxed);
+    service->command_messages_received_.fetch_add(1, std::memory_order_relaxed);
+    stream->ApplyInOrder(mail.mutable_commands());
+    stream->EndApplying();  // Touches the stream no more unless it finishes it.
   }
 
   // Queues an event (from any thread).
@@ -237,8 +288,17 @@ class WorkerService::CommandStream final
  private:
   void Enqueue(v1::CommandEvent e) { EnqueueAll(absl::MakeSpan(&e, 1)); }
   // Events (moved from) that go in one write (unless one is under way: then all go in the
-  // next).
+  // next); a mail stream's go to the controller's mailbox where they fit.
   void EnqueueAll(absl::Span<v1::CommandEvent> es) {
+    if (sink_->mail_stub != 0 && service_->mail_ != nullptr) {
+      std::vector<v1::CommandEvent> mailed(std::make_move_iterator(es.begin()),
+                                           std::make_move_iterator(es.end()));
+      if (service_->mail_(reply_, mailed)) {
+        service_->CountMailedEvents(static_cast<int64_t>(mailed.size()));
+        return;
+      }
+      std::move(mailed.begin(), mailed.end(), es.begin());
+    }
     v1::CommandEventBatch* first = nullptr;
     {
       pw::MutexLock lock(&mu_);
@@ -315,12 +375,99 @@ class WorkerService::CommandStream final
   }
 
  private:
+  // Takes the stream's mail metadata: a controller on this machine mails its commands
+  // (MailedCommands naming the stub) and takes the events in its mailbox, where this worker
+  // can mail (service_->mail_).
+  void TakeMail(grpc::CallbackServerContext* ctx) {
+    const std::string stub = Metadata(ctx, kMailStub);
+    const std::string first = Metadata(ctx, kMailFirstSeq);
+    const std::string mailbox = Metadata(ctx, kReplyMailbox);
+    uint64_t stub_id = 0, first_seq = 0;
+    if (stub.empty() || service_->mail_ == nullptr || !absl::SimpleAtoi(stub, &stub_id) ||
+        stub_id == 0 || !absl::SimpleAtoi(first, &first_seq) ||
+        !absl::StartsWith(mailbox, "/pw-mbox-"))
+      return;
+    sink_->mail_stub = stub_id;
+    reply_ = ReplyTo{HostId(), stub_id, mailbox};
+    pw::MutexLock lock(&order_mu_);
+    next_seq_ = first_seq;
+  }
+
+  // Whether mailed commands may be applied now (the stream is not over, and the controller
+  // has not closed it); the caller then applies and calls EndApplying.
+  bool BeginApplying() {
+    pw::MutexLock lock(&mu_);
+    if (finished_ || ending_ || reads_done_ || write_failed_) return false;
+    ++applying_;
+    return true;
+  }
+  // Ends what BeginApplying began, and finishes the stream if it is to end now. The decision
+  // and the count are under one hold of mu_: once it is released, another thread may finish
+  // the stream (and gRPC then delete it), so nothing here touches the stream after that.
+  void EndApplying() {
+    grpc::Status status;
+    {
+      pw::MutexLock lock(&mu_);
+      --applying_;
+      if (!ReadyToFinishLocked()) return;
+      finished_ = true;
+      if (ending_) status = ToGrpc(end_status_);
+    }
+    Finish(status);
+  }
+
+  // Applies commands (moved from) in seq order: those of a mail stream come by mail and on the
+  // stream, each way in order, and may overtake each other. One thread at a time applies; one
+  // that finds another applying leaves its commands to it.
+  void ApplyInOrder(google::protobuf::RepeatedPtrField<v1::Command>* commands) {
+    bool overflow = false;
+    {
+      pw::MutexLock lock(&order_mu_);
+      for (v1::Command& c : *commands)
+        if (c.seq() >= next_seq_) early_.emplace(c.seq(), std::move(c));
+      // Many waiting behind a missing one (not a backlog an applier is working through).
+      overflow = early_.size() > kMaxEarlyCommands && early_.begin()->first != next_seq_;
+      if (overflow) early_.clear();
+      if (ordering_ || overflow) commands = nullptr;
+      else ordering_ = true;
+    }
+    if (overflow) {
+      End(sink_, absl::InvalidArgumentError(absl::StrCat(
+                     "the command stream skipped command ", next_seq(), ": more than ",
+                     kMaxEarlyCommands, " later ones came first")));
+    }
+    if (commands == nullptr) return;
+    std::vector<v1::Command> ready;
+    while (true) {
+      ready.clear();
+      {
+        pw::MutexLock lock(&order_mu_);
+        for (auto it = early_.begin(); it != early_.end() && it->first == next_seq_;
+             it = early_.erase(it), ++next_seq_)
+          ready.push_back(std::move(it->second));
+        if (ready.empty()) {
+          ordering_ = false;
+          return;
+        }
+      }
+      for (v1::Command& c : ready) Apply(c);
+      AnswerFetches();
+    }
+  }
+  uint64_t next_seq() {
+    pw::MutexLock lock(&order_mu_);
+    return next_seq_;
+  }
+
+  bool ReadyToFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !finished_ && !events_.writing() && applying_ == 0 &&
+           (reads_done_ || write_failed_ || ending_);
+  }
   void MaybeFinish() {
     grpc::Status status;
     {
       pw::MutexLock lock(&mu_);
-      if (finished_ || events_.writing() || applying_ || !(reads_done_ || write_failed_ || ending_))
-        return;
+      if (!ReadyToFinishLocked()) return;
       finished_ = true;
       if (ending_) status = ToGrpc(end_status_);
     }
@@ -334,7 +481,7 @@ class WorkerService::CommandStream final
     if (finished_ || ending_) return false;
     ending_ = true;
     end_status_ = why;
-    if (events_.writing() || applying_) return false;
+    if (events_.writing() || applying_ > 0) return false;
     finished_ = true;
     return true;
   }
@@ -613,14 +760,21 @@ class WorkerService::CommandStream final
   WorkerService* const service_;
   const std::shared_ptr<Sink> sink_;
   v1::CommandBatch commands_;  // Only the gRPC read path touches it.
-  // A batch's fetches, answered after it (AnswerFetches). Only the gRPC read path touches it.
+  // A batch's fetches, answered after it (AnswerFetches). Only the thread applying commands
+  // touches it (the gRPC read path; for a mail stream, the one ordering them).
   std::vector<Fetch> fetches_;
+  ReplyTo reply_;  // A mail stream's: the controller's mailbox (set before any event).
+  // A mail stream's commands that wait for an earlier one, by seq; the next seq to apply.
+  pw::Mutex order_mu_;
+  std::map<uint64_t, v1::Command> early_ ABSL_GUARDED_BY(order_mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(order_mu_) = 0;
+  bool ordering_ ABSL_GUARDED_BY(order_mu_) = false;  // A thread applies them.
   pw::Mutex mu_;
   BatchQueue<v1::CommandEventBatch> events_ ABSL_GUARDED_BY(mu_);
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool applying_ ABSL_GUARDED_BY(mu_) = false;  // A batch of commands is being applied.
+  int applying_ ABSL_GUARDED_BY(mu_) = 0;  // Batches of commands being applied.
   bool ending_ ABSL_GUARDED_BY(mu_) = false;    // EndStreams: no more reads or writes.
   absl::Status end_status_ ABSL_GUARDED_BY(mu_);
 };
@@ -953,14 +1107,26 @@ grpc::ServerUnaryReactor* WorkerService::Mail(grpc::CallbackServerContext* ctx,
                                               const v1::PeerMail* req, v1::Empty*) {
   if (absl::Status s = CheckClusterToken(ctx, token_); !s.ok()) return Reply(ctx, s);
   if (on_mail_ == nullptr) return Reply(ctx, absl::UnimplementedError("this worker takes no mail"));
-  if (req->has_fetches())
-    return Reply(ctx, absl::InvalidArgumentError("mail: fetches come only through the mailbox"));
+  if (req->has_fetches() || req->has_commands())
+    return Reply(ctx, absl::InvalidArgumentError(
+                          "mail: fetches and commands come only through the mailbox"));
   if (req->events().events_size() > kMaxMailItems)
     return Reply(ctx, absl::InvalidArgumentError(absl::StrCat(
                           "mail: ", req->events().events_size(), " events; at most ",
                           kMaxMailItems)));
   on_mail_(*req);
   return Reply(ctx, absl::OkStatus());
+}
+
+void WorkerService::ApplyMailedCommands(v1::MailedCommands& mail) {
+  std::shared_ptr<CommandSink> sink;
+  {
+    pw::MutexLock lock(&mu_);
+    auto it = mail_sinks_.find(mail.stub());
+    if (it == mail_sinks_.end()) return;  // Its stream is over (it failed what was pending).
+    sink = it->second;
+  }
+  CommandStream::ApplyMailed(sink, mail);
 }
 
 void WorkerService::AnswerMailedFetches(

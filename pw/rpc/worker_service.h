@@ -1,7 +1,10 @@
 // WorkerService: serves one host's WorkerInterface (a Worker) over gRPC.
 //
 // Commands (dispatches, puts, deletes) arrive on one stream per controller connection and are
-// applied in arrival order; their progress (enqueued, done) goes back on the same stream. Host
+// applied in arrival order; their progress (enqueued, done) goes back on the same stream. A
+// stream whose metadata asks for it (a controller on this machine: RemoteWorker::MailCommands)
+// also takes its commands by mail (ApplyMailedCommands) and applies them all in seq order
+// whichever way each came; its events go to the controller's mailbox where they fit. Host
 // programs are cached by id, so a program's body crosses the wire once per worker. FetchShard
 // streams a shard once it is ready (the data plane's read side): in chunks, through shared
 // memory (a reader on this machine), or, for a large shard and a reader on another machine, as
@@ -74,6 +77,10 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   void AnswerMailedFetches(
       const ::pathways::v1::MailedFetches& mail,
       std::function<void(const ReplyTo&, std::vector<::pathways::v1::CommandEvent>)> answer);
+  // The controller's commands that came by mail (MailedCommands, from a controller on this
+  // machine): applied with those of the stream naming their stub, in seq order; dropped if that
+  // stream is over.
+  void ApplyMailedCommands(::pathways::v1::MailedCommands& mail);
   // Answers that went through readers' mailboxes (HostStatus::events_mailed).
   void CountMailedEvents(int64_t n) { events_mailed_.fetch_add(n, std::memory_order_relaxed); }
   // Hands a peer's contribution (from RPC or shared memory) to `collectives`.
@@ -157,6 +164,8 @@ class WorkerService final : public ::pathways::v1::Worker::CallbackService {
   std::vector<int64_t> traces_ ABSL_GUARDED_BY(mu_);  // The controller's traces' starts, oldest first.
   // The command streams being served, and why they end (EndStreams: set once).
   absl::flat_hash_set<std::shared_ptr<CommandSink>> command_sinks_ ABSL_GUARDED_BY(mu_);
+  // Those that take mail, by stub (CommandSink::mail_stub).
+  absl::flat_hash_map<uint64_t, std::shared_ptr<CommandSink>> mail_sinks_ ABSL_GUARDED_BY(mu_);
   std::optional<absl::Status> streams_ended_ ABSL_GUARDED_BY(mu_);
   // Read from command streams (HostStatus::commands_received, command_messages_received).
   std::atomic<int64_t> commands_received_{0};

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "pw/bench/dispatch_bench.h"
 #include "pw/client/client.h"
+#include "pw/dataplane/shm_mailbox.h"
 #include "pw/dataplane/tls_testing.h"
 #include "pw/examples/figure2.h"
 #include "pw/base/status_matchers.h"
@@ -208,7 +209,7 @@ class GrpcClusterTest : public ::testing::Test {
     }
   }
   // A transfer between two hosts, on one machine or two; its messages counted.
-  void TransferBetweenTwoHosts(bool same_machine);
+  void TransferBetweenTwoHosts(bool same_machine, bool mail_commands);
 
   bool in_process_ = false;  // Start serves on in-process names, not loopback ports.
   std::vector<std::string> machines_;  // Each in-process worker's machine, by host ("": ours).
@@ -563,6 +564,78 @@ TEST_F(GrpcClusterTest, PeersOnOtherMachinesReadLargeShardsFromTheBulkStream) {
   EXPECT_EQ(workers_[0]->bulk().open_offers(), 0u);
 }
 
+// Issue 23: a stub that mails its commands (the controller's, to a worker of its machine) may
+// send a batch on the stream when the worker's mailbox has no room; the worker applies the
+// commands in the order they were issued whichever way each came, and the events come back
+// through the stub's mailbox. Here every other batch "does not fit", and the mailed ones are
+// held back until everything is issued, so the stream's overtake them: puts and deletes of
+// one buffer still leave the last put's value.
+TEST_F(GrpcClusterTest, CommandsMailedAndWrittenOnTheStreamAreAppliedInTheOrderIssued) {
+  Start(1, 1, 1);
+  const rpc::ChannelOptions peer_channel{.token = controller_->cluster_token()};
+  pw::Mutex mu;
+  bool hold = false;
+  int batches = 0, mailed_early = 0;
+  std::vector<std::string> held;
+  auto to_worker = dataplane::ShmMailbox::Open(workers_[0]->mailbox_name());
+  ASSERT_TRUE(to_worker.ok()) << to_worker.status();
+  // Destroyed first (at the end), since its mail (and lazy flush) uses what is above.
+  auto stub = std::make_unique<rpc::RemoteWorker>(HostId(0), workers_[0]->address(),
+                                                  peer_channel, /*same_machine=*/true);
+  std::atomic<int64_t> events_mailed{0};
+  auto replies = dataplane::ShmMailbox::Create([&](absl::string_view message) {
+    ::pathways::v1::PeerMail mail;
+    ASSERT_TRUE(mail.ParseFromArray(message.data(), static_cast<int>(message.size())));
+    events_mailed += mail.events().events_size();
+    stub->OnMailedEvents(mail.events());
+  });
+  ASSERT_TRUE(replies.ok()) << replies.status();
+  stub->MailCommands((*replies)->name(), [&](const ::pathways::v1::PeerMail& m) {
+    pw::MutexLock lock(&mu);
+    if (!hold) return ++mailed_early > 0 && (*to_worker)->Send(m.SerializeAsString()).ok();
+    if (batches++ % 2 == 1) return false;  // On the stream.
+    held.push_back(m.SerializeAsString());
+    return true;
+  });
+  // Puts (and deletes) until one is mailed: the stub has the worker's consent from then on.
+  for (int i = 0; i < 1000; ++i) {
+    const BufferId warm((int64_t{1} << 40) + 2 + i);
+    ASSERT_THAT(stub->PutShard(warm, DeviceId(0), F32({1})).Await(),
+                StatusIs(absl::StatusCode::kOk, ::testing::_));
+    stub->DeleteBuffers({warm});
+    pw::MutexLock lock(&mu);
+    if (mailed_early > 0) break;
+  }
+  {
+    pw::MutexLock lock(&mu);
+    ASSERT_GT(mailed_early, 0) << "the stub never mailed";
+    hold = true;
+  }
+  const BufferId b((int64_t{1} << 40) + 1);
+  constexpr int kPuts = 50;
+  std::vector<Future<>> puts;
+  for (int i = 0; i < kPuts; ++i) {
+    if (i > 0) stub->DeleteBuffers({b});
+    puts.push_back(stub->PutShard(b, DeviceId(0), F32({static_cast<float>(i)})));
+  }
+  {
+    pw::MutexLock lock(&mu);
+    hold = false;
+    EXPECT_GT(held.size(), 0u);
+    EXPECT_GT(batches, static_cast<int>(held.size())) << "no batch went on the stream";
+    for (const std::string& m : held) ASSERT_TRUE((*to_worker)->Send(m).ok());
+  }
+  for (int i = 0; i < kPuts; ++i)
+    EXPECT_THAT(puts[i].Await(), StatusIs(absl::StatusCode::kOk, ::testing::_)) << "put " << i;
+  auto last = stub->FetchShard(b, DeviceId(0)).Await();
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(static_cast<const HostDeviceBuffer*>(last->get())->as<float>()[0], kPuts - 1);
+  EXPECT_GE(events_mailed.load(), 1);  // Answers, where they fit.
+  stub->DeleteBuffers({b});
+  (*replies)->StopDelivering();
+  stub.reset();
+}
+
 // Issue 23: a client's large arrays go between it and the workers' bulk streams, not through
 // the controller (which only hands out keys): contiguous and strided shards on two hosts, and
 // replicas, arrive and come back whole; small arrays still go through the controller.
@@ -869,7 +942,10 @@ TEST_F(GrpcClusterTest, AParallelDispatchIsAnsweredOnceSequentialTwice) {
   OneDevice d = CallOnOneDevice();
   BoundFunction& f = d.f;
   Array& x = d.x;
-  auto events = [&] { return StatusOfEveryHost(*remote_).value().hosts.at(0).events_sent; };
+  auto events = [&] {  // On the stream, or in the controller's mailbox.
+    const HostStatus h = StatusOfEveryHost(*remote_).value().hosts.at(0);
+    return h.events_sent + h.events_mailed;
+  };
   constexpr int kCalls = 5;
   for (DispatchMode mode : {DispatchMode::kParallel, DispatchMode::kSequential}) {
     const int64_t before = events();
@@ -889,10 +965,13 @@ TEST_F(GrpcClusterTest, AParallelDispatchIsAnsweredOnceSequentialTwice) {
 // answered in one (RemoteWorker::FetchShards; the worker answers a batch's fetches of one buffer
 // together), not with a request and an answer per shard. The answer goes on the command stream
 // to a reader on another machine, and through the reader's mailbox to one on the same machine.
-void GrpcClusterTest::TransferBetweenTwoHosts(bool same_machine) {
+// On one machine the controller's commands and their events go through the workers' and its
+// mailboxes too, unless `mail_commands` is off.
+void GrpcClusterTest::TransferBetweenTwoHosts(bool same_machine, bool mail_commands) {
   if (!same_machine) machines_ = {"machine-a", "machine-b"};
   ControllerServer::Options o = Patient();
   o.lazy_command_flush = absl::Seconds(5);  // Releases travel with the next dispatch.
+  o.mail_commands = mail_commands;
   Start(1, 2, 2, o);
   auto client = *Client::Connect(remote_.get(), "c");
   Slice sa = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 2});
@@ -925,22 +1004,35 @@ void GrpcClusterTest::TransferBetweenTwoHosts(bool same_machine) {
     return std::array<int64_t, 5>{};
   };
   const std::array<int64_t, 5> before = counts();
+  const int64_t mailed_before = controller_->commands_mailed();
   constexpr int kCalls = 10;
   for (int i = 0; i < kCalls; ++i) call();
   const std::array<int64_t, 5> after = counts();
+  const int64_t commands_mailed = controller_->commands_mailed() - mailed_before;
   const int64_t commands = after[0] - before[0], command_messages = after[1] - before[1];
   const int64_t events = after[2] - before[2], event_messages = after[3] - before[3];
   const int64_t mailed = after[4] - before[4];
   // Each call: fa's dispatch (with the previous call's release) from the controller, and two
   // fetches from fb's host; fa's end and the two shards back. On one machine the fetches come
-  // in one mail and are answered in one, so the stream carries only the controller's.
-  if (same_machine) {
+  // in one mail and are answered in one, so the stream carries only the controller's; with
+  // mail_commands, those are mailed too (a message each, still counted) and fa's end comes
+  // back by mail.
+  if (same_machine && mail_commands) {
+    EXPECT_GE(commands_mailed, 2 * kCalls);  // Both hosts' dispatches, and releases.
+    EXPECT_GE(commands, kCalls);
+    EXPECT_EQ(command_messages, kCalls) << commands << " commands";
+    EXPECT_EQ(events, 0);
+    EXPECT_EQ(event_messages, 0);
+    EXPECT_EQ(mailed, 3 * kCalls);
+  } else if (same_machine) {
+    EXPECT_EQ(commands_mailed, 0);
     EXPECT_GE(commands, kCalls);
     EXPECT_EQ(command_messages, kCalls) << commands << " commands";
     EXPECT_EQ(events, kCalls);  // fa's end, to the controller.
     EXPECT_EQ(event_messages, kCalls);
     EXPECT_EQ(mailed, 2 * kCalls);
   } else {
+    EXPECT_EQ(commands_mailed, 0);
     EXPECT_GE(commands, 3 * kCalls);
     EXPECT_EQ(command_messages, 2 * kCalls) << commands << " commands";
     EXPECT_EQ(events, 3 * kCalls);
@@ -950,11 +1042,15 @@ void GrpcClusterTest::TransferBetweenTwoHosts(bool same_machine) {
 }
 
 TEST_F(GrpcClusterTest, AHostsShardsOfATransferAreAskedForAndAnsweredInOneMessage) {
-  TransferBetweenTwoHosts(/*same_machine=*/false);
+  TransferBetweenTwoHosts(/*same_machine=*/false, /*mail_commands=*/true);
 }
 
 TEST_F(GrpcClusterTest, FetchesBetweenWorkersOfOneMachineGoThroughTheirMailboxes) {
-  TransferBetweenTwoHosts(/*same_machine=*/true);
+  TransferBetweenTwoHosts(/*same_machine=*/true, /*mail_commands=*/false);
+}
+
+TEST_F(GrpcClusterTest, TheControllersCommandsToWorkersOfItsMachineGoThroughTheirMailboxes) {
+  TransferBetweenTwoHosts(/*same_machine=*/true, /*mail_commands=*/true);
 }
 
 // Review of issue 23's client I/O: any client could reset the controller's peak-memory counter

@@ -56,6 +56,17 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
                                       });
                                       return f;
                                     }});
+  if (s->options_.mail_commands) {
+    auto mailbox = dataplane::ShmMailbox::Create([p = s.get()](absl::string_view message) {
+      p->ReceiveMail(message);
+    });
+    if (mailbox.ok()) {
+      s->mailbox_ = *std::move(mailbox);
+    } else {
+      std::fprintf(stderr, "pw controller: no mailbox (%s): commands go on the streams\n",
+                   std::string(mailbox.status().message()).c_str());
+    }
+  }
   s->service_ = std::make_unique<rpc::ControllerService>(
       s->controller_.get(), s.get(), s->options_.channel.token, s->options_.cluster_token,
       s->options_.clients);
@@ -99,11 +110,32 @@ ControllerServer::~ControllerServer() {
     for (auto& w : workers_) w->Fail("the controller is shutting down");
   }
   serving_.Shutdown(kShutdownGrace);
+  if (mailbox_ != nullptr) mailbox_->StopDelivering();  // Before the stubs it hands events to.
   controller_.reset();
   service_.reset();
   trace_queue_.reset();  // Ends the traces still being gathered (failed workers are skipped).
   pw::MutexLock lock(&mu_);
   workers_.clear();
+}
+
+int64_t ControllerServer::commands_mailed() const {
+  pw::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const auto& w : workers_) n += w->commands_mailed();
+  return n;
+}
+
+void ControllerServer::ReceiveMail(absl::string_view message) {
+  v1::PeerMail mail;
+  if (!mail.ParseFromArray(message.data(), static_cast<int>(message.size())) || !mail.has_events())
+    return;
+  rpc::RemoteWorker* stub = nullptr;
+  {
+    pw::MutexLock lock(&mail_mu_);
+    auto it = stubs_by_mail_id_.find(mail.events().stub());
+    if (it != stubs_by_mail_id_.end()) stub = it->second;  // Stubs live as long as this server.
+  }
+  if (stub != nullptr) stub->OnMailedEvents(mail.events());
 }
 
 void ControllerServer::Shutdown() {
@@ -154,10 +186,22 @@ absl::StatusOr<v1::RegisterWorkerResponse> ControllerServer::RegisterWorker(
   }
   rpc::ChannelOptions to_worker = options_.channel;
   to_worker.token = options_.cluster_token;
-  auto worker = std::make_unique<rpc::RemoteWorker>(host, req.address(), to_worker,
-                                                    /*same_machine=*/req.machine() == name,
+  const bool same_machine = req.machine() == name;
+  auto worker = std::make_unique<rpc::RemoteWorker>(host, req.address(), to_worker, same_machine,
                                                     options_.lazy_command_flush);
   rpc::RemoteWorker* w = worker.get();
+  if (same_machine && mailbox_ != nullptr && !req.data_address().empty()) {
+    if (auto to = dataplane::ShmMailbox::Open(req.data_address()); to.ok()) {
+      std::shared_ptr<dataplane::ShmMailbox> to_mailbox = *std::move(to);
+      w->MailCommands(mailbox_->name(), [to_mailbox](const v1::PeerMail& m) {
+        // A batch the mailbox cannot take (a large put) is not serialized for nothing.
+        return m.ByteSizeLong() <= to_mailbox->max_message_bytes() &&
+               to_mailbox->Send(m.SerializeAsString()).ok();
+      });
+      pw::MutexLock lock(&mail_mu_);
+      stubs_by_mail_id_[w->mail_id()] = w;
+    }
+  }
   w->OpenCommandStream();
   {
     // Listed, and every worker told (this one included), before it is attached: any work that

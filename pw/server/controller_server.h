@@ -18,6 +18,7 @@
 #include "pw/base/mutex.h"
 #include "pw/base/work_queue.h"
 #include "pw/cluster/cluster_spec.h"
+#include "pw/dataplane/shm_mailbox.h"
 #include "pw/controller/controller.h"
 #include "pw/metrics/metrics.h"
 #include "pw/rpc/auth.h"
@@ -53,6 +54,9 @@ class ControllerServer final : public rpc::ClusterMembership {
     std::string metrics_listen;
     // How long a worker's deletes wait for a command to travel with (RemoteWorker::kLazyFlush).
     absl::Duration lazy_command_flush = rpc::RemoteWorker::kLazyFlush;
+    // Commands to workers on this machine go through their shared-memory mailboxes, events
+    // come back through the controller's (RemoteWorker::MailCommands); else all on the streams.
+    bool mail_commands = true;
   };
   static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(const ClusterSpec& spec,
                                                                  Options options);
@@ -66,6 +70,8 @@ class ControllerServer final : public rpc::ClusterMembership {
   // What workers must present (WorkerServer::Options::channel.token).
   const std::string& cluster_token() const { return options_.cluster_token; }
   Controller& controller() { return *controller_; }
+  // Commands mailed to workers on this machine (Options::mail_commands), all stubs together.
+  int64_t commands_mailed() const;
   rpc::ControllerService& service() { return *service_; }
   // Blocks until Shutdown() (an RPC from `pw down`, or a signal handler's call).
   void WaitForShutdown();
@@ -96,6 +102,8 @@ class ControllerServer final : public rpc::ClusterMembership {
   };
   ControllerServer(const ClusterSpec& spec, Options options);
   void MonitorLoop();
+  // A message in the controller's mailbox: events a worker on this machine mailed.
+  void ReceiveMail(absl::string_view message);
   // Pushes the host table (every listed member) to every listed member's worker, under a new
   // version (RemoteWorker::SetHosts: ordered on each command stream before later work).
   void PushHostsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -116,6 +124,12 @@ class ControllerServer final : public rpc::ClusterMembership {
   // Every stub ever made, kept until the controller is gone: the controller and in-flight work
   // hold raw pointers to them, and a rejoined host gets a new one.
   std::vector<std::unique_ptr<rpc::RemoteWorker>> workers_ ABSL_GUARDED_BY(mu_);
+  // Events that workers on this machine mail (Options::mail_commands; null if it could not be
+  // made), handed to the stub they name: workers_ by RemoteWorker::mail_id (its own lock, taken
+  // alone: the receiver thread must not wait on mu_).
+  std::unique_ptr<dataplane::ShmMailbox> mailbox_;
+  pw::Mutex mail_mu_;
+  absl::flat_hash_map<uint64_t, rpc::RemoteWorker*> stubs_by_mail_id_ ABSL_GUARDED_BY(mail_mu_);
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   int64_t hosts_version_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread monitor_;

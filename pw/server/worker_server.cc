@@ -465,8 +465,10 @@ void WorkerServer::AnswerMailedFetches(const rpc::WorkerService::ReplyTo& reply,
 
 void WorkerServer::ReceiveMail(absl::string_view message) {
   v1::PeerMail mail;
-  if (mail.ParseFromArray(message.data(), static_cast<int>(message.size())))
-    ReceivePeerMail(mail);
+  if (!mail.ParseFromArray(message.data(), static_cast<int>(message.size()))) return;
+  // The controller's commands (it runs on this machine) come only this way, not by Mail.
+  if (mail.has_commands()) return service_->ApplyMailedCommands(*mail.mutable_commands());
+  ReceivePeerMail(mail);
 }
 
 void WorkerServer::ReceivePeerMail(const v1::PeerMail& mail) {

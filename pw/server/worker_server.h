@@ -68,6 +68,8 @@ class WorkerServer final : public CollectivePeers {
   HostId host() const { return options_.host; }
   // Serves large shards to peers on other machines (none on an in-process name: do not call).
   const dataplane::BulkServer& bulk() const { return *bulk_; }
+  // This process's shared-memory mailbox (RegisterWorkerRequest.data_address).
+  const std::string& mailbox_name() const { return mailbox_->name(); }
   // Blocks until Stop(), the controller has been unreachable too long, or it no longer counts
   // this worker as live (it declared the host failed, or it restarted): then this worker's state
   // is stale, and it must start afresh as a new process (its cluster manager restarts it).
