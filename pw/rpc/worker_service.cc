@@ -421,19 +421,21 @@ class WorkerService::CommandStream final
   // that finds another applying leaves its commands to it.
   void ApplyInOrder(google::protobuf::RepeatedPtrField<v1::Command>* commands) {
     bool overflow = false;
+    uint64_t missing = 0;
     {
       pw::MutexLock lock(&order_mu_);
       for (v1::Command& c : *commands)
         if (c.seq() >= next_seq_) early_.emplace(c.seq(), std::move(c));
       // Many waiting behind a missing one (not a backlog an applier is working through).
       overflow = early_.size() > kMaxEarlyCommands && early_.begin()->first != next_seq_;
+      missing = next_seq_;
       if (overflow) early_.clear();
       if (ordering_ || overflow) commands = nullptr;
       else ordering_ = true;
     }
     if (overflow) {
       End(sink_, absl::InvalidArgumentError(absl::StrCat(
-                     "the command stream skipped command ", next_seq(), ": more than ",
+                     "the command stream skipped command ", missing, ": more than ",
                      kMaxEarlyCommands, " later ones came first")));
     }
     if (commands == nullptr) return;
@@ -454,11 +456,6 @@ class WorkerService::CommandStream final
       AnswerFetches();
     }
   }
-  uint64_t next_seq() {
-    pw::MutexLock lock(&order_mu_);
-    return next_seq_;
-  }
-
   bool ReadyToFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !finished_ && !events_.writing() && applying_ == 0 &&
            (reads_done_ || write_failed_ || ending_);
