@@ -490,10 +490,15 @@ TEST_F(GrpcClusterTest, AMailedFetchFailsWithTheStreamToItsWorker) {
   rpc::RemoteWorker peer(HostId(0), workers_[0]->address(),
                          {.token = controller_->cluster_token()}, /*same_machine=*/true);
   int mailed = 0;
+  bool fits = false;  // The first fetch goes on the stream: answered, so the stream is open.
   peer.UseMailboxes(HostId(1), "", [&](const v1::PeerMail& m) {
+    if (!fits) return false;
     mailed += m.fetches().commands_size();
     return true;  // Lost on the way: no answer comes.
   });
+  // Else the worker could stop before it took the stream, which then ends as cancelled.
+  ASSERT_TRUE(peer.FetchShard(array->id, DeviceId(0)).Await().ok());
+  fits = true;
   Future<DeviceBufferRef> fetched = peer.FetchShard(array->id, DeviceId(0));
   EXPECT_EQ(mailed, 1);
   workers_[0].reset();
