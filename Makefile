@@ -57,8 +57,9 @@ tsan: deps
 	# The prebuilt PJRT plugin and Debian's gRPC are not TSan-instrumented: their synchronization
 	# is invisible to TSan (e.g. a Worker built on the main thread and used on the thread a gRPC
 	# request reaches it through is reported), so the PJRT and gRPC cluster tests run in the other
-	# builds only. The shared-memory mailbox (no gRPC) is checked here.
-	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan.supp" ctest --output-on-failure -j $(JOBS) -E "^(Pjrt|Xla|GrpcCluster|GrpcInProcess|NetnsCluster)"
+	# builds only (ClientSessionMail serves a mock controller over gRPC). The shared-memory mailbox
+	# (no gRPC) is checked here.
+	cd build-tsan && TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/scripts/tsan.supp" ctest --output-on-failure -j $(JOBS) -E "^(Pjrt|Xla|GrpcCluster|GrpcInProcess|NetnsCluster|ClientSessionMail)"
 
 clean:
 	rm -rf $(BUILD_DIR) build-asan build-tsan build-python

@@ -56,6 +56,7 @@ absl::StatusOr<std::unique_ptr<ShmMailbox>> ShmMailbox::Create(OnMessage on_mess
   m->owner_ = true;
   m->header_ = new (m->segment_->data())
       Header{kMagic, static_cast<uint32_t>(capacity), {0}, {0}, {0}, {0}, {0}};
+  m->capacity_ = static_cast<uint32_t>(capacity);
   m->ring_ = m->segment_->data() + sizeof(Header);
   m->on_message_ = std::move(on_message);
   m->receiver_ = std::thread([raw = m.get()] { raw->ReceiveLoop(); });
@@ -69,9 +70,11 @@ absl::StatusOr<std::unique_ptr<ShmMailbox>> ShmMailbox::Open(const std::string& 
     return absl::DataLossError(absl::StrCat("mailbox ", name, " is too small"));
   m->header_ = reinterpret_cast<Header*>(m->segment_->data());
   m->ring_ = m->segment_->data() + sizeof(Header);
-  if (m->header_->magic != kMagic ||
-      sizeof(Header) + m->header_->capacity != m->segment_->capacity())
+  const uint32_t cap = m->header_->capacity;
+  if (m->header_->magic != kMagic || cap == 0 || (cap & (cap - 1)) != 0 ||
+      sizeof(Header) + cap != m->segment_->capacity())
     return absl::DataLossError(absl::StrCat("mailbox ", name, " has a bad header"));
+  m->capacity_ = cap;  // Read once: the segment's other users could change the header's.
   return m;
 }
 
@@ -91,18 +94,18 @@ void ShmMailbox::StopReceiver() {
 }
 
 size_t ShmMailbox::max_message_bytes() const {
-  return header_->capacity / 2 - sizeof(uint32_t);
+  return capacity_ / 2 - sizeof(uint32_t);
 }
 
-absl::Status ShmMailbox::Send(absl::string_view message) {
-  const uint32_t cap = header_->capacity;
+absl::Status ShmMailbox::Send(absl::string_view message, int max_spins) {
+  const uint32_t cap = capacity_;
   const uint64_t need = sizeof(uint32_t) + message.size();
   if (need > cap / 2) return absl::ResourceExhaustedError("message too large for the mailbox");
   // Spin lock among producers (critical section: two memcpy's). A holder that died inside it
   // would block everyone: give up after ~100k tries and let the caller use RPC.
   for (int spins = 0; header_->lock.exchange(1, std::memory_order_acquire) != 0; ++spins) {
     if (spins > 64) sched_yield();
-    if (spins > 100000) return absl::ResourceExhaustedError("mailbox lock not released");
+    if (spins > max_spins) return absl::ResourceExhaustedError("mailbox lock not released");
   }
   const uint64_t tail = header_->tail.load(std::memory_order_relaxed);
   if (tail + need - header_->head.load(std::memory_order_acquire) > cap) {
@@ -132,6 +135,16 @@ bool ShmMailbox::Poll() {
   return any;
 }
 
+void ShmMailbox::Flush() {
+  if (!owner_) return;
+  while (delivering_.exchange(true, std::memory_order_acquire)) {
+    if (stop_.load(std::memory_order_acquire)) return;  // StopDelivering holds it for good.
+    sched_yield();
+  }
+  Drain();
+  delivering_.store(false, std::memory_order_release);
+}
+
 void ShmMailbox::StopDelivering() {
   if (!owner_) return;
   while (delivering_.exchange(true, std::memory_order_acquire)) sched_yield();
@@ -139,7 +152,7 @@ void ShmMailbox::StopDelivering() {
 }
 
 bool ShmMailbox::Drain() {
-  const uint32_t cap = header_->capacity;
+  const uint32_t cap = capacity_;
   uint64_t head = header_->head.load(std::memory_order_relaxed);
   const uint64_t tail = header_->tail.load(std::memory_order_acquire);
   const bool any = head != tail;

@@ -38,8 +38,11 @@ class ShmMailbox {
   ~ShmMailbox();
 
   const std::string& name() const { return segment_->name(); }
-  // Appends one message; ResourceExhausted if it does not fit now (the caller uses another path).
-  absl::Status Send(absl::string_view message);
+  // Appends one message; ResourceExhausted if it does not fit now, or if the producers' lock
+  // stays taken past `max_spins` tries (the caller uses another path). A mailbox whose owner is
+  // not trusted (a client's) is given few.
+  static constexpr int kDefaultMaxSpins = 100000;
+  absl::Status Send(absl::string_view message, int max_spins = kDefaultMaxSpins);
   // The largest message Send ever takes (half the ring, less its length word).
   size_t max_message_bytes() const;
 
@@ -48,6 +51,9 @@ class ShmMailbox {
   // whether it handed on any; false at once while another thread is handing messages on (one
   // thread at a time does, in order), after StopDelivering, and on a producer's side.
   bool Poll();
+  // As Poll, but first waits for a delivery in progress on another thread to end, so that every
+  // message sent before the call has been handed on when it returns. Not from the callback.
+  void Flush();
   // The owner's side: waits for a delivery in progress to end and stops the receiver thread;
   // from then on no message is handed to the callback (call it before destroying what the
   // callback uses). Producers can still Send.
@@ -64,6 +70,7 @@ class ShmMailbox {
   std::shared_ptr<ShmSegment> segment_;  // Of kind kMailbox (shm_segment.h).
   bool owner_ = false;
   Header* header_ = nullptr;
+  uint32_t capacity_ = 0;  // The ring's bytes, as checked when made or opened (not re-read).
   char* ring_ = nullptr;
   OnMessage on_message_;
   std::atomic<bool> delivering_{false};  // Held by the thread handing messages on.

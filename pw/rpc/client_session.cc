@@ -1,9 +1,12 @@
 #include "pw/rpc/client_session.h"
 
+#include <atomic>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "pw/base/mutex.h"
@@ -23,8 +26,13 @@ struct ClientSession::State {
     Promise<RunInfo> accepted;
     Promise<> done;
     bool answered = false;  // `accepted` is set.
+    // Its end, come by the other way before its acceptance (mail).
+    std::optional<absl::Status> early_end;
   };
+  using Send = std::function<bool(const v1::PeerMail&)>;
   std::string where;
+  std::optional<Mail> mail;  // As given; set before the stream opens.
+  uint64_t stub = 0;         // NewMailId() with mail.
   absl::Notification finished;  // OnDone has run.
   pw::Mutex mu;
   Stream* stream ABSL_GUARDED_BY(mu) = nullptr;
@@ -38,6 +46,11 @@ struct ClientSession::State {
   absl::Status over ABSL_GUARDED_BY(mu);          // Not OK once the stream is done.
   uint64_t next_seq ABSL_GUARDED_BY(mu) = 1;
   absl::flat_hash_map<uint64_t, Pending> pending ABSL_GUARDED_BY(mu);
+  uint64_t next_number ABSL_GUARDED_BY(mu) = 1;  // The next batch's (SessionMessageBatch).
+  // Once the controller takes mail: the sender to its mailbox, and its limit of runs in flight.
+  std::shared_ptr<const Send> send ABSL_GUARDED_BY(mu);
+  size_t limit ABSL_GUARDED_BY(mu) = 0;
+  std::atomic<int64_t> mailed{0};
 
   // Whether the hold may go now (read side over, nothing in flight); true once.
   bool ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
@@ -45,8 +58,12 @@ struct ClientSession::State {
     released = true;
     return true;
   }
-  // Starts the next write-side call if none is in flight.
+  // Starts the next write-side call if none is in flight; mails what may go by mail.
   void Kick();
+  // Mails `batch` (false if it did not fit: it is left as it was).
+  bool MailBatch(const Send& send, v1::SessionMessageBatch* batch);
+  // One event of the controller's, by either way.
+  void Handle(const v1::SessionEvent& e);
   // Ends a use of `s` begun with ++busy.
   void Unbusy(Stream* s);
 };
@@ -58,12 +75,38 @@ class ClientSession::Stream final
          const std::function<void(grpc::ClientContext*)>& prepare)
       : state_(std::move(state)) {
     prepare(&ctx_);
+    if (state_->mail.has_value()) {
+      ctx_.AddMetadata("pw-mail-stub", absl::StrCat(state_->stub));
+      ctx_.AddMetadata("pw-reply-mailbox", state_->mail->self_mailbox);
+    }
     stub->async()->Session(&ctx_, this);
     AddHold();
     StartRead(&events_);
     StartCall();
   }
   void Cancel() { ctx_.TryCancel(); }
+
+  // The controller says whether it takes mail: its mailbox's name and its limit of runs in
+  // flight.
+  void OnReadInitialMetadataDone(bool ok) override {
+    if (!ok || !state_->mail.has_value()) return;
+    const auto& md = ctx_.GetServerInitialMetadata();
+    auto name = md.find("pw-mail-ok");
+    auto limit = md.find("pw-mail-limit");
+    size_t runs = 0;
+    if (name == md.end() || limit == md.end() ||
+        !absl::SimpleAtoi(absl::string_view(limit->second.data(), limit->second.size()), &runs))
+      return;
+    absl::StatusOr<State::Send> send =
+        state_->mail->open(std::string(name->second.data(), name->second.size()));
+    if (!send.ok()) return;  // Then the stream carries it all.
+    {
+      pw::MutexLock lock(&state_->mu);
+      state_->send = std::make_shared<const State::Send>(*std::move(send));
+      state_->limit = runs;
+    }
+    state_->Kick();
+  }
 
   void OnWriteDone(bool ok) override {
     bool release = false;
@@ -88,7 +131,7 @@ class ClientSession::Stream final
   }
   void OnReadDone(bool ok) override {
     if (ok) {
-      for (const v1::SessionEvent& e : events_.items()) Handle(e);
+      for (const v1::SessionEvent& e : events_.items()) state_->Handle(e);
       events_.Clear();
       StartRead(&events_);
       return;
@@ -104,6 +147,8 @@ class ClientSession::Stream final
     if (release) RemoveHold();
   }
   void OnDone(const grpc::Status& s) override {
+    // Ends mailed before the stream ended are taken first.
+    if (state_->mail.has_value() && state_->mail->drain) state_->mail->drain();
     absl::Status why = FromGrpc(s);
     why = why.ok() ? absl::UnavailableError(
                          absl::StrCat("the controller at ", state_->where, " ended the session"))
@@ -125,84 +170,115 @@ class ClientSession::Stream final
   }
 
  private:
-  void Handle(const v1::SessionEvent& e) {
-    std::optional<Promise<RunInfo>> accepted;
-    std::optional<Promise<>> done;
-    absl::StatusOr<RunInfo> info = RunInfo{};
-    absl::Status end;
-    {
-      pw::MutexLock lock(&state_->mu);
-      auto it = state_->pending.find(e.seq());
-      if (it == state_->pending.end()) return;  // Not ours (a newer controller's extra event).
-      State::Pending& p = it->second;
-      switch (e.event_case()) {
-        case v1::SessionEvent::kAccepted: {
-          if (p.answered) return;
-          info->run = RunId(e.accepted().run());
-          for (const auto& o : e.accepted().outputs()) {
-            absl::StatusOr<ArrayInfo> a = FromProto(o);
-            if (!a.ok()) {
-              info = Annotate(a.status(), "a run's acceptance");
-              break;
-            }
-            info->outputs.push_back(*std::move(a));
-          }
-          p.answered = true;
-          accepted = std::move(p.accepted);
-          if (info.ok()) {
-            info->done = p.done.future();
-            break;
-          }
-          end = info.status();  // Unreadable: the run counts as failed here.
-          done = std::move(p.done);
-          state_->pending.erase(it);
-          break;
-        }
-        case v1::SessionEvent::kFailed:
-        case v1::SessionEvent::kDone: {
-          end = FromProto(e.has_failed() ? e.failed() : e.done());
-          if (!p.answered) {
-            accepted = std::move(p.accepted);
-            info = end.ok() ? absl::InternalError("a run ended before it was accepted") : end;
-          }
-          done = std::move(p.done);
-          state_->pending.erase(it);
-          break;
-        }
-        case v1::SessionEvent::EVENT_NOT_SET:
-          return;
-      }
-    }
-    if (accepted.has_value()) accepted->Set(std::move(info));
-    if (done.has_value()) done->Set(end);
-  }
-
   const std::shared_ptr<State> state_;
   grpc::ClientContext ctx_;
   v1::SessionEventBatch events_;
 };
 
-void ClientSession::State::Kick() {
-  Stream* s = nullptr;
-  v1::SessionMessageBatch* next = nullptr;
-  bool more = false;
+void ClientSession::State::Handle(const v1::SessionEvent& e) {
+  std::optional<Promise<RunInfo>> accepted;
+  std::optional<Promise<>> done;
+  absl::StatusOr<RunInfo> info = RunInfo{};
+  absl::Status end;
   {
     pw::MutexLock lock(&mu);
-    if (writing || reads_over || stream == nullptr) return;
-    if ((next = queue.StartNext()) != nullptr) {
-      more = queue.more();
-    } else if (!closing || writes_ended) {
-      return;
+    auto it = pending.find(e.seq());
+    if (it == pending.end()) return;  // Not ours (a newer controller's extra event).
+    State::Pending& p = it->second;
+    switch (e.event_case()) {
+      case v1::SessionEvent::kAccepted: {
+        if (p.answered) return;
+        info->run = RunId(e.accepted().run());
+        for (const auto& o : e.accepted().outputs()) {
+          absl::StatusOr<ArrayInfo> a = FromProto(o);
+          if (!a.ok()) {
+            info = Annotate(a.status(), "a run's acceptance");
+            break;
+          }
+          info->outputs.push_back(*std::move(a));
+        }
+        p.answered = true;
+        accepted = std::move(p.accepted);
+        if (info.ok()) {
+          info->done = p.done.future();
+          if (!p.early_end.has_value()) break;
+          end = *p.early_end;  // Its end came first (by the other way).
+          done = std::move(p.done);
+          pending.erase(it);
+          break;
+        }
+        end = info.status();  // Unreadable: the run counts as failed here.
+        done = std::move(p.done);
+        pending.erase(it);
+        break;
+      }
+      case v1::SessionEvent::kFailed:
+      case v1::SessionEvent::kDone: {
+        end = FromProto(e.has_failed() ? e.failed() : e.done());
+        if (!p.answered && e.has_done() && mail.has_value()) {
+          // Mailed, it may pass its acceptance written on the stream (or the other way round).
+          p.early_end = end;
+          return;
+        }
+        if (!p.answered) {
+          accepted = std::move(p.accepted);
+          info = end.ok() ? absl::InternalError("a run ended before it was accepted") : end;
+        }
+        done = std::move(p.done);
+        pending.erase(it);
+        break;
+      }
+      case v1::SessionEvent::EVENT_NOT_SET:
+        return;
     }
-    writing = true;
-    writes_ended = writes_ended || next == nullptr;
-    s = stream;
   }
-  if (next != nullptr) {
-    s->StartWrite(next, Coalesced(more));
-  } else {
-    s->StartWritesDone();
+  if (accepted.has_value()) accepted->Set(std::move(info));
+  if (done.has_value()) done->Set(end);
+}
+
+void ClientSession::State::Kick() {
+  while (true) {
+    Stream* s = nullptr;
+    v1::SessionMessageBatch* next = nullptr;
+    bool more = false;
+    std::shared_ptr<const Send> by_mail;
+    {
+      pw::MutexLock lock(&mu);
+      if (writing || reads_over || stream == nullptr) return;
+      if ((next = queue.StartNext()) != nullptr) {
+        more = queue.more();
+        next->set_number(next_number++);
+        // Fewer runs not seen ended than the limit (counting the runs still queued): the
+        // controller, which counts a run until its end goes, has not paused reading for them.
+        if (send != nullptr && pending.size() < limit) by_mail = send;
+      } else if (!closing || writes_ended) {
+        return;
+      }
+      writing = true;
+      writes_ended = writes_ended || next == nullptr;
+      s = stream;
+    }
+    if (next == nullptr) return s->StartWritesDone();
+    if (by_mail == nullptr || !MailBatch(*by_mail, next)) return s->StartWrite(next, Coalesced(more));
+    mailed.fetch_add(1, std::memory_order_relaxed);
+    bool release = false;
+    {
+      pw::MutexLock lock(&mu);
+      queue.WriteDone();
+      writing = false;
+      release = ReleaseLocked();
+    }
+    if (release) return s->RemoveHold();
   }
+}
+
+bool ClientSession::State::MailBatch(const Send& send, v1::SessionMessageBatch* batch) {
+  v1::PeerMail m;
+  m.mutable_session()->set_stub(stub);
+  m.mutable_session()->mutable_batch()->Swap(batch);
+  if (send(m)) return true;
+  batch->Swap(m.mutable_session()->mutable_batch());
+  return false;
 }
 
 void ClientSession::State::Unbusy(Stream* s) {
@@ -217,9 +293,13 @@ void ClientSession::State::Unbusy(Stream* s) {
 
 ClientSession::ClientSession(v1::Controller::Stub* stub, ClientId client,
                              const std::function<void(grpc::ClientContext*)>& prepare,
-                             std::string where)
+                             std::string where, std::optional<Mail> mail)
     : state_(std::make_shared<State>()) {
   state_->where = std::move(where);
+  if (mail.has_value()) {
+    state_->mail = std::move(mail);
+    state_->stub = NewMailId();
+  }
   v1::SessionMessage hello;
   hello.set_client(client.value());
   {
@@ -273,6 +353,16 @@ void ClientSession::Release(BufferId id) {
     state_->queue.Push(std::move(m));
   }
   state_->Kick();
+}
+
+uint64_t ClientSession::mail_stub() const { return state_->stub; }
+
+void ClientSession::OnMailedEvents(const v1::SessionEventBatch& events) {
+  for (const v1::SessionEvent& e : events.items()) state_->Handle(e);
+}
+
+int64_t ClientSession::batches_mailed() const {
+  return state_->mailed.load(std::memory_order_relaxed);
 }
 
 void ClientSession::Close(absl::Duration grace) {

@@ -13,6 +13,7 @@
 // the cluster. Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -64,6 +65,19 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   // their Session; returns how many. (The controller server calls it from its monitor.)
   int ReapSessionless(absl::Time now);
 
+  // Sessions of clients on this machine go by mail (ClientSession): `own_mailbox` names the
+  // controller process's mailbox, whose owner hands the session mail to ReceiveSessionMail. A
+  // session takes mail when its stream's metadata names the client's mailbox and it opens here.
+  // Call before serving.
+  void UseMailbox(std::string own_mailbox);
+  // A client's mailed batch, handled in order with its session's others; dropped if no open
+  // session has that stub (a stale one's, or a guess).
+  void ReceiveSessionMail(::pathways::v1::MailedSession* mail);
+  // Batches mailed to this service's sessions (the rest came on their streams).
+  int64_t session_batches_mailed() const {
+    return session_batches_mailed_.load(std::memory_order_relaxed);
+  }
+
 #define PW_UNARY(Method, Req, Resp)                                                  \
   grpc::ServerUnaryReactor* Method(grpc::CallbackServerContext* ctx,                 \
                                    const ::pathways::v1::Req* req,                   \
@@ -103,6 +117,7 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
 
  private:
   class SessionStream;  // controller_session.cc
+  struct Outbox;         // A session's state that outlives its stream (controller_session.cc).
   // The call's token and, for `client`, its key.
   absl::Status Authorize(const grpc::CallbackServerContext* ctx, int64_t client) const;
   absl::Status Authorize(const grpc::CallbackServerContext* ctx) const;
@@ -110,6 +125,8 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   absl::Status OpenSession(const grpc::CallbackServerContext* ctx, int64_t client);
   // A membership call: the cluster token.
   absl::Status AuthorizeMember(const grpc::CallbackServerContext* ctx) const;
+  // A session's stream is done: mail naming its stub is dropped from now on.
+  void ForgetMail(uint64_t stub);
   // Disconnects `client` once (the Session stream ended or the client asked).
   absl::Status DropClient(ClientId client);
   // Runs `fn` (which returns the call's status) on a thread of the service's own, then finishes
@@ -132,6 +149,11 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   };
   absl::flat_hash_map<ClientId, Connected> keys_ ABSL_GUARDED_BY(mu_);
   int64_t connecting_ ABSL_GUARDED_BY(mu_) = 0;  // Connects past the limit check, not yet in keys_.
+  std::string mailbox_;  // UseMailbox's.
+  // Sessions that take mail, by stub.
+  pw::Mutex mail_mu_;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Outbox>> mail_sessions_ ABSL_GUARDED_BY(mail_mu_);
+  std::atomic<int64_t> session_batches_mailed_{0};
   std::atomic<size_t> next_blocking_{0};
   std::vector<std::unique_ptr<WorkQueue>> blocking_;  // Offload's threads; last: drained first.
 };

@@ -1,9 +1,16 @@
 // The controller's side of a client's Session stream: the client's runs and releases, in order,
-// and the runs' acceptance and ends back.
+// and the runs' acceptance and ends back. A client on the controller's machine may mail its
+// batches and take its events by mail (ClientSession); its batches are handled in their order
+// whichever way each came.
+#include <atomic>
+#include <map>
 #include <memory>
 #include <utility>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "pw/dataplane/shm_mailbox.h"
 #include "pw/rpc/batch_queue.h"
 #include "pw/rpc/controller_service.h"
 #include "pw/rpc/reactors.h"
@@ -12,16 +19,93 @@
 namespace pw::rpc {
 namespace v1 = ::pathways::v1;
 
-// Reads one batch of messages at a time and handles them, in order, before reading the next (so
-// the client's calls keep their order); replies are written from a queue, those queued during a
-// write together in the next (BatchQueue). The state the client's
-// runs report to lives in `Outbox`, which the runs' callbacks share: they may fire after the
-// stream has finished, and then write nothing. gRPC calls are made without holding the lock.
+namespace {
+constexpr char kMailStub[] = "pw-mail-stub";
+constexpr char kReplyMailbox[] = "pw-reply-mailbox";
+constexpr int kMaxBatchItems = BatchQueue<v1::SessionMessageBatch>::kMaxItems;
+// Mailed batches waiting for those before them: past either, the session ends (a client that
+// breaks the protocol must not grow the controller's memory). An honest client's wait behind
+// one batch being handled, or one on its way on the stream.
+constexpr size_t kMaxEarlyBatches = 262144;
+constexpr size_t kMaxEarlyBytes = size_t{16} << 20;
+// How long a batch read from the stream waits for those mailed before it (they are in the
+// mailbox already when it is written) before the session ends.
+constexpr absl::Duration kStreamBatchWait = absl::Seconds(10);
+// Tries at the lock of a client's mailbox (its owner is not trusted to let go of it).
+constexpr int kClientMailboxSpins = 256;
+}  // namespace
+
+// The state the session's stream, its runs' callbacks and the mailbox share: they may outlive
+// the stream (and then write nothing). gRPC calls are made without holding a lock.
+struct ControllerService::Outbox : std::enable_shared_from_this<ControllerService::Outbox> {
+  ControllerService* const service;
+  explicit Outbox(ControllerService* s) : service(s) {}
+
+  pw::Mutex mu;
+  SessionStream* stream ABSL_GUARDED_BY(mu) = nullptr;  // Null once finished.
+  BatchQueue<v1::SessionEventBatch> queue ABSL_GUARDED_BY(mu);
+  bool reads_over ABSL_GUARDED_BY(mu) = false;
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+  bool paused ABSL_GUARDED_BY(mu) = false;  // Not reading: too many runs in flight.
+  absl::Status end ABSL_GUARDED_BY(mu);      // What the stream finishes with.
+  int64_t in_flight ABSL_GUARDED_BY(mu) = 0;
+  int64_t limit ABSL_GUARDED_BY(mu) = 0;
+  bool ending ABSL_GUARDED_BY(mu) = false;  // EndReads has begun (once).
+  // Reads being started by a run's end (RunEnded): the stream is not finished meanwhile.
+  int reads_starting ABSL_GUARDED_BY(mu) = 0;
+
+  // Set once, before anything is handled (the first batch) or mailed.
+  ClientId client;
+  uint64_t stub = 0;                                // With mail: the session's.
+  std::shared_ptr<dataplane::ShmMailbox> to_client;  // With mail: where events go.
+  std::atomic<bool> mail_off{false};  // Its lock was held too long: events on the stream.
+
+  // Batches are handled in number order, by whichever thread has the next one.
+  struct Early {
+    v1::SessionMessageBatch batch;
+    bool mailed;
+  };
+  pw::Mutex order_mu;
+  uint64_t next_number ABSL_GUARDED_BY(order_mu) = 1;
+  bool handling ABSL_GUARDED_BY(order_mu) = false;
+  bool ended ABSL_GUARDED_BY(order_mu) = false;  // Reads are over: waits for a turn end.
+  std::map<uint64_t, Early> early ABSL_GUARDED_BY(order_mu);
+  size_t early_bytes ABSL_GUARDED_BY(order_mu) = 0;
+
+  // The stream to finish, once reads are over and nothing is being written.
+  SessionStream* TakeToFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    if (!reads_over || queue.writing() || reads_starting > 0 || stream == nullptr) return nullptr;
+    return std::exchange(stream, nullptr);
+  }
+  void Push(v1::SessionEvent e);
+  void WriteDone(bool ok);
+  // A run of the session ended: reading resumes if it waited for that.
+  void RunEnded();
+  // Handles `batch` in its order (now, or once those before it are in).
+  void Take(v1::SessionMessageBatch batch, bool mailed);
+  // The client went away, closed its session or broke the protocol (`why`): release
+  // everything it held, then finish with `why` once the replies queued meanwhile are written.
+  void EndReads(const absl::Status& why = absl::OkStatus());
+
+ private:
+  // Mails `e` to the client (false if it did not fit).
+  bool Mail(const v1::SessionEvent& e);
+  void Handle(const v1::SessionMessageBatch& batch, bool mailed);
+  void Handle(const v1::SessionMessage& m);
+  void Submit(const v1::SubmitRequest& req);
+  // The submit `seq` was refused.
+  void Failed(uint64_t seq, const absl::Status& s);
+};
+
+// Reads one batch of messages at a time and hands it to the outbox to handle, in order, before
+// reading the next; pauses while the session has its limit of runs in flight. Replies are
+// written from the outbox's queue, those queued during a write together in the next
+// (BatchQueue).
 class ControllerService::SessionStream final
     : public grpc::ServerBidiReactor<v1::SessionMessageBatch, v1::SessionEventBatch> {
  public:
   SessionStream(ControllerService* service, grpc::CallbackServerContext* ctx)
-      : service_(service), ctx_(ctx), out_(std::make_shared<Outbox>()) {
+      : service_(service), ctx_(ctx), out_(std::make_shared<Outbox>(service)) {
     {
       pw::MutexLock lock(&out_->mu);
       out_->stream = this;
@@ -31,8 +115,8 @@ class ControllerService::SessionStream final
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) return EndReads();
-    if (!client_.valid() && msgs_.items_size() > 0) {  // The first message names the client.
+    if (!ok) return out_->EndReads();
+    if (!out_->client.valid() && msgs_.items_size() > 0) {  // The first message names the client.
       absl::Status s = service_->OpenSession(ctx_, msgs_.items(0).client());
       if (!s.ok()) {
         {
@@ -42,25 +126,26 @@ class ControllerService::SessionStream final
         }
         return Finish(ToGrpc(s));
       }
-      client_ = ClientId(msgs_.items(0).client());
+      out_->client = ClientId(msgs_.items(0).client());
+      TakeMail();
     }
     // The back-pressure below is checked between batches: a batch larger than a client
     // sends (BatchQueue::kMaxItems) would pass it by.
     if (msgs_.items_size() > kMaxBatchItems) {
-      return EndReads(absl::InvalidArgumentError(
+      return out_->EndReads(absl::InvalidArgumentError(
           absl::StrCat("Session: a batch of ", msgs_.items_size(), " messages (at most ",
                        kMaxBatchItems, ")")));
     }
-    for (const v1::SessionMessage& m : msgs_.items()) Handle(m);
+    out_->Take(std::move(msgs_), /*mailed=*/false);
     msgs_.Clear();
     bool read = false, end = false;
     {
       pw::MutexLock lock(&out_->mu);
       out_->paused = out_->in_flight >= out_->limit;
-      read = !out_->paused;
+      read = !out_->paused && !out_->reads_over;
       end = out_->paused && out_->cancelled;  // OnCancel ran meanwhile, saw no pause.
     }
-    if (end) return EndReads();
+    if (end) return out_->EndReads();
     if (read) StartRead(&msgs_);
   }
 
@@ -73,160 +158,309 @@ class ControllerService::SessionStream final
       out_->cancelled = true;
       end = out_->paused;  // No read is outstanding to end with the call.
     }
-    if (end) EndReads();
+    if (end) out_->EndReads();
   }
 
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    service_->ForgetMail(out_->stub);
+    delete this;
+  }
+
+  void Read() { StartRead(&msgs_); }
 
  private:
-  struct Outbox {
-    pw::Mutex mu;
-    SessionStream* stream ABSL_GUARDED_BY(mu) = nullptr;  // Null once finished.
-    BatchQueue<v1::SessionEventBatch> queue ABSL_GUARDED_BY(mu);
-    bool reads_over ABSL_GUARDED_BY(mu) = false;
-    bool cancelled ABSL_GUARDED_BY(mu) = false;
-    bool paused ABSL_GUARDED_BY(mu) = false;  // Not reading: too many runs in flight.
-    absl::Status end ABSL_GUARDED_BY(mu);      // What the stream finishes with.
-    int64_t in_flight ABSL_GUARDED_BY(mu) = 0;
-    int64_t limit ABSL_GUARDED_BY(mu) = 0;
-
-    // The stream to finish, once reads are over and nothing is being written.
-    SessionStream* TakeToFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-      if (!reads_over || queue.writing() || stream == nullptr) return nullptr;
-      return std::exchange(stream, nullptr);
-    }
-    void Push(v1::SessionEvent e) {
-      SessionStream* s = nullptr;
-      v1::SessionEventBatch* first = nullptr;
-      {
-        pw::MutexLock lock(&mu);
-        if (stream == nullptr) return;
-        queue.Push(std::move(e));
-        if ((first = queue.StartNext()) == nullptr) return;
-        s = stream;
-      }
-      s->StartWrite(first);
-    }
-    void WriteDone(bool ok) {
-      SessionStream* s = nullptr;
-      v1::SessionEventBatch* next = nullptr;
-      SessionStream* finish = nullptr;
-      bool more = false;
-      absl::Status why;
-      {
-        pw::MutexLock lock(&mu);
-        why = end;
-        queue.WriteDone();
-        if (!ok) queue.DropWaiting();  // The client is gone; the read side ends too.
-        if ((next = queue.StartNext()) != nullptr) {
-          s = stream;
-          more = queue.more();
-        }
-        finish = TakeToFinishLocked();
-      }
-      if (next != nullptr) s->StartWrite(next, Coalesced(more));
-      if (finish != nullptr) finish->Finish(ToGrpc(why));
-    }
-    // A run of the session ended: reading resumes if it waited for that.
-    void RunEnded() {
-      SessionStream* s = nullptr;
-      {
-        pw::MutexLock lock(&mu);
-        --in_flight;
-        if (!paused || in_flight >= limit || cancelled || reads_over || stream == nullptr) return;
-        paused = false;
-        s = stream;
-      }
-      s->StartRead(&s->msgs_);
-    }
-  };
-
-  // One message of the client's, in the order it sent them.
-  void Handle(const v1::SessionMessage& m) {
-    switch (m.call_case()) {
-      case v1::SessionMessage::kSubmit:
-        Submit(m.submit());
-        break;
-      case v1::SessionMessage::kRelease:
-        // Errors (a handle it does not hold) have no one to go to: the client was told OK.
-        for (int64_t b : m.release().buffers())
-          service_->controller_->ReleaseArray(client_, BufferId(b)).IgnoreError();
-        break;
-      case v1::SessionMessage::CALL_NOT_SET:
-        break;  // The first message, or one from a newer client: nothing to do.
-    }
-  }
-
-  void Submit(const v1::SubmitRequest& req) {
-    const uint64_t seq = req.seq();
-    absl::StatusOr<RunOptions> options = RunOptionsFromProto(req);
-    if (!options.ok()) return Failed(*out_, seq, options.status());
-    std::vector<BufferId> args;
-    args.reserve(req.args_size());
-    for (int64_t a : req.args()) args.push_back(BufferId(a));
+  // A client on this machine that named its mailbox gets mail both ways if the mailbox opens
+  // here: said in the initial metadata, with the limit of runs in flight it must keep to.
+  void TakeMail() {
+    if (service_->mailbox_.empty()) return;
+    const std::string stub = Metadata(ctx_, kMailStub);
+    const std::string mailbox = Metadata(ctx_, kReplyMailbox);
+    uint64_t id = 0;
+    // Not the controller's own mailbox (events there would crowd out its workers').
+    if (mailbox.empty() || mailbox == service_->mailbox_ || !absl::SimpleAtoi(stub, &id) ||
+        id == 0)
+      return;
+    absl::StatusOr<std::unique_ptr<dataplane::ShmMailbox>> to = dataplane::ShmMailbox::Open(mailbox);
+    if (!to.ok()) return;  // Not on this machine, or not the client's to open: the stream it is.
+    out_->stub = id;
+    out_->to_client = *std::move(to);
+    int64_t limit = 0;
     {
       pw::MutexLock lock(&out_->mu);
-      ++out_->in_flight;
+      limit = out_->limit;
     }
-    service_->controller_->Submit(client_, ProgramId(req.program()), args, *options)
-        .OnReady([out = out_, seq](const absl::StatusOr<RunInfo>& info) {
-          if (!info.ok()) {
-            Failed(*out, seq, info.status());
-            return out->RunEnded();
-          }
-          v1::SessionEvent e;
-          e.set_seq(seq);
-          v1::RunInfo* accepted = e.mutable_accepted();
-          accepted->set_run(info->run.value());
-          for (const ArrayInfo& a : info->outputs) ToProto(a, accepted->add_outputs());
-          out->Push(std::move(e));  // Before `done`, which may be ready already.
-          info->done.OnReady([out, seq](const absl::Status& s) {
-            v1::SessionEvent d;
-            d.set_seq(seq);
-            ToProto(s, d.mutable_done());
-            out->Push(std::move(d));
-            out->RunEnded();
-          });
-        });
-  }
-
-  // The submit `seq` was refused.
-  static void Failed(Outbox& out, uint64_t seq, const absl::Status& s) {
-    v1::SessionEvent e;
-    e.set_seq(seq);
-    ToProto(s, e.mutable_failed());
-    out.Push(std::move(e));
-  }
-
-  // The client went away, closed its session or broke the protocol (`why`): release
-  // everything it held, then finish with `why` once the replies queued meanwhile are written.
-  void EndReads(const absl::Status& why = absl::OkStatus()) {
     {
-      pw::MutexLock lock(&out_->mu);
-      if (out_->reads_over) return;
-      out_->end = why;
+      pw::MutexLock lock(&service_->mail_mu_);
+      if (!service_->mail_sessions_.try_emplace(id, out_).second) {  // A stub in use: no mail.
+        out_->stub = 0;
+        out_->to_client.reset();
+        return;
+      }
     }
-    if (client_.valid()) (void)service_->DropClient(client_);
-    SessionStream* finish = nullptr;
-    {
-      pw::MutexLock lock(&out_->mu);
-      out_->reads_over = true;
-      finish = out_->TakeToFinishLocked();
-    }
-    if (finish != nullptr) finish->Finish(ToGrpc(why));
+    ctx_->AddInitialMetadata("pw-mail-ok", service_->mailbox_);
+    ctx_->AddInitialMetadata("pw-mail-limit", absl::StrCat(limit));
+    StartSendInitialMetadata();
   }
 
-  static constexpr int kMaxBatchItems = BatchQueue<v1::SessionMessageBatch>::kMaxItems;
   ControllerService* const service_;
   grpc::CallbackServerContext* const ctx_;
   const std::shared_ptr<Outbox> out_;
   v1::SessionMessageBatch msgs_;
-  ClientId client_;  // Once the first message is in.
 };
+
+void ControllerService::Outbox::Push(v1::SessionEvent e) {
+  SessionStream* s = nullptr;
+  v1::SessionEventBatch* first = nullptr;
+  {
+    pw::MutexLock lock(&mu);
+    if (stream == nullptr) return;
+  }
+  if (to_client != nullptr && !mail_off.load(std::memory_order_relaxed) && Mail(e)) return;
+  {
+    pw::MutexLock lock(&mu);
+    if (stream == nullptr) return;
+    queue.Push(std::move(e));
+    if ((first = queue.StartNext()) == nullptr) return;
+    s = stream;
+  }
+  s->StartWrite(first);
+}
+
+bool ControllerService::Outbox::Mail(const v1::SessionEvent& e) {
+  v1::PeerMail m;
+  m.mutable_session_events()->set_stub(stub);
+  *m.mutable_session_events()->mutable_batch()->add_items() = e;
+  if (m.ByteSizeLong() > to_client->max_message_bytes()) return false;
+  std::string bytes;
+  if (!m.SerializeToString(&bytes)) return false;
+  const absl::Status sent = to_client->Send(bytes, kClientMailboxSpins);
+  if (!sent.ok() && absl::StrContains(sent.message(), "lock"))
+    mail_off.store(true, std::memory_order_relaxed);
+  return sent.ok();
+}
+
+void ControllerService::Outbox::WriteDone(bool ok) {
+  SessionStream* s = nullptr;
+  v1::SessionEventBatch* next = nullptr;
+  SessionStream* finish = nullptr;
+  bool more = false;
+  absl::Status why;
+  {
+    pw::MutexLock lock(&mu);
+    why = end;
+    queue.WriteDone();
+    if (!ok) queue.DropWaiting();  // The client is gone; the read side ends too.
+    if ((next = queue.StartNext()) != nullptr) {
+      s = stream;
+      more = queue.more();
+    }
+    finish = TakeToFinishLocked();
+  }
+  if (next != nullptr) s->StartWrite(next, Coalesced(more));
+  if (finish != nullptr) finish->Finish(ToGrpc(why));
+}
+
+void ControllerService::Outbox::RunEnded() {
+  SessionStream* s = nullptr;
+  {
+    pw::MutexLock lock(&mu);
+    --in_flight;
+    if (!paused || in_flight >= limit || cancelled || reads_over || stream == nullptr) return;
+    paused = false;
+    s = stream;
+    ++reads_starting;  // EndReads on another thread (the mailbox's) does not finish it meanwhile.
+  }
+  s->Read();
+  SessionStream* finish = nullptr;
+  absl::Status why;
+  {
+    pw::MutexLock lock(&mu);
+    --reads_starting;
+    finish = TakeToFinishLocked();
+    why = end;
+  }
+  if (finish != nullptr) finish->Finish(ToGrpc(why));
+}
+
+void ControllerService::Outbox::Take(v1::SessionMessageBatch batch, bool mailed) {
+  absl::Status bad;
+  {
+    pw::MutexLock lock(&order_mu);
+    const uint64_t n = batch.number() == 0 && !mailed ? next_number : batch.number();
+    if (n < next_number || (n == next_number && handling) || early.contains(n)) {
+      bad = absl::InvalidArgumentError(absl::StrCat("Session: batch ", n, " came twice"));
+    } else if (!mailed) {
+      // Its turn comes once those mailed before it (in the mailbox already) are handled.
+      const bool turn = order_mu.AwaitWithTimeout(
+          [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+            return ended || (n == next_number && !handling);
+          },
+          kStreamBatchWait);
+      if (ended) return;
+      if (!turn)
+        bad = absl::InvalidArgumentError(absl::StrCat(
+            "Session: batch ", n, " waited ", absl::FormatDuration(kStreamBatchWait),
+            " for batch ", next_number, ", which never came"));
+      else
+        handling = true;
+    } else if (handling || n != next_number) {
+      const size_t bytes = batch.ByteSizeLong();
+      if (early.size() >= kMaxEarlyBatches || early_bytes + bytes > kMaxEarlyBytes) {
+        bad = absl::InvalidArgumentError(absl::StrCat(
+            "Session: more than ", kMaxEarlyBatches, " batches or ", kMaxEarlyBytes,
+            " bytes mailed wait for batch ", next_number));
+      } else {
+        early_bytes += bytes;
+        early.emplace(n, Early{std::move(batch), mailed});
+        return;
+      }
+    } else {
+      handling = true;
+    }
+  }
+  if (!bad.ok()) return EndReads(bad);
+  while (true) {
+    Handle(batch, mailed);
+    pw::MutexLock lock(&order_mu);
+    ++next_number;
+    auto it = early.find(next_number);
+    if (it == early.end()) {
+      handling = false;
+      return;
+    }
+    early_bytes -= it->second.batch.ByteSizeLong();
+    batch = std::move(it->second.batch);
+    mailed = it->second.mailed;
+    early.erase(it);
+  }
+}
+
+void ControllerService::Outbox::Handle(const v1::SessionMessageBatch& batch, bool mailed) {
+  absl::Status over;
+  {
+    pw::MutexLock lock(&mu);
+    if (reads_over) return;  // Ended meanwhile: what it held is released already.
+    if (mailed) {
+      // A client that mails keeps within its limit, counting the runs it has not seen end.
+      int64_t submits = 0;
+      for (const v1::SessionMessage& m : batch.items()) submits += m.has_submit() ? 1 : 0;
+      if (in_flight + submits > limit)
+        over = absl::ResourceExhaustedError(absl::StrCat(
+            "Session: ", client.ToString(), " mailed ", submits, " runs with ", in_flight,
+            " in flight (at most ", limit, ")"));
+    }
+  }
+  if (!over.ok()) return EndReads(over);
+  for (const v1::SessionMessage& m : batch.items()) Handle(m);
+}
+
+void ControllerService::Outbox::Handle(const v1::SessionMessage& m) {
+  switch (m.call_case()) {
+    case v1::SessionMessage::kSubmit:
+      Submit(m.submit());
+      break;
+    case v1::SessionMessage::kRelease:
+      // Errors (a handle it does not hold) have no one to go to: the client was told OK.
+      for (int64_t b : m.release().buffers())
+        service->controller_->ReleaseArray(client, BufferId(b)).IgnoreError();
+      break;
+    case v1::SessionMessage::CALL_NOT_SET:
+      break;  // The first message, or one from a newer client: nothing to do.
+  }
+}
+
+void ControllerService::Outbox::Submit(const v1::SubmitRequest& req) {
+  const uint64_t seq = req.seq();
+  absl::StatusOr<RunOptions> options = RunOptionsFromProto(req);
+  if (!options.ok()) return Failed(seq, options.status());
+  std::vector<BufferId> args;
+  args.reserve(req.args_size());
+  for (int64_t a : req.args()) args.push_back(BufferId(a));
+  {
+    pw::MutexLock lock(&mu);
+    ++in_flight;
+  }
+  // Each run's end is counted before its event goes, so a client that saw it end and mails
+  // another run is within the limit here.
+  std::shared_ptr<Outbox> self = shared_from_this();
+  service->controller_->Submit(client, ProgramId(req.program()), args, *options)
+      .OnReady([out = self, seq](const absl::StatusOr<RunInfo>& info) {
+        if (!info.ok()) {
+          out->RunEnded();
+          return out->Failed(seq, info.status());
+        }
+        v1::SessionEvent e;
+        e.set_seq(seq);
+        v1::RunInfo* accepted = e.mutable_accepted();
+        accepted->set_run(info->run.value());
+        for (const ArrayInfo& a : info->outputs) ToProto(a, accepted->add_outputs());
+        out->Push(std::move(e));  // Before `done`, which may be ready already.
+        info->done.OnReady([out, seq](const absl::Status& s) {
+          v1::SessionEvent d;
+          d.set_seq(seq);
+          ToProto(s, d.mutable_done());
+          out->RunEnded();
+          out->Push(std::move(d));
+        });
+      });
+}
+
+void ControllerService::Outbox::Failed(uint64_t seq, const absl::Status& s) {
+  v1::SessionEvent e;
+  e.set_seq(seq);
+  ToProto(s, e.mutable_failed());
+  Push(std::move(e));
+}
+
+void ControllerService::Outbox::EndReads(const absl::Status& why) {
+  {
+    pw::MutexLock lock(&mu);
+    if (reads_over || ending) return;
+    ending = true;
+    end = why;
+  }
+  {
+    pw::MutexLock lock(&order_mu);
+    ended = true;  // A stream batch waiting for its turn stops waiting.
+  }
+  if (client.valid()) (void)service->DropClient(client);
+  SessionStream* finish = nullptr;
+  {
+    pw::MutexLock lock(&mu);
+    reads_over = true;
+    finish = TakeToFinishLocked();
+  }
+  if (finish != nullptr) finish->Finish(ToGrpc(why));
+}
 
 grpc::ServerBidiReactor<v1::SessionMessageBatch, v1::SessionEventBatch>*
 ControllerService::Session(grpc::CallbackServerContext* ctx) {
   return new SessionStream(this, ctx);
+}
+
+void ControllerService::UseMailbox(std::string own_mailbox) { mailbox_ = std::move(own_mailbox); }
+
+void ControllerService::ReceiveSessionMail(v1::MailedSession* mail) {
+  std::shared_ptr<Outbox> out;
+  {
+    pw::MutexLock lock(&mail_mu_);
+    auto it = mail_sessions_.find(mail->stub());
+    if (it == mail_sessions_.end()) return;
+    out = it->second;
+  }
+  if (mail->batch().items_size() > kMaxBatchItems) {
+    return out->EndReads(absl::InvalidArgumentError(
+        absl::StrCat("Session: a mailed batch of ", mail->batch().items_size(),
+                     " messages (at most ", kMaxBatchItems, ")")));
+  }
+  session_batches_mailed_.fetch_add(1, std::memory_order_relaxed);
+  out->Take(std::move(*mail->mutable_batch()), /*mailed=*/true);
+}
+
+void ControllerService::ForgetMail(uint64_t stub) {
+  if (stub == 0) return;
+  pw::MutexLock lock(&mail_mu_);
+  mail_sessions_.erase(stub);
 }
 
 }  // namespace pw::rpc

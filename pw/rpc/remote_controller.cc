@@ -51,6 +51,56 @@ std::shared_ptr<ClientSession> RemoteController::Core::SessionOf(ClientId client
   return it == sessions.end() ? nullptr : it->second;
 }
 
+std::optional<ClientSession::Mail> RemoteController::Core::SessionMail() {
+  std::string name;
+  {
+    pw::MutexLock lock(&mu);
+    if (!mailbox_tried) {
+      mailbox_tried = true;
+      auto made = dataplane::ShmMailbox::Create(
+          [this](absl::string_view message) { ReceiveMail(message); }, kClientMailboxBytes);
+      if (made.ok()) mailbox = *std::move(made);  // Else the sessions stay on their streams.
+    }
+    if (mailbox == nullptr) return std::nullopt;
+    name = mailbox->name();
+  }
+  ClientSession::Mail mail;
+  mail.self_mailbox = std::move(name);
+  mail.open = [](const std::string& controller)
+      -> absl::StatusOr<std::function<bool(const v1::PeerMail&)>> {
+    PW_ASSIGN_OR_RETURN(std::shared_ptr<dataplane::ShmMailbox> to,
+                        dataplane::ShmMailbox::Open(controller));
+    return [to](const v1::PeerMail& m) {
+      if (m.ByteSizeLong() > to->max_message_bytes()) return false;
+      std::string bytes;
+      return m.SerializeToString(&bytes) && to->Send(bytes).ok();
+    };
+  };
+  mail.drain = [this] {
+    dataplane::ShmMailbox* own = nullptr;
+    {
+      pw::MutexLock lock(&mu);
+      own = mailbox.get();
+    }
+    if (own != nullptr) own->Flush();
+  };
+  return mail;
+}
+
+void RemoteController::Core::ReceiveMail(absl::string_view message) {
+  v1::PeerMail mail;
+  if (!mail.ParseFromArray(message.data(), static_cast<int>(message.size())) ||
+      !mail.has_session_events())
+    return;
+  std::shared_ptr<ClientSession> to;
+  {
+    pw::MutexLock lock(&mu);
+    auto it = by_stub.find(mail.session_events().stub());
+    if (it != by_stub.end()) to = it->second.lock();
+  }
+  if (to != nullptr) to->OnMailedEvents(mail.session_events().batch());
+}
+
 absl::Status RemoteController::Core::Where(const grpc::Status& s) const {
   absl::Status st = FromGrpc(s);
   if (s.error_code() == grpc::StatusCode::UNAVAILABLE)
@@ -83,9 +133,10 @@ absl::StatusOr<ClientId> RemoteController::Connect(const std::string& name,
         AddToken(ctx, token);
         ctx->AddMetadata("pw-client-key", key);
       },
-      core_->address);
+      core_->address, core_->SessionMail());
   pw::MutexLock lock(&core_->mu);
   core_->keys[id] = resp.client_key();
+  if (session->mail_stub() != 0) core_->by_stub[session->mail_stub()] = session;
   core_->sessions[id] = std::move(session);
   return id;
 }
@@ -106,7 +157,11 @@ absl::Status RemoteController::Disconnect(ClientId client) {
     }
     core_->keys.erase(client);
   }
-  if (session != nullptr) session->Close();
+  if (session != nullptr) {
+    session->Close();
+    pw::MutexLock lock(&core_->mu);
+    core_->by_stub.erase(session->mail_stub());
+  }
   return s.ok() ? absl::OkStatus() : core_->Where(s);
 }
 

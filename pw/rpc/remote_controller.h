@@ -9,10 +9,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
 #include "pw/base/mutex.h"
+#include "pw/dataplane/shm_mailbox.h"
 #include "pw/rpc/auth.h"
 #include "pw/rpc/client_io.h"
 #include "pw/rpc/client_session.h"
@@ -117,6 +119,18 @@ class RemoteController final : public ControllerInterface {
     void Prepare(grpc::ClientContext* ctx, ClientId client) const;
     absl::Status Where(const grpc::Status& s) const;
     ClientIo io;  // Large arrays' shards to and from the workers.
+    static constexpr size_t kClientMailboxBytes = size_t{1} << 20;
+    // This process's mailbox, made at the first Connect, where a controller on this machine
+    // mails the sessions' events (ClientSession::Mail); null if it could not be made. Last, so
+    // that its thread stops before the sessions it hands events to go.
+    std::unique_ptr<dataplane::ShmMailbox> mailbox ABSL_GUARDED_BY(mu);
+    // Sessions by stub, until closed (a closing session's last events still reach it).
+    absl::flat_hash_map<uint64_t, std::weak_ptr<ClientSession>> by_stub ABSL_GUARDED_BY(mu);
+    bool mailbox_tried ABSL_GUARDED_BY(mu) = false;
+    // The mail settings of a new session (none without a mailbox).
+    std::optional<ClientSession::Mail> SessionMail();
+    // Hands mailed session events to their session.
+    void ReceiveMail(absl::string_view message);
   };
   // Whether arrays go beside the controller (no TLS, not in process: in_process.h).
   bool direct_io() const {

@@ -24,14 +24,6 @@ constexpr auto kControlDeadline = std::chrono::seconds(30);
 std::chrono::system_clock::time_point Deadline() {
   return std::chrono::system_clock::now() + kControlDeadline;
 }
-
-// Random, so that no other sender can guess which stub an answer would reach.
-uint64_t NewMailId() {
-  std::random_device random;
-  uint64_t id = 0;
-  while (id == 0) id = (uint64_t{random()} << 32) ^ random();
-  return id;
-}
 }  // namespace
 
 // The command stream: commands are written from a queue, those queued during a write together

@@ -1,5 +1,6 @@
 #include "pw/rpc/wire.h"
 
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -8,6 +9,13 @@
 #include "pw/base/status_macros.h"
 
 namespace pw::rpc {
+
+uint64_t NewMailId() {
+  std::random_device random;
+  uint64_t id = 0;
+  while (id == 0) id = (uint64_t{random()} << 32) ^ random();
+  return id;
+}
 
 namespace pb = ::google::protobuf;
 

@@ -21,7 +21,7 @@ namespace pw::rpc {
 namespace v1 = ::pathways::v1;
 
 // Bumped on every incompatible change to proto/pathways.proto.
-inline constexpr int32_t kProtocolVersion = 10;  // 10: commands by mail on one machine.
+inline constexpr int32_t kProtocolVersion = 11;  // 11: client sessions by mail on one machine.
 
 // Status <-> gRPC status (the codes are numerically identical).
 // A status message longer than this is cut in ToGrpc: it travels in a header, and a peer drops
@@ -30,6 +30,10 @@ inline constexpr size_t kMaxGrpcMessageBytes = 4096;
 // The middle of a longer message is left out, saying how many bytes.
 grpc::Status ToGrpc(const absl::Status& s);
 absl::Status FromGrpc(const grpc::Status& s);
+
+// A random, non-zero id that names a stub or a session in mail (PeerMail): only the two ends
+// of its stream learn it.
+uint64_t NewMailId();
 void ToProto(const absl::Status& s, v1::StatusProto* out);
 absl::Status FromProto(const v1::StatusProto& p);
 

@@ -1058,6 +1058,33 @@ TEST_F(GrpcClusterTest, TheControllersCommandsToWorkersOfItsMachineGoThroughThei
   TransferBetweenTwoHosts(/*same_machine=*/true, /*mail_commands=*/true);
 }
 
+// A client on the controller's machine mails its session's batches and takes its runs' events
+// by mail; with Options::mail_sessions off, all goes on its stream. Its runs work either way.
+TEST_F(GrpcClusterTest, AClientOnTheControllersMachineMailsItsSession) {
+  for (const bool mail : {true, false}) {
+    SCOPED_TRACE(mail ? "mail" : "no mail");
+    ControllerServer::Options o = Patient();
+    o.mail_sessions = mail;
+    Start(1, 1, 1, o);
+    {
+      OneDevice one = CallOnOneDevice();
+      for (int i = 0; i < 20; ++i) {
+        auto y = one.f.Call({one.x});
+        ASSERT_TRUE(y.ok()) << y.status();
+        auto yh = (*y)[0].ToHost();
+        ASSERT_TRUE(yh.ok()) << yh.status();
+        EXPECT_EQ(yh->values<float>(), (std::vector<float>{2}));  // 1 + 1
+      }
+      if (mail) {
+        EXPECT_GT(controller_->service().session_batches_mailed(), 0);
+      } else {
+        EXPECT_EQ(controller_->service().session_batches_mailed(), 0);
+      }
+    }
+    TearDown();
+  }
+}
+
 // Review of issue 23's client I/O: any client could reset the controller's peak-memory counter
 // (and so hide another's peak); only the cluster's admin may.
 TEST_F(GrpcClusterTest, OnlyTheAdminResetsTheControllersPeakMemory) {

@@ -56,20 +56,21 @@ absl::StatusOr<std::unique_ptr<ControllerServer>> ControllerServer::Start(const 
                                       });
                                       return f;
                                     }});
-  if (s->options_.mail_commands) {
+  s->service_ = std::make_unique<rpc::ControllerService>(
+      s->controller_.get(), s.get(), s->options_.channel.token, s->options_.cluster_token,
+      s->options_.clients);
+  if (s->options_.mail_commands || s->options_.mail_sessions) {
     auto mailbox = dataplane::ShmMailbox::Create([p = s.get()](absl::string_view message) {
       p->ReceiveMail(message);
     });
     if (mailbox.ok()) {
       s->mailbox_ = *std::move(mailbox);
+      if (s->options_.mail_sessions) s->service_->UseMailbox(s->mailbox_->name());
     } else {
-      std::fprintf(stderr, "pw controller: no mailbox (%s): commands go on the streams\n",
-                   std::string(mailbox.status().message()).c_str());
+      std::fprintf(stderr, "pw controller: no mailbox (%s): commands and sessions go on the "
+                   "streams\n", std::string(mailbox.status().message()).c_str());
     }
   }
-  s->service_ = std::make_unique<rpc::ControllerService>(
-      s->controller_.get(), s.get(), s->options_.channel.token, s->options_.cluster_token,
-      s->options_.clients);
   PW_ASSIGN_OR_RETURN(s->serving_,
                       rpc::StartServer(s->options_.listen, s->options_.channel, s->service_.get(),
                                        /*require_peer_certificate=*/false));
@@ -127,8 +128,9 @@ int64_t ControllerServer::commands_mailed() const {
 
 void ControllerServer::ReceiveMail(absl::string_view message) {
   v1::PeerMail mail;
-  if (!mail.ParseFromArray(message.data(), static_cast<int>(message.size())) || !mail.has_events())
-    return;
+  if (!mail.ParseFromArray(message.data(), static_cast<int>(message.size()))) return;
+  if (mail.has_session()) return service_->ReceiveSessionMail(mail.mutable_session());
+  if (!mail.has_events()) return;
   rpc::RemoteWorker* stub = nullptr;
   {
     pw::MutexLock lock(&mail_mu_);
@@ -190,7 +192,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> ControllerServer::RegisterWorker(
   auto worker = std::make_unique<rpc::RemoteWorker>(host, req.address(), to_worker, same_machine,
                                                     options_.lazy_command_flush);
   rpc::RemoteWorker* w = worker.get();
-  if (same_machine && mailbox_ != nullptr && !req.data_address().empty()) {
+  if (same_machine && options_.mail_commands && mailbox_ != nullptr && !req.data_address().empty()) {
     if (auto to = dataplane::ShmMailbox::Open(req.data_address()); to.ok()) {
       std::shared_ptr<dataplane::ShmMailbox> to_mailbox = *std::move(to);
       w->MailCommands(mailbox_->name(), [to_mailbox](const v1::PeerMail& m) {

@@ -57,6 +57,9 @@ class ControllerServer final : public rpc::ClusterMembership {
     // Commands to workers on this machine go through their shared-memory mailboxes, events
     // come back through the controller's (RemoteWorker::MailCommands); else all on the streams.
     bool mail_commands = true;
+    // Clients on this machine mail their session's batches to the controller's mailbox and take
+    // their runs' events in theirs (rpc::ClientSession); else all on their Session streams.
+    bool mail_sessions = true;
   };
   static absl::StatusOr<std::unique_ptr<ControllerServer>> Start(const ClusterSpec& spec,
                                                                  Options options);
@@ -126,7 +129,8 @@ class ControllerServer final : public rpc::ClusterMembership {
   std::vector<std::unique_ptr<rpc::RemoteWorker>> workers_ ABSL_GUARDED_BY(mu_);
   // Events that workers on this machine mail (Options::mail_commands; null if it could not be
   // made), handed to the stub they name: workers_ by RemoteWorker::mail_id (its own lock, taken
-  // alone: the receiver thread must not wait on mu_).
+  // alone: the receiver thread must not wait on mu_); and clients' session batches
+  // (Options::mail_sessions), handed to the service.
   std::unique_ptr<dataplane::ShmMailbox> mailbox_;
   pw::Mutex mail_mu_;
   absl::flat_hash_map<uint64_t, rpc::RemoteWorker*> stubs_by_mail_id_ ABSL_GUARDED_BY(mail_mu_);
