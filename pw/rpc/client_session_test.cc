@@ -98,7 +98,9 @@ class ClientSessionMailTest : public ::testing::Test {
   void WaitForMail() {
     const absl::Time deadline = absl::Now() + kGuard;
     while (session_->batches_mailed() == 0 && absl::Now() < deadline) {
-      ASSERT_TRUE(session_->Submit(Run(0)).Await().ok());
+      Future<RunInfo> run = session_->Submit(Run(0));
+      ASSERT_TRUE(run.Await().ok()) << run.status();
+      ASSERT_TRUE(run.Await()->done.Await().ok());  // Not counted against the limit from here.
     }
     ASSERT_GT(session_->batches_mailed(), 0) << "the session never mailed";
   }
@@ -199,8 +201,10 @@ TEST_F(ClientSessionMailTest, MailedRunsPastTheLimitEndTheSessionNamingIt) {
         return Future<RunInfo>::Ready(Ended(p.value()));
       });
   std::atomic<bool> stuff{false};
+  std::atomic<int> stuffed{0};
   Open([&](v1::PeerMail* m) {
     if (stuff.load()) {  // Two more runs in the batch than the client counted.
+      ++stuffed;
       for (int i = 0; i < 2; ++i) *m->mutable_session()->mutable_batch()->add_items() =
           m->session().batch().items(0);
     }
@@ -212,6 +216,7 @@ TEST_F(ClientSessionMailTest, MailedRunsPastTheLimitEndTheSessionNamingIt) {
   ASSERT_TRUE(run.AwaitFor(kGuard));
   Future<> end = run.status().ok() ? run.Await()->done : Future<>::Ready(run.status());
   ASSERT_TRUE(end.AwaitFor(kGuard));
+  EXPECT_EQ(stuffed.load(), 1);  // Run 7 went by mail.
   EXPECT_THAT(end.status(), StatusIs(absl::StatusCode::kResourceExhausted,
                                      HasSubstr("mailed 3 runs with 0 in flight (at most 2)")));
 }

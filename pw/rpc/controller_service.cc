@@ -27,6 +27,8 @@ ControllerService::ControllerService(ControllerInterface* controller,
       limits_(limits) {
   for (int i = 0; i < 4; ++i)
     blocking_.push_back(std::make_unique<WorkQueue>(absl::StrCat("pw-ctrl-rpc", i)));
+  for (int i = 0; i < 2; ++i)
+    session_mail_.push_back(std::make_unique<WorkQueue>(absl::StrCat("pw-ctrl-mail", i)));
 }
 
 grpc::ServerUnaryReactor* ControllerService::Offload(grpc::CallbackServerContext* ctx,

@@ -73,6 +73,9 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   // A client's mailed batch, handled in order with its session's others; dropped if no open
   // session has that stub (a stale one's, or a guess).
   void ReceiveSessionMail(::pathways::v1::MailedSession* mail);
+  // Handles the mailed batches already taken and stops: call once nothing hands over more
+  // (the mailbox stopped delivering), before the controller goes.
+  void StopSessionMail();
   // Batches mailed to this service's sessions (the rest came on their streams).
   int64_t session_batches_mailed() const {
     return session_batches_mailed_.load(std::memory_order_relaxed);
@@ -154,6 +157,8 @@ class ControllerService final : public ::pathways::v1::Controller::CallbackServi
   pw::Mutex mail_mu_;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Outbox>> mail_sessions_ ABSL_GUARDED_BY(mail_mu_);
   std::atomic<int64_t> session_batches_mailed_{0};
+  // Mailed session batches are handled here, a session's on one queue (its stub's).
+  std::vector<std::unique_ptr<WorkQueue>> session_mail_;
   std::atomic<size_t> next_blocking_{0};
   std::vector<std::unique_ptr<WorkQueue>> blocking_;  // Offload's threads; last: drained first.
 };

@@ -28,9 +28,6 @@ constexpr int kMaxBatchItems = BatchQueue<v1::SessionMessageBatch>::kMaxItems;
 // one batch being handled, or one on its way on the stream.
 constexpr size_t kMaxEarlyBatches = 262144;
 constexpr size_t kMaxEarlyBytes = size_t{16} << 20;
-// How long a batch read from the stream waits for those mailed before it (they are in the
-// mailbox already when it is written) before the session ends.
-constexpr absl::Duration kStreamBatchWait = absl::Seconds(10);
 // Tries at the lock of a client's mailbox (its owner is not trusted to let go of it).
 constexpr int kClientMailboxSpins = 256;
 }  // namespace
@@ -51,8 +48,12 @@ struct ControllerService::Outbox : std::enable_shared_from_this<ControllerServic
   int64_t in_flight ABSL_GUARDED_BY(mu) = 0;
   int64_t limit ABSL_GUARDED_BY(mu) = 0;
   bool ending ABSL_GUARDED_BY(mu) = false;  // EndReads has begun (once).
-  // Reads being started by a run's end (RunEnded): the stream is not finished meanwhile.
+  // Reads being started off the stream's reactions (ReadFromOutside): the stream is not
+  // finished meanwhile.
   int reads_starting ABSL_GUARDED_BY(mu) = 0;
+  // A batch read from the stream waits in `early` for those mailed before it: the stream is not
+  // read until it is handled (so at most one waits).
+  bool stream_parked ABSL_GUARDED_BY(mu) = false;
 
   // Set once, before anything is handled (the first batch) or mailed.
   ClientId client;
@@ -68,7 +69,6 @@ struct ControllerService::Outbox : std::enable_shared_from_this<ControllerServic
   pw::Mutex order_mu;
   uint64_t next_number ABSL_GUARDED_BY(order_mu) = 1;
   bool handling ABSL_GUARDED_BY(order_mu) = false;
-  bool ended ABSL_GUARDED_BY(order_mu) = false;  // Reads are over: waits for a turn end.
   std::map<uint64_t, Early> early ABSL_GUARDED_BY(order_mu);
   size_t early_bytes ABSL_GUARDED_BY(order_mu) = 0;
 
@@ -81,8 +81,10 @@ struct ControllerService::Outbox : std::enable_shared_from_this<ControllerServic
   void WriteDone(bool ok);
   // A run of the session ended: reading resumes if it waited for that.
   void RunEnded();
-  // Handles `batch` in its order (now, or once those before it are in).
-  void Take(v1::SessionMessageBatch batch, bool mailed);
+  // Handles `batch` in its order (now, or once those before it are in). True if it is a batch
+  // from the stream left waiting (the stream's reader then stops; reading resumes once it is
+  // handled).
+  bool Take(v1::SessionMessageBatch batch, bool mailed);
   // The client went away, closed its session or broke the protocol (`why`): release
   // everything it held, then finish with `why` once the replies queued meanwhile are written.
   void EndReads(const absl::Status& why = absl::OkStatus());
@@ -90,6 +92,11 @@ struct ControllerService::Outbox : std::enable_shared_from_this<ControllerServic
  private:
   // Mails `e` to the client (false if it did not fit).
   bool Mail(const v1::SessionEvent& e);
+  // Starts the stream's next read from a thread that is not one of its reactions (counted in
+  // reads_starting; the stream is finished after, if that became due meanwhile).
+  void ReadFromOutside(SessionStream* s);
+  // A batch from the stream that waited has been handled: reading resumes unless paused.
+  void ResumeReading();
   void Handle(const v1::SessionMessageBatch& batch, bool mailed);
   void Handle(const v1::SessionMessage& m);
   void Submit(const v1::SubmitRequest& req);
@@ -136,8 +143,9 @@ class ControllerService::SessionStream final
           absl::StrCat("Session: a batch of ", msgs_.items_size(), " messages (at most ",
                        kMaxBatchItems, ")")));
     }
-    out_->Take(std::move(msgs_), /*mailed=*/false);
+    const bool parked = out_->Take(std::move(msgs_), /*mailed=*/false);
     msgs_.Clear();
+    if (parked) return;  // Whoever handles it resumes reading.
     bool read = false, end = false;
     {
       pw::MutexLock lock(&out_->mu);
@@ -156,7 +164,7 @@ class ControllerService::SessionStream final
     {
       pw::MutexLock lock(&out_->mu);
       out_->cancelled = true;
-      end = out_->paused;  // No read is outstanding to end with the call.
+      end = out_->paused || out_->stream_parked;  // No read is outstanding to end with the call.
     }
     if (end) out_->EndReads();
   }
@@ -265,11 +273,30 @@ void ControllerService::Outbox::RunEnded() {
   {
     pw::MutexLock lock(&mu);
     --in_flight;
-    if (!paused || in_flight >= limit || cancelled || reads_over || stream == nullptr) return;
+    if (!paused || in_flight >= limit || cancelled || reads_over || ending || stream == nullptr)
+      return;
     paused = false;
+    if (stream_parked) return;  // Reading resumes once that batch is handled.
     s = stream;
-    ++reads_starting;  // EndReads on another thread (the mailbox's) does not finish it meanwhile.
+    ++reads_starting;
   }
+  ReadFromOutside(s);
+}
+
+void ControllerService::Outbox::ResumeReading() {
+  SessionStream* s = nullptr;
+  {
+    pw::MutexLock lock(&mu);
+    stream_parked = false;
+    paused = in_flight >= limit;
+    if (paused || cancelled || reads_over || ending || stream == nullptr) return;
+    s = stream;
+    ++reads_starting;
+  }
+  ReadFromOutside(s);
+}
+
+void ControllerService::Outbox::ReadFromOutside(SessionStream* s) {
   s->Read();
   SessionStream* finish = nullptr;
   absl::Status why;
@@ -282,51 +309,50 @@ void ControllerService::Outbox::RunEnded() {
   if (finish != nullptr) finish->Finish(ToGrpc(why));
 }
 
-void ControllerService::Outbox::Take(v1::SessionMessageBatch batch, bool mailed) {
+bool ControllerService::Outbox::Take(v1::SessionMessageBatch batch, bool mailed) {
   absl::Status bad;
   {
     pw::MutexLock lock(&order_mu);
     const uint64_t n = batch.number() == 0 && !mailed ? next_number : batch.number();
-    if (n < next_number || (n == next_number && handling) || early.contains(n)) {
+    if (n == 0) {
+      bad = absl::InvalidArgumentError("Session: a mailed batch without a number");
+    } else if (n < next_number || (n == next_number && handling) || early.contains(n)) {
       bad = absl::InvalidArgumentError(absl::StrCat("Session: batch ", n, " came twice"));
-    } else if (!mailed) {
-      // Its turn comes once those mailed before it (in the mailbox already) are handled.
-      const bool turn = order_mu.AwaitWithTimeout(
-          [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return ended || (n == next_number && !handling);
-          },
-          kStreamBatchWait);
-      if (ended) return;
-      if (!turn)
-        bad = absl::InvalidArgumentError(absl::StrCat(
-            "Session: batch ", n, " waited ", absl::FormatDuration(kStreamBatchWait),
-            " for batch ", next_number, ", which never came"));
-      else
-        handling = true;
     } else if (handling || n != next_number) {
       const size_t bytes = batch.ByteSizeLong();
-      if (early.size() >= kMaxEarlyBatches || early_bytes + bytes > kMaxEarlyBytes) {
+      if (!mailed && stub == 0) {  // Without mail nothing can come between.
+        bad = absl::InvalidArgumentError(
+            absl::StrCat("Session: batch ", n, " came before batch ", next_number));
+      } else if (early.size() >= kMaxEarlyBatches || early_bytes + bytes > kMaxEarlyBytes) {
         bad = absl::InvalidArgumentError(absl::StrCat(
             "Session: more than ", kMaxEarlyBatches, " batches or ", kMaxEarlyBytes,
-            " bytes mailed wait for batch ", next_number));
+            " bytes wait for batch ", next_number));
       } else {
+        if (!mailed) {
+          pw::MutexLock out_lock(&mu);  // Before another thread can take it from `early`.
+          stream_parked = true;
+        }
         early_bytes += bytes;
         early.emplace(n, Early{std::move(batch), mailed});
-        return;
+        return !mailed;
       }
     } else {
       handling = true;
     }
   }
-  if (!bad.ok()) return EndReads(bad);
-  while (true) {
+  if (!bad.ok()) {
+    EndReads(bad);
+    return false;
+  }
+  for (bool waited = false;; waited = true) {
     Handle(batch, mailed);
+    if (waited && !mailed) ResumeReading();
     pw::MutexLock lock(&order_mu);
     ++next_number;
     auto it = early.find(next_number);
     if (it == early.end()) {
       handling = false;
-      return;
+      return false;
     }
     early_bytes -= it->second.batch.ByteSizeLong();
     batch = std::move(it->second.batch);
@@ -419,10 +445,6 @@ void ControllerService::Outbox::EndReads(const absl::Status& why) {
     ending = true;
     end = why;
   }
-  {
-    pw::MutexLock lock(&order_mu);
-    ended = true;  // A stream batch waiting for its turn stops waiting.
-  }
   if (client.valid()) (void)service->DropClient(client);
   SessionStream* finish = nullptr;
   {
@@ -454,7 +476,18 @@ void ControllerService::ReceiveSessionMail(v1::MailedSession* mail) {
                      " messages (at most ", kMaxBatchItems, ")")));
   }
   session_batches_mailed_.fetch_add(1, std::memory_order_relaxed);
-  out->Take(std::move(*mail->mutable_batch()), /*mailed=*/true);
+  // Off the mailbox's thread, which brings the workers' events too: a run's submit may wait
+  // (a function loaded on a host first). A session's batches keep to one queue.
+  WorkQueue* queue = session_mail_[mail->stub() % session_mail_.size()].get();
+  if (queue == nullptr) return;  // Stopped.
+  queue->Post(
+      [out = std::move(out), batch = std::move(*mail->mutable_batch())]() mutable {
+        out->Take(std::move(batch), /*mailed=*/true);
+      });
+}
+
+void ControllerService::StopSessionMail() {
+  for (auto& q : session_mail_) q.reset();  // Runs what was posted, then joins.
 }
 
 void ControllerService::ForgetMail(uint64_t stub) {

@@ -120,13 +120,13 @@ class RemoteController final : public ControllerInterface {
     absl::Status Where(const grpc::Status& s) const;
     ClientIo io;  // Large arrays' shards to and from the workers.
     static constexpr size_t kClientMailboxBytes = size_t{1} << 20;
-    // This process's mailbox, made at the first Connect, where a controller on this machine
-    // mails the sessions' events (ClientSession::Mail); null if it could not be made. Last, so
-    // that its thread stops before the sessions it hands events to go.
-    std::unique_ptr<dataplane::ShmMailbox> mailbox ABSL_GUARDED_BY(mu);
     // Sessions by stub, until closed (a closing session's last events still reach it).
     absl::flat_hash_map<uint64_t, std::weak_ptr<ClientSession>> by_stub ABSL_GUARDED_BY(mu);
     bool mailbox_tried ABSL_GUARDED_BY(mu) = false;
+    // This process's mailbox, made at the first Connect, where a controller on this machine
+    // mails the sessions' events (ClientSession::Mail); null if it could not be made. Last of
+    // the members, so that its thread stops before what it hands events to goes.
+    std::unique_ptr<dataplane::ShmMailbox> mailbox ABSL_GUARDED_BY(mu);
     // The mail settings of a new session (none without a mailbox).
     std::optional<ClientSession::Mail> SessionMail();
     // Hands mailed session events to their session.

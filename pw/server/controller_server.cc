@@ -112,6 +112,7 @@ ControllerServer::~ControllerServer() {
   }
   serving_.Shutdown(kShutdownGrace);
   if (mailbox_ != nullptr) mailbox_->StopDelivering();  // Before the stubs it hands events to.
+  if (service_ != nullptr) service_->StopSessionMail();  // Before the controller they submit to.
   controller_.reset();
   service_.reset();
   trace_queue_.reset();  // Ends the traces still being gathered (failed workers are skipped).
