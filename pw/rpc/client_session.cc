@@ -12,6 +12,7 @@
 #include "pw/base/mutex.h"
 #include "pw/base/status_macros.h"
 #include "pw/rpc/batch_queue.h"
+#include "pw/rpc/mail.h"
 #include "pw/rpc/reactors.h"
 #include "pw/rpc/wire.h"
 
@@ -76,8 +77,8 @@ class ClientSession::Stream final
       : state_(std::move(state)) {
     prepare(&ctx_);
     if (state_->mail.has_value()) {
-      ctx_.AddMetadata("pw-mail-stub", absl::StrCat(state_->stub));
-      ctx_.AddMetadata("pw-reply-mailbox", state_->mail->self_mailbox);
+      ctx_.AddMetadata(kMailStub, absl::StrCat(state_->stub));
+      ctx_.AddMetadata(kReplyMailbox, state_->mail->self_mailbox);
     }
     stub->async()->Session(&ctx_, this);
     AddHold();
@@ -91,8 +92,8 @@ class ClientSession::Stream final
   void OnReadInitialMetadataDone(bool ok) override {
     if (!ok || !state_->mail.has_value()) return;
     const auto& md = ctx_.GetServerInitialMetadata();
-    auto name = md.find("pw-mail-ok");
-    auto limit = md.find("pw-mail-limit");
+    auto name = md.find(kMailOk);
+    auto limit = md.find(kMailLimit);
     size_t runs = 0;
     if (name == md.end() || limit == md.end() ||
         !absl::SimpleAtoi(absl::string_view(limit->second.data(), limit->second.size()), &runs))

@@ -13,6 +13,7 @@
 #include "pw/dataplane/shm_mailbox.h"
 #include "pw/rpc/batch_queue.h"
 #include "pw/rpc/controller_service.h"
+#include "pw/rpc/mail.h"
 #include "pw/rpc/reactors.h"
 #include "pw/rpc/wire.h"
 
@@ -20,8 +21,6 @@ namespace pw::rpc {
 namespace v1 = ::pathways::v1;
 
 namespace {
-constexpr char kMailStub[] = "pw-mail-stub";
-constexpr char kReplyMailbox[] = "pw-reply-mailbox";
 constexpr int kMaxBatchItems = BatchQueue<v1::SessionMessageBatch>::kMaxItems;
 // Mailed batches waiting for those before them: past either, the session ends (a client that
 // breaks the protocol must not grow the controller's memory). An honest client's wait behind
@@ -205,8 +204,8 @@ class ControllerService::SessionStream final
         return;
       }
     }
-    ctx_->AddInitialMetadata("pw-mail-ok", service_->mailbox_);
-    ctx_->AddInitialMetadata("pw-mail-limit", absl::StrCat(limit));
+    ctx_->AddInitialMetadata(kMailOk, service_->mailbox_);
+    ctx_->AddInitialMetadata(kMailLimit, absl::StrCat(limit));
     StartSendInitialMetadata();
   }
 
@@ -238,10 +237,7 @@ bool ControllerService::Outbox::Mail(const v1::SessionEvent& e) {
   v1::PeerMail m;
   m.mutable_session_events()->set_stub(stub);
   *m.mutable_session_events()->mutable_batch()->add_items() = e;
-  if (m.ByteSizeLong() > to_client->max_message_bytes()) return false;
-  std::string bytes;
-  if (!m.SerializeToString(&bytes)) return false;
-  const absl::Status sent = to_client->Send(bytes, kClientMailboxSpins);
+  const absl::Status sent = SendMail(*to_client, m, kClientMailboxSpins);
   if (!sent.ok() && absl::StrContains(sent.message(), "lock"))
     mail_off.store(true, std::memory_order_relaxed);
   return sent.ok();

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "pw/base/status_macros.h"
+#include "pw/rpc/mail.h"
 #include "pw/rpc/wire.h"
 
 namespace pw::rpc {
@@ -70,11 +71,7 @@ std::optional<ClientSession::Mail> RemoteController::Core::SessionMail() {
       -> absl::StatusOr<std::function<bool(const v1::PeerMail&)>> {
     PW_ASSIGN_OR_RETURN(std::shared_ptr<dataplane::ShmMailbox> to,
                         dataplane::ShmMailbox::Open(controller));
-    return [to](const v1::PeerMail& m) {
-      if (m.ByteSizeLong() > to->max_message_bytes()) return false;
-      std::string bytes;
-      return m.SerializeToString(&bytes) && to->Send(bytes).ok();
-    };
+    return [to](const v1::PeerMail& m) { return SendMail(*to, m).ok(); };
   };
   mail.drain = [this] {
     dataplane::ShmMailbox* own = nullptr;

@@ -12,6 +12,7 @@
 #include "pw/base/status_macros.h"
 #include "pw/dataplane/shm_segment.h"
 #include "pw/rpc/batch_queue.h"
+#include "pw/rpc/mail.h"
 #include "pw/rpc/reactors.h"
 #include "pw/rpc/wire.h"
 
@@ -39,9 +40,9 @@ class RemoteWorker::Stream final
   Stream(RemoteWorker* owner, uint64_t first_seq) : owner_(owner) {
     AddToken(&ctx_, owner->options_.token);
     if (owner->mail_commands_) {
-      ctx_.AddMetadata("pw-mail-stub", absl::StrCat(owner->mail_id_));
-      ctx_.AddMetadata("pw-mail-first-seq", absl::StrCat(first_seq));
-      ctx_.AddMetadata("pw-reply-mailbox", owner->self_mailbox_);
+      ctx_.AddMetadata(kMailStub, absl::StrCat(owner->mail_id_));
+      ctx_.AddMetadata(kMailFirstSeq, absl::StrCat(first_seq));
+      ctx_.AddMetadata(kReplyMailbox, owner->self_mailbox_);
     }
     owner->stub_->async()->Commands(&ctx_, this);
     AddHold();
@@ -79,7 +80,7 @@ class RemoteWorker::Stream final
   void OnReadInitialMetadataDone(bool ok) override {
     if (!ok || !owner_->mail_commands_) return;
     const auto& md = ctx_.GetServerInitialMetadata();
-    auto it = md.find("pw-mail-ok");
+    auto it = md.find(kMailOk);
     if (it == md.end() || it->second != "1") return;
     v1::CommandBatch* next = nullptr;
     bool more = false;

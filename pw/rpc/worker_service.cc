@@ -14,6 +14,7 @@
 #include "pw/dataplane/peer_channel.h"
 #include "pw/dataplane/shm_segment.h"
 #include "pw/rpc/batch_queue.h"
+#include "pw/rpc/mail.h"
 #include "pw/rpc/reactors.h"
 #include "pw/rpc/wire.h"
 
@@ -77,13 +78,9 @@ struct WorkerService::CommandSink {
 };
 
 namespace {
-// A command stream's metadata that asks for its commands by mail as well (MailedCommands): the
-// stub naming them, the first command's seq, and the mailbox for the events. The worker's
-// initial metadata says whether it takes them (kMailOk).
-constexpr char kMailStub[] = "pw-mail-stub";
-constexpr char kMailFirstSeq[] = "pw-mail-first-seq";
-constexpr char kReplyMailbox[] = "pw-reply-mailbox";
-constexpr char kMailOk[] = "pw-mail-ok";
+// A command stream's metadata asks for its commands by mail as well (MailedCommands, keys in
+// mail.h): the stub naming them, the first command's seq, and the mailbox for the events. The
+// worker's initial metadata says whether it takes them (kMailOk).
 // Commands a mail stream holds behind a missing earlier one, at most (then it ends: the
 // controller skipped a seq, or a mail was lost).
 constexpr size_t kMaxEarlyCommands = 1 << 16;

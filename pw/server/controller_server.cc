@@ -9,6 +9,7 @@
 #include "pw/base/heap.h"
 #include "pw/base/status_macros.h"
 #include "pw/executor/block_cache.h"
+#include "pw/rpc/mail.h"
 #include "pw/rpc/wire.h"
 
 namespace pw::server {
@@ -198,8 +199,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> ControllerServer::RegisterWorker(
       std::shared_ptr<dataplane::ShmMailbox> to_mailbox = *std::move(to);
       w->MailCommands(mailbox_->name(), [to_mailbox](const v1::PeerMail& m) {
         // A batch the mailbox cannot take (a large put) is not serialized for nothing.
-        return m.ByteSizeLong() <= to_mailbox->max_message_bytes() &&
-               to_mailbox->Send(m.SerializeAsString()).ok();
+        return rpc::SendMail(*to_mailbox, m).ok();
       });
       pw::MutexLock lock(&mail_mu_);
       stubs_by_mail_id_[w->mail_id()] = w;
