@@ -279,7 +279,6 @@ absl::StatusOr<FunctionInfo> Controller::RegisterFunction(ClientId client,
 }
 
 absl::Status Controller::EnsureLoadedOn(FunctionId function, const std::vector<HostId>& hosts) {
-  if (options_.hosts_share_process) return LoadOnHosts(function, hosts);  // Direct calls.
   pw::MutexLock lock(&mu_);
   auto it = functions_.find(function);
   if (it == functions_.end()) return NotRegistered(function);
@@ -354,7 +353,7 @@ absl::StatusOr<std::vector<ArraySpec>> Controller::LoadFunction(ClientId client,
 absl::Status Controller::CheckSpmdPlacement(FunctionId function, const std::vector<HostId>& hosts,
                                             const std::string& where) const {
   const size_t num_hosts = absl::flat_hash_set<HostId>(hosts.begin(), hosts.end()).size();
-  if (options_.hosts_share_process || num_hosts <= 1) return absl::OkStatus();
+  if (num_hosts <= 1) return absl::OkStatus();
   pw::MutexLock lock(&mu_);
   auto it = functions_.find(function);
   if (it == functions_.end()) return NotRegistered(function);
@@ -363,7 +362,8 @@ absl::Status Controller::CheckSpmdPlacement(FunctionId function, const std::vect
   return absl::FailedPreconditionError(absl::StrCat(
       "function '", hlo->name, "' is an SPMD XLA module of ", hlo->num_partitions,
       " partitions, which meet in XLA's in-process collectives, but ", where, " spans ",
-      num_hosts, " worker processes: export it per shard with runtime collectives (pw.pmap with "
+      num_hosts, " hosts (worker processes, each with its own PJRT client): export it per shard "
+      "with runtime collectives (pw.pmap with "
       "axis_name=, StableHloFunctionDef::collective_axis_size) or ask for a one-host slice "
       "(placement=host)"));
 }

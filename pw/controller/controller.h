@@ -37,8 +37,9 @@ namespace pw {
 class Controller final : public ControllerInterface {
  public:
   struct Options {
-    // Every host's worker runs in this process (the embedded cluster), so an SPMD XLA module
-    // may span hosts; in a process cluster it must lie within one host.
+    // Every host's worker runs in this process (the embedded cluster): a checkpoint path may be
+    // absolute without a checkpoint root. (Loading, placement and failures are the same in both
+    // modes.)
     bool hosts_share_process = true;
     // The timeout of a run submitted without one (RunOptions::timeout); zero: none.
     absl::Duration default_run_timeout = absl::ZeroDuration();
@@ -182,9 +183,9 @@ class Controller final : public ControllerInterface {
   // Loads `function` on each of `hosts` that has not loaded it (unlocked; mu_ only to read and
   // record); a host whose worker has not joined loads it when it joins.
   absl::Status LoadOnHosts(FunctionId function, const std::vector<HostId>& hosts);
-  // What a plan needs of a function: loaded on the hosts of its node's slice. In one process
-  // (hosts_share_process) it loads there (direct calls); over the wire it must have been bound
-  // there already (no RPC that waits runs in Submit), else FailedPrecondition naming the host.
+  // What a plan needs of a function: loaded on the hosts of its node's slice, where binding it
+  // (LoadFunction) loaded it (nothing that waits for a worker runs in Submit), else
+  // FailedPrecondition naming the host.
   absl::Status EnsureLoadedOn(FunctionId function, const std::vector<HostId>& hosts);
   struct Plan;
   // A program's plans are kept for its last kMaxPlansPerProgram argument layouts.

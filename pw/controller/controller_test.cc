@@ -8,6 +8,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/synchronization/notification.h"
 
+#include "pw/base/status_matchers.h"
 #include "pw/executor/native_function.h"
 
 #include "gmock/gmock.h"
@@ -195,7 +196,8 @@ TEST(ControllerTest, SpmdModuleAcrossWorkerProcessesFailsAtBinding) {
   auto bound = c.LoadFunction(client, fn->id, spread->id);
   EXPECT_EQ(bound.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(bound.status().message()),
-              HasSubstr("spans 2 worker processes: export it per shard with runtime collectives"));
+              HasSubstr("spans 2 hosts (worker processes, each with its own PJRT client): "
+                        "export it per shard with runtime collectives"));
   // A one-host slice of the same size as the module binds.
   auto two = c.RegisterFunction(client, Spmd(2));
   ASSERT_TRUE(two.ok());
@@ -210,14 +212,17 @@ TEST(ControllerTest, SpmdModuleAcrossWorkerProcessesFailsAtBinding) {
   EXPECT_TRUE(c.LoadFunction(client, rt->id, spread->id).ok());
 }
 
-TEST(ControllerTest, SpmdModuleSpansHostsOfOneProcess) {  // The embedded cluster.
-  Controller c(*ClusterSpec::Uniform(1, 2, 2));
+// Issue 23: the embedded cluster's hosts have a PJRT client each, as worker processes have, so
+// an SPMD module across its hosts fails at binding as on a process cluster (it used to bind).
+TEST(ControllerTest, SpmdModuleAcrossHostsOfOneProcessFailsAtBindingToo) {
+  Controller c(*ClusterSpec::Uniform(1, 2, 2));  // hosts_share_process: the embedded cluster.
   ClientId client = *c.Connect("t");
   auto spread = c.AllocateSlice(client, {.num_devices = 4});
   ASSERT_TRUE(spread.ok());
   auto fn = c.RegisterFunction(client, Spmd(4));
   ASSERT_TRUE(fn.ok());
-  EXPECT_TRUE(c.LoadFunction(client, fn->id, spread->id).ok());
+  EXPECT_THAT(c.LoadFunction(client, fn->id, spread->id).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("spans 2 hosts")));
 }
 
 // A function is loaded only on the hosts of the slices it is bound to. Seen failing in the chaos
@@ -360,6 +365,7 @@ TEST(ControllerTest, ADisconnectedClientsFunctionsAndProgramsAreFreed) {
   const ArraySpec g{DType::kF32, Shape({2})};
   const Sharding sh = Sharding::Split({2}, 1, 0);
   ProgramIr ir{"p", {g}, {{"inc", {fn->id, slice->id, {g}, {sh}, {g}, {sh}}, {{-1, 0}}}}, {{0, 0}}};
+  ASSERT_TRUE(c.LoadFunction(gone, fn->id, slice->id).ok());  // Bound, as clients do.
   ASSERT_TRUE(c.RegisterProgram(gone, ir).ok());
   ASSERT_TRUE(c.RegisterFunction(stays, Spmd(1)).ok());
   EXPECT_EQ(c.registry().functions, 2u);
@@ -404,6 +410,7 @@ TEST(ControllerTest, AClientsRegistrationsPastItsLimitsAreRefusedNamingTheFlag) 
   const ArraySpec g{DType::kF32, Shape({2})};
   const Sharding sh = Sharding::Split({2}, 1, 0);
   ProgramIr ir{"p", {g}, {{"inc", {fn->id, slice->id, {g}, {sh}, {g}, {sh}}, {{-1, 0}}}}, {{0, 0}}};
+  ASSERT_TRUE(c.LoadFunction(greedy, fn->id, slice->id).ok());
   ASSERT_TRUE(c.RegisterProgram(greedy, ir).ok());
   auto over_programs = c.RegisterProgram(greedy, ir);
   EXPECT_EQ(over_programs.status().code(), absl::StatusCode::kResourceExhausted);
@@ -460,6 +467,8 @@ TEST(ControllerTest, APlanSharesEachSlicesDevicesAcrossNodesAndHosts) {
       return DispatchAck{Future<absl::Time>::Ready(absl::Now()), Future<int64_t>::Ready(0)};
     });
     ON_CALL(*workers.back(), PutShard).WillByDefault(Return(Future<>::Ready(absl::OkStatus())));
+    ON_CALL(*workers.back(), LoadFunction)
+        .WillByDefault(Return(Future<>::Ready(absl::OkStatus())));
     ASSERT_TRUE(c.JoinHost(HostId(h), IslandId(0), workers.back().get()).ok());
   }
   ClientId client = *c.Connect("t");
@@ -475,6 +484,7 @@ TEST(ControllerTest, APlanSharesEachSlicesDevicesAcrossNodesAndHosts) {
   for (int n = 0; n < 8; ++n)
     ir.nodes.push_back({"inc", {fn->id, slice->id, {g}, {sh}, {g}, {sh}}, {{n - 1, 0}}});
   ir.outputs = {{7, 0}};
+  ASSERT_TRUE(c.LoadFunction(client, fn->id, slice->id).ok());
   auto program = c.RegisterProgram(client, ir);
   ASSERT_TRUE(program.ok()) << program.status();
   auto arg = c.PutArray(client, slice->id, sh,

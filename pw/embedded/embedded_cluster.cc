@@ -23,14 +23,10 @@ absl::StatusOr<std::unique_ptr<EmbeddedCluster>> EmbeddedCluster::Create(const C
   if (!controller.on_run_enqueued)
     controller.on_run_enqueued = [runs = c->runs_](absl::Duration d) { runs->ObserveDispatch(d); };
   c->controller_ = std::make_unique<Controller>(spec, controller);
-  // One PJRT client for all the hosts of this process: SPMD functions can span them.
-  std::vector<DeviceId> all;
-  for (const auto& h : spec.hosts()) all.insert(all.end(), h.devices.begin(), h.devices.end());
-  c->pjrt_ = std::make_shared<pjrt::PjrtBackend>(c->options_.pjrt_plugin, std::move(all));
   for (const auto& h : spec.hosts()) {
     std::vector<DeviceSpec> devices;
     for (DeviceId d : h.devices) devices.push_back(spec.device(d));
-    PW_RETURN_IF_ERROR(c->StartWorker(h.id, h.island, devices, c->pjrt_));
+    PW_RETURN_IF_ERROR(c->StartWorker(h.id, h.island, devices));
   }
   return c;
 }
@@ -77,30 +73,70 @@ EmbeddedCluster::~EmbeddedCluster() {
                  out.good() ? "wrote" : "could not write", chunk.events.size(),
                  options_.trace_path.c_str());
   }
-  absl::flat_hash_map<HostId, std::unique_ptr<Worker>> workers;
-  std::vector<std::unique_ptr<Worker>> failed;
+  absl::flat_hash_map<HostId, std::unique_ptr<Host>> hosts;
+  std::vector<std::unique_ptr<Host>> failed;
+  std::vector<DeviceId> devices;
   {
     pw::MutexLock lock(&mu_);
-    workers.swap(workers_);
+    hosts.swap(hosts_);
     failed.swap(failed_);
+    for (const auto& [id, spec] : devices_) devices.push_back(id);
   }
-  // Fail outstanding device work everywhere before any worker's threads are joined.
-  workers.clear();
+  // Every device leaves every host's collectives before any worker's threads are joined: no
+  // shard waits for a host that is going (each worker fails its own device work as it goes).
+  const absl::Status going = absl::CancelledError("the embedded cluster is shutting down");
+  for (const auto& [id, host] : hosts)
+    for (DeviceId d : devices) host->collectives->collectives().AbortDevice(d, going);
+  hosts.clear();
   failed.clear();
 }
 
+EmbeddedCluster::Host::~Host() {
+  collectives->CountOn(nullptr);
+  worker.reset();
+}
+
+void EmbeddedCluster::AddDevices(const std::vector<DeviceSpec>& devices) {
+  pw::MutexLock lock(&mu_);
+  for (const DeviceSpec& d : devices) devices_[d.id] = d;
+}
+
+absl::StatusOr<DeviceSpec> EmbeddedCluster::Locate(DeviceId device) const {
+  pw::MutexLock lock(&mu_);
+  auto it = devices_.find(device);
+  if (it == devices_.end())
+    return absl::NotFoundError(absl::StrCat(device.ToString(), " is not in the cluster"));
+  return it->second;
+}
+
+std::shared_ptr<InProcessCollectivePeers> EmbeddedCluster::CollectivesOf(HostId host) const {
+  pw::MutexLock lock(&mu_);
+  auto it = hosts_.find(host);
+  return it == hosts_.end() ? nullptr : it->second->collectives;
+}
+
 absl::Status EmbeddedCluster::StartWorker(HostId host, IslandId island,
-                                          const std::vector<DeviceSpec>& devices,
-                                          std::shared_ptr<pjrt::PjrtBackend> pjrt) {
-  auto w = std::make_unique<Worker>(host, island, devices, &collectives_,
-                                    [this](HostId h) -> WorkerInterface* { return worker(h); },
-                                    std::move(pjrt));
-  Worker* raw = w.get();
+                                          const std::vector<DeviceSpec>& devices) {
+  AddDevices(devices);
+  std::vector<DeviceId> ids;
+  for (const DeviceSpec& d : devices) ids.push_back(d.id);
+  auto h = std::make_unique<Host>();
+  // A communicator and a PJRT client of its own, fresh, as a (restarted) worker process has: an
+  // SPMD XLA module lies within one host (Controller::CheckSpmdPlacement).
+  auto pjrt = std::make_shared<pjrt::PjrtBackend>(options_.pjrt_plugin, ids);
+  h->collectives = std::make_shared<InProcessCollectivePeers>(
+      host, island, ids, [this](DeviceId d) { return Locate(d); },
+      [this](HostId peer) { return CollectivesOf(peer); }, options_.collective_timeout);
+  h->worker = std::make_unique<Worker>(
+      host, island, devices, &h->collectives->collectives(),
+      [this](HostId peer) -> WorkerInterface* { return worker(peer); }, std::move(pjrt));
+  h->collectives->CountOn(h->worker.get());
+  Worker* raw = h->worker.get();
   {
     pw::MutexLock lock(&mu_);
-    if (workers_.contains(host))  // Two restarts at once: the first one's worker stays.
+    if (hosts_.contains(host))  // Two restarts at once: the first one's worker stays.
       return absl::FailedPreconditionError(absl::StrCat(host.ToString(), " has a live worker"));
-    workers_[host] = std::move(w);
+    hosts_[host] = std::move(h);
   }
   absl::Status joined = controller_->JoinHost(host, island, raw);
   // The controller failed the host again: so does its worker.
@@ -119,12 +155,12 @@ absl::Status EmbeddedCluster::Retire(HostId host, Worker* expected, const std::s
   Worker* dead = nullptr;
   {
     pw::MutexLock lock(&mu_);
-    auto it = workers_.find(host);
-    if (it == workers_.end() || (expected != nullptr && it->second.get() != expected))
+    auto it = hosts_.find(host);
+    if (it == hosts_.end() || (expected != nullptr && it->second->worker.get() != expected))
       return absl::NotFoundError(absl::StrCat(host.ToString(), " has no live worker"));
-    dead = it->second.get();
+    dead = it->second->worker.get();
     failed_.push_back(std::move(it->second));
-    workers_.erase(it);  // Peers find no worker for it from now on.
+    hosts_.erase(it);  // Peers find neither its worker nor its collectives from now on.
   }
   dead->Fail(absl::UnavailableError(absl::StrCat(host.ToString(), " failed: ", reason)));
   return absl::OkStatus();
@@ -132,25 +168,17 @@ absl::Status EmbeddedCluster::Retire(HostId host, Worker* expected, const std::s
 
 absl::Status EmbeddedCluster::RestartHost(HostId host) {
   pw::MutexLock serial(&fail_mu_);
-  std::shared_ptr<pjrt::PjrtBackend> pjrt;
   bool failed = false;
   {
     pw::MutexLock lock(&mu_);
-    if (workers_.contains(host))
+    if (hosts_.contains(host))
       return absl::FailedPreconditionError(absl::StrCat(host.ToString(), " has a live worker"));
-    for (const auto& w : failed_) {
-      if (w->host() != host) continue;
-      failed = true;
-      pjrt = w->pjrt_backend();  // The PJRT client it had (SPMD functions span it as before).
-    }
+    for (const auto& h : failed_) failed |= h->worker->host() == host;
   }
   if (!failed)
     return absl::NotFoundError(absl::StrCat(host.ToString(), " has not failed in this cluster"));
   const std::vector<DeviceSpec> devices = controller_->resource_manager().HostDevices(host);
-  // The collectives the hosts share: its devices meet again (a restarted process has its own,
-  // fresh; JoinHost tells only the other workers).
-  for (const DeviceSpec& d : devices) collectives_.RestoreDevice(d.id);
-  return StartWorker(host, devices.front().island, devices, std::move(pjrt));
+  return StartWorker(host, devices.front().island, devices);
 }
 
 absl::StatusOr<HostRegistration> EmbeddedCluster::AddHost(IslandId island, int num_devices,
@@ -159,18 +187,14 @@ absl::StatusOr<HostRegistration> EmbeddedCluster::AddHost(IslandId island, int n
                       controller_->resource_manager().AddHost(
                           island, absl::StrCat("added-", island.value()), num_devices,
                           memory_bytes));
-  // A host added at run time has its own PJRT client (SPMD functions cannot span it and others).
-  std::vector<DeviceId> ids;
-  for (const DeviceSpec& d : reg.devices) ids.push_back(d.id);
-  PW_RETURN_IF_ERROR(StartWorker(reg.host, island, reg.devices,
-                                 std::make_shared<pjrt::PjrtBackend>(options_.pjrt_plugin, ids)));
+  PW_RETURN_IF_ERROR(StartWorker(reg.host, island, reg.devices));
   return reg;
 }
 
 Worker* EmbeddedCluster::worker(HostId host) const {
   pw::MutexLock lock(&mu_);
-  auto it = workers_.find(host);
-  return it == workers_.end() ? nullptr : it->second.get();
+  auto it = hosts_.find(host);
+  return it == hosts_.end() ? nullptr : it->second->worker.get();
 }
 
 }  // namespace pw

@@ -1,6 +1,8 @@
 // EmbeddedCluster: a whole cluster in one process: the controller and one worker per host,
 // joined by the in-process transport (direct calls through the same interfaces a wire transport
-// implements). Devices are host-CPU devices with their own executor threads.
+// implements). Devices are host-CPU devices with their own executor threads. Each host has its
+// own Collectives (reaching the others' through InProcessCollectivePeers) and its own PJRT
+// client, as each worker process has.
 //
 // Thread-safe. Destroying the cluster waits for runs in flight, then stops the controller and the
 // workers. Clients (and their arrays) must be destroyed first.
@@ -15,7 +17,7 @@
 #include "pw/base/mutex.h"
 #include "pw/cluster/cluster_spec.h"
 #include "pw/controller/controller.h"
-#include "pw/executor/collectives.h"
+#include "pw/embedded/in_process_collectives.h"
 #include "pw/metrics/metrics.h"
 #include "pw/worker/worker.h"
 
@@ -30,6 +32,9 @@ class EmbeddedCluster {
     // Non-empty: every span of the cluster's life is traced (pw/trace) and written there as
     // Chrome trace JSON when the cluster is destroyed. Default: $PW_TRACE.
     std::string trace_path = DefaultTracePath();
+    // How long a shard waits for other hosts' part of a collective (pw worker
+    // --collective-timeout-ms's default).
+    absl::Duration collective_timeout = absl::Minutes(5);
   };
   static std::string DefaultTracePath();
   static absl::StatusOr<std::unique_ptr<EmbeddedCluster>> Create(const ClusterSpec& spec,
@@ -63,9 +68,19 @@ class EmbeddedCluster {
   absl::StatusOr<std::unique_ptr<metrics::MetricsServer>> ServeMetrics(const std::string& listen);
 
  private:
+  // A host's worker and its end of the collective transport.
+  struct Host {
+    std::shared_ptr<InProcessCollectivePeers> collectives;
+    std::unique_ptr<Worker> worker;
+    ~Host();  // The worker goes first: it uses `collectives`.
+  };
   explicit EmbeddedCluster(Options options) : options_(std::move(options)) {}
-  absl::Status StartWorker(HostId host, IslandId island, const std::vector<DeviceSpec>& devices,
-                           std::shared_ptr<pjrt::PjrtBackend> pjrt);
+  // What devices a host joining with `devices` can meet in collectives: all the cluster's.
+  void AddDevices(const std::vector<DeviceSpec>& devices);
+  absl::StatusOr<DeviceSpec> Locate(DeviceId device) const;
+  std::shared_ptr<InProcessCollectivePeers> CollectivesOf(HostId host) const;
+  // Starts a worker for `host`, with a communicator and a PJRT client of its own.
+  absl::Status StartWorker(HostId host, IslandId island, const std::vector<DeviceSpec>& devices);
   // Moves `host`'s worker (if it is `expected`, when given) to failed_ and fails it (Worker::Fail)
   // with "host:H failed: <reason>"; NotFound if there is none.
   absl::Status Retire(HostId host, Worker* expected, const std::string& reason);
@@ -74,13 +89,13 @@ class EmbeddedCluster {
   int64_t trace_since_ = -1;  // Options::trace_path's trace: its start.
   // Runs as they finish (unless the caller observes them: Options::controller.on_run_done).
   std::shared_ptr<metrics::RunMetrics> runs_ = std::make_shared<metrics::RunMetrics>();
-  Collectives collectives_;
-  std::shared_ptr<pjrt::PjrtBackend> pjrt_;  // The initial hosts' PJRT client (created on use).
   mutable pw::Mutex mu_;
-  absl::flat_hash_map<HostId, std::unique_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<HostId, std::unique_ptr<Host>> hosts_ ABSL_GUARDED_BY(mu_);
+  // Every device the cluster has had (hosts added at run time too).
+  absl::flat_hash_map<DeviceId, DeviceSpec> devices_ ABSL_GUARDED_BY(mu_);
   pw::Mutex fail_mu_ ABSL_ACQUIRED_BEFORE(mu_);  // One FailHost or RestartHost at a time.
-  // Failed workers: kept, as peers and work in flight may still hold them.
-  std::vector<std::unique_ptr<Worker>> failed_ ABSL_GUARDED_BY(mu_);
+  // Failed hosts: kept, as peers and work in flight may still hold their workers.
+  std::vector<std::unique_ptr<Host>> failed_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Controller> controller_;  // Destroyed first.
 };
 

@@ -421,6 +421,12 @@ TEST_P(ClusterTest, ConcurrentClientsWithCollectivesDoNotDeadlock) {
   t0.join();
   t1.join();
   EXPECT_EQ(completed.load(), 4 * kRuns);
+  // The 4-device slice spans both hosts, whose collectives meet across the ICI link in both
+  // modes (in process too, each host has its own): per p4 run (kRuns + 1 per client), two
+  // all-reduces, each host receiving the other's two f32 inputs. Only the wire moved them.
+  const LinkBytes moved = ReceivedBytes(controller()).value();
+  EXPECT_EQ(moved.ici, 2 * (kRuns + 1) * 2 * (2 * 2 * 4));
+  EXPECT_EQ(moved.ici_wire, grpc() ? moved.ici : 0);
   ExpectNothingLeft();
 }
 

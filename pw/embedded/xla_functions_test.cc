@@ -9,12 +9,16 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pw/base/status_matchers.h"
 #include "pw/client/client.h"
 #include "pw/embedded/embedded_cluster.h"
 
 namespace pw {
 namespace {
+
+using ::testing::HasSubstr;
 
 StableHloFunctionDef Load(const std::string& name, std::vector<ArraySpec> in,
                           std::vector<ArraySpec> out) {
@@ -143,14 +147,22 @@ TEST_F(XlaFunctionsTest, SpmdFunctionAllReducesAcrossTheSlice) {
   }
 }
 
-// The slice spans two hosts of the embedded cluster; their devices share the process's PJRT
-// client, so the partitions meet in XLA's collectives.
-TEST(XlaSpmdTest, SpmdFunctionSpansHostsOfTheProcess) {
-  auto cluster = *EmbeddedCluster::Create(*ClusterSpec::Uniform(1, 2, 2));
+// The partitions of an SPMD module meet in XLA's collectives, in one host's PJRT client: on a
+// slice of one host's four devices it runs; across two hosts of the embedded cluster it is
+// refused at binding, as across two worker processes (each host has a PJRT client of its own).
+TEST(XlaSpmdTest, SpmdFunctionRunsOnOneHostAndIsRefusedAcrossHosts) {
+  {
+    auto two_hosts = *EmbeddedCluster::Create(*ClusterSpec::Uniform(1, 2, 2));
+    auto client = *Client::Connect(&two_hosts->controller(), "spmd");
+    Slice s = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 4});
+    EXPECT_THAT(client->Pmap(LoadSpmd("psum4", 4), s).status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         HasSubstr("spans 2 hosts (worker processes, each with its own PJRT "
+                                   "client)")));
+  }
+  auto cluster = *EmbeddedCluster::Create(*ClusterSpec::Uniform(1, 1, 4));
   auto client = *Client::Connect(&cluster->controller(), "spmd");
   Slice s = *client->MakeVirtualDeviceSet().AddSlice({.num_devices = 4});
-  absl::flat_hash_set<HostId> hosts(s.info().hosts.begin(), s.info().hosts.end());
-  EXPECT_EQ(hosts.size(), 2u);
   auto gather = client->Pmap(LoadSpmd("allgather_sum4", 4), s);
   auto psum = client->Pmap(LoadSpmd("psum4", 4), s);
   ASSERT_TRUE(gather.ok() && psum.ok()) << gather.status() << psum.status();
@@ -188,7 +200,7 @@ TEST(XlaRuntimeCollectivesTest, FunctionSpansHostsAndMatchesTheSpmdModule) {
     return std::vector<Value>{(*psum)((*gather)(v[0]))};
   });
   ASSERT_TRUE(f.ok()) << f.status();
-  std::vector<float> row = {572, 680, 568};  // As in SpmdFunctionSpansHostsOfTheProcess.
+  std::vector<float> row = {572, 680, 568};  // As in SpmdFunctionRunsOnOneHost...
   std::vector<float> want;
   for (int i = 0; i < 4; ++i) want.insert(want.end(), row.begin(), row.end());
   for (int i = 0; i < 3; ++i) {

@@ -41,10 +41,10 @@ class Worker final : public WorkerInterface {
   // Finds a peer worker by host; returns nullptr for unknown hosts.
   using PeerLookup = std::function<WorkerInterface*(HostId)>;
 
-  // `collectives` is the communicator the devices' collective kernels use (shared by every
-  // worker of an in-process cluster); it must outlive the worker.
+  // `collectives` is the communicator the devices' collective kernels use (the host's own,
+  // reaching other hosts through its CollectivePeers); it must outlive the worker.
   // `pjrt` runs StableHLO functions (its client is created on first use; null: none); it must
-  // cover this host's devices and may be shared with other workers of the process.
+  // cover this host's devices.
   Worker(HostId host, IslandId island, const std::vector<DeviceSpec>& devices,
          Collectives* collectives, PeerLookup peers,
          std::shared_ptr<pjrt::PjrtBackend> pjrt = nullptr);

@@ -311,8 +311,9 @@ def jit(fn, devices: Slice, in_shardings=None, out_shardings=None, *, static_arg
 
     in_shardings / out_shardings: a PartitionSpec (or NamedSharding over the slice's mesh) for
     all, or a pytree prefix of them per argument / of the result; None replicates. XLA's SPMD
-    partitioner inserts the collectives, which meet inside one worker process: a multi-device
-    slice for pw.jit must lie in one process (embedded, or placement="host").
+    partitioner inserts the collectives, which meet inside one host's PJRT client: a
+    multi-device slice for pw.jit must lie on one host (placement="host"), on the embedded
+    cluster as on a process cluster.
     """
     return Jitted(fn, devices, in_shardings, out_shardings, static_argnums, donate_argnums)
 

@@ -3,10 +3,11 @@ resharding between slices, Array operations on the devices, placement and status
 
 On the embedded cluster (2 islands x 1 host x 4 devices) under plain pytest; test_cluster.py runs
 this file again with PW_CLUSTER naming a `pw up` cluster (2 islands x 2 hosts x 2 devices), where
-slices span worker processes. pw.jit's SPMD modules need their slice in one process: there they
-get a one-host slice.
+slices span worker processes. pw.jit's SPMD modules need their slice on one host (in both modes):
+there they get a one-host slice.
 """
 import os
+import re
 import subprocess
 import sys
 
@@ -23,7 +24,8 @@ ON_CLUSTER = bool(os.environ.get("PW_CLUSTER"))
 
 
 def mesh_slice(ds, names=("data", "model")):
-    """A 2-axis mesh for pw.jit: 2 x 2 in an island here; 1 x 2 on one host of a process cluster."""
+    """A 2-axis mesh for pw.jit: 2 x 2 on an island's one host here; 1 x 2 on one host of a
+    process cluster."""
     if ON_CLUSTER:
         return ds.add_slice(mesh=(1, 2), axis_names=names, placement="host")
     return ds.add_slice(mesh=(2, 2), axis_names=names)
@@ -257,13 +259,28 @@ def test_placement_by_island_host_and_avoiding_a_slice(ds):
         pw.pmap(lambda x: x, devices=4)
 
 
-@pytest.mark.skipif(not ON_CLUSTER, reason="a process cluster's slices span worker processes")
-def test_jit_on_a_slice_spanning_processes_is_refused_at_bind_naming_what_to_do(ds):
-    s = ds.add_slice(devices=2, placement="spread")  # Two hosts: two worker processes.
-    assert len(set(s.hosts)) == 2
-    f = pw.jit(lambda v: v * 2, devices=s, in_shardings=P("devices"), out_shardings=P("devices"))
-    with pytest.raises(pw.errors.FailedPrecondition, match="spans 2 worker processes.*placement=host"):
-        f(np.ones(4, np.float32))
+JIT_ACROSS_HOSTS = (
+    "import numpy as np, pathways as pw\n"
+    "from jax.sharding import PartitionSpec as P\n"
+    "s = pw.make_virtual_device_set().add_slice(devices=2, placement='spread')\n"
+    "assert len(set(s.hosts)) == 2, s.hosts\n"
+    "f = pw.jit(lambda v: v * 2, devices=s, in_shardings=P('devices'),\n"
+    "           out_shardings=P('devices'))\n"
+    "try:\n"
+    "    f(np.ones(4, np.float32))\n"
+    "except pw.errors.FailedPrecondition as e:\n"
+    "    print(e)\n")
+
+
+def test_jit_on_a_slice_spanning_hosts_is_refused_at_bind_naming_what_to_do():
+    # Two hosts: two worker processes on a process cluster; on an embedded cluster of 2 hosts
+    # per island (a subprocess), two hosts with a PJRT client each, refused the same way.
+    env = dict(os.environ) if ON_CLUSTER else dict(os.environ, PW_HOSTS_PER_ISLAND="2",
+                                                   PW_DEVICES_PER_HOST="2")
+    run = subprocess.run([sys.executable, "-c", JIT_ACROSS_HOSTS], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert re.search("spans 2 hosts.*placement=host", run.stdout), run.stdout
 
 
 def test_status_in_python_is_pw_status_json():
