@@ -72,7 +72,7 @@ class EmbeddedCluster {
   struct Host {
     std::shared_ptr<InProcessCollectivePeers> collectives;
     std::unique_ptr<Worker> worker;
-    ~Host();  // The worker goes first: it uses `collectives`.
+    ~Host();  // Stops counting on the worker before it goes (members: the worker goes first).
   };
   explicit EmbeddedCluster(Options options) : options_(std::move(options)) {}
   // What devices a host joining with `devices` can meet in collectives: all the cluster's.

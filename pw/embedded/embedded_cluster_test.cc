@@ -706,6 +706,41 @@ TEST_P(ClusterTest, AFailedHostsWorkFailsNamingItAndARestartedHostServesAgain) {
 
 // A cluster's only host fails and restarts: its collectives meet again (seen failing embedded,
 // where the hosts share one Collectives and nothing else was left to take its devices back).
+// Issue 23 item 5: each host has a communicator of its own (in process too), so when a host
+// fails while another host's shards wait inside a collective with it, something must end their
+// wait: the controller's RemoveDevice to every worker. They fail naming the host, long before
+// the collective timeout (5 minutes).
+TEST_P(ClusterTest, AHostFailingEndsTheCollectiveItsPeersWaitIn) {
+  Start(1, 2, 2, /*memory=*/16);  // Room for four f32 scalars per device.
+  auto c = Connect("c");
+  Slice all = *c->MakeVirtualDeviceSet().AddSlice({.num_devices = 4});
+  Slice on1 = *c->MakeVirtualDeviceSet().AddSlice(
+      {.num_devices = 2, .placement = SlicePlacement::kHost, .hosts = {HostId(1)}});
+  BoundFunction reduce = *c->Pmap(ReduceAddFn("reduce"), all);
+  Array x = *c->Put(F32({1, 2, 3, 4}), all.info().id, Sharding::Split({4}, 1, 0));
+  std::vector<Array> fill;  // Host 1's devices full: its shards of the run wait for memory.
+  for (int i = 0; i < 3; ++i)
+    fill.push_back(*c->Put(F32({0, 0}), on1.info().id, Sharding::Split({2}, 1, 0)));
+  auto waits = reduce.Call({x});  // Host 0's shards go into the all-reduce and wait for host 1's.
+  ASSERT_TRUE(waits.ok()) << waits.status();
+  const absl::Time deadline = absl::Now() + kDeadlockTimeout;
+  size_t waiters = 0;
+  while (waiters != 2 && absl::Now() < deadline) {
+    waiters = 0;
+    for (const auto& h : StatusOfEveryHost(controller()).value().hosts)
+      for (const auto& d : h.devices) waiters += d.memory_waiters;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_EQ(waiters, 2u);
+  FailHost(HostId(1));
+  Future<> ready = (*waits)[0].Ready();
+  ASSERT_TRUE(ready.AwaitFor(kDeadlockTimeout)) << "a collective with a failed host never ended";
+  EXPECT_THAT(ready.status().message(), HasSubstr("host:1")) << ready.status();
+  EXPECT_NE(ready.status().code(), absl::StatusCode::kDeadlineExceeded);  // Not the timeout.
+  x = Array();
+  fill.clear();
+}
+
 TEST_P(ClusterTest, ARestartedOnlyHostRunsCollectivesAgain) {
   Start(1, 1, 2);
   auto c = Connect("alone");

@@ -33,14 +33,31 @@ void InProcessCollectivePeers::Received(IslandId from, int64_t bytes) {
 }
 
 std::vector<HostId> InProcessCollectivePeers::HostsOf(absl::Span<const DeviceId> devices) const {
-  std::vector<HostId> hosts;
-  for (DeviceId d : devices) {
-    const HostId h = IsLocal(d) ? host_ : [&] {
-      absl::StatusOr<DeviceSpec> spec = locate_(d);
-      return spec.ok() ? spec->host : HostId();
-    }();
-    if (h.valid() && std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
+  std::vector<HostId> of(devices.size());  // Invalid: not known yet.
+  bool missing = false;
+  {
+    pw::MutexLock lock(&where_mu_);
+    for (size_t i = 0; i < devices.size(); ++i) {
+      if (IsLocal(devices[i])) {
+        of[i] = host_;
+      } else if (auto it = host_of_.find(devices[i]); it != host_of_.end()) {
+        of[i] = it->second;
+      } else {
+        missing = true;
+      }
+    }
   }
+  for (size_t i = 0; missing && i < devices.size(); ++i) {
+    if (of[i].valid()) continue;
+    absl::StatusOr<DeviceSpec> spec = locate_(devices[i]);  // Unlocked: it takes the cluster's.
+    if (!spec.ok()) continue;
+    of[i] = spec->host;
+    pw::MutexLock lock(&where_mu_);
+    host_of_.emplace(devices[i], spec->host);
+  }
+  std::vector<HostId> hosts;
+  for (HostId h : of)
+    if (h.valid() && std::find(hosts.begin(), hosts.end(), h) == hosts.end()) hosts.push_back(h);
   return hosts;
 }
 
@@ -79,6 +96,8 @@ void InProcessCollectivePeers::Send(const CollectiveKey& key, absl::Span<const D
     // these bytes counted.
     peer->Received(island_, bytes);
     const bool last = p + 1 == peers.size();
+    // The delivery that completes the peer's inputs runs its combine here, on this thread (as
+    // its receiving thread would on a process cluster), before the next peer's delivery.
     for (size_t i = 0; i < ranks.size(); ++i)
       peer->collectives_.Deliver(key, ranks[i], last ? std::move(inputs[i]) : inputs[i]);
   }

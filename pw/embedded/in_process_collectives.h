@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -73,6 +74,10 @@ class InProcessCollectivePeers final : public CollectivePeers {
   const absl::flat_hash_set<DeviceId> local_;
   const Locate locate_;
   const Directory directory_;
+  // Other hosts' devices, as located (a device never changes host): Send and SendPiece find
+  // their peers without the cluster's lock.
+  mutable pw::Mutex where_mu_;
+  mutable absl::flat_hash_map<DeviceId, HostId> host_of_ ABSL_GUARDED_BY(where_mu_);
   Collectives collectives_;
   pw::Mutex count_mu_;
   Worker* counted_ ABSL_GUARDED_BY(count_mu_) = nullptr;

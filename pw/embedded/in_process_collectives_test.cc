@@ -86,6 +86,9 @@ std::vector<Shard> SumOver(Hosts& all, const std::vector<int>& hosts, size_t n, 
 // inputs for small buffers, reduce-scatter then all-gather for large ones over 3 hosts.
 TEST(InProcessCollectivesTest, AnAllReduceAcrossHostsSumsEveryShard) {
   Hosts all(3);
+  std::vector<DeviceId> six;
+  for (int d = 0; d < 6; ++d) six.push_back(DeviceId(d));
+  ASSERT_EQ(all.end(0).ProcessesOf(six).count, 3);  // Three processes: the scatter applies.
   int64_t run = 0;
   for (size_t n : {size_t{5}, Collectives::kScatterMinBytes / 4 + 3}) {
     for (const Shard& s : SumOver(all, {0, 1, 2}, n, ++run)) {
@@ -109,29 +112,35 @@ TEST(InProcessCollectivesTest, HostsAreNumberedByTheirFirstRank) {
 }
 
 // A host that has no live worker fails the launch on the hosts that would send to it, naming
-// it, and they tell the other hosts, whose shards do not wait for the timeout.
+// it, and they tell the other hosts, whose shards do not wait for the timeout: inputs sent in
+// one round, and the reduce-scatter's pieces.
 TEST(InProcessCollectivesTest, AHostWithoutAWorkerFailsTheLaunchEverywhere) {
   Hosts all(3, absl::Seconds(20));  // A wait that does not end fails.
   all.Remove(2);
   // Hosts 0 and 1 meet with host 2's devices in the slice; host 2's shards never come.
   std::vector<DeviceId> devices;
   for (int d = 0; d < 6; ++d) devices.push_back(DeviceId(d));
-  std::vector<absl::Status> status(4);
-  std::vector<std::thread> shards;
-  for (int r = 0; r < 4; ++r) {
-    shards.emplace_back([&, r] {
-      float in = 1, out = 0;
-      status[r] = all.of(r / 2).AllReduce(
-          {.run = 1, .node = 3, .op = 0}, devices, r, &in, &out, 4, 4,
-          [](void* acc, const void* x, size_t) {
-            *static_cast<float*>(acc) += *static_cast<const float*>(x);
-          });
-    });
-  }
-  for (auto& t : shards) t.join();
-  for (const absl::Status& s : status) {
-    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
-    EXPECT_THAT(s.message(), HasSubstr("host:2 has no live worker"));
+  int64_t run = 0;
+  for (size_t n : {size_t{1}, Collectives::kScatterMinBytes / 4}) {
+    ++run;
+    std::vector<absl::Status> status(4);
+    std::vector<std::thread> shards;
+    for (int r = 0; r < 4; ++r) {
+      shards.emplace_back([&, r] {
+        std::vector<float> in(n, 1), out(n);
+        status[r] = all.of(r / 2).AllReduce(
+            {.run = run, .node = 3, .op = 0}, devices, r, in.data(), out.data(), n * 4, 4,
+            [](void* acc, const void* x, size_t bytes) {
+              for (size_t i = 0; i < bytes / 4; ++i)
+                static_cast<float*>(acc)[i] += static_cast<const float*>(x)[i];
+            });
+      });
+    }
+    for (auto& t : shards) t.join();
+    for (const absl::Status& s : status) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << n << " elements: " << s;
+      EXPECT_THAT(s.message(), HasSubstr("host:2 has no live worker"));
+    }
   }
 }
 

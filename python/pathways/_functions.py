@@ -229,9 +229,9 @@ class Jitted(_Bound):
     """A JAX function of global arrays compiled for a slice's mesh, as jax.jit with shardings:
     each input and result laid out by a PartitionSpec over the slice's mesh axes
     (add_slice(mesh=..., axis_names=...)). XLA's SPMD partitioner splits the computation and
-    inserts its collectives, which meet inside one worker process: a slice of more than one
-    device must lie in one process (the embedded cluster, or placement='host' on a process
-    cluster). Functions that must span processes use pw.pmap with axis_name=.
+    inserts its collectives, which meet inside one host's PJRT client: a slice of more than one
+    device must lie on one host (placement='host'), embedded or on a process cluster. Functions
+    that must span hosts use pw.pmap with axis_name=.
     """
 
     def __init__(self, fn, devices, in_shardings=None, out_shardings=None, static_argnums=(),
