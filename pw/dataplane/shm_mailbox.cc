@@ -1,6 +1,8 @@
 #include "pw/dataplane/shm_mailbox.h"
 
 #include <linux/futex.h>
+
+#include <random>
 #include <sched.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -19,6 +21,7 @@ namespace pw::dataplane {
 struct ShmMailbox::Header {
   uint32_t magic;
   uint32_t capacity;            // Ring bytes (a power of two).
+  uint64_t key;                 // ShmMailbox::key().
   std::atomic<uint32_t> lock;   // Producers' spin lock.
   std::atomic<uint32_t> seq;    // Futex word: bumped after each message.
   std::atomic<uint32_t> sleeping;  // The receiver is (about to be) in futex wait.
@@ -54,8 +57,10 @@ absl::StatusOr<std::unique_ptr<ShmMailbox>> ShmMailbox::Create(OnMessage on_mess
   PW_ASSIGN_OR_RETURN(m->segment_,
                       ShmSegment::Create(ShmKind::kMailbox, sizeof(Header) + capacity));
   m->owner_ = true;
+  std::random_device random;
+  m->key_ = (uint64_t{random()} << 32) | random();
   m->header_ = new (m->segment_->data())
-      Header{kMagic, static_cast<uint32_t>(capacity), {0}, {0}, {0}, {0}, {0}};
+      Header{kMagic, static_cast<uint32_t>(capacity), m->key_, {0}, {0}, {0}, {0}, {0}};
   m->capacity_ = static_cast<uint32_t>(capacity);
   m->ring_ = m->segment_->data() + sizeof(Header);
   m->on_message_ = std::move(on_message);
@@ -75,6 +80,7 @@ absl::StatusOr<std::unique_ptr<ShmMailbox>> ShmMailbox::Open(const std::string& 
       sizeof(Header) + cap != m->segment_->capacity())
     return absl::DataLossError(absl::StrCat("mailbox ", name, " has a bad header"));
   m->capacity_ = cap;  // Read once: the segment's other users could change the header's.
+  m->key_ = m->header_->key;
   return m;
 }
 

@@ -38,6 +38,11 @@ class ShmMailbox {
   ~ShmMailbox();
 
   const std::string& name() const { return segment_->name(); }
+  // A random number the owner's Create put in the header (as read at Open). Segments are
+  // readable by their user only (0600), so a process that names a mailbox and gives its key
+  // shows that it could open it: another user's process cannot have a mailbox it names opened
+  // for it by a process of the mailbox's user.
+  uint64_t key() const { return key_; }
   // Appends one message; ResourceExhausted if it does not fit now, or if the producers' lock
   // stays taken past `max_spins` tries (the caller uses another path). A mailbox whose owner is
   // not trusted (a client's) is given few.
@@ -71,6 +76,7 @@ class ShmMailbox {
   bool owner_ = false;
   Header* header_ = nullptr;
   uint32_t capacity_ = 0;  // The ring's bytes, as checked when made or opened (not re-read).
+  uint64_t key_ = 0;
   char* ring_ = nullptr;
   OnMessage on_message_;
   std::atomic<bool> delivering_{false};  // Held by the thread handing messages on.

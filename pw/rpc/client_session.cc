@@ -79,6 +79,7 @@ class ClientSession::Stream final
     if (state_->mail.has_value()) {
       ctx_.AddMetadata(kMailStub, absl::StrCat(state_->stub));
       ctx_.AddMetadata(kReplyMailbox, state_->mail->self_mailbox);
+      ctx_.AddMetadata(kMailKey, absl::StrCat(state_->mail->self_key));
     }
     stub->async()->Session(&ctx_, this);
     AddHold();

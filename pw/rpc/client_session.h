@@ -41,6 +41,7 @@ class ClientSession {
   // progress (before the session's end fails the runs whose ends may be there).
   struct Mail {
     std::string self_mailbox;
+    uint64_t self_key = 0;  // Its ShmMailbox::key: the controller mails only a mailbox it names.
     std::function<absl::StatusOr<std::function<bool(const ::pathways::v1::PeerMail&)>>(
         const std::string& name)>
         open;

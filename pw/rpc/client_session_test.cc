@@ -68,10 +68,12 @@ class ClientSessionMailTest : public ::testing::Test {
     client_mailbox_ = *std::move(mine);
   }
   // Opens the session; its batches go through `send` (false: on the stream) once the
-  // controller says it takes mail.
-  void Open(std::function<bool(v1::PeerMail*)> send) {
+  // controller says it takes mail. `wrong_key`: the session names its mailbox with a key not
+  // its own (as a client naming another's mailbox would).
+  void Open(std::function<bool(v1::PeerMail*)> send, bool wrong_key = false) {
     ClientSession::Mail mail;
     mail.self_mailbox = client_mailbox_->name();
+    mail.self_key = client_mailbox_->key() + (wrong_key ? 1 : 0);
     mail.open = [this, send = std::move(send)](const std::string& name)
         -> absl::StatusOr<std::function<bool(const v1::PeerMail&)>> {
       EXPECT_EQ(name, controller_mailbox_->name());
@@ -123,6 +125,25 @@ class ClientSessionMailTest : public ::testing::Test {
 };
 
 RunInfo Ended(int64_t run) { return RunInfo{RunId(run), {}, Future<>::Ready(absl::OkStatus())}; }
+
+// A client names the mailbox the controller mails its runs' events to: one whose key it does not
+// give (a worker's, another client's, another user's) gets none of them. Seen failing before the
+// key: the controller mailed this session's events into any mailbox it could open.
+TEST_F(ClientSessionMailTest, AMailboxNamedWithoutItsKeyGetsNoMail) {
+  Serve();
+  ON_CALL(controller_, Submit(_, _, _, _))
+      .WillByDefault([](ClientId, ProgramId p, const std::vector<BufferId>&, const RunOptions&) {
+        return Future<RunInfo>::Ready(Ended(p.value()));
+      });
+  Open([&](v1::PeerMail* m) { return Deliver(*m); }, /*wrong_key=*/true);
+  for (int i = 1; i <= 20; ++i) {  // Each answered on the stream, after the initial metadata.
+    Future<RunInfo> run = session_->Submit(Run(i));
+    ASSERT_TRUE(run.Await().ok()) << run.status();
+    ASSERT_TRUE(run.Await()->done.Await().ok());
+  }
+  EXPECT_EQ(session_->batches_mailed(), 0);
+  EXPECT_EQ(events_mailed_.load(), 0);
+}
 
 // Runs and releases reach the controller in the order the client issued them, though every other
 // batch goes on the stream and the mailed ones are held back until all are issued (so the stream

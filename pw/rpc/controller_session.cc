@@ -182,13 +182,15 @@ class ControllerService::SessionStream final
     if (service_->mailbox_.empty()) return;
     const std::string stub = Metadata(ctx_, kMailStub);
     const std::string mailbox = Metadata(ctx_, kReplyMailbox);
-    uint64_t id = 0;
+    uint64_t id = 0, key = 0;
     // Not the controller's own mailbox (events there would crowd out its workers').
     if (mailbox.empty() || mailbox == service_->mailbox_ || !absl::SimpleAtoi(stub, &id) ||
-        id == 0)
+        id == 0 || !absl::SimpleAtoi(Metadata(ctx_, kMailKey), &key))
       return;
     absl::StatusOr<std::unique_ptr<dataplane::ShmMailbox>> to = dataplane::ShmMailbox::Open(mailbox);
-    if (!to.ok()) return;  // Not on this machine, or not the client's to open: the stream it is.
+    // Not on this machine, or not the client's: a mailbox whose key it does not know (a worker's,
+    // another client's, another user's) gets none of its events. The stream it is.
+    if (!to.ok() || (*to)->key() != key) return;
     out_->stub = id;
     out_->to_client = *std::move(to);
     int64_t limit = 0;

@@ -12,6 +12,7 @@ namespace pw::rpc {
 // mail (command streams); the receiver's yes (initial metadata) and limit of runs (sessions).
 inline constexpr char kMailStub[] = "pw-mail-stub";
 inline constexpr char kReplyMailbox[] = "pw-reply-mailbox";
+inline constexpr char kMailKey[] = "pw-mail-key";  // The reply mailbox's key (ShmMailbox::key).
 inline constexpr char kMailFirstSeq[] = "pw-mail-first-seq";
 inline constexpr char kMailOk[] = "pw-mail-ok";
 inline constexpr char kMailLimit[] = "pw-mail-limit";

@@ -54,6 +54,7 @@ std::shared_ptr<ClientSession> RemoteController::Core::SessionOf(ClientId client
 
 std::optional<ClientSession::Mail> RemoteController::Core::SessionMail() {
   std::string name;
+  uint64_t key = 0;
   {
     pw::MutexLock lock(&mu);
     if (!mailbox_tried) {
@@ -64,9 +65,11 @@ std::optional<ClientSession::Mail> RemoteController::Core::SessionMail() {
     }
     if (mailbox == nullptr) return std::nullopt;
     name = mailbox->name();
+    key = mailbox->key();
   }
   ClientSession::Mail mail;
   mail.self_mailbox = std::move(name);
+  mail.self_key = key;
   mail.open = [](const std::string& controller)
       -> absl::StatusOr<std::function<bool(const v1::PeerMail&)>> {
     PW_ASSIGN_OR_RETURN(std::shared_ptr<dataplane::ShmMailbox> to,
