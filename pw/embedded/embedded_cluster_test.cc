@@ -727,7 +727,8 @@ TEST_P(ClusterTest, AHostFailingEndsTheCollectiveItsPeersWaitIn) {
   size_t waiters = 0;
   while (waiters != 2 && absl::Now() < deadline) {
     waiters = 0;
-    for (const auto& h : StatusOfEveryHost(controller()).value().hosts)
+    const ClusterStatus st = StatusOfEveryHost(controller()).value();
+    for (const auto& h : st.hosts)
       for (const auto& d : h.devices) waiters += d.memory_waiters;
     absl::SleepFor(absl::Milliseconds(1));
   }
