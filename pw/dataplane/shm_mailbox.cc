@@ -30,7 +30,7 @@ struct ShmMailbox::Header {
 };
 
 namespace {
-constexpr uint32_t kMagic = 0x70774d42;  // "pwMB"
+constexpr uint32_t kMagic = 0x70774d32;  // "pwM2": the header with a key.
 static_assert(std::atomic<uint32_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free);
 
 long Futex(std::atomic<uint32_t>* word, int op, uint32_t value) {

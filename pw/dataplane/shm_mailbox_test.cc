@@ -101,6 +101,17 @@ TEST(ShmMailboxTest, PollersAndTheReceiverHandOnEachMessageOnceInOrder) {
   std::printf("messages handed on by pollers: %d polls delivered\n", polled.load());
 }
 
+// The owner's key is what an opener reads, and each mailbox has its own.
+TEST(ShmMailboxTest, AnOpenerReadsTheOwnersKey) {
+  auto a = ShmMailbox::Create([](absl::string_view) {}, 1 << 12);
+  auto b = ShmMailbox::Create([](absl::string_view) {}, 1 << 12);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto opened = ShmMailbox::Open((*a)->name());
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  EXPECT_EQ((*opened)->key(), (*a)->key());
+  EXPECT_NE((*a)->key(), (*b)->key());
+}
+
 TEST(ShmMailboxTest, RefusesWhatDoesNotFitAndBadNames) {
   auto box = ShmMailbox::Create([](absl::string_view) {}, 1 << 10);
   ASSERT_TRUE(box.ok());
