@@ -88,6 +88,8 @@ absl::Status Collectives::Run(const CollectiveKey& key, absl::Span<const DeviceI
   if (r->state.load(std::memory_order_acquire) != Rendezvous::kPending) return r->Wait();
   r->inputs[rank] = input;
   r->outputs[rank] = output;
+  if (r->local < r->devices.size())
+    r->own_inputs[rank].assign(static_cast<const char*>(input), input_bytes);
   if (r->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == r->local) {
     // Last to arrive: every local slot is written. Claim before touching other shards' buffers,
     // so an abort that won cannot have let them return.
@@ -119,7 +121,7 @@ void Collectives::CombineAcrossProcesses(const CollectiveKey& key, Rendezvous& r
   for (size_t i = 0; i < n; ++i) {
     if (!peers_->IsLocal(r.devices[i])) continue;
     ranks.push_back(static_cast<int>(i));
-    inputs.emplace_back(static_cast<const char*>(r.inputs[i]), input_bytes);
+    inputs.push_back(std::move(r.own_inputs[i]));  // Not r.inputs: not claimed yet.
   }
   peers_->Send(key, r.devices, std::move(ranks), std::move(inputs));
   r.key = key;
@@ -184,6 +186,7 @@ absl::Status Collectives::AllReduce(const CollectiveKey& key, absl::Span<const D
   if (r->state.load(std::memory_order_acquire) != Rendezvous::kPending) return r->Wait();
   r->inputs[rank] = input;
   r->outputs[rank] = output;
+  r->own_inputs[rank].assign(static_cast<const char*>(input), bytes);
   if (r->arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == r->local) {
     ScatterAcrossProcesses(key, *r, reduce);
     pw::MutexLock lock(&mu_);
@@ -198,10 +201,10 @@ absl::Status Collectives::AllReduce(const CollectiveKey& key, absl::Span<const D
 void Collectives::ScatterAcrossProcesses(const CollectiveKey& key, Rendezvous& r,
                                          const Reduce& reduce) {
   Rendezvous::Scatter& sc = *r.scatter;
-  // 1. This process's shards, reduced into `partial`.
+  // 1. This process's shards, reduced into `partial` (from their copies: not claimed yet).
   std::vector<const void*> local;
   for (size_t i = 0; i < r.devices.size(); ++i)
-    if (peers_->IsLocal(r.devices[i])) local.push_back(r.inputs[i]);
+    if (peers_->IsLocal(r.devices[i])) local.push_back(r.own_inputs[i].data());
   std::memcpy(sc.partial.data(), local[0], sc.bytes);
   for (size_t i = 1; i < local.size(); ++i) reduce(sc.partial.data(), local[i], sc.bytes);
   // Sends [begin, end) of `from_buffer` to process `to` in pieces, offsets relative to begin.

@@ -168,6 +168,7 @@ class Collectives {
   struct Rendezvous {
     Rendezvous(absl::Span<const DeviceId> d, size_t local)
         : devices(d.begin(), d.end()), inputs(d.size()), outputs(d.size()), local(local),
+          own_inputs(local == d.size() ? 0 : d.size()),
           remote_inputs(local == d.size() ? 0 : d.size()) {}
     // Claims the right to finish (the last arriver or an abort); exactly one caller wins.
     bool Claim() {
@@ -186,6 +187,10 @@ class Collectives {
     std::atomic<uint32_t> sleepers{0};  // Threads asleep in Wait().
     absl::Status status;  // Written by the claimant, read after kFinished.
     const size_t local;   // Shards on this process's devices.
+    // Across processes: each local shard's copy of its input, made before it arrives, which the
+    // combining shard reads (sends, reduces) before it can claim: an abort meanwhile lets the
+    // other local shards return, and their own buffers go with them (empty when all are local).
+    std::vector<std::string> own_inputs;
     // Other processes' inputs, by rank (empty when every shard is local).
     pw::Mutex remote_mu;
     std::vector<std::string> remote_inputs ABSL_GUARDED_BY(remote_mu);
