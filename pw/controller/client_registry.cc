@@ -50,6 +50,12 @@ ClientRegistry::TenantInfo& ClientRegistry::TenantLocked(const std::string& name
 absl::StatusOr<ClientId> ClientRegistry::Connect(const std::string& name,
                                                  const ConnectOptions& options) {
   if (!options.tenant.empty()) PW_RETURN_IF_ERROR(CheckTenantName(options.tenant));
+  // Names with ':' are clients' own tenants ("<client>:<id>"): a client naming one would join
+  // another client's tenant and set its share, or take the name before that client connects.
+  if (options.tenant.find(':') != std::string::npos)
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tenant name '", options.tenant, "': ':' is kept for clients' own tenants "
+        "(<client>:<id>); name a shared tenant without it"));
   if (options.share != 0)
     PW_RETURN_IF_ERROR(CheckShare(options.share, options.tenant.empty() ? name : options.tenant));
   pw::MutexLock lock(&mu_);

@@ -5,7 +5,7 @@
 // device time and its memory quota. A tenant lives while it has clients, or while an admin's
 // settings (SetTenant) pin it. Limits, checked here: tenant names (kMaxTenantName characters of
 // letters, digits and ._-:), shares (Tenant::kMinShare ... kMaxShare), at most kMaxPinnedTenants
-// pinned tenants.
+// pinned tenants. A client may not name a tenant with ':' (those are clients' own); an admin may.
 //
 // A client's calls visit it (Enter .. the Visit's end); Disconnect refuses the client's new calls
 // at once but frees its state (`cleanup`) only once no call of it is in progress, so a call past

@@ -35,6 +35,26 @@ TEST(ClientRegistryTest, ClientsJoinTenantsWithSharesAndEachOtherwiseIsItsOwn) {
   EXPECT_TRUE(absl::IsUnauthenticated(r.Disconnect(a)));
 }
 
+// A client's own tenant is its alone: another client cannot name it (joining it and setting its
+// share), nor take its name before it connects. An admin still can set it.
+TEST(ClientRegistryTest, NoClientJoinsAnotherClientsOwnTenant) {
+  ClientRegistry r;
+  ClientId alice = *r.Connect("alice", {});
+  const std::string own = r.Enter(alice)->tenant()->name();
+  ASSERT_THAT(own, HasSubstr("alice:"));
+  absl::StatusOr<ClientId> joined = r.Connect("mallory", {.tenant = own, .share = 0.001});
+  EXPECT_TRUE(absl::IsInvalidArgument(joined.status())) << joined.status();
+  EXPECT_THAT(joined.status().message(), HasSubstr("kept for clients' own tenants"));
+  EXPECT_EQ(r.Enter(alice)->tenant()->share(), 1);
+  // The next client's own name, taken first: refused too, so "bob" gets a tenant of its own.
+  EXPECT_TRUE(absl::IsInvalidArgument(r.Connect("mallory", {.tenant = "bob:1"}).status()));
+  ClientId bob = *r.Connect("bob", {});
+  EXPECT_EQ(r.Enter(bob)->tenant()->share(), 1);
+  EXPECT_EQ(r.Tenants().size(), 2u);
+  EXPECT_TRUE(r.SetTenant({.name = own, .share = 2}).ok());
+  EXPECT_EQ(r.Enter(alice)->tenant()->share(), 2);
+}
+
 // A client disconnecting while calls of it are in progress: refused from then on, and its
 // cleanup runs once, when the last call ends (on that call's thread), then it is forgotten.
 TEST(ClientRegistryTest, ACleanupWaitsForTheClientsCallsInProgress) {

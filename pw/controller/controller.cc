@@ -346,8 +346,23 @@ absl::StatusOr<std::vector<ArraySpec>> Controller::LoadFunction(ClientId client,
   PW_ASSIGN_OR_RETURN(FunctionSignature sig,
                       Signature(client, function, static_cast<int>(s.devices.size())));
   PW_RETURN_IF_ERROR(CheckSpmdPlacement(function, s.hosts, s.id.ToString()));
+  PW_RETURN_IF_ERROR(CheckIntermediatesFit(sig, s));
   PW_RETURN_IF_ERROR(LoadOnHosts(function, s.hosts));
   return sig.outputs;
+}
+
+absl::Status Controller::CheckIntermediatesFit(const FunctionSignature& sig,
+                                              const SliceInfo& s) const {
+  if (sig.temp_bytes == 0) return absl::OkStatus();
+  for (DeviceId d : s.devices) {
+    PW_ASSIGN_OR_RETURN(DeviceSpec spec, rm_.Device(d));
+    if (sig.temp_bytes > spec.memory_bytes)
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "function '", sig.name, "' needs ", sig.temp_bytes, " bytes on ", d.ToString(), " of ",
+          s.id.ToString(), " for its intermediate values while a shard runs, but the device has "
+          "only ", spec.memory_bytes, " bytes: it can never run there"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Controller::CheckSpmdPlacement(FunctionId function, const std::vector<HostId>& hosts,

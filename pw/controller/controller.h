@@ -209,6 +209,10 @@ class Controller final : public ControllerInterface {
   // `hosts`: the slice's, one per device.
   absl::Status CheckSpmdPlacement(FunctionId function, const std::vector<HostId>& hosts,
                                   const std::string& where) const;
+  // A shard's intermediate values (FunctionSignature::temp_bytes) must fit in the memory of each
+  // device of slice `s`, or every launch there would fail: checked at binding. (Its outputs are
+  // checked with the program's values, BuildPlan.)
+  absl::Status CheckIntermediatesFit(const FunctionSignature& sig, const SliceInfo& s) const;
   absl::StatusOr<FunctionSignature> Signature(ClientId client, FunctionId id, int num_shards);
   absl::StatusOr<std::shared_ptr<const Plan>> PlanFor(ClientId client, ProgramId id,
                                                       const std::vector<Placement>& args);

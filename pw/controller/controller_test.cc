@@ -18,6 +18,7 @@ namespace pw {
 namespace {
 
 using ::testing::_;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::NiceMock;
 using ::testing::Return;
@@ -305,6 +306,29 @@ TEST(ControllerTest, AFailedLoadFailsTheBindingAndIsRetried) {
   auto failed = c.LoadFunction(client, fn->id, slice->id);
   EXPECT_THAT(std::string(failed.status().message()), HasSubstr("compiling function 'psum'"));
   EXPECT_TRUE(c.LoadFunction(client, fn->id, slice->id).ok());
+}
+
+// A native function whose intermediate values could never fit its devices is refused at
+// binding, naming the bytes, the device and the slice (its launches would only fail; before the
+// check, a worker aborted allocating them).
+TEST(ControllerTest, AFunctionWhoseIntermediatesExceedTheDevicesIsRefusedAtBinding) {
+  Controller c(*ClusterSpec::Uniform(1, 1, 1, /*device_memory_bytes=*/1 << 20));
+  NiceMock<MockWorker> w(HostId(0));
+  ASSERT_TRUE(c.JoinHost(HostId(0), IslandId(0), &w).ok());
+  EXPECT_CALL(w, LoadFunction).Times(0);
+  ClientId client = *c.Connect("t");
+  NativeFunctionBuilder b("outer");
+  const int x = b.Input({DType::kF32, Shape({1024, 1})});
+  const int y = b.Input({DType::kF32, Shape({1, 1024})});
+  b.Op("matmul", {x, y});  // f32[1024,1024]: 4 MiB, never an output.
+  auto fn = c.RegisterFunction(client, b.Build({b.Op("neg", {x})}));
+  auto slice = c.AllocateSlice(client, {.num_devices = 1});
+  ASSERT_TRUE(fn.ok() && slice.ok());
+  EXPECT_THAT(c.LoadFunction(client, fn->id, slice->id).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("function 'outer' needs 4194304 bytes on device:0"),
+                             HasSubstr("for its intermediate values"),
+                             HasSubstr("has only 1048576 bytes"))));
 }
 
 // Issue 20 (limits): a program larger than the cluster's limit is refused, naming the limit and

@@ -41,6 +41,11 @@ class Executable {
   virtual int num_shards() const = 0;
   virtual const std::vector<ArraySpec>& input_specs() const = 0;
   virtual const std::vector<ArraySpec>& output_specs() const = 0;
+  // Bytes of intermediate values one shard holds while it runs, beyond its inputs and outputs
+  // (native kernels: every op's result that is not an output; XLA's temporaries are its own
+  // allocator's: 0). Allocated outside the device's budget, as a compiler's temporaries are,
+  // but a function whose temporaries exceed a device's memory is refused there.
+  virtual int64_t temp_bytes() const { return 0; }
   // Runs one shard. The future holds the outputs once they are computed; errors name the
   // function and, where it applies, the op.
   virtual Future<std::vector<DeviceBufferRef>> ExecuteShard(const ShardLaunch& launch) const = 0;

@@ -34,7 +34,8 @@ int64_t DefinitionBytes(const FunctionDef& def) {
 absl::StatusOr<FunctionSignature> SignatureOf(const FunctionDef& def, int num_shards) {
   if (const auto* native = std::get_if<NativeFunctionDef>(&def)) {
     PW_ASSIGN_OR_RETURN(ExecutableRef exe, CompileNative(*native, num_shards));
-    return FunctionSignature{exe->name(), exe->input_specs(), exe->output_specs()};
+    return FunctionSignature{exe->name(), exe->input_specs(), exe->output_specs(),
+                             exe->temp_bytes()};
   }
   const auto& hlo = std::get<StableHloFunctionDef>(def);
   const std::string where = absl::StrCat("function '", hlo.name, "'");

@@ -37,6 +37,7 @@ struct FunctionSignature {
   std::string name;
   std::vector<ArraySpec> inputs;
   std::vector<ArraySpec> outputs;
+  int64_t temp_bytes = 0;  // Executable::temp_bytes: a shard's intermediate values.
 };
 
 const std::string& FunctionName(const FunctionDef& def);

@@ -39,13 +39,14 @@ class NativeExecutable final : public Executable {
  public:
   NativeExecutable(std::string name, int num_shards, std::vector<ArraySpec> inputs,
                    std::vector<CompiledOp> ops, std::vector<int> outputs,
-                   std::vector<ArraySpec> output_specs)
+                   std::vector<ArraySpec> output_specs, int64_t temp_bytes)
       : name_(std::move(name)),
         num_shards_(num_shards),
         inputs_(std::move(inputs)),
         ops_(std::move(ops)),
         outputs_(std::move(outputs)),
-        output_specs_(std::move(output_specs)) {
+        output_specs_(std::move(output_specs)),
+        temp_bytes_(temp_bytes) {
     for (size_t j = 0; j < outputs_.size(); ++j)
       last_use_.push_back(std::find(outputs_.begin() + j + 1, outputs_.end(), outputs_[j]) ==
                           outputs_.end());
@@ -55,6 +56,7 @@ class NativeExecutable final : public Executable {
   int num_shards() const override { return num_shards_; }
   const std::vector<ArraySpec>& input_specs() const override { return inputs_; }
   const std::vector<ArraySpec>& output_specs() const override { return output_specs_; }
+  int64_t temp_bytes() const override { return temp_bytes_; }
 
   Future<std::vector<DeviceBufferRef>> ExecuteShard(const ShardLaunch& launch) const override {
     return Future<std::vector<DeviceBufferRef>>::Ready(Run(launch));
@@ -135,6 +137,7 @@ class NativeExecutable final : public Executable {
   const std::vector<int> outputs_;
   std::vector<bool> last_use_;  // By output: no later output is the same value.
   const std::vector<ArraySpec> output_specs_;
+  const int64_t temp_bytes_;
 };
 
 }  // namespace
@@ -178,6 +181,7 @@ absl::StatusOr<ExecutableRef> CompileNative(const NativeFunctionDef& def, int nu
     }
     auto out = kernel->infer(in, op.attrs, num_shards);
     if (!out.ok()) return Annotate(out.status(), owhere);
+    PW_RETURN_IF_ERROR(Annotate(out->Validate(), owhere));
     specs.push_back(*out);
     ops.push_back({kernel, op.operands, op.attrs, *out});
   }
@@ -190,9 +194,19 @@ absl::StatusOr<ExecutableRef> CompileNative(const NativeFunctionDef& def, int nu
                                                      ", but only ", specs.size(), " exist"));
     out_specs.push_back(specs[v]);
   }
+  // Each value is at most 2^48 elements of 8 bytes (Validate), so the sum overflows only past
+  // 2^12 ops of that size: refused too, as no device has that memory.
+  int64_t temp_bytes = 0;
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const int v = static_cast<int>(def.inputs.size() + k);
+    if (std::find(def.outputs.begin(), def.outputs.end(), v) != def.outputs.end()) continue;
+    if (__builtin_add_overflow(temp_bytes, ops[k].out.size_bytes(), &temp_bytes))
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ": its intermediate values need more than 2^63 bytes"));
+  }
   return ExecutableRef(std::make_shared<NativeExecutable>(def.name, num_shards, def.inputs,
                                                           std::move(ops), def.outputs,
-                                                          std::move(out_specs)));
+                                                          std::move(out_specs), temp_bytes));
 }
 
 std::vector<std::string> NativeKernelNames() { return native::KernelNames(); }

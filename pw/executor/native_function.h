@@ -8,7 +8,10 @@
 //
 // CompileNative() checks the function against the kernel registry and infers every shape for a
 // slice of `num_shards` devices, so a bad function fails before it runs, with an error naming the
-// function, the op and the kernel.
+// function, the op and the kernel. Every value's shape is checked (ArraySpec::Validate), and the
+// executable's temp_bytes() is what its ops' results that are not outputs hold at once (all of
+// them: a shard frees nothing before it ends), so a function whose intermediates could never fit
+// a device is refused (at binding; a worker fails such a step) before anything is allocated.
 #pragma once
 
 #include <map>

@@ -106,6 +106,33 @@ TEST(NativeFunctionTest, CompileErrorsNameFunctionOpAndKernel) {
   }
 }
 
+// Every op's result is a valid shape, and temp_bytes is what the results that are not outputs
+// hold (a worker reserves it with the launch).
+TEST(NativeFunctionTest, IntermediatesAreValidatedAndCounted) {
+  {
+    NativeFunctionBuilder b("huge");
+    const int64_t n = int64_t{1} << 25;  // [2^25,1] x [1,2^25]: 2^50 elements.
+    int x = b.Input({DType::kF32, Shape({n, 1})});
+    int y = b.Input({DType::kF32, Shape({1, n})});
+    b.Op("matmul", {x, y});
+    auto e = CompileNative(b.Build({x}), 1);
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(e.status().message().find("function 'huge' op 0 (matmul)"), std::string::npos)
+        << e.status();
+    EXPECT_NE(e.status().message().find("more than 2^48 elements"), std::string::npos);
+  }
+  NativeFunctionBuilder b("temps");
+  int x = b.Input({DType::kF32, Shape({4, 8})});
+  int y = b.Input({DType::kF32, Shape({8, 2})});
+  int m = b.Op("matmul", {x, y});  // f32[4,2]: 32 bytes, an output.
+  int n = b.Op("neg", {x});        // f32[4,8]: 128 bytes, not one.
+  int z = b.Op("mul_scalar", {n}, {{"value", 2}});  // 128 bytes, not one.
+  (void)z;
+  auto e = CompileNative(b.Build({m, x}), 1);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ((*e)->temp_bytes(), 256);
+}
+
 TEST(NativeFunctionTest, WrongInputAtRunTime) {
   NativeFunctionBuilder b("f");
   int x = b.Input({DType::kF32, Shape({2})});

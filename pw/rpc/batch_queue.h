@@ -29,12 +29,12 @@ class BatchQueue {
   void Push(Item item) {
     const size_t bytes = item.ByteSizeLong() + kFramingBytes;
     if (!HasWaiting() || batches_.back().items_size() >= kMaxItems ||
-        back_bytes_ + bytes > kMaxBytes) {
+        batch_bytes_.back() + bytes > kMaxBytes) {
       batches_.emplace_back();
-      back_bytes_ = 0;
+      batch_bytes_.push_back(0);
     }
     *batches_.back().add_items() = std::move(item);
-    back_bytes_ += bytes;
+    Grew(bytes);
   }
 
   // The last item queued and not yet being written, or null. A caller that adds to it says by
@@ -45,7 +45,10 @@ class BatchQueue {
     return b.items_size() == 0 ? nullptr : b.mutable_items(b.items_size() - 1);
   }
 
-  void Grew(size_t bytes) { back_bytes_ += bytes; }
+  void Grew(size_t bytes) {
+    batch_bytes_.back() += bytes;
+    bytes_ += bytes;
+  }
 
   // The batch to write next, now marked as being written; null if one is being written or
   // nothing waits.
@@ -59,14 +62,23 @@ class BatchQueue {
     if (!writing_) return;
     writing_ = false;
     batches_.pop_front();
+    bytes_ -= batch_bytes_.front();
+    batch_bytes_.pop_front();
   }
 
   bool writing() const { return writing_; }
   bool empty() const { return batches_.empty(); }
   // Whether another batch waits behind the one about to be written (a write hint).
   bool more() const { return batches_.size() > 1; }
+  // The bytes of every item queued and not yet written (framing counted), the batch being
+  // written included: what a reader that does not read makes its writer hold.
+  size_t bytes() const { return bytes_; }
   // Drops what waits; the batch being written (gRPC still reads it) stays.
-  void DropWaiting() { batches_.resize(writing_ ? 1 : 0); }
+  void DropWaiting() {
+    batches_.resize(writing_ ? 1 : 0);
+    batch_bytes_.resize(batches_.size());
+    bytes_ = batch_bytes_.empty() ? 0 : batch_bytes_.front();
+  }
 
  private:
   // Whether the last batch waits (is not being written).
@@ -74,8 +86,9 @@ class BatchQueue {
 
   static constexpr size_t kFramingBytes = 6;  // An item's tag and length in its batch.
   std::deque<Batch> batches_;  // Front: being written while writing_.
+  std::deque<size_t> batch_bytes_;  // Each batch's bytes, as Push and Grew counted them.
   bool writing_ = false;
-  size_t back_bytes_ = 0;  // Of batches_.back(), while it waits.
+  size_t bytes_ = 0;  // Their sum.
 };
 
 }  // namespace pw::rpc

@@ -97,5 +97,29 @@ TEST(BatchQueueTest, GrowingAWaitingItemPastTheBytesStartsANewBatch) {
   EXPECT_THAT(Seqs(q.StartNext()), ElementsAre(3));
 }
 
+// bytes(): what is queued and not yet written, the batch being written included; a reader that
+// does not read is what makes it grow (ControllerService ends such a session past a limit).
+TEST(BatchQueueTest, BytesCountWhatIsNotYetWritten) {
+  BatchQueue<v1::CommandBatch> q;
+  EXPECT_EQ(q.bytes(), 0u);
+  q.Push(Cmd(7, 1000));
+  const size_t one = q.bytes();
+  EXPECT_GT(one, 1000u);
+  ASSERT_THAT(q.StartNext(), NotNull());
+  q.Push(Cmd(7, 1000));
+  q.Push(Cmd(7, 1000));
+  EXPECT_EQ(q.bytes(), 3 * one);
+  q.Grew(10);
+  EXPECT_EQ(q.bytes(), 3 * one + 10);
+  q.DropWaiting();  // The batch being written stays.
+  EXPECT_EQ(q.bytes(), one);
+  q.Push(Cmd(7, 1000));
+  q.WriteDone();
+  EXPECT_EQ(q.bytes(), one);
+  ASSERT_THAT(q.StartNext(), NotNull());
+  q.WriteDone();
+  EXPECT_EQ(q.bytes(), 0u);
+}
+
 }  // namespace
 }  // namespace pw::rpc

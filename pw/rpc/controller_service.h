@@ -52,6 +52,11 @@ struct ClientLimits {
   // Runs one client may have submitted on its Session and not yet seen finish; while it has
   // this many, the controller reads no more of its Session (its later calls wait: back-pressure).
   int64_t max_runs_in_flight = 4096;
+  // Bytes of a session's events the controller holds unwritten (its client does not read its
+  // stream, and its runs end meanwhile); past it the session ends with RESOURCE_EXHAUSTED,
+  // releasing what the client held, and its later events are dropped. About 1.5 million events:
+  // a client that reads never comes near it.
+  int64_t max_unread_event_bytes = int64_t{64} << 20;
 };
 
 class ControllerService final : public ::pathways::v1::Controller::CallbackService {

@@ -46,6 +46,8 @@ struct ControllerService::Outbox : std::enable_shared_from_this<ControllerServic
   absl::Status end ABSL_GUARDED_BY(mu);      // What the stream finishes with.
   int64_t in_flight ABSL_GUARDED_BY(mu) = 0;
   int64_t limit ABSL_GUARDED_BY(mu) = 0;
+  // Its events unwritten passed ClientLimits::max_unread_event_bytes: later ones are dropped.
+  bool unread_over ABSL_GUARDED_BY(mu) = false;
   bool ending ABSL_GUARDED_BY(mu) = false;  // EndReads has begun (once).
   // Reads being started off the stream's reactions (ReadFromOutside): the stream is not
   // finished meanwhile.
@@ -222,15 +224,30 @@ void ControllerService::Outbox::Push(v1::SessionEvent e) {
   v1::SessionEventBatch* first = nullptr;
   {
     pw::MutexLock lock(&mu);
-    if (stream == nullptr) return;
+    if (stream == nullptr || unread_over) return;
   }
   if (to_client != nullptr && !mail_off.load(std::memory_order_relaxed) && Mail(e)) return;
+  size_t unread = 0;
   {
     pw::MutexLock lock(&mu);
-    if (stream == nullptr) return;
+    if (stream == nullptr || unread_over) return;
     queue.Push(std::move(e));
-    if ((first = queue.StartNext()) == nullptr) return;
+    if (queue.bytes() > static_cast<size_t>(service->limits_.max_unread_event_bytes)) {
+      // A client that does not read: what it held goes, and so does what waits for it (the
+      // batch being written stays until it reads or goes; then the stream finishes).
+      unread_over = true;
+      unread = queue.bytes();
+      queue.DropWaiting();
+    } else if ((first = queue.StartNext()) == nullptr) {
+      return;
+    }
     s = stream;
+  }
+  if (unread > 0) {
+    return EndReads(absl::ResourceExhaustedError(absl::StrCat(
+        "Session of ", client.ToString(), ": its client left ", unread,
+        " bytes of events unread, more than the controller holds for it (",
+        service->limits_.max_unread_event_bytes, "); it does not read its stream")));
   }
   s->StartWrite(first);
 }

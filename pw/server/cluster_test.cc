@@ -1172,6 +1172,47 @@ TEST_F(GrpcClusterTest, ASessionBatchPastItsLimitEndsTheSessionNamingIt) {
   EXPECT_EQ(controller_->service().num_clients(), 0u);
 }
 
+// A client that sends and never reads its stream made the controller hold its events without
+// end (its runs end, and each has events). Past the limit the session ends, naming it, and the
+// client's state goes; once the client reads, it sees why.
+TEST_F(GrpcClusterTest, AClientThatNeverReadsItsEventsHasItsSessionEnded) {
+  ControllerServer::Options o = Patient();
+  o.clients.max_unread_event_bytes = 256 << 10;
+  Start(1, 1, 1, o);
+  auto stub = v1::Controller::NewStub(rpc::MakeChannel(controller_->address(), {}));
+  absl::StatusOr<v1::ConnectResponse> connected = RawConnect(*stub, "deaf");
+  ASSERT_TRUE(connected.ok()) << connected.status();
+  const v1::ConnectResponse& conn = *connected;
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("pw-client-key", conn.client_key());
+  auto session = stub->Session(&ctx);
+  // Runs of a program that does not exist: each is refused with an event of ~100 bytes.
+  v1::SessionMessageBatch batch;
+  batch.add_items()->set_client(conn.client());
+  for (int i = 0; i < 255; ++i) {
+    v1::SubmitRequest* r = batch.add_items()->mutable_submit();
+    r->set_client(conn.client());
+    r->set_program(1'000'000 + i);
+  }
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {  // Writes until the controller stops reading (or the test ends).
+    for (int i = 0; i < 100'000 && !stop.load(); ++i)
+      if (!session->Write(batch)) return;
+  });
+  const absl::Time deadline = absl::Now() + kGuard;
+  while (controller_->service().num_clients() != 0 && absl::Now() < deadline)
+    absl::SleepFor(absl::Milliseconds(5));
+  stop = true;
+  EXPECT_EQ(controller_->service().num_clients(), 0u) << "a client that never reads kept going";
+  v1::SessionEventBatch events;
+  while (session->Read(&events)) {
+  }
+  writer.join();
+  EXPECT_THAT(rpc::FromGrpc(session->Finish()),
+              pw::StatusIs(absl::StatusCode::kResourceExhausted,
+                           ::testing::HasSubstr("bytes of events unread")));
+}
+
 TEST_F(GrpcClusterTest, ConnectsPastMaxClientsAreRefusedNamingTheLimit) {
   ControllerServer::Options o = Patient();
   o.clients.max_clients = 2;

@@ -20,7 +20,8 @@ struct Worker::SegmentPlan {
     const NodeWork* node;
     const ComputeWork* compute;
     Future<ExecutableRef> exe;  // Compiled (or compiling) for the node's slice.
-    absl::Status invalid;       // Why it cannot run (e.g. its function is unknown), if so.
+    // Why it cannot run (its function is unknown, its intermediate values cannot fit), if so.
+    absl::Status invalid;
     int rank;
     absl::InlinedVector<int, 2> inputs;
     absl::InlinedVector<bool, 2> take;  // The slot's last read: its value is moved out.
@@ -177,6 +178,14 @@ std::shared_ptr<const Worker::SegmentPlan> Worker::MakePlan(const HostWork& work
       SegmentPlan::OnDevice& on = plan->devices[d->second];
       SegmentPlan::Step step{&node, c, loaded.ok() ? loaded->exe : Future<ExecutableRef>(),
                              invalid, rank};
+      // A shard's intermediate values are allocated as it runs, outside the device's budget
+      // (as an accelerator compiler's temporaries are), but never more than the device has:
+      // the controller refuses such a function at binding, and a worker does not try.
+      if (step.invalid.ok() && loaded->temp_bytes > device->memory().capacity())
+        step.invalid = absl::ResourceExhaustedError(absl::StrCat(
+            NodeWhere(work, node, id), ": its intermediate values need ", loaded->temp_bytes,
+            " bytes, but ", id.ToString(), " has only ", device->memory().capacity(),
+            " bytes of memory in all; it can never run there"));
       for (size_t j = 0; j < c->inputs.size(); ++j) {
         const int v = c->inputs[j];
         auto s = slots.find(std::make_pair(v, id));

@@ -174,8 +174,10 @@ absl::StatusOr<Worker::Loaded> Worker::LoadExecutable(FunctionId id,
     PW_ASSIGN_OR_RETURN(ExecutableRef exe,
                         CompileNative(std::get<NativeFunctionDef>(fit->second), num_shards));
     std::vector<ArraySpec> outputs = exe->output_specs();
-    return executables_.emplace(std::move(key), Loaded{Future<ExecutableRef>::Ready(std::move(exe)),
-                                                       std::move(outputs)})
+    const int64_t temp_bytes = exe->temp_bytes();
+    return executables_
+        .emplace(std::move(key), Loaded{Future<ExecutableRef>::Ready(std::move(exe)),
+                                        std::move(outputs), temp_bytes})
         .first->second;
   }
   if (pjrt_ == nullptr)

@@ -165,9 +165,12 @@ class Worker final : public WorkerInterface {
   // registration and is found in the backend's cache), so neither the dispatch thread nor a lock
   // it takes ever waits for XLA; the device thread waits for `exe` when it reaches the step.
   // `outputs`: per-shard output specs, known from the definition before it compiles.
+  // `temp_bytes`: its intermediate values (Executable::temp_bytes): more than a device has fails
+  // the step there.
   struct Loaded {
     Future<ExecutableRef> exe;
     std::vector<ArraySpec> outputs;
+    int64_t temp_bytes = 0;
   };
   absl::StatusOr<Loaded> LoadExecutable(FunctionId id, absl::Span<const DeviceId> slice_devices);
   // Why `run` was cancelled (counting one more shard not run), or OK.
