@@ -29,7 +29,8 @@ absl::Status ClientRegistry::CheckTenantName(const std::string& name) {
       !std::all_of(name.begin(), name.end(), NameChar))
     return absl::InvalidArgumentError(absl::StrCat(
         "tenant name '", name.substr(0, kMaxTenantName), name.size() > kMaxTenantName ? "..." : "",
-        "': 1 to ", kMaxTenantName, " letters, digits and ._-: please"));
+        "': 1 to ", kMaxTenantName, " letters, digits and ._- please (and ':', which only an "
+        "admin may use: clients' own tenants are <client>:<id>)"));
   return absl::OkStatus();
 }
 

@@ -4,7 +4,7 @@
 // named after it, unless it names one; clients of one tenant share its share of each island's
 // device time and its memory quota. A tenant lives while it has clients, or while an admin's
 // settings (SetTenant) pin it. Limits, checked here: tenant names (kMaxTenantName characters of
-// letters, digits and ._-:), shares (Tenant::kMinShare ... kMaxShare), at most kMaxPinnedTenants
+// letters, digits and ._-, and ':' from an admin only), shares (Tenant::kMinShare ... kMaxShare), at most kMaxPinnedTenants
 // pinned tenants. A client may not name a tenant with ':' (those are clients' own); an admin may.
 //
 // A client's calls visit it (Enter .. the Visit's end); Disconnect refuses the client's new calls

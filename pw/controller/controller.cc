@@ -346,21 +346,22 @@ absl::StatusOr<std::vector<ArraySpec>> Controller::LoadFunction(ClientId client,
   PW_ASSIGN_OR_RETURN(FunctionSignature sig,
                       Signature(client, function, static_cast<int>(s.devices.size())));
   PW_RETURN_IF_ERROR(CheckSpmdPlacement(function, s.hosts, s.id.ToString()));
-  PW_RETURN_IF_ERROR(CheckIntermediatesFit(sig, s));
+  PW_RETURN_IF_ERROR(CheckIntermediatesFit(sig, s.devices, s.id.ToString()));
   PW_RETURN_IF_ERROR(LoadOnHosts(function, s.hosts));
   return sig.outputs;
 }
 
 absl::Status Controller::CheckIntermediatesFit(const FunctionSignature& sig,
-                                              const SliceInfo& s) const {
+                                              absl::Span<const DeviceId> devices,
+                                              const std::string& where) const {
   if (sig.temp_bytes == 0) return absl::OkStatus();
-  for (DeviceId d : s.devices) {
+  for (DeviceId d : devices) {
     PW_ASSIGN_OR_RETURN(DeviceSpec spec, rm_.Device(d));
     if (sig.temp_bytes > spec.memory_bytes)
       return absl::ResourceExhaustedError(absl::StrCat(
           "function '", sig.name, "' needs ", sig.temp_bytes, " bytes on ", d.ToString(), " of ",
-          s.id.ToString(), " for its intermediate values while a shard runs, but the device has "
-          "only ", spec.memory_bytes, " bytes: it can never run there"));
+          where, " for its intermediate values while a shard runs, but the device has only ",
+          spec.memory_bytes, " bytes: it can never run there"));
   }
   return absl::OkStatus();
 }
@@ -407,9 +408,14 @@ absl::StatusOr<std::shared_ptr<const Controller::Plan>> Controller::BuildPlan(
                                                    "': ", h.ToString(), " has not joined yet"));
     }
     if (n.kind == LoweredNode::Kind::kCompute) {
-      PW_RETURN_IF_ERROR(CheckSpmdPlacement(
-          n.function, n.slice.hosts,
-          absl::StrCat("program '", lowered.name, "' node '", n.name, "''s slice")));
+      const std::string slice =
+          absl::StrCat("program '", lowered.name, "' node '", n.name, "''s slice");
+      PW_RETURN_IF_ERROR(CheckSpmdPlacement(n.function, n.slice.hosts, slice));
+      // Bound to another slice, a function may have other intermediates here (per shard count).
+      PW_ASSIGN_OR_RETURN(
+          FunctionSignature sig,
+          Signature(client, n.function, static_cast<int>(n.slice.devices.size())));
+      PW_RETURN_IF_ERROR(CheckIntermediatesFit(sig, n.slice.devices, slice));
       PW_RETURN_IF_ERROR(Annotate(EnsureLoadedOn(n.function, n.slice.hosts),
                                   absl::StrCat("program '", lowered.name, "' node '", n.name, "'")));
     }

@@ -210,9 +210,11 @@ class Controller final : public ControllerInterface {
   absl::Status CheckSpmdPlacement(FunctionId function, const std::vector<HostId>& hosts,
                                   const std::string& where) const;
   // A shard's intermediate values (FunctionSignature::temp_bytes) must fit in the memory of each
-  // device of slice `s`, or every launch there would fail: checked at binding. (Its outputs are
-  // checked with the program's values, BuildPlan.)
-  absl::Status CheckIntermediatesFit(const FunctionSignature& sig, const SliceInfo& s) const;
+  // of `devices` (a slice, named by `where`), or every launch there would fail: checked at
+  // binding and for each compute node of a program (BuildPlan, which checks outputs too).
+  absl::Status CheckIntermediatesFit(const FunctionSignature& sig,
+                                     absl::Span<const DeviceId> devices,
+                                     const std::string& where) const;
   absl::StatusOr<FunctionSignature> Signature(ClientId client, FunctionId id, int num_shards);
   absl::StatusOr<std::shared_ptr<const Plan>> PlanFor(ClientId client, ProgramId id,
                                                       const std::vector<Placement>& args);

@@ -331,6 +331,33 @@ TEST(ControllerTest, AFunctionWhoseIntermediatesExceedTheDevicesIsRefusedAtBindi
                              HasSubstr("has only 1048576 bytes"))));
 }
 
+// Bound to a 1-device slice, an all_gather's intermediate fits; the same function in a program on
+// 8 devices gathers 8 times as much. The program is refused too, not only the binding.
+TEST(ControllerTest, AProgramWhoseNodesIntermediatesExceedTheDevicesIsRefused) {
+  Controller c(*ClusterSpec::Uniform(1, 1, 8, /*device_memory_bytes=*/1 << 20));
+  NiceMock<MockWorker> w(HostId(0));
+  ASSERT_TRUE(c.JoinHost(HostId(0), IslandId(0), &w).ok());
+  ClientId client = *c.Connect("t");
+  NativeFunctionBuilder b("gather");
+  const int x = b.Input({DType::kF32, Shape({65536})});  // 256 KiB a shard.
+  b.Op("all_gather", {x});                               // 256 KiB x the shard count.
+  auto fn = c.RegisterFunction(client, b.Build({b.Op("neg", {x})}));
+  auto one = c.AllocateSlice(client, {.num_devices = 1});
+  auto eight = c.AllocateSlice(client, {.num_devices = 8});
+  ASSERT_TRUE(fn.ok() && one.ok() && eight.ok());
+  ASSERT_TRUE(c.LoadFunction(client, fn->id, one->id).ok());
+  const ArraySpec g{DType::kF32, Shape({8 * 65536})};
+  const Sharding sh = Sharding::Split({8}, 1, 0);
+  ProgramIr ir{"p", {g}, {}, {}};
+  ir.nodes.push_back({"gather", {fn->id, eight->id, {g}, {sh}, {g}, {sh}}, {{-1, 0}}});
+  ir.outputs = {{0, 0}};
+  EXPECT_THAT(c.RegisterProgram(client, ir).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("function 'gather' needs 2097152 bytes"),
+                             HasSubstr("program 'p' node 'gather''s slice"),
+                             HasSubstr("intermediate values"))));
+}
+
 // Issue 20 (limits): a program larger than the cluster's limit is refused, naming the limit and
 // how to raise it.
 TEST(ControllerTest, AProgramOverTheNodeLimitIsRefusedNamingTheLimit) {

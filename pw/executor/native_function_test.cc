@@ -107,7 +107,7 @@ TEST(NativeFunctionTest, CompileErrorsNameFunctionOpAndKernel) {
 }
 
 // Every op's result is a valid shape, and temp_bytes is what the results that are not outputs
-// hold (a worker reserves it with the launch).
+// hold (checked against a device's memory at binding and by a worker).
 TEST(NativeFunctionTest, IntermediatesAreValidatedAndCounted) {
   {
     NativeFunctionBuilder b("huge");

@@ -80,7 +80,8 @@ struct TenantSettings {
   // The bytes of arrays the tenant's clients may hold on the cluster together (0: no quota).
   std::optional<int64_t> memory_bytes;
 };
-// Names: at most kMaxTenantName characters, letters, digits and ._-:
+// Names: at most kMaxTenantName characters, letters, digits and ._- (':' only from an admin:
+// clients' own tenants are "<client>:<id>", and a client may not name one)
 inline constexpr size_t kMaxTenantName = 128;
 
 struct ClusterStatus {
